@@ -1,0 +1,49 @@
+# Set-up and everyday commands. See README.md.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+CONFIG ?= configs/sample.yaml
+SCHEDULER ?= local
+STAGE ?= Train
+SCHEDULER_FLAG := $(if $(filter local,$(SCHEDULER)),--local-scheduler,)
+PYTEST_ARGS ?=
+
+.PHONY: setup train test test-fast scheduler bench lint clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or set PYTHON=..."; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+## Run the whole DAG on CONFIG (default: the embedded sample corpus).
+train: setup
+	$(BIN)/luigi --module tasks Features --config $(CONFIG) $(SCHEDULER_FLAG)
+
+## The test suite (what CI runs).
+test: setup
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+## Only the fast tests (skips the ones that train for minutes).
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+## The central Luigi scheduler on 127.0.0.1:8082 (UI at http://127.0.0.1:8082).
+scheduler: setup
+	@dir=$$($(BIN)/python -c "from pipeline.config import load_config; from pipeline.layout import work_dir; print(work_dir(load_config('$(CONFIG)')))")/luigid; \
+	mkdir -p $$dir && echo "luigid state and logs in $$dir; UI at http://127.0.0.1:8082" && \
+	$(BIN)/luigid --address 127.0.0.1 --port 8082 --state-path $$dir/state.pickle --logdir $$dir
+
+bench: setup
+	$(BIN)/python bench/features.py
+
+lint: setup
+	$(BIN)/python -m compileall -q pipeline tasks native_client bench tests data
+	@! grep -rn "import luigi\|from luigi" pipeline native_client || { echo "pipeline/ and native_client/ must not import luigi"; exit 1; }
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

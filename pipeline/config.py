@@ -1,0 +1,380 @@
+"""Configuration: YAML -> validated, frozen dataclasses.
+
+Layering: dataclass defaults <- the ``extends:`` chain of YAML files (each
+overriding a subset) <- explicit overrides -> validate -> freeze. Paths in a
+file are relative to that file. Every error is one line naming the file, the
+key and what was expected.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+
+APP_NAME = "luigi-deepspeech"
+
+
+class ConfigError(ValueError):
+    """A configuration file or value is invalid; the message is one line."""
+
+
+def _opt(default, doc: str, *, minimum=None, maximum=None, path: bool = False,
+         fingerprint: bool = True, exclusive_min: bool = False):
+    """A dataclass field with documentation and validation metadata."""
+    meta = {"doc": doc, "min": minimum, "max": maximum, "path": path,
+            "fingerprint": fingerprint, "exclusive_min": exclusive_min}
+    if isinstance(default, (list, dict)):
+        raise TypeError("use tuples for sequence defaults")
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class PathsConfig:
+    """Where inputs are and where every stage writes."""
+
+    work_dir: Optional[str] = _opt(None, "Directory for all stage outputs; default: <XDG data home>/luigi-deepspeech.", path=True, fingerprint=False)
+    export_dir: Optional[str] = _opt(None, "Where Export writes the deployable model; default <work_dir>/export.", path=True, fingerprint=False)
+    alphabet: Optional[str] = _opt(None, "Alphabet file, one character per line; default: the project's data/alphabet.txt.", path=True)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The corpus: DeepSpeech CSV manifests per split."""
+
+    train_files: tuple[str, ...] = _opt((), "Training CSVs (wav_filename,wav_filesize,transcript).", path=True)
+    dev_files: tuple[str, ...] = _opt((), "Validation CSVs, used for dev loss, early stopping and best checkpoint.", path=True)
+    test_files: tuple[str, ...] = _opt((), "Test CSVs, used by Evaluate.", path=True)
+    limit_train: int = _opt(0, "Use at most this many training samples (0 = all).", minimum=0)
+    limit_dev: int = _opt(0, "Use at most this many dev samples (0 = all).", minimum=0)
+    limit_test: int = _opt(0, "Use at most this many test samples (0 = all).", minimum=0)
+    max_reject_fraction: float = _opt(0.05, "Fail a split when more than this fraction of its rows is rejected.", minimum=0.0, maximum=1.0)
+
+
+@dataclass(frozen=True)
+class FeaturesConfig:
+    """Audio checks and MFCC extraction (python_speech_features)."""
+
+    sample_rate: int = _opt(16000, "Expected sample rate in Hz.", minimum=1000)
+    resample: bool = _opt(False, "Resample audio of another rate instead of rejecting it.")
+    downmix: bool = _opt(True, "Average multi-channel audio to mono instead of rejecting it.")
+    numcep: int = _opt(26, "MFCC coefficients per frame (n_input).", minimum=1)
+    nfilt: int = _opt(26, "Mel filters.", minimum=1)
+    winlen: float = _opt(0.025, "Analysis window length in seconds.", minimum=0.0, exclusive_min=True)
+    winstep: float = _opt(0.01, "Step between frames in seconds.", minimum=0.0, exclusive_min=True)
+    nfft: int = _opt(512, "FFT size.", minimum=1)
+    preemph: float = _opt(0.97, "Pre-emphasis coefficient.", minimum=0.0, maximum=1.0)
+    ceplifter: int = _opt(22, "Cepstral lifter.", minimum=0)
+    normalize: bool = _opt(False, "Normalise each utterance's features to zero mean, unit variance.")
+    workers: int = _opt(0, "Extraction worker processes (0 = all cores).", minimum=0, fingerprint=False)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The DeepSpeech acoustic model."""
+
+    n_hidden: int = _opt(2048, "Width of the dense layers and the LSTM.", minimum=1)
+    n_context: int = _opt(9, "Context frames on each side of a time step.", minimum=0)
+    relu_clip: float = _opt(20.0, "Clip of the clipped ReLU.", minimum=0.0, exclusive_min=True)
+    dropout_rate: float = _opt(0.05, "Dropout of layer 1 (and 2, 3, 6 unless set).", minimum=0.0, maximum=0.99)
+    dropout_rate2: Optional[float] = _opt(None, "Dropout of layer 2 (default: dropout_rate).", minimum=0.0, maximum=0.99)
+    dropout_rate3: Optional[float] = _opt(None, "Dropout of layer 3 (default: dropout_rate).", minimum=0.0, maximum=0.99)
+    dropout_rate4: float = _opt(0.0, "Dropout after the LSTM.", minimum=0.0, maximum=0.99)
+    dropout_rate5: float = _opt(0.0, "Dropout of the LSTM input.", minimum=0.0, maximum=0.99)
+    dropout_rate6: Optional[float] = _opt(None, "Dropout of layer 5 (default: dropout_rate).", minimum=0.0, maximum=0.99)
+    random_seed: int = _opt(4567, "Seed for weight initialisation and data order.")
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """The training loop."""
+
+    epochs: int = _opt(75, "Target epoch count; negative: that many more epochs than the checkpoint has.")
+    batch_size: int = _opt(16, "Batch size per tower (global batch = batch_size x towers).", minimum=1)
+    dev_batch_size: int = _opt(16, "Batch size per tower for dev and test passes.", minimum=1)
+    learning_rate: float = _opt(0.001, "Adam learning rate.", minimum=0.0, exclusive_min=True)
+    beta1: float = _opt(0.9, "Adam beta1.", minimum=0.0, maximum=1.0)
+    beta2: float = _opt(0.999, "Adam beta2.", minimum=0.0, maximum=1.0)
+    epsilon: float = _opt(1e-8, "Adam epsilon.", minimum=0.0, exclusive_min=True)
+    lr_decay: Literal["constant", "exponential"] = _opt("constant", "Learning-rate schedule.")
+    decay_rate: float = _opt(0.95, "Exponential decay factor per decay_steps.", minimum=0.0, maximum=1.0, exclusive_min=True)
+    decay_steps: int = _opt(1000, "Steps per decay_rate factor.", minimum=1)
+    halve_lr_on_plateau: bool = _opt(False, "Halve the learning rate when the dev loss is worse than the best so far.")
+    clip_grad_norm: float = _opt(0.0, "Clip gradients by global norm (0 = off).", minimum=0.0)
+    max_nonfinite_batches: int = _opt(10, "Stop after this many consecutive batches with a non-finite loss.", minimum=1)
+    checkpoint_secs: int = _opt(600, "Save a checkpoint at least this often (and at each epoch end).", minimum=1, fingerprint=False)
+    max_to_keep: int = _opt(5, "Latest checkpoints kept.", minimum=1, fingerprint=False)
+    validation_epochs: int = _opt(1, "Validate every this many epochs (0 = never).", minimum=0)
+    report_count: int = _opt(10, "Best and worst samples listed in reports.", minimum=0, fingerprint=False)
+    summary_secs: int = _opt(60, "Write histogram summaries at most this often.", minimum=1, fingerprint=False)
+    wer_log_pattern: Optional[str] = _opt(None, "A str.format pattern printed after each validation with epoch, wer, cer, loss.", fingerprint=False)
+    init_from: Optional[str] = _opt(None, "Warm start from this checkpoint directory or export (weights only).", path=True)
+    drop_source_layers: int = _opt(0, "With init_from: re-initialise this many last layers (new alphabet).", minimum=0, maximum=6)
+    shuffle_seed: int = _opt(1234, "Seed of the per-epoch batch order.")
+
+
+@dataclass(frozen=True)
+class EarlyStopConfig:
+    """When to stop before the target epoch."""
+
+    rule: Literal["seed", "patience", "off"] = _opt("off", "seed: DeepSpeech's mean/std rule; patience: es_epochs without es_min_delta gain.")
+    earlystop_nsteps: int = _opt(4, "Seed rule: dev losses considered.", minimum=2)
+    estop_mean_thresh: float = _opt(0.5, "Seed rule: |latest - mean| below this...", minimum=0.0)
+    estop_std_thresh: float = _opt(0.5, "Seed rule: ...and std below this stops.", minimum=0.0)
+    es_epochs: int = _opt(5, "Patience rule: validations without improvement before stopping.", minimum=1)
+    es_min_delta: float = _opt(0.0, "Patience rule: the least improvement that counts.", minimum=0.0)
+
+
+@dataclass(frozen=True)
+class DistributionConfig:
+    """Devices and workers ("towers")."""
+
+    strategy: Literal["auto", "one_device", "mirrored", "multi_worker"] = _opt("auto", "auto: all local GPUs as towers, else the CPU.")
+    cpu_devices: int = _opt(0, "Split the CPU into this many logical devices (towers without GPUs; 0 = no split).", minimum=0)
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """The deployable model."""
+
+    n_steps: int = _opt(16, "Time steps per streaming call.", minimum=1)
+    quantize: bool = _opt(False, "Dynamic-range int8 quantisation of the TFLite model.")
+    versioned: bool = _opt(False, "Keep numbered versions under export_dir.")
+    every_epochs: int = _opt(0, "Also export during training every this many epochs (0 = off).", minimum=0)
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """The language model and CTC beam search."""
+
+    lm_corpus_files: tuple[str, ...] = _opt((), "Text files the LanguageModel task learns from (never dev or test text).", path=True)
+    lm_include_train: bool = _opt(True, "Add the training transcripts to the LM text.")
+    lm_order: int = _opt(3, "n-gram order.", minimum=1, maximum=9)
+    lm_path: Optional[str] = _opt(None, "An existing ARPA or KenLM binary to use instead of building one.", path=True)
+    beam_width: int = _opt(256, "CTC beam width.", minimum=1)
+    beam_threshold: float = _opt(25.0, "Prune hypotheses this far below the best.", minimum=0.0)
+    lm_alpha: float = _opt(1.5, "LM weight.")
+    lm_beta: float = _opt(2.25, "Word insertion weight.")
+    lexicon: bool = _opt(True, "Restrict words to the LM vocabulary.")
+    tune: bool = _opt(False, "Tune lm_alpha/lm_beta on the dev set.")
+    tune_trials: int = _opt(30, "Trials of the alpha/beta search.", minimum=1)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration; ``source`` is the file it came from."""
+
+    paths: PathsConfig = PathsConfig()
+    data: DataConfig = DataConfig()
+    features: FeaturesConfig = FeaturesConfig()
+    model: ModelConfig = ModelConfig()
+    training: TrainingConfig = TrainingConfig()
+    early_stop: EarlyStopConfig = EarlyStopConfig()
+    distribution: DistributionConfig = DistributionConfig()
+    export: ExportConfig = ExportConfig()
+    decoder: DecoderConfig = DecoderConfig()
+    source: str = "<defaults>"
+
+    def split_files(self, split: str) -> tuple[str, ...]:
+        """The CSV manifests of ``split`` (train, dev or test)."""
+        return getattr(self.data, f"{split}_files")
+
+    def split_limit(self, split: str) -> int:
+        """The sample cap of ``split`` (0 = all)."""
+        return getattr(self.data, f"limit_{split}")
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "source"}
+
+
+def _section_types() -> dict[str, type]:
+    hints = typing.get_type_hints(Config)
+    return {name: hints[name] for name in SECTIONS}
+
+
+def _describe(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin is typing.Union:
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _describe(inner[0]) + " or null"
+    if origin is tuple:
+        return "a list of " + _describe(typing.get_args(tp)[0]) + "s"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[tp]
+
+
+def _coerce(value: Any, tp, where: str, base_dir: Path | None, is_path: bool):
+    """Check ``value`` against type ``tp``; resolve relative paths against ``base_dir``."""
+    origin = typing.get_origin(tp)
+    bad = ConfigError(f"{where}: expected {_describe(tp)}, got {value!r}")
+    if origin is typing.Union:
+        if value is None:
+            return None
+        inner = [a for a in typing.get_args(tp) if a is not type(None)][0]
+        return _coerce(value, inner, where, base_dir, is_path)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise bad
+        return value
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list):
+            raise bad
+        item = typing.get_args(tp)[0]
+        return tuple(_coerce(v, item, f"{where}[{i}]", base_dir, is_path) for i, v in enumerate(value))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise bad
+        if is_path and base_dir is not None:
+            path = Path(value).expanduser()
+            return str(path if path.is_absolute() else (base_dir / path).resolve())
+        return value
+    raise TypeError(f"unsupported config type {tp}")
+
+
+def _check_range(value, meta: dict, where: str) -> None:
+    if value is None or isinstance(value, (str, bool, tuple)):
+        return
+    low, high = meta["min"], meta["max"]
+    if low is not None and (value < low or (meta["exclusive_min"] and value == low)):
+        relation = "greater than" if meta["exclusive_min"] else "at least"
+        raise ConfigError(f"{where}: expected a value {relation} {low}, got {value!r}")
+    if high is not None and value > high:
+        raise ConfigError(f"{where}: expected a value at most {high}, got {value!r}")
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read config file: {error.strerror}") from error
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"{path}{line}: invalid YAML: {problem}") from error
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    return data
+
+
+def _layer(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, dict[str, Any]]:
+    """Read one file and its ``extends:`` chain into {section: {key: checked value}}."""
+    path = path.resolve()
+    if path in chain:
+        raise ConfigError(f"{path}: extends: cycle through {' -> '.join(str(p) for p in chain)}")
+    raw = _read_yaml(path)
+    merged: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    parent = raw.pop("extends", None)
+    if parent is not None:
+        if not isinstance(parent, str):
+            raise ConfigError(f"{path}: extends: expected a file name, got {parent!r}")
+        parent_path = Path(parent) if Path(parent).is_absolute() else path.parent / parent
+        if not parent_path.exists():
+            raise ConfigError(f"{path}: extends: file {parent_path} does not exist")
+        merged = _layer(parent_path, chain + (path,))
+    _merge_into(merged, raw, str(path), path.parent)
+    return merged
+
+
+def _merge_into(merged: dict, raw: dict, source: str, base_dir: Path | None) -> None:
+    types = _section_types()
+    for section, values in raw.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"{source}: unknown section {section!r}; expected one of {', '.join(SECTIONS)}")
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: {section}: expected a mapping of keys")
+        known = {f.name: f for f in dataclasses.fields(types[section])}
+        hints = typing.get_type_hints(types[section])
+        for key, value in values.items():
+            where = f"{source}: {section}.{key}"
+            if key not in known:
+                raise ConfigError(f"{where}: unknown key; expected one of {', '.join(known)}")
+            meta = known[key].metadata
+            checked = _coerce(value, hints[key], where, base_dir, meta["path"])
+            _check_range(checked, meta, where)
+            merged[section][key] = checked
+
+
+def _freeze(merged: dict, source: str) -> Config:
+    types = _section_types()
+    sections = {}
+    for name, values in merged.items():
+        sections[name] = types[name](**values)
+    config = Config(**sections, source=source)
+    _validate(config)
+    return config
+
+
+def _validate(config: Config) -> None:
+    """Checks that involve more than one key."""
+    src = config.source
+    if config.features.numcep > config.features.nfilt:
+        raise ConfigError(f"{src}: features.numcep: expected at most features.nfilt ({config.features.nfilt}), got {config.features.numcep}")
+    if config.features.winstep > config.features.winlen:
+        raise ConfigError(f"{src}: features.winstep: expected at most features.winlen ({config.features.winlen}), got {config.features.winstep}")
+    frame = int(round(config.features.winlen * config.features.sample_rate))
+    if config.features.nfft < frame:
+        raise ConfigError(f"{src}: features.nfft: expected at least the window length in samples ({frame}), got {config.features.nfft}")
+    if config.training.epochs == 0:
+        raise ConfigError(f"{src}: training.epochs: expected a non-zero integer, got 0")
+
+
+def load_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = None) -> Config:
+    """Load a YAML config (following ``extends:``), apply ``overrides`` ({section: {key: value}}), validate."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: config file does not exist")
+    merged = _layer(path)
+    if overrides:
+        _merge_into(merged, overrides, f"{path} (overrides)", Path.cwd())
+    return _freeze(merged, str(path.resolve()))
+
+
+def config_from_dict(raw: dict, source: str = "<dict>", base_dir: str | Path | None = None) -> Config:
+    """Build a config from a mapping shaped like the YAML file (no ``extends:``)."""
+    merged: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    _merge_into(merged, dict(raw), source, Path(base_dir) if base_dir else Path.cwd())
+    return _freeze(merged, source)
+
+
+def config_to_dict(config: Config) -> dict:
+    """The resolved config as plain data (for saving beside outputs)."""
+    out = {}
+    for name in SECTIONS:
+        section = dataclasses.asdict(getattr(config, name))
+        out[name] = {k: list(v) if isinstance(v, tuple) else v for k, v in section.items()}
+    return out
+
+
+def documented_keys() -> list[tuple[str, str, Any, str]]:
+    """(section, key, default, doc) for every config key, for the README reference."""
+    rows = []
+    types = _section_types()
+    for name in SECTIONS:
+        for f in dataclasses.fields(types[name]):
+            rows.append((name, f.name, f.default, f.metadata["doc"]))
+    return rows

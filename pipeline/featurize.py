@@ -1,0 +1,171 @@
+"""The Features stage: manifests -> checked samples -> MFCC in parallel shards -> one HDF5 cache per split.
+
+Work is split into shards of samples; each finished shard is saved as its
+own ``.npz`` part (written under a temporary name, then renamed), so a run
+killed half-way resumes with the finished shards. The parts live in a folder
+named by the stage fingerprint, so parts made with other settings are never
+reused. The parts are merged into the cache at the end and then removed.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import sys
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from pipeline import layout
+from pipeline.alphabet import load_alphabet
+from pipeline.audio import AudioError, load_checked
+from pipeline.cache import write_cache
+from pipeline.config import Config, FeaturesConfig
+from pipeline.corpus import Reject, check_reject_fraction, read_manifests, write_rejects
+from pipeline.features import compute_mfcc, ctc_min_frames
+
+SHARD_SIZE = 32
+
+# progress(done, total, rejected, audio_seconds)
+ProgressFn = Callable[[int, int, int, float], None]
+
+
+@dataclass
+class FeaturesSummary:
+    """What a Features run did for one split."""
+
+    split: str
+    cache: str
+    rejects_report: str
+    kept: int = 0
+    rejected: int = 0
+    audio_seconds: float = 0.0
+    reasons: dict = field(default_factory=dict)
+
+
+def rejects_path(cache: Path) -> Path:
+    """The rejects report beside a cache file."""
+    return cache.with_name(cache.stem + ".rejects.csv")
+
+
+def _process_shard(part: str, jobs: list[tuple[str, int]], features: FeaturesConfig) -> tuple[int, int, float]:
+    """Compute one shard and save it as ``part`` (atomically); returns (count, rejected, audio seconds)."""
+    utterances, lengths, durations, reasons, details = [], [], [], [], []
+    for audio_path, min_frames in jobs:
+        reason = detail = ""
+        mfcc = np.zeros((0, features.numcep), np.float32)
+        duration = 0.0
+        try:
+            samples = load_checked(audio_path, features)
+            duration = len(samples) / features.sample_rate
+            mfcc = compute_mfcc(samples, features)
+            if len(mfcc) < min_frames:
+                reason = "too_short_for_transcript"
+                detail = f"transcript needs at least {min_frames} time steps, audio gives {len(mfcc)} ({duration:.2f} s)"
+        except AudioError as error:
+            reason, detail = error.reason, str(error)
+        if reason:
+            mfcc = np.zeros((0, features.numcep), np.float32)
+        utterances.append(mfcc)
+        lengths.append(len(mfcc) if not reason else -1)
+        durations.append(duration)
+        reasons.append(reason)
+        details.append(detail)
+    tmp = f"{part}.{os.getpid()}.tmp.npz"
+    np.savez(tmp, features=np.concatenate(utterances), lengths=np.array(lengths, np.int32),
+             durations=np.array(durations, np.float32), reasons=np.array(reasons, dtype=str),
+             details=np.array(details, dtype=str))
+    os.replace(tmp, part)
+    return len(jobs), sum(1 for r in reasons if r), float(sum(d for d, r in zip(durations, reasons) if not r))
+
+
+def _load_part(part: Path) -> Optional[dict]:
+    """A finished part, or None if it is missing or unreadable (then it is computed again)."""
+    if not part.exists():
+        return None
+    try:
+        with np.load(part, allow_pickle=False) as data:
+            return {key: data[key] for key in data.files}
+    except (OSError, ValueError, EOFError):
+        return None
+
+
+def _executor(workers: int) -> ProcessPoolExecutor:
+    # fork is much faster to start, but unsafe once TensorFlow's threads exist in this process.
+    method = "spawn" if "tensorflow" in sys.modules else "fork"
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method))
+
+
+def build_split_cache(config: Config, split: str, progress: Optional[ProgressFn] = None) -> FeaturesSummary:
+    """Check the corpus of ``split``, compute its features and write its cache and rejects report.
+
+    Raises CorpusError when more than ``data.max_reject_fraction`` of the rows
+    are rejected (the rejects report is written first).
+    """
+    alphabet = load_alphabet(layout.alphabet_path(config))
+    samples, rejects = read_manifests(config.split_files(split), config.split_limit(split), alphabet)
+    cache = layout.features_path(config, split)
+    parts_dir = cache.with_name(cache.stem + ".parts")
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    shards = [samples[i:i + SHARD_SIZE] for i in range(0, len(samples), SHARD_SIZE)]
+    part_paths = [parts_dir / f"{index:05d}.npz" for index in range(len(shards))]
+    total = len(samples) + len(rejects)
+    done, rejected, seconds = len(rejects), len(rejects), 0.0
+
+    todo = []
+    for index, shard in enumerate(shards):
+        part = _load_part(part_paths[index])
+        if part is None:
+            todo.append(index)
+        else:
+            done += len(shard)
+            rejected += int(np.sum(part["lengths"] < 0))
+            seconds += float(np.sum(part["durations"][part["lengths"] >= 0]))
+    if progress:
+        progress(done, total, rejected, seconds)
+
+    workers = config.features.workers or os.cpu_count() or 1
+    jobs = {index: [(s.audio_path, ctc_min_frames(s.labels)) for s in shards[index]] for index in todo}
+    if workers == 1 or len(todo) <= 1:
+        for index in todo:
+            count, bad, secs = _process_shard(str(part_paths[index]), jobs[index], config.features)
+            done, rejected, seconds = done + count, rejected + bad, seconds + secs
+            if progress:
+                progress(done, total, rejected, seconds)
+    elif todo:
+        with _executor(min(workers, len(todo))) as pool:
+            futures = [pool.submit(_process_shard, str(part_paths[i]), jobs[i], config.features) for i in todo]
+            for future in as_completed(futures):
+                count, bad, secs = future.result()
+                done, rejected, seconds = done + count, rejected + bad, seconds + secs
+                if progress:
+                    progress(done, total, rejected, seconds)
+
+    kept_utterances, kept_samples, durations = [], [], []
+    for index, shard in enumerate(shards):
+        part = _load_part(part_paths[index])
+        offsets = np.concatenate([[0], np.cumsum(np.maximum(part["lengths"], 0))])
+        for position, sample in enumerate(shard):
+            length = int(part["lengths"][position])
+            if length < 0:
+                rejects.append(Reject(sample.source, sample.audio_path, str(part["reasons"][position]),
+                                      str(part["details"][position])))
+                continue
+            kept_utterances.append(part["features"][offsets[position]:offsets[position] + length])
+            kept_samples.append(sample)
+            durations.append(float(part["durations"][position]))
+
+    report = rejects_path(cache)
+    write_rejects(report, rejects)
+    check_reject_fraction(split, total, rejects, config.data.max_reject_fraction, report)
+    write_cache(cache, layout.features_fingerprint(config, split), config.features, kept_utterances,
+                [s.labels for s in kept_samples], [s.transcript for s in kept_samples],
+                [s.audio_path for s in kept_samples], durations)
+    shutil.rmtree(parts_dir, ignore_errors=True)
+    return FeaturesSummary(split=split, cache=str(cache), rejects_report=str(report), kept=len(kept_samples),
+                           rejected=len(rejects), audio_seconds=float(sum(durations)),
+                           reasons=dict(Counter(r.reason for r in rejects)))

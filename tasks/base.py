@@ -1,0 +1,47 @@
+"""What every task shares: the ``--config`` parameter and progress reporting."""
+from __future__ import annotations
+
+import functools
+import time
+
+import luigi
+from tqdm import tqdm
+
+from pipeline.config import Config, load_config
+
+
+class ConfigTask(luigi.Task):
+    """A task driven by one YAML config file."""
+
+    config = luigi.Parameter(description="Path of the YAML config file (see configs/).")
+
+    @functools.cached_property
+    def cfg(self) -> Config:
+        """The loaded, validated config."""
+        return load_config(self.config)
+
+
+class Progress:
+    """Reports progress to the Luigi scheduler UI and to a terminal progress bar."""
+
+    def __init__(self, task: luigi.Task, total: int, unit: str, description: str, min_interval: float = 1.0):
+        self.task = task
+        self.bar = tqdm(total=total, unit=unit, desc=description, dynamic_ncols=True)
+        self.min_interval = min_interval
+        self._last = 0.0
+
+    def update(self, done: int, message: str, percent: float | None = None, force: bool = False) -> None:
+        """Move the bar to ``done`` and, at most every ``min_interval`` seconds, tell the scheduler."""
+        self.bar.n = done
+        self.bar.set_postfix_str(message, refresh=False)
+        self.bar.refresh()
+        now = time.monotonic()
+        if force or now - self._last >= self.min_interval:
+            self._last = now
+            total = self.bar.total or 1
+            self.task.set_progress_percentage(round(100.0 * done / total if percent is None else percent, 1))
+            self.task.set_status_message(message)
+
+    def close(self) -> None:
+        """Close the terminal bar."""
+        self.bar.close()

@@ -1,0 +1,48 @@
+"""Features: validated corpus -> HDF5 feature cache, one task per split."""
+from __future__ import annotations
+
+import logging
+
+import luigi
+
+from pipeline import layout
+from pipeline.featurize import build_split_cache
+from tasks.base import ConfigTask, Progress
+
+log = logging.getLogger("luigi-interface")
+
+
+class FeaturesSplit(ConfigTask):
+    """The feature cache of one split (train, dev or test); its path carries the Features fingerprint."""
+
+    split = luigi.ChoiceParameter(choices=layout.SPLITS, description="Which split to featurise.")
+
+    def output(self):
+        return luigi.LocalTarget(str(layout.features_path(self.cfg, self.split)), format=luigi.format.Nop)
+
+    def run(self):
+        progress = Progress(self, total=1, unit="file", description=f"features {self.split}")
+
+        def report(done, total, rejected, seconds):
+            progress.bar.total = total
+            progress.update(done, f"{self.split}: {done}/{total} files, {rejected} rejected, "
+                                  f"{seconds / 3600:.2f} h audio", force=done == total)
+
+        try:
+            summary = build_split_cache(self.cfg, self.split, report)
+        finally:
+            progress.close()
+        log.info("Features %s: %d kept, %d rejected %s, %.2f h audio; rejects report %s", self.split,
+                 summary.kept, summary.rejected, summary.reasons, summary.audio_seconds / 3600,
+                 summary.rejects_report)
+        self.set_status_message(f"{self.split}: {summary.kept} kept, {summary.rejected} rejected "
+                                f"{summary.reasons or ''}, {summary.audio_seconds / 3600:.2f} h audio")
+
+
+class Features(luigi.WrapperTask):
+    """All three feature caches of a config (train, dev, test)."""
+
+    config = luigi.Parameter(description="Path of the YAML config file.")
+
+    def requires(self):
+        return [FeaturesSplit(config=self.config, split=split) for split in layout.SPLITS]
