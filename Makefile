@@ -1,5 +1,5 @@
 # Set-up and everyday commands. See README.md.
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 CONFIG ?= configs/sample.yaml

@@ -60,7 +60,7 @@ class FeaturesConfig:
 
     sample_rate: int = _opt(16000, "Expected sample rate in Hz.", minimum=1000)
     resample: bool = _opt(False, "Resample audio of another rate instead of rejecting it.")
-    downmix: bool = _opt(True, "Average multi-channel audio to mono instead of rejecting it.")
+    downmix: bool = _opt(False, "Average multi-channel audio to mono instead of rejecting it.")
     numcep: int = _opt(26, "MFCC coefficients per frame (n_input).", minimum=1)
     nfilt: int = _opt(26, "Mel filters.", minimum=1)
     winlen: float = _opt(0.025, "Analysis window length in seconds.", minimum=0.0, exclusive_min=True)
@@ -92,8 +92,9 @@ class ModelConfig:
 class TrainingConfig:
     """The training loop."""
 
-    epochs: int = _opt(75, "Target epoch count; negative: that many more epochs than the checkpoint has.")
+    epochs: int = _opt(75, "Target epoch count; negative: that many more epochs than the checkpoint has. Not in the Train fingerprint: raising it continues the same run.", fingerprint=False)
     batch_size: int = _opt(16, "Batch size per tower (global batch = batch_size x towers).", minimum=1)
+    global_batch_size: int = _opt(0, "If set: the global batch, split evenly over the towers (must divide); 0 = batch_size x towers.", minimum=0)
     dev_batch_size: int = _opt(16, "Batch size per tower for dev and test passes.", minimum=1)
     learning_rate: float = _opt(0.001, "Adam learning rate.", minimum=0.0, exclusive_min=True)
     beta1: float = _opt(0.9, "Adam beta1.", minimum=0.0, maximum=1.0)
@@ -203,7 +204,7 @@ def _describe(tp) -> str:
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
         return _describe(inner[0]) + " or null"
     if origin is tuple:
-        return "a list of " + _describe(typing.get_args(tp)[0]) + "s"
+        return "a list of " + {str: "strings", int: "integers", float: "numbers"}[typing.get_args(tp)[0]]
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[tp]
 
 

@@ -103,6 +103,7 @@ def evaluate_fingerprint(config: Config) -> str:
     return _hash({
         "stage": "evaluate",
         "train": train_fingerprint(config),
+        "epochs": config.training.epochs,
         "test": features_fingerprint(config, "test"),
         "decoder": _section_settings(config.decoder),
     })

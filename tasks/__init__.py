@@ -1,4 +1,5 @@
 """Luigi tasks of the pipeline; ``luigi --module tasks <Task> --config <yaml>`` finds each of them."""
 from tasks.features import Features, FeaturesSplit
+from tasks.training import Evaluate, Train
 
-__all__ = ["Features", "FeaturesSplit"]
+__all__ = ["Features", "FeaturesSplit", "Train", "Evaluate"]

@@ -1,0 +1,95 @@
+"""Checkpoint contents and checks: named model weights, geometry mismatch messages, warm start.
+
+Model weights are saved under explicit names (``weights/layer_1.kernel``)
+rather than through Keras' object graph, so every weight (the LSTM's too) has
+a stable, readable key that mismatch messages and warm starts can use.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import tensorflow as tf
+
+from pipeline.model import LAYER_NAMES
+
+
+class CheckpointMismatchError(RuntimeError):
+    """A checkpoint's weights do not fit the model built from the config."""
+
+
+def weight_name(variable) -> str:
+    """Stable name of a model weight, e.g. ``layer_1.kernel`` or ``lstm.lstm_cell.recurrent_kernel``."""
+    return ".".join(variable.path.split("/")[1:])
+
+
+def named_weights(model) -> dict:
+    """{name: variable} for every model weight (what checkpoints store under ``weights/``)."""
+    return {weight_name(v): v for v in model.weights}
+
+
+def _checkpoint_key(name: str) -> str:
+    # tf.train.Checkpoint escapes "." in object names as "..".
+    escaped = name.replace(".", "..")
+    return f"weights/{escaped}/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def resolve_checkpoint(path: str | Path) -> str:
+    """A checkpoint prefix from a prefix, a checkpoint directory, or a Train run directory."""
+    path = Path(path)
+    for directory in (path, path / "best", path / "checkpoints"):
+        if directory.is_dir():
+            latest = tf.train.latest_checkpoint(str(directory))
+            if latest:
+                return latest
+    if Path(str(path) + ".index").exists():
+        return str(path)
+    raise CheckpointMismatchError(f"{path}: no checkpoint found (expected a checkpoint prefix, a directory with a "
+                                  f"'checkpoint' file, or a Train run directory)")
+
+
+def shape_differences(prefix: str, model) -> list[str]:
+    """Descriptions of weights whose shape differs between checkpoint ``prefix`` and ``model`` (or that are missing)."""
+    stored = dict(tf.train.list_variables(prefix))
+    differences = []
+    for name, variable in named_weights(model).items():
+        key = _checkpoint_key(name)
+        if key not in stored:
+            differences.append(f"{name}: missing from the checkpoint")
+        elif list(stored[key]) != list(variable.shape):
+            differences.append(f"{name}: checkpoint {list(stored[key])} vs model {list(variable.shape)}")
+    return differences
+
+
+def check_geometry(prefix: str, model, directory: str | Path) -> None:
+    """Raise CheckpointMismatchError naming ``directory`` and each differing weight."""
+    differences = shape_differences(prefix, model)
+    if differences:
+        raise CheckpointMismatchError(
+            f"checkpoint in {directory} does not fit the model (changed alphabet or model.n_hidden?): "
+            + "; ".join(differences)
+            + ". Use another paths.work_dir, or training.init_from with training.drop_source_layers to start from it.")
+
+
+def warm_start(model, source: str | Path, drop_layers: int) -> list[str]:
+    """Copy weights from checkpoint ``source`` into ``model``, except the last ``drop_layers`` layers.
+
+    Returns the names of the weights copied. Optimizer state is not touched.
+    """
+    prefix = resolve_checkpoint(source)
+    reader = tf.train.load_checkpoint(prefix)
+    dropped = set(LAYER_NAMES[len(LAYER_NAMES) - drop_layers:]) if drop_layers else set()
+    copied = []
+    for name, variable in named_weights(model).items():
+        if name.split(".")[0] in dropped:
+            continue
+        key = _checkpoint_key(name)
+        if not reader.has_tensor(key):
+            raise CheckpointMismatchError(f"{source}: weight {name} is missing from the checkpoint")
+        value = reader.get_tensor(key)
+        if list(value.shape) != list(variable.shape):
+            raise CheckpointMismatchError(
+                f"{source}: weight {name} has shape {list(value.shape)}, the model needs {list(variable.shape)}; "
+                f"raise training.drop_source_layers to re-initialise that layer")
+        variable.assign(value)
+        copied.append(name)
+    return copied

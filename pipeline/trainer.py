@@ -1,0 +1,385 @@
+"""The training loop: towers via ``strategy.run``, checkpoints with exact resume, validation, early stopping.
+
+Position is kept in the checkpoint (global step, epoch, step inside the
+epoch, target epochs, validation history), and the batch order of an epoch
+is a pure function of its seed and number, so a restarted run continues at
+the very next batch: no batch seen twice or skipped.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from pipeline.alphabet import Alphabet
+from pipeline.cache import CachedSplit
+from pipeline.checkpoints import check_geometry, named_weights, warm_start
+from pipeline.config import Config
+from pipeline.dataset import SplitTensors, steps_per_epoch, train_dataset
+from pipeline.distribute import ClusterRole
+from pipeline.early_stop import should_stop
+from pipeline.evaluation import make_forward, mean_loss, run_split
+from pipeline.metrics import best_and_worst, corpus_rates, format_report
+from pipeline.model import build_model
+
+log = logging.getLogger(__name__)
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (too many non-finite batches, bad batch geometry, ...)."""
+
+
+@dataclass
+class TrainHooks:
+    """Callbacks a caller (a Luigi task, a test) can attach; each gets a dict of figures."""
+
+    on_step: Optional[Callable[[dict], None]] = None
+    on_validation: Optional[Callable[[dict], None]] = None
+    on_epoch: Optional[Callable[[dict], None]] = None
+
+
+@dataclass
+class _State:
+    """Training position and history, saved in every checkpoint."""
+
+    global_step: tf.Variable = field(default_factory=lambda: tf.Variable(0, dtype=tf.int64, trainable=False))
+    epoch: tf.Variable = field(default_factory=lambda: tf.Variable(0, dtype=tf.int64, trainable=False))
+    step_in_epoch: tf.Variable = field(default_factory=lambda: tf.Variable(0, dtype=tf.int64, trainable=False))
+    target_epochs: tf.Variable = field(default_factory=lambda: tf.Variable(0, dtype=tf.int64, trainable=False))
+    finished: tf.Variable = field(default_factory=lambda: tf.Variable(0, dtype=tf.int64, trainable=False))
+    lr_factor: tf.Variable = field(default_factory=lambda: tf.Variable(1.0, dtype=tf.float64, trainable=False))
+    epoch_loss_sum: tf.Variable = field(default_factory=lambda: tf.Variable(0.0, dtype=tf.float64, trainable=False))
+    epoch_loss_count: tf.Variable = field(default_factory=lambda: tf.Variable(0, dtype=tf.int64, trainable=False))
+    history: tf.Variable = field(default_factory=lambda: tf.Variable("{}", dtype=tf.string, trainable=False))
+
+    def variables(self) -> dict:
+        return dict(self.__dict__)
+
+
+def global_batch_size(config: Config, towers: int) -> tuple[int, int]:
+    """(per-tower batch, global batch) for ``towers`` replicas; a ``global_batch_size`` must split evenly."""
+    wanted = config.training.global_batch_size
+    if wanted:
+        if wanted % towers:
+            raise TrainingError(f"training.global_batch_size {wanted} does not split over {towers} towers; "
+                                f"use a multiple of {towers}, or set training.batch_size (per tower) instead")
+        return wanted // towers, wanted
+    return config.training.batch_size, config.training.batch_size * towers
+
+
+class Trainer:
+    """Trains the acoustic model of ``config`` on ``train_data``; validates on ``dev_data``.
+
+    ``run_dir`` receives ``checkpoints/``, ``best/``, ``summaries/``. Only the
+    chief (``role.is_chief``) writes there; other workers save into a scratch
+    directory, as MultiWorkerMirroredStrategy requires every worker to save.
+    """
+
+    def __init__(self, config: Config, run_dir: Path, train_data: CachedSplit, dev_data: Optional[CachedSplit],
+                 alphabet: Alphabet, strategy: tf.distribute.Strategy, role: ClusterRole = ClusterRole(0, 1),
+                 hooks: Optional[TrainHooks] = None):
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.train_data = train_data
+        self.dev_data = dev_data
+        self.alphabet = alphabet
+        self.strategy = strategy
+        self.role = role
+        self.hooks = hooks or TrainHooks()
+        self.towers = strategy.num_replicas_in_sync
+        self.per_tower_batch, self.global_batch = global_batch_size(config, self.towers)
+        self.steps_per_epoch = steps_per_epoch(len(train_data), self.global_batch)
+        write_root = self.run_dir if role.is_chief else self.run_dir / f".worker-{role.index}"
+        self.scratch = None if role.is_chief else write_root
+        training = config.training
+        with strategy.scope():
+            self.model = build_model(config.model, train_data.features.shape[1], alphabet.n_classes)
+            self.optimizer = keras.optimizers.Adam(learning_rate=training.learning_rate, beta_1=training.beta1,
+                                                   beta_2=training.beta2, epsilon=training.epsilon)
+            self.optimizer.build(self.model.trainable_variables)
+        self.state = _State()
+        self.checkpoint = tf.train.Checkpoint(weights=named_weights(self.model), optimizer=self.optimizer,
+                                              **self.state.variables())
+        self.manager = tf.train.CheckpointManager(self.checkpoint, str(write_root / "checkpoints"),
+                                                  max_to_keep=training.max_to_keep, checkpoint_name="ckpt")
+        self.best_manager = tf.train.CheckpointManager(self.checkpoint, str(write_root / "best"), max_to_keep=1,
+                                                       checkpoint_name="best")
+        self._train_step = self._make_train_step()
+        self._forward = make_forward(self.model, alphabet.blank_index)
+        self._train_tensors = SplitTensors(train_data)
+        self._dev_tensors = SplitTensors(dev_data) if dev_data is not None else None
+        self._writers = None
+
+    # -- the step ------------------------------------------------------------------------------
+    def _make_train_step(self):
+        model, optimizer, towers, global_batch = self.model, self.optimizer, self.towers, self.global_batch
+        blank, clip = self.alphabet.blank_index, self.config.training.clip_grad_norm
+
+        def apply_if_finite(distribution, finite, grads):
+            def apply():
+                distribution.extended.call_for_each_replica(
+                    lambda g: optimizer.apply(g, model.trainable_variables), args=(grads,))
+                return tf.constant(True)
+            return tf.cond(distribution.experimental_local_results(finite)[0], apply, lambda: tf.constant(False))
+
+        def replica_step(windows, lengths, labels, label_lengths, indices):
+            with tf.GradientTape() as tape:
+                logits = model(windows, training=True)  # [batch, time, classes]
+                per_sample = tf.nn.ctc_loss(labels, logits, label_lengths, lengths, logits_time_major=False,
+                                            blank_index=blank)
+                scaled = tf.reduce_sum(per_sample) / global_batch
+            grads = tape.gradient(scaled, model.trainable_variables)
+            context = tf.distribute.get_replica_context()
+            reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads + [scaled])
+            grads, loss = reduced[:-1], reduced[-1]
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in reduced])
+            if clip > 0:
+                grads, _ = tf.clip_by_global_norm(grads, clip)
+            # The optimizer all-reduces (sums) again: hand it each tower's share of the global gradient.
+            grads = [g / towers for g in grads]
+            context.merge_call(apply_if_finite, args=(finite, grads))
+            return loss, finite, indices
+
+        compiled = {}
+
+        def train_step(dataset, batch):
+            # One trace for all batch shapes: the signature has unknown batch and time sizes.
+            if "fn" not in compiled:
+                compiled["fn"] = tf.function(lambda b: self.strategy.run(replica_step, args=b),
+                                             input_signature=[dataset.element_spec])
+            return compiled["fn"](batch)
+
+        return train_step
+
+    # -- persistence ---------------------------------------------------------------------------
+    def _history(self) -> dict:
+        return json.loads(self.state.history.numpy().decode())
+
+    def _set_history(self, history: dict) -> None:
+        self.state.history.assign(json.dumps(history))
+
+    def _save(self) -> None:
+        self.manager.save(checkpoint_number=int(self.state.global_step.numpy()))
+
+    def restore(self) -> Optional[str]:
+        """Restore the latest checkpoint (or warm-start from ``training.init_from``); returns what was loaded."""
+        latest = tf.train.latest_checkpoint(str(self.run_dir / "checkpoints"))
+        if latest:
+            check_geometry(latest, self.model, self.run_dir / "checkpoints")
+            self.checkpoint.restore(latest).expect_partial()
+            log.info("Restored %s: epoch %d, step %d (%d of this epoch)", latest, int(self.state.epoch.numpy()),
+                     int(self.state.global_step.numpy()), int(self.state.step_in_epoch.numpy()))
+            return latest
+        if self.config.training.init_from:
+            copied = warm_start(self.model, self.config.training.init_from, self.config.training.drop_source_layers)
+            log.info("Warm start from %s: %d weights copied, %d last layers fresh", self.config.training.init_from,
+                     len(copied), self.config.training.drop_source_layers)
+            return self.config.training.init_from
+        return None
+
+    def _resolve_target(self, restored: bool) -> int:
+        epochs = self.config.training.epochs
+        epoch, stored = int(self.state.epoch.numpy()), int(self.state.target_epochs.numpy())
+        unfinished = restored and not int(self.state.finished.numpy())
+        if epochs > 0:
+            target = epochs
+        elif unfinished and stored > 0:
+            target = stored  # a restarted "-N more" run keeps the target it started with
+        else:
+            target = epoch - epochs
+        self.state.target_epochs.assign(target)
+        self.state.finished.assign(0)
+        return target
+
+    # -- summaries -----------------------------------------------------------------------------
+    def _writer(self, name: str):
+        if not self.role.is_chief:
+            return tf.summary.create_noop_writer()
+        if self._writers is None:
+            self._writers = {}
+        if name not in self._writers:
+            self._writers[name] = tf.summary.create_file_writer(str(self.run_dir / "summaries" / name))
+        return self._writers[name]
+
+    def _learning_rate(self) -> float:
+        training = self.config.training
+        lr = training.learning_rate * float(self.state.lr_factor.numpy())
+        if training.lr_decay == "exponential":
+            lr *= training.decay_rate ** (int(self.state.global_step.numpy()) / training.decay_steps)
+        return lr
+
+    # -- the loop ------------------------------------------------------------------------------
+    def _distributed_epoch(self, epoch: int, start_step: int):
+        tensors, lengths = self._train_tensors, self.train_data.lengths
+        per_tower, towers = self.per_tower_batch, self.towers
+        seed, n_context = self.config.training.shuffle_seed, self.config.model.n_context
+
+        def dataset_fn(context: tf.distribute.InputContext):
+            local = context.num_replicas_in_sync // context.num_input_pipelines
+            return train_dataset(tensors, lengths, per_tower, towers, context.input_pipeline_id * local, local,
+                                 epoch, start_step, seed, n_context)
+
+        return self.strategy.distribute_datasets_from_function(dataset_fn)
+
+    def validate(self, epoch: int) -> dict:
+        """Dev loss, greedy WER/CER and best/worst samples of the current weights."""
+        results = run_split(self.model, self.dev_data, self.alphabet, self.config.training.dev_batch_size,
+                            self.config.model.n_context, self._forward, tensors=self._dev_tensors)
+        rates = corpus_rates(results)
+        samples = best_and_worst(results, self.config.training.report_count)
+        log.info("%s", format_report(f"Validation after epoch {epoch}", rates, samples))
+        return {"epoch": epoch, "dev_loss": rates["loss"], "wer": rates["wer"], "cer": rates["cer"],
+                "samples": samples}
+
+    def fit(self) -> dict:
+        """Train until the target epoch or an early stop; returns the training report."""
+        started = time.monotonic()
+        restored = self.restore() is not None
+        target = self._resolve_target(restored)
+        training = self.config.training
+        history = self._history()
+        history.setdefault("validations", [])
+        history.setdefault("epoch_losses", [])
+        history.setdefault("skipped_batches", [])
+        history.setdefault("stop", None)
+        history["stop"] = None
+        best_loss = min((v["dev_loss"] for v in history["validations"] if np.isfinite(v["dev_loss"])), default=math.inf)
+        last_save = time.monotonic()
+        last_histogram = 0.0
+        consecutive_bad = 0
+        log.info("Training to epoch %d: %d towers x %d = global batch %d, %d steps per epoch", target, self.towers,
+                 self.per_tower_batch, self.global_batch, self.steps_per_epoch)
+
+        while int(self.state.epoch.numpy()) < target and history["stop"] is None:
+            epoch = int(self.state.epoch.numpy())
+            start_step = int(self.state.step_in_epoch.numpy())
+            if start_step < self.steps_per_epoch:
+                dataset = self._distributed_epoch(epoch, start_step)
+                for batch in dataset:
+                    self.optimizer.learning_rate.assign(self._learning_rate())
+                    loss, finite, indices = self._train_step(dataset, batch)
+                    loss = float(self.strategy.experimental_local_results(loss)[0].numpy())
+                    finite = bool(self.strategy.experimental_local_results(finite)[0].numpy())
+                    self.state.global_step.assign_add(1)
+                    self.state.step_in_epoch.assign_add(1)
+                    if finite:
+                        consecutive_bad = 0
+                        self.state.epoch_loss_sum.assign_add(loss)
+                        self.state.epoch_loss_count.assign_add(1)
+                    else:
+                        consecutive_bad += 1
+                        files = sorted({self.train_data.paths[i] for part in self.strategy.experimental_local_results(indices)
+                                        for i in part.numpy()})
+                        log.warning("Step %d: non-finite loss, batch skipped; its files: %s",
+                                    int(self.state.global_step.numpy()), ", ".join(files))
+                        history["skipped_batches"].append({"step": int(self.state.global_step.numpy()), "files": files})
+                        self._set_history(history)
+                        if consecutive_bad >= training.max_nonfinite_batches:
+                            self._save()
+                            raise TrainingError(
+                                f"{consecutive_bad} batches in a row had a non-finite loss (last files: {', '.join(files)}); "
+                                f"check these files and the learning rate (training.learning_rate {training.learning_rate})")
+                    step = int(self.state.global_step.numpy())
+                    with self._writer("train").as_default(step=step):
+                        if finite:
+                            tf.summary.scalar("loss", loss)
+                        tf.summary.scalar("learning_rate", self._learning_rate())
+                        if time.monotonic() - last_histogram >= training.summary_secs:
+                            last_histogram = time.monotonic()
+                            for name, variable in named_weights(self.model).items():
+                                tf.summary.histogram(name, variable)
+                    if time.monotonic() - last_save >= training.checkpoint_secs:
+                        self._save()
+                        last_save = time.monotonic()
+                    if self.hooks.on_step:
+                        self.hooks.on_step({"epoch": epoch, "target_epochs": target, "step": step,
+                                            "step_in_epoch": int(self.state.step_in_epoch.numpy()),
+                                            "steps_per_epoch": self.steps_per_epoch, "loss": loss, "finite": finite,
+                                            "elapsed_s": time.monotonic() - started})
+            count = int(self.state.epoch_loss_count.numpy())
+            epoch_loss = float(self.state.epoch_loss_sum.numpy()) / count if count else float("nan")
+            history["epoch_losses"].append({"epoch": epoch + 1, "train_loss": epoch_loss})
+            log.info("Epoch %d/%d: mean train loss %.4f", epoch + 1, target, epoch_loss)
+            if self.hooks.on_epoch:
+                self.hooks.on_epoch({"epoch": epoch + 1, "target_epochs": target, "train_loss": epoch_loss})
+
+            save_best = False
+            if self.dev_data is not None and training.validation_epochs and (epoch + 1) % training.validation_epochs == 0:
+                validation = self.validate(epoch + 1)
+                history["validations"].append(validation)
+                with self._writer("dev").as_default(step=int(self.state.global_step.numpy())):
+                    for key in ("dev_loss", "wer", "cer"):
+                        tf.summary.scalar(key.replace("dev_", ""), validation[key])
+                if training.wer_log_pattern:
+                    print(training.wer_log_pattern.format(epoch=epoch + 1, wer=validation["wer"],
+                                                          cer=validation["cer"], loss=validation["dev_loss"]), flush=True)
+                save_best = validation["dev_loss"] < best_loss
+                if not save_best and training.halve_lr_on_plateau:
+                    self.state.lr_factor.assign(self.state.lr_factor * 0.5)
+                    log.info("Dev loss %.4f is worse than the best %.4f: learning rate halved to %.3g",
+                             validation["dev_loss"], best_loss, self._learning_rate())
+                decision = should_stop([v["dev_loss"] for v in history["validations"]], self.config.early_stop)
+                if decision is not None:
+                    log.info("Early stop check (%s rule): %s", decision.rule, decision.reason)
+                    if decision.stop:
+                        history["stop"] = {"rule": decision.rule, "reason": decision.reason, "epoch": epoch + 1}
+                        log.warning("Early stop after epoch %d by the %s rule: %s", epoch + 1, decision.rule, decision.reason)
+                best_loss = min(best_loss, validation["dev_loss"])
+                if self.hooks.on_validation:
+                    self.hooks.on_validation(validation)
+            elif training.validation_epochs == 0 and self.config.early_stop.rule != "off" and epoch == 0:
+                log.warning("early_stop.rule is %r but validation is off (training.validation_epochs: 0): no early stopping",
+                            self.config.early_stop.rule)
+
+            self.state.epoch.assign_add(1)
+            self.state.step_in_epoch.assign(0)
+            self.state.epoch_loss_sum.assign(0.0)
+            self.state.epoch_loss_count.assign(0)
+            self._set_history(history)
+            if save_best:
+                self.best_manager.save(checkpoint_number=int(self.state.global_step.numpy()))
+            self._save()
+            last_save = time.monotonic()
+
+        self.state.finished.assign(1)
+        self._set_history(history)
+        self._save()
+        if not self.best_manager.latest_checkpoint:
+            self.best_manager.save(checkpoint_number=int(self.state.global_step.numpy()))
+        for writer in (self._writers or {}).values():
+            writer.flush()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        return self._report(history, target, time.monotonic() - started)
+
+    def _report(self, history: dict, target: int, wall: float) -> dict:
+        validations = history["validations"]
+        best = min(validations, key=lambda v: v["dev_loss"]) if validations else None
+        stop = history["stop"] or {"rule": None, "reason": f"reached the target of {target} epochs"}
+        return {
+            "epochs_completed": int(self.state.epoch.numpy()),
+            "target_epochs": target,
+            "global_step": int(self.state.global_step.numpy()),
+            "steps_per_epoch": self.steps_per_epoch,
+            "towers": self.towers,
+            "batch_size_per_tower": self.per_tower_batch,
+            "global_batch_size": self.global_batch,
+            "train_losses": history["epoch_losses"],
+            "validations": [{k: v[k] for k in ("epoch", "dev_loss", "wer", "cer")} for v in validations],
+            "best_dev": {k: best[k] for k in ("epoch", "dev_loss", "wer", "cer")} if best else None,
+            "last_samples": validations[-1]["samples"] if validations else None,
+            "stop": stop,
+            "skipped_batches": history["skipped_batches"],
+            "best_checkpoint": self.best_manager.latest_checkpoint,
+            "latest_checkpoint": self.manager.latest_checkpoint,
+            "wall_time_s_this_run": wall,
+        }

@@ -1,0 +1,98 @@
+"""Train and Evaluate tasks."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import luigi
+
+from pipeline import layout
+from tasks.base import ConfigTask, Progress
+from tasks.features import FeaturesSplit
+
+log = logging.getLogger("luigi-interface")
+
+
+class Train(ConfigTask):
+    """Train the acoustic model; output: the run directory's ``train_report.json`` (checkpoints beside it).
+
+    Complete only when the report exists and covers the configured epochs,
+    so a killed run resumes from its checkpoints when asked again, and raising
+    ``training.epochs`` continues the same run.
+    """
+
+    def requires(self):
+        return {"train": FeaturesSplit(config=self.config, split="train"),
+                "dev": FeaturesSplit(config=self.config, split="dev")}
+
+    def output(self):
+        return luigi.LocalTarget(str(layout.train_dir(self.cfg) / "train_report.json"))
+
+    def complete(self):
+        if not self.output().exists():
+            return False
+        report = json.loads(open(self.output().path).read())
+        epochs = self.cfg.training.epochs
+        stopped_early = (report.get("stop") or {}).get("rule") is not None
+        return epochs < 0 or stopped_early or report.get("epochs_completed", 0) >= epochs
+
+    def run(self):
+        from pipeline.trainer import TrainHooks
+        from pipeline.training_run import train_stage
+
+        progress = _TrainProgress(self)
+        try:
+            report = train_stage(self.cfg, hooks=TrainHooks(on_step=progress.on_step,
+                                                             on_validation=progress.on_validation))
+        finally:
+            progress.bar.close()
+        self.set_progress_percentage(100)
+        self.set_status_message(f"done: {report['epochs_completed']} epochs, {report['global_step']} steps; "
+                                f"stop: {report['stop']['reason']}")
+
+
+class _TrainProgress(Progress):
+    """Train's progress: percent of all target steps; epoch, step, loss, last dev WER and ETA."""
+
+    def __init__(self, task):
+        super().__init__(task, total=1, unit="step", description="train")
+        self.first_done = None
+        self.started = time.monotonic()
+        self.dev_wer = None
+
+    def on_step(self, info: dict) -> None:
+        """TrainHooks.on_step."""
+        total = info["target_epochs"] * info["steps_per_epoch"]
+        done = info["epoch"] * info["steps_per_epoch"] + info["step_in_epoch"]
+        if self.first_done is None:
+            self.first_done, self.started = done - 1, time.monotonic()
+        self.bar.total = total
+        rate = (done - self.first_done) / max(time.monotonic() - self.started, 1e-6)
+        wer = f", dev WER {self.dev_wer:.3f}" if self.dev_wer is not None else ""
+        self.update(done, f"epoch {info['epoch'] + 1}/{info['target_epochs']}, step {info['step']}, "
+                          f"loss {info['loss']:.2f}{wer}, ETA {(total - done) / max(rate, 1e-6) / 60:.1f} min")
+
+    def on_validation(self, info: dict) -> None:
+        """TrainHooks.on_validation."""
+        self.dev_wer = info["wer"]
+
+
+class Evaluate(ConfigTask):
+    """Test-set report of the best-dev checkpoint: ``evaluation.json`` (wer, cer, loss, samples) and ``evaluation.txt``."""
+
+    def requires(self):
+        return {"train": Train(config=self.config), "test": FeaturesSplit(config=self.config, split="test")}
+
+    def output(self):
+        return luigi.LocalTarget(str(layout.evaluate_dir(self.cfg) / "evaluation.json"))
+
+    def run(self):
+        from pipeline.training_run import evaluate_stage
+
+        self.set_status_message("decoding the test split")
+        report = evaluate_stage(self.cfg, layout.evaluate_dir(self.cfg))
+        self.set_progress_percentage(100)
+        self.set_status_message(f"test WER {report['wer']:.4f}, CER {report['cer']:.4f}, loss {report['loss']:.2f}")
+        print(f"Test WER {report['wer']:.4f}  CER {report['cer']:.4f}  loss {report['loss']:.3f}  "
+              f"({report['samples_count']} samples) -> {self.output().path}")

@@ -1,0 +1,75 @@
+"""Shared fixtures: paths of the project and the sample corpus, small configs in a temp dir."""
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "data" / "sample"
+ALPHABET = ROOT / "data" / "alphabet.txt"
+
+
+@pytest.fixture
+def write_config(tmp_path):
+    """Write a YAML config (dedented text) into tmp_path and return its path."""
+
+    def write(text: str, name: str = "config.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    return write
+
+
+def small_config_text(work_dir: Path, limit_train: int = 16, limit_dev: int = 8, limit_test: int = 8,
+                      n_hidden: int = 32, extra: str = "") -> str:
+    """YAML of a tiny config on the sample corpus; ``extra`` is appended verbatim (top-level sections)."""
+    return textwrap.dedent(f"""
+        extends: {ROOT / 'configs' / 'sample.yaml'}
+        paths:
+          work_dir: {work_dir}
+        data:
+          limit_train: {limit_train}
+          limit_dev: {limit_dev}
+          limit_test: {limit_test}
+        features:
+          workers: 1
+        model:
+          n_hidden: {n_hidden}
+          dropout_rate: 0.0
+        training:
+          epochs: 2
+          batch_size: 4
+          dev_batch_size: 8
+          checkpoint_secs: 600
+          report_count: 2
+        early_stop:
+          rule: "off"
+    """) + textwrap.dedent(extra)
+
+
+@pytest.fixture
+def small_config(tmp_path):
+    """Write a tiny config (see small_config_text) and return its path; features are built on demand."""
+
+    def make(name: str = "small.yaml", **kwargs) -> Path:
+        path = tmp_path / name
+        path.write_text(small_config_text(tmp_path / "work", **kwargs))
+        return path
+
+    return make
+
+
+def build_features(config, splits=("train", "dev", "test")) -> None:
+    """Build the feature caches a test needs (skipping those that exist)."""
+    from pipeline import layout
+    from pipeline.featurize import build_split_cache
+
+    for split in splits:
+        if not layout.features_path(config, split).exists():
+            build_split_cache(config, split)

@@ -1,0 +1,157 @@
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import soundfile
+from python_speech_features import mfcc
+
+from pipeline import layout
+from pipeline.alphabet import load_alphabet
+from pipeline.cache import CacheError, check_settings, read_cache
+from pipeline.config import FeaturesConfig, load_config
+from pipeline.corpus import CorpusError, read_manifests
+from pipeline.featurize import build_split_cache, rejects_path
+from pipeline.features import context_windows, ctc_min_frames
+from tests.conftest import ALPHABET, ROOT, SAMPLE
+from tests.corpus_factory import bad_corpus, sample_rows, write_manifest
+
+
+def _config(write_config, tmp_path, manifest, extra=""):
+    return load_config(write_config(f"""
+        paths:
+          work_dir: {tmp_path / 'work'}
+          alphabet: {ALPHABET}
+        data:
+          train_files: [{manifest}]
+          max_reject_fraction: 1.0
+        {extra}
+    """))
+
+
+def test_bad_corpus_rejects_exactly_the_bad_rows(write_config, tmp_path):
+    manifest, expected = bad_corpus(tmp_path / "corpus")
+    config = _config(write_config, tmp_path, manifest)
+    summary = build_split_cache(config, "train")
+    assert summary.kept == 3
+    with open(rejects_path(Path(summary.cache)), newline="") as handle:
+        rejects = {Path(row["wav_filename"]).name: row for row in csv.DictReader(handle)}
+    assert {name: row["reason"] for name, row in rejects.items()} == expected
+    assert "'é'" in rejects["accents.flac"]["detail"] and "'ï'" in rejects["accents.flac"]["detail"]
+    assert "bad.csv:" in rejects["stereo.wav"]["source"]
+    assert "8000 Hz" in rejects["rate8k.wav"]["detail"]
+    cached = read_cache(Path(summary.cache), config.features)
+    assert sorted(Path(p).name for p in cached.paths) == ["good0.flac", "good1.flac", "good2.flac"]
+
+
+def test_resample_and_downmix_keep_those_rows(write_config, tmp_path):
+    manifest, expected = bad_corpus(tmp_path / "corpus")
+    config = _config(write_config, tmp_path, manifest, "features:\n          resample: true\n          downmix: true")
+    summary = build_split_cache(config, "train")
+    assert summary.kept == 5
+    assert "wrong_sample_rate" not in summary.reasons and "too_many_channels" not in summary.reasons
+
+
+def test_too_many_rejects_fail_naming_split_and_reasons(write_config, tmp_path):
+    manifest, _ = bad_corpus(tmp_path / "corpus")
+    config = _config(write_config, tmp_path, manifest, "")
+    config = load_config(write_config(Path(config.source).read_text().replace("max_reject_fraction: 1.0",
+                                                                                "max_reject_fraction: 0.05"), "strict.yaml"))
+    with pytest.raises(CorpusError, match=r"split 'train': 9 of 12 rows rejected .*top reasons: ") as error:
+        build_split_cache(config, "train")
+    assert "rejects.csv" in str(error.value)
+    assert not layout.features_path(config, "train").exists()
+    assert rejects_path(layout.features_path(config, "train")).exists()
+
+
+def test_manifest_without_a_column_is_a_clear_error(tmp_path):
+    audio, transcript = sample_rows(count=1)[0]
+    manifest = tmp_path / "nocol.csv"
+    manifest.write_text(f"wav_filename,transcript\n{audio},{transcript}\n")
+    with pytest.raises(CorpusError, match=r"nocol\.csv:1: header lacks column\(s\) wav_filesize"):
+        read_manifests([manifest], 0, load_alphabet(ALPHABET))
+
+
+def test_limit_keeps_the_first_rows(tmp_path):
+    samples, rejects = read_manifests([SAMPLE / "dev.csv"], 5, load_alphabet(ALPHABET))
+    assert len(samples) == 5 and not rejects
+    assert samples[0].source.endswith("dev.csv:2")
+
+
+def test_cached_features_equal_python_speech_features(write_config, tmp_path):
+    rows = sample_rows(count=2)
+    manifest = write_manifest(tmp_path / "two.csv", [(str(path), text) for path, text in rows])
+    config = _config(write_config, tmp_path, manifest)
+    summary = build_split_cache(config, "train")
+    cached = read_cache(Path(summary.cache), config.features)
+    for index, (path, text) in enumerate(rows):
+        signal, rate = soundfile.read(path, dtype="int16")
+        expected = mfcc(signal, samplerate=rate, numcep=26)
+        np.testing.assert_allclose(cached.utterance(index), expected, rtol=1e-5, atol=1e-4)
+        assert cached.transcripts[index] == text
+        assert cached.durations[index] == pytest.approx(len(signal) / rate)
+
+
+def test_changed_feature_setting_makes_reader_refuse_old_cache(write_config, tmp_path):
+    manifest = write_manifest(tmp_path / "one.csv", [(str(p), t) for p, t in sample_rows(count=1)])
+    config = _config(write_config, tmp_path, manifest)
+    summary = build_split_cache(config, "train")
+    changed = FeaturesConfig(numcep=13, winlen=0.032)
+    with pytest.raises(CacheError, match=r"numcep: cache 26 vs config 13.*winlen: cache 0\.025 vs config 0\.032"):
+        check_settings(Path(summary.cache), changed)
+    with pytest.raises(CacheError, match="does not exist"):
+        read_cache(tmp_path / "nothing.h5", changed)
+
+
+def test_context_windows_and_ctc_minimum():
+    frames = np.arange(12, dtype=np.float32).reshape(4, 3)
+    windows = context_windows(frames, 1)
+    assert windows.shape == (4, 3, 3)
+    np.testing.assert_array_equal(windows[0, 0], 0)
+    np.testing.assert_array_equal(windows[0, 1], frames[0])
+    np.testing.assert_array_equal(windows[3, 2], 0)
+    np.testing.assert_array_equal(windows[1], frames[0:3])
+    assert ctc_min_frames([1, 1, 2, 2, 2, 3]) == 9
+
+
+_KILLABLE = """
+import sys
+from pipeline.config import load_config
+from pipeline.featurize import build_split_cache
+if __name__ == "__main__":
+    build_split_cache(load_config(sys.argv[1]), "train")
+"""
+
+
+def test_killed_run_resumes_and_matches_an_uninterrupted_run(write_config, tmp_path):
+    base = f"extends: {ROOT / 'configs' / 'sample.yaml'}\ndata:\n  limit_train: 320\nfeatures:\n  workers: 1\n"
+    killed = write_config(base + f"paths:\n  work_dir: {tmp_path / 'killed'}\n", "killed.yaml")
+    clean = write_config(base + f"paths:\n  work_dir: {tmp_path / 'clean'}\n", "clean.yaml")
+    config = load_config(killed)
+    cache = layout.features_path(config, "train")
+    parts = cache.with_name(cache.stem + ".parts")
+    script = tmp_path / "run.py"
+    script.write_text(_KILLABLE)
+    process = subprocess.Popen([sys.executable, str(script), str(killed)], cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list(parts.glob("*.npz"))) < 3 and process.poll() is None:
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    finished_parts = len(list(parts.glob("*.npz")))
+    assert 3 <= finished_parts < 10, "the run was not killed half-way"
+    assert not cache.exists()
+
+    build_split_cache(config, "train")
+    build_split_cache(load_config(clean), "train")
+    with h5py.File(cache) as a, h5py.File(layout.features_path(load_config(clean), "train")) as b:
+        for name in ("features", "offsets", "lengths", "durations"):
+            np.testing.assert_array_equal(a[name][...], b[name][...])
+        assert list(a["transcripts"][...]) == list(b["transcripts"][...])
+    assert not parts.exists()

@@ -1,0 +1,217 @@
+"""Training for real on small slices of the sample corpus."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from pipeline import layout
+from pipeline.alphabet import load_alphabet
+from pipeline.cache import read_cache
+from pipeline.checkpoints import CheckpointMismatchError
+from pipeline.config import load_config
+from pipeline.distribute import make_strategy
+from pipeline.model import build_model, make_windows
+from pipeline.trainer import Trainer, TrainingError, global_batch_size
+from pipeline.training_run import evaluate_stage, train_stage
+from tests.conftest import ROOT, build_features
+
+
+def _trainer(config, run_dir, train=None):
+    alphabet = load_alphabet(layout.alphabet_path(config))
+    train = train or read_cache(layout.features_path(config, "train"), config.features)
+    dev = read_cache(layout.features_path(config, "dev"), config.features)
+    return Trainer(config, run_dir, train, dev, alphabet, make_strategy(config.distribution))
+
+
+def test_loss_falls_and_report_is_complete(small_config, tmp_path):
+    config = load_config(small_config(limit_train=16, extra="training:\n  epochs: 4\n  learning_rate: 0.003\n"))
+    build_features(config)
+    report = train_stage(config)
+    losses = [e["train_loss"] for e in report["train_losses"]]
+    assert len(losses) == 4 and losses[-1] < 0.7 * losses[0]
+    assert report["global_step"] == 16 and report["epochs_completed"] == 4
+    assert report["stop"]["rule"] is None and "target of 4 epochs" in report["stop"]["reason"]
+    run_dir = layout.train_dir(config)
+    assert json.loads((run_dir / "train_report.json").read_text())["global_step"] == 16
+    assert (run_dir / "config.yaml").exists() and list((run_dir / "best").glob("best-*.index"))
+    assert list((run_dir / "summaries" / "train").iterdir())
+    evaluation = evaluate_stage(config, tmp_path / "eval")
+    assert {"wer", "cer", "loss", "samples"} <= set(evaluation)
+    assert json.loads((tmp_path / "eval" / "evaluation.json").read_text())["samples_count"] == 8
+
+
+@pytest.mark.slow
+def test_five_utterances_are_learned(small_config):
+    config = load_config(small_config(limit_train=5, n_hidden=128, extra=textwrap.dedent("""
+        data:
+          dev_files: [../data/sample/train.csv]
+          limit_dev: 5
+        training:
+          epochs: 250
+          batch_size: 5
+          learning_rate: 0.003
+          validation_epochs: 50
+    """).replace("../data", str(ROOT / "data"))))
+    build_features(config, ("train", "dev"))
+    report = train_stage(config)
+    assert report["validations"][-1]["cer"] < 0.1, report["validations"]
+
+
+def test_global_batch_must_split_over_towers(small_config):
+    config = load_config(small_config(extra="training:\n  global_batch_size: 5\n"))
+    with pytest.raises(TrainingError, match="global_batch_size 5 does not split over 2 towers"):
+        global_batch_size(config, 2)
+    assert global_batch_size(config, 1) == (5, 5)
+    config = load_config(small_config(extra="training:\n  global_batch_size: 6\n"))
+    assert global_batch_size(config, 2) == (3, 6)
+
+
+_TOWERS = """
+import sys, numpy as np, tensorflow as tf
+from pipeline.config import load_config
+from pipeline.distribute import configure_devices
+from pipeline.training_run import train_stage
+from pipeline.checkpoints import resolve_checkpoint
+one, two = load_config(sys.argv[1]), load_config(sys.argv[2])
+configure_devices(two.distribution)
+weights = []
+for config in (one, two):
+    report = train_stage(config)
+    assert report["towers"] == (1 if config is one else 2), report["towers"]
+    reader = tf.train.load_checkpoint(resolve_checkpoint(report["latest_checkpoint"].rsplit("/", 1)[0]))
+    weights.append({k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("weights/")})
+init = 0
+diff = max(float(np.max(np.abs(weights[0][k] - weights[1][k]))) for k in weights[0])
+print("MAXDIFF", diff, len(weights[0]))
+"""
+
+
+def test_two_towers_give_the_same_update_as_one_device(small_config, tmp_path):
+    common = "training:\n  epochs: 1\n  global_batch_size: 8\n"
+    one = small_config("one.yaml", limit_train=8, extra=common + "distribution:\n  strategy: one_device\n")
+    two = small_config("two.yaml", limit_train=8, extra=common + "distribution:\n  strategy: mirrored\n  cpu_devices: 2\n")
+    config_one, config_two = load_config(one), load_config(two)
+    assert layout.train_dir(config_one) != layout.train_dir(config_two)
+    build_features(config_one)
+    script = tmp_path / "towers.py"
+    script.write_text(_TOWERS)
+    result = subprocess.run([sys.executable, str(script), str(one), str(two)], capture_output=True, text=True,
+                            cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = [l for l in result.stdout.splitlines() if l.startswith("MAXDIFF")][0]
+    diff, count = float(line.split()[1]), int(line.split()[2])
+    assert count == 13
+    assert diff < 1e-5, line
+
+
+_KILLABLE_TRAIN = """
+import sys, logging
+logging.basicConfig(level=logging.INFO)
+from pipeline.config import load_config
+from pipeline.training_run import train_stage
+if __name__ == "__main__":
+    report = train_stage(load_config(sys.argv[1]))
+    print("FINAL_STEP", report["global_step"])
+"""
+
+
+def test_sigkill_mid_epoch_resumes_from_checkpoint(small_config, tmp_path):
+    extra = "training:\n  epochs: 2\n  checkpoint_secs: 1\n  batch_size: 2\n"
+    killed = small_config("killed.yaml", limit_train=40, extra=extra)
+    config = load_config(killed)
+    build_features(config)
+    script = tmp_path / "train.py"
+    script.write_text(_KILLABLE_TRAIN)
+    checkpoints = layout.train_dir(config) / "checkpoints"
+    process = subprocess.Popen([sys.executable, str(script), str(killed)], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    step = 0
+    while time.monotonic() < deadline and process.poll() is None:
+        latest = tf.train.latest_checkpoint(str(checkpoints))
+        if latest:
+            step = int(tf.train.load_checkpoint(latest).get_tensor("step_in_epoch/.ATTRIBUTES/VARIABLE_VALUE"))
+            if 0 < step:
+                break
+        time.sleep(0.2)
+    os.kill(process.pid, signal.SIGKILL)
+    process.communicate()
+    assert step > 0, "no mid-epoch checkpoint was written before the kill"
+    assert not (layout.train_dir(config) / "train_report.json").exists()
+
+    result = subprocess.run([sys.executable, str(script), str(killed)], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    restored = [l for l in result.stderr.splitlines() if "Restored" in l]
+    assert restored and " step 0 " not in restored[0], restored
+    assert "FINAL_STEP 40" in result.stdout  # 2 epochs x 20 steps, as an uninterrupted run
+    report = json.loads((layout.train_dir(config) / "train_report.json").read_text())
+    assert report["global_step"] == 40 and report["epochs_completed"] == 2
+
+
+def test_changed_geometry_names_directory_and_variables(small_config):
+    config = load_config(small_config(limit_train=4, n_hidden=16, extra="training:\n  epochs: 1\n"))
+    build_features(config)
+    run_dir = layout.train_dir(config)
+    train_stage(config)
+    wider = load_config(small_config("wide.yaml", limit_train=4, n_hidden=24, extra="training:\n  epochs: 1\n"))
+    trainer = _trainer(wider, run_dir)
+    with pytest.raises(CheckpointMismatchError) as error:
+        trainer.restore()
+    message = str(error.value)
+    assert str(run_dir / "checkpoints") in message
+    assert "layer_1.kernel: checkpoint [494, 16] vs model [494, 24]" in message
+    assert "lstm.lstm_cell.recurrent_kernel" in message
+
+
+def test_non_finite_batches_are_skipped_and_logged(small_config, caplog):
+    config = load_config(small_config(limit_train=8, extra="training:\n  epochs: 1\n  batch_size: 1\n  validation_epochs: 0\n"))
+    build_features(config)
+    train = read_cache(layout.features_path(config, "train"), config.features)
+    poisoned = int(np.argmax(train.lengths))
+    train.features[train.offsets[poisoned]:train.offsets[poisoned] + 5] = np.nan
+    trainer = _trainer(config, layout.train_dir(config), train)
+    report = trainer.fit()
+    assert len(report["skipped_batches"]) == 1
+    assert report["skipped_batches"][0]["files"] == [train.paths[poisoned]]
+    assert report["global_step"] == 8
+    assert any(train.paths[poisoned] in r.message for r in caplog.records)
+    for weight in trainer.model.weights:
+        assert np.all(np.isfinite(weight.numpy()))
+
+    train.features[:] = np.nan
+    config = load_config(small_config("bad.yaml", limit_train=8, extra="training:\n  epochs: 1\n  batch_size: 1\n  max_nonfinite_batches: 3\n  validation_epochs: 0\n  shuffle_seed: 5\n"))
+    trainer = _trainer(config, layout.work_dir(config) / "all-bad", train)
+    with pytest.raises(TrainingError, match="3 batches in a row had a non-finite loss"):
+        trainer.fit()
+
+
+def test_streaming_and_full_sequence_logits_agree(small_config):
+    config = load_config(small_config(n_hidden=24))
+    model = build_model(config.model, 26, 29)
+    features = tf.random.stateless_normal([1, 53, 26], seed=[1, 2])
+    full = model(make_windows(features, config.model.n_context)).numpy()
+    windows = make_windows(features, config.model.n_context)
+    h, c = model.zero_state(1)
+    chunks = []
+    for start in range(0, 53, 16):
+        logits, h, c = model.stream_step(windows[:, start:start + 16], h, c)
+        chunks.append(logits.numpy())
+    np.testing.assert_allclose(np.concatenate(chunks, axis=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_more_epochs_continue_the_same_run(small_config):
+    config = load_config(small_config(limit_train=8, extra="training:\n  epochs: 1\n  validation_epochs: 0\n"))
+    build_features(config)
+    assert train_stage(config)["global_step"] == 2
+    more = load_config(small_config("more.yaml", limit_train=8, extra="training:\n  epochs: -2\n  validation_epochs: 0\n"))
+    assert layout.train_dir(more) == layout.train_dir(config)
+    report = train_stage(more)
+    assert report["epochs_completed"] == 3 and report["global_step"] == 6
