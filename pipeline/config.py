@@ -261,13 +261,27 @@ def _check_range(value, meta: dict, where: str) -> None:
         raise ConfigError(f"{where}: expected a value at most {high}, got {value!r}")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe loader that refuses duplicate keys (YAML would silently keep the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (line {key_node.start_mark.line + 1})", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path) -> dict:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError(f"{path}: cannot read config file: {error.strerror}") from error
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""

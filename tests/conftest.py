@@ -27,8 +27,8 @@ def write_config(tmp_path):
 
 
 def small_config_text(work_dir: Path, limit_train: int = 16, limit_dev: int = 8, limit_test: int = 8,
-                      n_hidden: int = 32, extra: str = "") -> str:
-    """YAML of a tiny config on the sample corpus; ``extra`` is appended verbatim (top-level sections)."""
+                      n_hidden: int = 32) -> str:
+    """YAML of a tiny config on the sample corpus."""
     return textwrap.dedent(f"""
         extends: {ROOT / 'configs' / 'sample.yaml'}
         paths:
@@ -50,16 +50,19 @@ def small_config_text(work_dir: Path, limit_train: int = 16, limit_dev: int = 8,
           report_count: 2
         early_stop:
           rule: "off"
-    """) + textwrap.dedent(extra)
+    """)
 
 
 @pytest.fixture
 def small_config(tmp_path):
     """Write a tiny config (see small_config_text) and return its path; features are built on demand."""
 
-    def make(name: str = "small.yaml", **kwargs) -> Path:
+    def make(name: str = "small.yaml", extra: str = "", **kwargs) -> Path:
+        """``extra``: YAML overriding any keys of the tiny config (written as a file that extends it)."""
+        base = tmp_path / f"{Path(name).stem}.base.yaml"
+        base.write_text(small_config_text(tmp_path / "work", **kwargs))
         path = tmp_path / name
-        path.write_text(small_config_text(tmp_path / "work", **kwargs))
+        path.write_text(f"extends: {base.name}\n" + textwrap.dedent(extra))
         return path
 
     return make

@@ -55,6 +55,7 @@ def test_extends_overrides_a_subset_and_resolves_paths_per_file(write_config, tm
     ("features:\n  numcep: 40\n", r"features\.numcep: expected at most features\.nfilt"),
     ("training:\n  epochs: 0\n", r"training\.epochs: expected a non-zero integer"),
     ("model: [1, 2\n", r"invalid YAML"),
+    ("model:\n  n_hidden: 5\nmodel:\n  relu_clip: 3\n", r"config\.yaml:3: invalid YAML: duplicate key 'model'"),
     ("extends: nowhere.yaml\n", r"extends: file .*nowhere\.yaml does not exist"),
 ])
 def test_bad_configs_fail_with_one_line_naming_file_and_key(write_config, body, expected):
