@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 
 ## Run the whole DAG on CONFIG (default: the embedded sample corpus).
 train: setup
-	$(BIN)/luigi --module tasks Features --config $(CONFIG) $(SCHEDULER_FLAG)
+	$(BIN)/luigi --module tasks Evaluate --config $(CONFIG) $(SCHEDULER_FLAG)
 
 ## The test suite (what CI runs).
 test: setup
@@ -37,8 +37,10 @@ scheduler: setup
 	mkdir -p $$dir && echo "luigid state and logs in $$dir; UI at http://127.0.0.1:8082" && \
 	$(BIN)/luigid --address 127.0.0.1 --port 8082 --state-path $$dir/state.pickle --logdir $$dir
 
+## Benchmarks; each prints a JSON object as its last line.
 bench: setup
 	$(BIN)/python bench/features.py
+	$(BIN)/python bench/train.py
 
 lint: setup
 	$(BIN)/python -m compileall -q pipeline tasks native_client bench tests data

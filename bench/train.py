@@ -1,0 +1,162 @@
+"""Training throughput: this trainer vs Keras ``model.fit``, the input pipeline alone, and MFU at en.yaml size.
+
+All in one process on the sample train split (features built into a
+temporary work dir). Audio seconds trained per wall second are measured
+over a second epoch (the first pays for tracing). The last line is one JSON
+object with keys trainer_audio_s_per_s, keras_fit_audio_s_per_s,
+ratio_vs_keras, input_audio_s_per_s, input_ratio, en_mfu_percent.
+
+    python bench/train.py [--samples 320] [--en-steps 3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from pipeline import layout
+from pipeline.alphabet import load_alphabet
+from pipeline.cache import read_cache
+from pipeline.config import load_config
+from pipeline.dataset import SplitTensors, train_dataset
+from pipeline.distribute import make_strategy
+from pipeline.featurize import build_split_cache
+from pipeline.model import build_model
+from pipeline.trainer import TrainHooks, Trainer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def trainer_rate(config, data, alphabet, run_dir) -> float:
+    """Audio seconds per second of the project's trainer over its second epoch."""
+    marks = []
+    trainer = Trainer(config, run_dir, data, None, alphabet, make_strategy(config.distribution),
+                      hooks=TrainHooks(on_epoch=lambda info: marks.append(time.perf_counter())))
+    trainer.fit()
+    return float(data.durations.sum()) / (marks[1] - marks[0])
+
+
+class _CTCModel(keras.Model):
+    """The same acoustic model trained through ``model.fit`` with a CTC ``train_step``."""
+
+    def __init__(self, inner, blank: int):
+        super().__init__()
+        self.inner = inner
+        self.blank = blank
+
+    def call(self, windows, training=False):
+        return self.inner(windows, training=training)
+
+    def train_step(self, batch):
+        windows, lengths, labels, label_lengths, _ = batch
+        with tf.GradientTape() as tape:
+            logits = self.inner(windows, training=True)
+            loss = tf.reduce_mean(tf.nn.ctc_loss(labels, logits, label_lengths, lengths, logits_time_major=False,
+                                                 blank_index=self.blank))
+        grads = tape.gradient(loss, self.inner.trainable_variables)
+        self.optimizer.apply(grads, self.inner.trainable_variables)
+        return {"loss": loss}
+
+
+def keras_fit_rate(config, data, alphabet) -> float:
+    """Audio seconds per second of ``model.fit`` on the identical model and batches."""
+    model = _CTCModel(build_model(config.model, data.features.shape[1], alphabet.n_classes), alphabet.blank_index)
+    model.compile(optimizer=keras.optimizers.Adam(config.training.learning_rate))
+    tensors = SplitTensors(data)
+    dataset = train_dataset(tensors, data.lengths, config.training.batch_size, 1, 0, 1, 0, 0,
+                            config.training.shuffle_seed, config.model.n_context)
+    marks = []
+    callback = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: marks.append(time.perf_counter()))
+    model.fit(dataset, epochs=2, verbose=0, callbacks=[callback])
+    return float(data.durations.sum()) / (marks[1] - marks[0])
+
+
+def input_rate(config, data) -> float:
+    """Audio seconds per second of the input pipeline alone (batches made and consumed, no model)."""
+    tensors = SplitTensors(data)
+    best = 0.0
+    for epoch in range(2):
+        dataset = train_dataset(tensors, data.lengths, config.training.batch_size, 1, 0, 1, epoch, 0,
+                                config.training.shuffle_seed, config.model.n_context)
+        started = time.perf_counter()
+        for batch in dataset:
+            batch[0].numpy()
+        best = max(best, float(data.durations.sum()) / (time.perf_counter() - started))
+    return best
+
+
+def matmul_flops() -> float:
+    """Measured dense float32 matmul FLOP/s of this machine (2048 x 2048, best of a few runs)."""
+    a = tf.random.normal([2048, 2048])
+    b = tf.random.normal([2048, 2048])
+    matmul = tf.function(lambda x, y: tf.matmul(x, y))
+    matmul(a, b).numpy()
+    best = 0.0
+    for _ in range(5):
+        started = time.perf_counter()
+        for _ in range(10):
+            out = matmul(a, b)
+        out.numpy()
+        best = max(best, 10 * 2 * 2048 ** 3 / (time.perf_counter() - started))
+    return best
+
+
+def model_flops_per_frame(n_input_window: int, hidden: int, classes: int) -> float:
+    """Forward + backward FLOPs of one time step (3x the forward multiply-adds x 2)."""
+    macs = n_input_window * hidden + 2 * hidden * hidden + 8 * hidden * hidden + hidden * hidden + hidden * classes
+    return 3 * 2 * macs
+
+
+def en_mfu(config, data, alphabet, run_dir, steps: int) -> tuple[float, float]:
+    """(achieved FLOP/s, MFU percent) of the trainer at the en.yaml model size on a few steps."""
+    en = load_config(ROOT / "configs" / "en.yaml")
+    subset_size = config.training.batch_size * steps
+    order = np.argsort(data.lengths)[len(data.lengths) // 2:][:subset_size]
+    from pipeline.cache import CachedSplit
+    subset = CachedSplit(features=data.features, offsets=data.offsets[order], lengths=data.lengths[order],
+                         labels=[data.labels[i] for i in order], transcripts=[data.transcripts[i] for i in order],
+                         paths=[data.paths[i] for i in order], durations=data.durations[order])
+    big = load_config(ROOT / "configs" / "sample.yaml", {
+        "paths": {"work_dir": str(run_dir)}, "model": {"n_hidden": en.model.n_hidden, "dropout_rate": 0.05},
+        "training": {"epochs": 2, "validation_epochs": 0, "checkpoint_secs": 100000}})
+    rate = trainer_rate(big, subset, alphabet, run_dir / "en")
+    frames_per_audio_second = 1.0 / big.features.winstep
+    window = (2 * big.model.n_context + 1) * big.features.numcep
+    achieved = rate * frames_per_audio_second * model_flops_per_frame(window, en.model.n_hidden, alphabet.n_classes)
+    return achieved, 100.0 * achieved / matmul_flops()
+
+
+def main(argv=None) -> int:
+    """Run every measurement and print the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=320, help="training utterances per epoch")
+    parser.add_argument("--en-steps", type=int, default=3, help="steps per epoch for the en-size MFU run")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as work:
+        config = load_config(ROOT / "configs" / "sample.yaml", {
+            "paths": {"work_dir": work}, "data": {"limit_train": args.samples},
+            "training": {"epochs": 2, "validation_epochs": 0, "checkpoint_secs": 100000}})
+        build_split_cache(config, "train")
+        alphabet = load_alphabet(layout.alphabet_path(config))
+        data = read_cache(layout.features_path(config, "train"), config.features)
+        trainer = trainer_rate(config, data, alphabet, Path(work) / "run")
+        fit = keras_fit_rate(config, data, alphabet)
+        feed = input_rate(config, data)
+        achieved, mfu = en_mfu(config, data, alphabet, Path(work), args.en_steps)
+    print(f"trainer: {trainer:.1f} audio s/s; keras fit: {fit:.1f}; input alone: {feed:.0f}; "
+          f"en size: {achieved / 1e9:.1f} GFLOP/s = {mfu:.1f}% of measured matmul FLOP/s", file=sys.stderr)
+    print(json.dumps({"trainer_audio_s_per_s": round(trainer, 2), "keras_fit_audio_s_per_s": round(fit, 2),
+                      "ratio_vs_keras": round(trainer / fit, 3), "input_audio_s_per_s": round(feed, 1),
+                      "input_ratio": round(feed / trainer, 1), "en_mfu_percent": round(mfu, 2)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The Luigi tasks, run for real with a local scheduler."""
+import json
+import subprocess
+import sys
+
+import luigi
+
+from pipeline import layout
+from pipeline.config import load_config
+from tasks import Evaluate, Features, FeaturesSplit, Train
+from tests.conftest import ROOT
+
+
+def test_features_task_is_not_recomputed_and_moves_with_numcep(small_config):
+    path = small_config(limit_train=6, limit_dev=3, limit_test=3)
+    assert luigi.build([Features(config=str(path))], local_scheduler=True)
+    config = load_config(path)
+    cache = layout.features_path(config, "train")
+    stamp = cache.stat().st_mtime_ns
+    assert FeaturesSplit(config=str(path), split="train").complete()
+    assert luigi.build([Features(config=str(path))], local_scheduler=True)
+    assert cache.stat().st_mtime_ns == stamp
+
+    changed = small_config("numcep.yaml", limit_train=6, limit_dev=3, limit_test=3, extra="features:\n  numcep: 13\n  nfilt: 26\n")
+    assert not FeaturesSplit(config=str(changed), split="train").complete()
+    assert luigi.build([FeaturesSplit(config=str(changed), split="train")], local_scheduler=True)
+    assert layout.features_path(load_config(changed), "train") != cache
+    assert cache.stat().st_mtime_ns == stamp
+
+
+def test_evaluate_runs_the_dag_and_train_is_complete_only_with_its_report(small_config):
+    path = small_config(limit_train=8, limit_dev=4, limit_test=4, extra="training:\n  epochs: 1\n")
+    assert luigi.build([Evaluate(config=str(path))], local_scheduler=True)
+    config = load_config(path)
+    evaluation = json.loads((layout.evaluate_dir(config) / "evaluation.json").read_text())
+    assert {"wer", "cer", "loss", "samples"} <= set(evaluation)
+    report = layout.train_dir(config) / "train_report.json"
+    assert Train(config=str(path)).complete()
+    more = small_config("more.yaml", limit_train=8, limit_dev=4, limit_test=4, extra="training:\n  epochs: 2\n")
+    assert layout.train_dir(load_config(more)) == layout.train_dir(config)
+    assert not Train(config=str(more)).complete()
+    report.unlink()
+    assert not Train(config=str(path)).complete()
+
+
+def test_luigi_command_line_exits_non_zero_on_a_failed_task(write_config, tmp_path):
+    manifest = tmp_path / "broken.csv"
+    manifest.write_text("wav_filename,transcript\nx.wav,hello\n")
+    path = write_config(f"""
+        paths:
+          work_dir: {tmp_path / 'work'}
+        data:
+          train_files: [{manifest}]
+    """)
+    result = subprocess.run([str(ROOT / ".venv" / "bin" / "luigi") if (ROOT / ".venv" / "bin" / "luigi").exists() else "luigi",
+                             "--module", "tasks", "FeaturesSplit", "--split", "train", "--config", str(path),
+                             "--local-scheduler"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 30, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "header lacks column(s) wav_filesize" in result.stderr
