@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from pipeline import layout
 from pipeline.alphabet import load_alphabet
@@ -94,10 +95,16 @@ def _load_part(part: Path) -> Optional[dict]:
         return None
 
 
+def _single_threaded_worker() -> None:
+    # Each worker is one core's worth of work: BLAS threads per worker would only fight each other.
+    threadpool_limits(1)
+
+
 def _executor(workers: int) -> ProcessPoolExecutor:
     # fork is much faster to start, but unsafe once TensorFlow's threads exist in this process.
     method = "spawn" if "tensorflow" in sys.modules else "fork"
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method))
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
+                               initializer=_single_threaded_worker)
 
 
 def build_split_cache(config: Config, split: str, progress: Optional[ProgressFn] = None) -> FeaturesSummary:

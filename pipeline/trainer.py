@@ -118,6 +118,8 @@ class Trainer:
         self._train_tensors = SplitTensors(train_data)
         self._dev_tensors = SplitTensors(dev_data) if dev_data is not None else None
         self._writers = None
+        self._last_histogram = 0.0
+        self._last_loss = float("nan")
 
     # -- the step ------------------------------------------------------------------------------
     def _make_train_step(self):
@@ -230,6 +232,42 @@ class Trainer:
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
+    def _after_step(self, outputs, history: dict, consecutive_bad: int, lr: float) -> int:
+        """Book-keeping of one step: counters, skipped-batch log, summaries; returns the non-finite streak."""
+        training = self.config.training
+        loss, finite, indices = outputs
+        loss = float(self.strategy.experimental_local_results(loss)[0].numpy())
+        finite = bool(self.strategy.experimental_local_results(finite)[0].numpy())
+        self._last_loss = loss
+        self.state.global_step.assign_add(1)
+        self.state.step_in_epoch.assign_add(1)
+        step = int(self.state.global_step.numpy())
+        if finite:
+            consecutive_bad = 0
+            self.state.epoch_loss_sum.assign_add(loss)
+            self.state.epoch_loss_count.assign_add(1)
+        else:
+            consecutive_bad += 1
+            files = sorted({self.train_data.paths[i] for part in self.strategy.experimental_local_results(indices)
+                            for i in part.numpy()})
+            log.warning("Step %d: non-finite loss, batch skipped; its files: %s", step, ", ".join(files))
+            history["skipped_batches"].append({"step": step, "files": files})
+            self._set_history(history)
+            if consecutive_bad >= training.max_nonfinite_batches:
+                self._save()
+                raise TrainingError(
+                    f"{consecutive_bad} batches in a row had a non-finite loss (last files: {', '.join(files)}); "
+                    f"check these files and the learning rate (training.learning_rate {training.learning_rate})")
+        with self._writer("train").as_default(step=step):
+            if finite:
+                tf.summary.scalar("loss", loss)
+            tf.summary.scalar("learning_rate", lr)
+            if time.monotonic() - self._last_histogram >= training.summary_secs:
+                self._last_histogram = time.monotonic()
+                for name, variable in named_weights(self.model).items():
+                    tf.summary.histogram(name, variable)
+        return consecutive_bad
+
     def validate(self, epoch: int) -> dict:
         """Dev loss, greedy WER/CER and best/worst samples of the current weights."""
         results = run_split(self.model, self.dev_data, self.alphabet, self.config.training.dev_batch_size,
@@ -254,8 +292,8 @@ class Trainer:
         history["stop"] = None
         best_loss = min((v["dev_loss"] for v in history["validations"] if np.isfinite(v["dev_loss"])), default=math.inf)
         last_save = time.monotonic()
-        last_histogram = 0.0
         consecutive_bad = 0
+        current_lr = None
         log.info("Training to epoch %d: %d towers x %d = global batch %d, %d steps per epoch", target, self.towers,
                  self.per_tower_batch, self.global_batch, self.steps_per_epoch)
 
@@ -265,45 +303,20 @@ class Trainer:
             if start_step < self.steps_per_epoch:
                 dataset = self._distributed_epoch(epoch, start_step)
                 for batch in dataset:
-                    self.optimizer.learning_rate.assign(self._learning_rate())
-                    loss, finite, indices = self._train_step(dataset, batch)
-                    loss = float(self.strategy.experimental_local_results(loss)[0].numpy())
-                    finite = bool(self.strategy.experimental_local_results(finite)[0].numpy())
-                    self.state.global_step.assign_add(1)
-                    self.state.step_in_epoch.assign_add(1)
-                    if finite:
-                        consecutive_bad = 0
-                        self.state.epoch_loss_sum.assign_add(loss)
-                        self.state.epoch_loss_count.assign_add(1)
-                    else:
-                        consecutive_bad += 1
-                        files = sorted({self.train_data.paths[i] for part in self.strategy.experimental_local_results(indices)
-                                        for i in part.numpy()})
-                        log.warning("Step %d: non-finite loss, batch skipped; its files: %s",
-                                    int(self.state.global_step.numpy()), ", ".join(files))
-                        history["skipped_batches"].append({"step": int(self.state.global_step.numpy()), "files": files})
-                        self._set_history(history)
-                        if consecutive_bad >= training.max_nonfinite_batches:
-                            self._save()
-                            raise TrainingError(
-                                f"{consecutive_bad} batches in a row had a non-finite loss (last files: {', '.join(files)}); "
-                                f"check these files and the learning rate (training.learning_rate {training.learning_rate})")
-                    step = int(self.state.global_step.numpy())
-                    with self._writer("train").as_default(step=step):
-                        if finite:
-                            tf.summary.scalar("loss", loss)
-                        tf.summary.scalar("learning_rate", self._learning_rate())
-                        if time.monotonic() - last_histogram >= training.summary_secs:
-                            last_histogram = time.monotonic()
-                            for name, variable in named_weights(self.model).items():
-                                tf.summary.histogram(name, variable)
+                    lr = self._learning_rate()
+                    if lr != current_lr:
+                        self.optimizer.learning_rate.assign(lr)
+                        current_lr = lr
+                    outputs = self._train_step(dataset, batch)
+                    consecutive_bad = self._after_step(outputs, history, consecutive_bad, lr)
                     if time.monotonic() - last_save >= training.checkpoint_secs:
                         self._save()
                         last_save = time.monotonic()
                     if self.hooks.on_step:
-                        self.hooks.on_step({"epoch": epoch, "target_epochs": target, "step": step,
+                        self.hooks.on_step({"epoch": epoch, "target_epochs": target,
+                                            "step": int(self.state.global_step.numpy()),
                                             "step_in_epoch": int(self.state.step_in_epoch.numpy()),
-                                            "steps_per_epoch": self.steps_per_epoch, "loss": loss, "finite": finite,
+                                            "steps_per_epoch": self.steps_per_epoch, "loss": self._last_loss,
                                             "elapsed_s": time.monotonic() - started})
             count = int(self.state.epoch_loss_count.numpy())
             epoch_loss = float(self.state.epoch_loss_sum.numpy()) / count if count else float("nan")
