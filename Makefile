@@ -44,7 +44,7 @@ bench: setup
 
 lint: setup
 	$(BIN)/python -m compileall -q pipeline tasks native_client bench tests data
-	@! grep -rn "import luigi\|from luigi" pipeline native_client || { echo "pipeline/ and native_client/ must not import luigi"; exit 1; }
+	@! grep -rn "import luigi\|from luigi" pipeline || { echo "pipeline/ must not import luigi"; exit 1; }
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
