@@ -4,11 +4,22 @@ import subprocess
 import sys
 
 import luigi
+import pytest
 
 from pipeline import layout
 from pipeline.config import load_config
 from tasks import Evaluate, Features, FeaturesSplit, Train
 from tests.conftest import ROOT
+
+
+@pytest.fixture(autouse=True)
+def tasks_in_this_process():
+    """luigi.cfg runs each task in a forked process; this pytest process has TensorFlow running, which
+    does not survive a fork, so here tasks run in-process."""
+    config = luigi.configuration.get_config()
+    config.set("worker", "force_multiprocessing", "false")
+    yield
+    config.set("worker", "force_multiprocessing", "true")
 
 
 def test_features_task_is_not_recomputed_and_moves_with_numcep(small_config):

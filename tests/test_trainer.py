@@ -14,7 +14,7 @@ import tensorflow as tf
 from pipeline import layout
 from pipeline.alphabet import load_alphabet
 from pipeline.cache import read_cache
-from pipeline.checkpoints import CheckpointMismatchError
+from pipeline.checkpoints import CheckpointMismatchError, named_weights
 from pipeline.config import load_config
 from pipeline.distribute import make_strategy
 from pipeline.model import build_model, make_windows
@@ -215,3 +215,26 @@ def test_more_epochs_continue_the_same_run(small_config):
     assert layout.train_dir(more) == layout.train_dir(config)
     report = train_stage(more)
     assert report["epochs_completed"] == 3 and report["global_step"] == 6
+
+
+def test_warm_start_copies_weights_and_can_drop_the_last_layers(small_config):
+    config = load_config(small_config(limit_train=4, n_hidden=16, extra="training:\n  epochs: 1\n"))
+    build_features(config)
+    source = train_stage(config)
+    reader = tf.train.load_checkpoint(source["best_checkpoint"])
+    warm = load_config(small_config("warm.yaml", limit_train=4, n_hidden=16, extra=textwrap.dedent(f"""
+        training:
+          epochs: 1
+          learning_rate: 0.000001
+          init_from: {layout.train_dir(config)}
+          drop_source_layers: 1
+        model:
+          random_seed: 99
+    """)))
+    assert layout.train_dir(warm) != layout.train_dir(config)
+    trainer = _trainer(warm, layout.train_dir(warm))
+    assert trainer.restore() == str(layout.train_dir(config))
+    weights = {name: v.numpy() for name, v in named_weights(trainer.model).items()}
+    np.testing.assert_array_equal(weights["layer_1.kernel"], reader.get_tensor("weights/layer_1..kernel/.ATTRIBUTES/VARIABLE_VALUE"))
+    assert not np.allclose(weights["layer_6.kernel"], reader.get_tensor("weights/layer_6..kernel/.ATTRIBUTES/VARIABLE_VALUE"))
+    assert int(trainer.optimizer.iterations.numpy()) == 0
