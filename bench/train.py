@@ -70,7 +70,7 @@ def keras_fit_rate(config, data, alphabet) -> float:
     model = _CTCModel(build_model(config.model, data.features.shape[1], alphabet.n_classes), alphabet.blank_index)
     model.compile(optimizer=keras.optimizers.Adam(config.training.learning_rate))
     tensors = SplitTensors(data)
-    dataset = train_dataset(tensors, data.lengths, config.training.batch_size, 1, 0, 1, 0, 0,
+    dataset = train_dataset(tensors, data.lengths, config.training.batch_size, 1, 0, 1, 0, 0, 1,
                             config.training.shuffle_seed, config.model.n_context)
     marks = []
     callback = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: marks.append(time.perf_counter()))
@@ -83,7 +83,7 @@ def input_rate(config, data) -> float:
     tensors = SplitTensors(data)
     best = 0.0
     for epoch in range(2):
-        dataset = train_dataset(tensors, data.lengths, config.training.batch_size, 1, 0, 1, epoch, 0,
+        dataset = train_dataset(tensors, data.lengths, config.training.batch_size, 1, 0, 1, epoch, 0, epoch + 1,
                                 config.training.shuffle_seed, config.model.n_context)
         started = time.perf_counter()
         for batch in dataset:

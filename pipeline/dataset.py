@@ -82,16 +82,18 @@ def _batches_dataset(tensors: SplitTensors, index_batches, n_context: int) -> tf
     return dataset.map(make, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
 
 
-def train_dataset(tensors: SplitTensors, n_samples_lengths: np.ndarray, per_replica_batch: int, n_replicas: int,
-                  replica_offset: int, local_replicas: int, epoch: int, start_step: int, seed: int,
-                  n_context: int) -> tf.data.Dataset:
-    """The per-replica batches of the local towers for ``epoch`` from ``start_step`` on.
+def train_dataset(tensors: SplitTensors, lengths: np.ndarray, per_replica_batch: int, n_replicas: int,
+                  replica_offset: int, local_replicas: int, first_epoch: int, start_step: int, end_epoch: int,
+                  seed: int, n_context: int) -> tf.data.Dataset:
+    """The per-replica batches of the local towers for epochs ``first_epoch`` (from ``start_step``) to ``end_epoch`` - 1.
 
     Elements come in step order and, within a step, in local replica order
-    (what ``distribute_datasets_from_function`` hands to the towers).
+    (what ``distribute_datasets_from_function`` hands to the towers). One
+    dataset spans all epochs, so one iterator serves the whole run.
     """
     global_batch = per_replica_batch * n_replicas
-    batches = epoch_batches(n_samples_lengths, global_batch, epoch, seed)[start_step:]
+    batches = np.concatenate([epoch_batches(lengths, global_batch, epoch, seed)[start_step if epoch == first_epoch else 0:]
+                              for epoch in range(first_epoch, end_epoch)])
     mine = batches[:, replica_offset * per_replica_batch:(replica_offset + local_replicas) * per_replica_batch]
     per_replica = mine.reshape(len(batches) * local_replicas, per_replica_batch)
     return _batches_dataset(tensors, list(per_replica), n_context)

@@ -220,7 +220,7 @@ class Trainer:
         return lr
 
     # -- the loop ------------------------------------------------------------------------------
-    def _distributed_epoch(self, epoch: int, start_step: int):
+    def _distributed_batches(self, epoch: int, start_step: int, end_epoch: int):
         tensors, lengths = self._train_tensors, self.train_data.lengths
         per_tower, towers = self.per_tower_batch, self.towers
         seed, n_context = self.config.training.shuffle_seed, self.config.model.n_context
@@ -228,7 +228,7 @@ class Trainer:
         def dataset_fn(context: tf.distribute.InputContext):
             local = context.num_replicas_in_sync // context.num_input_pipelines
             return train_dataset(tensors, lengths, per_tower, towers, context.input_pipeline_id * local, local,
-                                 epoch, start_step, seed, n_context)
+                                 epoch, start_step, end_epoch, seed, n_context)
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -297,12 +297,18 @@ class Trainer:
         log.info("Training to epoch %d: %d towers x %d = global batch %d, %d steps per epoch", target, self.towers,
                  self.per_tower_batch, self.global_batch, self.steps_per_epoch)
 
+        # One iterator for the whole run: re-creating distributed datasets every epoch stalled
+        # for up to a minute at each epoch boundary (tearing down the previous iterator).
+        first_epoch = int(self.state.epoch.numpy())
+        if first_epoch < target:
+            dataset = self._distributed_batches(first_epoch, int(self.state.step_in_epoch.numpy()), target)
+            batches = iter(dataset)
         while int(self.state.epoch.numpy()) < target and history["stop"] is None:
             epoch = int(self.state.epoch.numpy())
             start_step = int(self.state.step_in_epoch.numpy())
             if start_step < self.steps_per_epoch:
-                dataset = self._distributed_epoch(epoch, start_step)
-                for batch in dataset:
+                for _ in range(self.steps_per_epoch - start_step):
+                    batch = next(batches)
                     lr = self._learning_rate()
                     if lr != current_lr:
                         self.optimizer.learning_rate.assign(lr)
