@@ -3,6 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 CONFIG ?= configs/sample.yaml
+CLIP ?= data/sample/test/00003.flac
 SCHEDULER ?= local
 STAGE ?= Train
 SCHEDULER_FLAG := $(if $(filter local,$(SCHEDULER)),--local-scheduler,)
@@ -19,9 +20,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-## Run the whole DAG on CONFIG (default: the embedded sample corpus).
+## Run the whole DAG on CONFIG (default: the embedded sample corpus), then transcribe CLIP.
 train: setup
 	$(BIN)/luigi --module tasks Evaluate --config $(CONFIG) $(SCHEDULER_FLAG)
+	$(BIN)/luigi --module tasks Transcribe --config $(CONFIG) --audio $(CLIP) $(SCHEDULER_FLAG)
 
 ## The test suite (what CI runs).
 test: setup

@@ -1,50 +1,14 @@
 """Reading and checking audio: WAV or FLAC through soundfile, as int16 mono at the configured rate."""
 from __future__ import annotations
 
-from math import gcd
 from pathlib import Path
 
 import numpy as np
-import soundfile
-from scipy.signal import resample_poly
 
+from native_client.audio import AudioError, read_audio, resample, to_mono
 from pipeline.config import FeaturesConfig
 
-
-class AudioError(ValueError):
-    """Audio that cannot be used; ``reason`` is a short code for reports, the message says why."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
-
-
-def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
-    """Read a sound file as int16 samples ``[frames, channels]`` and its sample rate.
-
-    Raises AudioError("unreadable_audio") for anything soundfile cannot decode.
-    """
-    try:
-        samples, rate = soundfile.read(str(path), dtype="int16", always_2d=True)
-    except (RuntimeError, soundfile.LibsndfileError, TypeError, ValueError) as error:
-        raise AudioError("unreadable_audio", f"{path}: cannot decode audio: {error}") from error
-    return samples, rate
-
-
-def to_mono(samples: np.ndarray) -> np.ndarray:
-    """Average the channels of ``[frames, channels]`` int16 samples into one int16 channel."""
-    if samples.shape[1] == 1:
-        return samples[:, 0]
-    return np.round(samples.astype(np.float64).mean(axis=1)).astype(np.int16)
-
-
-def resample(samples: np.ndarray, rate: int, target_rate: int) -> np.ndarray:
-    """Polyphase resampling of int16 mono samples from ``rate`` to ``target_rate``."""
-    if rate == target_rate:
-        return samples
-    divisor = gcd(rate, target_rate)
-    out = resample_poly(samples.astype(np.float64), target_rate // divisor, rate // divisor)
-    return np.clip(np.round(out), -32768, 32767).astype(np.int16)
+__all__ = ["AudioError", "load_checked", "read_audio", "resample", "to_mono"]
 
 
 def load_checked(path: str | Path, features: FeaturesConfig) -> np.ndarray:

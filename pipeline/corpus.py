@@ -5,6 +5,7 @@ import csv
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from pipeline.alphabet import Alphabet
 
@@ -119,3 +120,20 @@ def write_rejects(path: Path, rejects: list[Reject]) -> None:
         for r in rejects:
             writer.writerow([r.audio_path, r.source, r.reason, r.detail])
     tmp.replace(path)
+
+
+def find_reference(manifests, audio: str | Path) -> Optional[str]:
+    """The transcript a manifest gives for ``audio`` (compared as resolved paths), or None."""
+    target = Path(audio).resolve()
+    for manifest in manifests:
+        manifest = Path(manifest)
+        try:
+            rows = list(_rows(manifest))
+        except CorpusError:
+            continue
+        for _, row in rows:
+            name = row.get("wav_filename", "")
+            path = Path(name) if Path(name).is_absolute() else manifest.parent / name
+            if path.resolve() == target:
+                return row.get("transcript")
+    return None

@@ -9,9 +9,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from xdg import BaseDirectory
+
+from native_client.metadata import METADATA_NAME
 
 from pipeline.config import APP_NAME, Config
 
@@ -109,6 +112,18 @@ def evaluate_fingerprint(config: Config) -> str:
     })
 
 
+def export_fingerprint(config: Config) -> str:
+    """Settings of Export: the trained model (and its epochs), the export settings, features and alphabet."""
+    return _hash({
+        "stage": "export",
+        "train": train_fingerprint(config),
+        "epochs": config.training.epochs,
+        "export": _section_settings(config.export),
+        "features": _section_settings(config.features),
+        "alphabet": _file_digest(alphabet_path(config)),
+    })
+
+
 def features_path(config: Config, split: str) -> Path:
     """The HDF5 cache of ``split``."""
     return work_dir(config) / "features" / f"{split}-{features_fingerprint(config, split)}.h5"
@@ -122,3 +137,19 @@ def train_dir(config: Config) -> Path:
 def evaluate_dir(config: Config) -> Path:
     """The Evaluate report directory."""
     return work_dir(config) / "evaluate" / evaluate_fingerprint(config)
+
+
+def find_export(config: Config) -> Path | None:
+    """The export carrying this config's export fingerprint: ``paths.export_dir`` itself or its
+    newest numbered version that matches; None when there is none."""
+    root = export_dir(config)
+    fingerprint = export_fingerprint(config)
+    versions = sorted((p for p in root.iterdir() if re.fullmatch(r"\d+", p.name)), key=lambda p: -int(p.name)) if root.is_dir() else []
+    for candidate in [root, *versions]:
+        meta = candidate / METADATA_NAME
+        try:
+            if json.loads(meta.read_text(encoding="utf-8")).get("fingerprint") == fingerprint:
+                return candidate
+        except (OSError, ValueError):
+            continue
+    return None

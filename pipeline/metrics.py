@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
+from native_client.decoding import best_path
 from pipeline.alphabet import Alphabet
 
 
@@ -38,12 +39,8 @@ class SampleResult:
 
 
 def greedy_decode(logits: np.ndarray, length: int, alphabet: Alphabet) -> str:
-    """Best path: argmax per frame over ``logits[:length]`` ``[time, classes]``, merge repeats, drop blanks."""
-    best = np.argmax(logits[:length], axis=-1)
-    if len(best) == 0:
-        return ""
-    keep = np.concatenate([[True], best[1:] != best[:-1]]) & (best != alphabet.blank_index)
-    return alphabet.decode(best[keep])
+    """Best path over ``logits[:length]`` ``[time, classes]`` (``native_client.decoding.best_path``)."""
+    return best_path(logits[:length], alphabet)
 
 
 def score_sample(path: str, reference: str, hypothesis: str, loss: float) -> SampleResult:

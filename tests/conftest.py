@@ -76,3 +76,15 @@ def build_features(config, splits=("train", "dev", "test")) -> None:
     for split in splits:
         if not layout.features_path(config, split).exists():
             build_split_cache(config, split)
+
+
+@pytest.fixture
+def tasks_in_process():
+    """luigi.cfg runs each task in a forked process; this pytest process has TensorFlow running, which
+    does not survive a fork, so tests run tasks in-process."""
+    import luigi
+
+    config = luigi.configuration.get_config()
+    config.set("worker", "force_multiprocessing", "false")
+    yield
+    config.set("worker", "force_multiprocessing", "true")

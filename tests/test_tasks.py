@@ -12,14 +12,7 @@ from tasks import Evaluate, Features, FeaturesSplit, Train
 from tests.conftest import ROOT
 
 
-@pytest.fixture(autouse=True)
-def tasks_in_this_process():
-    """luigi.cfg runs each task in a forked process; this pytest process has TensorFlow running, which
-    does not survive a fork, so here tasks run in-process."""
-    config = luigi.configuration.get_config()
-    config.set("worker", "force_multiprocessing", "false")
-    yield
-    config.set("worker", "force_multiprocessing", "true")
+pytestmark = pytest.mark.usefixtures("tasks_in_process")
 
 
 def test_features_task_is_not_recomputed_and_moves_with_numcep(small_config):

@@ -1,0 +1,106 @@
+"""The export's ``metadata.json``: what a client needs to reproduce training's input and output."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from native_client.alphabet import Alphabet
+from native_client.features import FeatureSettings
+
+METADATA_NAME = "metadata.json"
+FORMAT = "luigi-deepspeech-export"
+FORMAT_VERSION = 1
+REQUIRED_KEYS = ("format", "format_version", "model_version", "fingerprint", "features", "n_context",
+                 "n_input", "n_steps", "n_hidden", "n_classes", "alphabet", "files", "tensors")
+
+
+class ExportError(ValueError):
+    """An export directory that a client cannot use; the message says which file and why."""
+
+
+@dataclass(frozen=True)
+class ExportMetadata:
+    """Parsed ``metadata.json``; ``directory`` is the export it came from."""
+
+    directory: Path
+    model_version: int
+    fingerprint: str
+    features: FeatureSettings
+    n_context: int
+    n_input: int
+    n_steps: int
+    n_hidden: int
+    n_classes: int
+    alphabet: Alphabet
+    files: dict
+    tensors: dict
+    tflite_quantized: bool = False
+    decoder: dict = field(default_factory=dict)
+    raw: dict = field(default_factory=dict, repr=False)
+
+    def path(self, kind: str) -> Path:
+        """Path of one of the exported files (``saved_model``, ``frozen_graph``, ``tflite``, ...)."""
+        if kind not in self.files:
+            raise ExportError(f"{self.directory / METADATA_NAME}: lists no {kind!r} file")
+        return self.directory / self.files[kind]
+
+
+def _numbered_versions(directory: Path) -> list[Path]:
+    return sorted((p for p in directory.iterdir() if re.fullmatch(r"\d+", p.name) and (p / METADATA_NAME).is_file()),
+                  key=lambda p: int(p.name))
+
+
+def resolve_export_dir(directory: str | Path) -> Path:
+    """The export in ``directory``: itself when it holds ``metadata.json``, else its highest numbered version."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ExportError(f"{directory}: no such export directory")
+    if (directory / METADATA_NAME).is_file():
+        return directory
+    versions = _numbered_versions(directory)
+    if versions:
+        return versions[-1]
+    raise ExportError(f"{directory}: no {METADATA_NAME} here or in a numbered version below it; "
+                      f"this is not a model export (create one with the Export task)")
+
+
+def parse_metadata(raw: dict, directory: Path) -> ExportMetadata:
+    """Check and parse the metadata dict; errors name the file and the key."""
+    source = directory / METADATA_NAME
+    missing = [key for key in REQUIRED_KEYS if key not in raw]
+    if missing:
+        raise ExportError(f"{source}: missing keys: {', '.join(missing)}")
+    if raw["format"] != FORMAT:
+        raise ExportError(f"{source}: format is {raw['format']!r}, expected {FORMAT!r}")
+    if raw["format_version"] > FORMAT_VERSION:
+        raise ExportError(f"{source}: format_version {raw['format_version']} is newer than this client "
+                          f"understands ({FORMAT_VERSION}); update the client")
+    try:
+        features = FeatureSettings.from_dict(raw["features"])
+    except KeyError as error:
+        raise ExportError(f"{source}: features: missing key {error.args[0]!r}") from None
+    alphabet = Alphabet(tuple(raw["alphabet"]))
+    if alphabet.n_classes != raw["n_classes"]:
+        raise ExportError(f"{source}: alphabet has {alphabet.size} labels but n_classes is {raw['n_classes']} "
+                          f"(expected labels + 1 for the CTC blank)")
+    return ExportMetadata(directory=directory, model_version=int(raw["model_version"]), fingerprint=raw["fingerprint"],
+                          features=features, n_context=int(raw["n_context"]), n_input=int(raw["n_input"]),
+                          n_steps=int(raw["n_steps"]), n_hidden=int(raw["n_hidden"]), n_classes=int(raw["n_classes"]),
+                          alphabet=alphabet, files=dict(raw["files"]), tensors=dict(raw["tensors"]),
+                          tflite_quantized=bool(raw.get("tflite_quantized", False)),
+                          decoder=dict(raw.get("decoder") or {}), raw=raw)
+
+
+def load_metadata(directory: str | Path) -> ExportMetadata:
+    """Read and check the metadata of the export in ``directory`` (see ``resolve_export_dir``)."""
+    directory = resolve_export_dir(directory)
+    source = directory / METADATA_NAME
+    try:
+        raw = json.loads(source.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ExportError(f"{source}: not valid JSON: {error}") from None
+    if not isinstance(raw, dict):
+        raise ExportError(f"{source}: expected a JSON object")
+    return parse_metadata(raw, directory)

@@ -1,0 +1,87 @@
+"""A loaded export: one-shot transcription and streams."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from native_client.audio import load_for_model
+from native_client.decoding import GreedyDecoder
+from native_client.features import mfcc_features
+from native_client.metadata import ExportMetadata, load_metadata
+from native_client.runtime import make_runner
+from native_client.stream import Stream, run_frames
+
+
+@dataclass
+class Transcript:
+    """The result of transcribing one file."""
+
+    audio: str
+    text: str
+    duration_s: float
+    processing_s: float
+
+    @property
+    def rtf(self) -> float:
+        """Real-time factor: processing time over audio duration."""
+        return self.processing_s / self.duration_s if self.duration_s else float("nan")
+
+    def to_dict(self) -> dict:
+        """The JSON form the CLI prints."""
+        return {**asdict(self), "rtf": round(self.rtf, 4)}
+
+
+class Model:
+    """An exported acoustic model with its decoder.
+
+    ``backend`` is ``tflite`` (default), ``saved_model`` or ``frozen_graph``; ``decoder``
+    is any object with ``decode(logits) -> str`` (default: greedy).
+    """
+
+    def __init__(self, export_dir: str | Path, backend: str = "tflite", threads: int = 1, decoder=None):
+        self.metadata: ExportMetadata = load_metadata(export_dir)
+        self.runner = make_runner(self.metadata, backend, threads)
+        self.greedy = GreedyDecoder(self.metadata.alphabet)
+        self.decoder = decoder or self.greedy
+
+    @property
+    def sample_rate(self) -> int:
+        """The sample rate the model was trained on."""
+        return self.metadata.features.sample_rate
+
+    def create_stream(self, intermediate_decoder=None) -> Stream:
+        """A new stream; intermediate transcripts use ``intermediate_decoder`` (default: greedy, cheap)."""
+        return Stream(self.runner, self.decoder, intermediate_decoder or self.greedy)
+
+    def logits(self, samples: np.ndarray) -> np.ndarray:
+        """Logits ``[time, n_classes]`` of a whole utterance of int16 samples."""
+        frames = mfcc_features(np.asarray(samples).reshape(-1), self.metadata.features)
+        logits, _ = run_frames(self.runner, frames)
+        return logits
+
+    def transcribe(self, samples: np.ndarray) -> str:
+        """Transcript of a whole utterance of int16 mono samples at ``sample_rate``."""
+        return self.decoder.decode(self.logits(samples))
+
+    def transcribe_file(self, path: str | Path, convert_rate: bool = False) -> Transcript:
+        """Read, check and transcribe one audio file; ``convert_rate`` resamples another rate."""
+        samples = load_for_model(path, self.sample_rate, convert_rate)
+        started = time.perf_counter()
+        text = self.transcribe(samples)
+        return Transcript(audio=str(path), text=text, duration_s=len(samples) / self.sample_rate,
+                          processing_s=time.perf_counter() - started)
+
+
+def open_model(export_dir: str | Path, backend: str = "tflite", threads: int = 1,
+               decoder_factory=None) -> Model:
+    """Load an export; ``decoder_factory(metadata)`` may build a decoder (e.g. beam search with the LM)."""
+    model = Model(export_dir, backend, threads)
+    if decoder_factory is not None:
+        decoder: Optional[object] = decoder_factory(model.metadata)
+        if decoder is not None:
+            model.decoder = decoder
+    return model

@@ -1,0 +1,112 @@
+"""Streaming recognition: feed audio in chunks of any size, ask for a transcript at any time."""
+from __future__ import annotations
+
+import numpy as np
+
+from native_client.features import StreamingMfcc, context_windows, normalize_frames
+from native_client.runtime import StepRunner
+
+
+def run_frames(runner: StepRunner, frames: np.ndarray, state=None):
+    """Logits ``[time, n_classes]`` of MFCC ``frames`` ``[time, n_input]`` for a whole utterance
+    (zero context past both edges, the last call zero-padded to ``n_steps``), and the final state."""
+    metadata = runner.metadata
+    windows = context_windows(frames.astype(np.float32, copy=False), metadata.n_context)
+    return run_windows(runner, windows, state or runner.zero_state())
+
+
+def run_windows(runner: StepRunner, windows: np.ndarray, state):
+    """Run ``windows`` ``[time, window, n_input]`` through the model ``n_steps`` at a time;
+    a short last call is zero-padded and only its real time steps are kept."""
+    n_steps = runner.metadata.n_steps
+    h, c = state
+    outputs = []
+    for start in range(0, len(windows), n_steps):
+        chunk = windows[start:start + n_steps]
+        real = len(chunk)
+        if real < n_steps:
+            chunk = np.concatenate([chunk, np.zeros((n_steps - real,) + chunk.shape[1:], chunk.dtype)])
+        logits, h, c = runner.step(chunk[None], h, c)
+        outputs.append(logits[:real])
+    empty = np.zeros((0, runner.metadata.n_classes), np.float32)
+    return (np.concatenate(outputs) if outputs else empty), (h, c)
+
+
+class Stream:
+    """One utterance being recognised. ``feed_audio`` int16 chunks, ``intermediate_decode`` any time,
+    ``finish`` once.
+
+    Without per-utterance normalisation the model runs as audio arrives, ``n_steps`` time
+    steps at a time, carrying the LSTM state. With it (``features.normalize`` in the export),
+    features need the whole utterance's statistics: the stream keeps the frames and runs the
+    model when a transcript is asked for, normalising with the statistics so far; ``finish``
+    then equals one-shot transcription exactly.
+    """
+
+    def __init__(self, runner: StepRunner, decoder, intermediate_decoder=None):
+        self.runner = runner
+        self.decoder = decoder
+        self.intermediate_decoder = intermediate_decoder or decoder
+        metadata = runner.metadata
+        self._normalize = metadata.features.normalize
+        self._mfcc = StreamingMfcc(metadata.features)
+        self._n_context = metadata.n_context
+        # frames still needed as context, starting with the zero frames before the utterance
+        self._pending = np.zeros((metadata.n_context, metadata.n_input), np.float32)
+        self._all_frames = []
+        self._logits = []
+        self._state = runner.zero_state()
+        self._finished = False
+        self.samples = 0
+
+    def feed_audio(self, chunk: np.ndarray) -> None:
+        """Add int16 mono samples at the model's sample rate."""
+        if self._finished:
+            raise RuntimeError("feed_audio after finish")
+        chunk = np.asarray(chunk).reshape(-1)
+        self.samples += chunk.size
+        self._add_frames(self._mfcc.feed(chunk), final=False)
+
+    def _add_frames(self, frames: np.ndarray, final: bool) -> None:
+        if self._normalize:
+            self._all_frames.append(frames)
+            return
+        context = self._n_context
+        self._pending = np.concatenate([self._pending, frames])
+        if final:
+            self._pending = np.concatenate([self._pending, np.zeros((context, self._pending.shape[1]), np.float32)])
+        ready = len(self._pending) - 2 * context
+        if not final:
+            ready -= ready % self.runner.metadata.n_steps
+        if ready <= 0:
+            return
+        window = 2 * context + 1
+        windows = np.lib.stride_tricks.sliding_window_view(self._pending, window, axis=0).transpose(0, 2, 1)[:ready]
+        logits, self._state = run_windows(self.runner, np.ascontiguousarray(windows), self._state)
+        self._logits.append(logits)
+        self._pending = self._pending[ready:]
+
+    def _normalised_logits(self) -> np.ndarray:
+        frames = np.concatenate(self._all_frames) if self._all_frames else np.zeros((0, self.runner.metadata.n_input), np.float32)
+        if len(frames) == 0:
+            return np.zeros((0, self.runner.metadata.n_classes), np.float32)
+        logits, _ = run_frames(self.runner, normalize_frames(frames))
+        return logits
+
+    def logits(self) -> np.ndarray:
+        """Logits ``[time, n_classes]`` of the audio so far."""
+        if self._normalize:
+            return self._normalised_logits()
+        return np.concatenate(self._logits) if self._logits else np.zeros((0, self.runner.metadata.n_classes), np.float32)
+
+    def intermediate_decode(self) -> str:
+        """Transcript of the audio so far (the intermediate decoder; greedy unless configured)."""
+        return self.intermediate_decoder.decode(self.logits())
+
+    def finish(self) -> str:
+        """Flush the last (zero-padded) frames and return the final transcript."""
+        if self._finished:
+            raise RuntimeError("finish called twice")
+        self._add_frames(self._mfcc.finish(), final=True)
+        self._finished = True
+        return self.decoder.decode(self.logits())

@@ -1,0 +1,223 @@
+"""Export and the native client: parity of the exported forms, streaming, metadata, CLI, tasks."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import luigi
+import numpy as np
+import pytest
+import soundfile
+
+from native_client import ExportError, Model, load_metadata
+from native_client.audio import load_for_model
+from native_client.features import context_windows, mfcc_features
+from pipeline import layout
+from pipeline.config import load_config
+from pipeline.export import export_stage
+from pipeline.training_run import load_trained_model, train_stage
+from tasks import Export, Transcribe
+from tests.conftest import ROOT, SAMPLE, build_features, small_config_text
+
+CLIPS = [SAMPLE / "test" / f"{i:05d}.flac" for i in range(6)]
+
+
+def _trained_config(directory: Path, normalize: bool, epochs: int = 2, train: bool = True) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    base = directory / "base.yaml"
+    base.write_text(small_config_text(directory / "work", limit_train=16, limit_dev=4, limit_test=8, n_hidden=48))
+    path = directory / "config.yaml"
+    path.write_text(textwrap.dedent(f"""
+        extends: base.yaml
+        features:
+          normalize: {str(normalize).lower()}
+        training:
+          epochs: {epochs}
+          learning_rate: 0.003
+        paths:
+          export_dir: {directory / 'export'}
+    """))
+    config = load_config(path)
+    if not train:
+        return path
+    build_features(config, ("train", "dev", "test"))
+    train_stage(config)
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny trained model (normalised features, as configs/sample.yaml) and its float export."""
+    path = _trained_config(tmp_path_factory.mktemp("normalized"), normalize=True)
+    config = load_config(path)
+    return config, export_stage(config)
+
+
+@pytest.fixture(scope="module")
+def trained_raw(tmp_path_factory):
+    """A tiny trained model on unnormalised features: its stream runs incrementally."""
+    path = _trained_config(tmp_path_factory.mktemp("raw"), normalize=False)
+    config = load_config(path)
+    return config, export_stage(config)
+
+
+def _checkpoint_logits(config, samples):
+    model = load_trained_model(config, layout.train_dir(config) / "best", config.features.numcep, 29)
+    features = mfcc_features(samples, load_metadata(layout.export_dir(config)).features)
+    return model(context_windows(features, config.model.n_context)[None]).numpy()[0]
+
+
+def test_all_exported_forms_give_the_checkpoint_logits(trained):
+    config, export = trained
+    assert {p.name for p in export.iterdir()} >= {"metadata.json", "saved_model", "output_graph.pb", "model.tflite", "alphabet.txt"}
+    models = {backend: Model(export, backend=backend) for backend in ("tflite", "saved_model", "frozen_graph")}
+    import tensorflow as tf
+
+    utterance = tf.saved_model.load(str(export / "saved_model")).signatures["utterance"]
+    for clip in CLIPS[:3]:
+        samples = load_for_model(clip, 16000)
+        reference = _checkpoint_logits(config, samples)
+        assert reference.shape[0] > 100 and np.abs(reference).max() > 0.5
+        whole = mfcc_features(samples, models["tflite"].metadata.features)
+        windows = context_windows(whole, config.model.n_context)[None]
+        np.testing.assert_allclose(utterance(input_node=windows)["logits"].numpy()[0], reference, atol=1e-4)
+        for backend, model in models.items():
+            np.testing.assert_allclose(model.logits(samples), reference, atol=1e-4, err_msg=backend)
+
+
+def test_quantised_tflite_agrees_with_float(trained, tmp_path):
+    config, export = trained
+    quantized_config = config.__class__(**{**config.__dict__, "export": config.export.__class__(quantize=True),
+                                           "paths": config.paths.__class__(**{**config.paths.__dict__, "export_dir": str(tmp_path / "q")})})
+    quantized = export_stage(quantized_config, checkpoint=layout.train_dir(config) / "best")
+    assert (quantized / "model.tflite").stat().st_size < 0.4 * (export / "model.tflite").stat().st_size
+    assert load_metadata(quantized).tflite_quantized
+    float_model, int8_model = Model(export), Model(quantized)
+    agree = frames = 0
+    for clip in CLIPS:
+        samples = load_for_model(clip, 16000)
+        a, b = float_model.logits(samples), int8_model.logits(samples)
+        assert np.abs(a - b).max() < 0.1 * np.abs(a).max()
+        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+        frames += len(a)
+    assert agree / frames >= 0.95
+
+
+@pytest.mark.parametrize("fixture", ["trained_raw", "trained"])
+def test_stream_in_odd_chunks_equals_one_shot(fixture, request):
+    _, export = request.getfixturevalue(fixture)
+    model = Model(export)
+    samples = load_for_model(CLIPS[0], 16000)
+    expected_logits = model.logits(samples)
+    expected = model.transcribe(samples)
+    for chunk in (1, 137, len(samples)):
+        stream = model.create_stream()
+        intermediate = None
+        for start in range(0, len(samples), chunk):
+            stream.feed_audio(samples[start:start + chunk])
+            if intermediate is None and start + chunk >= len(samples) // 2:
+                intermediate = stream.intermediate_decode()
+        assert stream.finish() == expected, chunk
+        np.testing.assert_allclose(stream.logits(), expected_logits, atol=1e-5)
+        assert isinstance(intermediate, str)
+    if fixture == "trained_raw":  # incremental: logits exist before finish
+        stream = model.create_stream()
+        stream.feed_audio(samples[: len(samples) // 2])
+        partial = stream.logits()
+        assert 0 < len(partial) < len(expected_logits)
+        np.testing.assert_allclose(partial, expected_logits[: len(partial)], atol=1e-5)
+
+
+def test_metadata_round_trip(trained):
+    config, export = trained
+    metadata = load_metadata(export)
+    assert metadata.fingerprint == layout.export_fingerprint(config)
+    assert metadata.features.numcep == config.features.numcep and metadata.features.normalize is True
+    assert metadata.features.winstep == config.features.winstep and metadata.n_context == config.model.n_context
+    assert metadata.n_steps == config.export.n_steps and metadata.n_hidden == 48
+    assert "".join(metadata.alphabet.labels) == " abcdefghijklmnopqrstuvwxyz'"
+    import tensorflow as tf
+
+    embedded = tf.saved_model.load(str(export / "saved_model")).signatures["metadata"]()["metadata"].numpy()
+    assert json.loads(embedded.decode())["fingerprint"] == metadata.fingerprint
+    assert layout.find_export(config) == export
+
+
+def test_client_refuses_an_export_without_metadata(trained, tmp_path):
+    _, export = trained
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "model.tflite").write_bytes((export / "model.tflite").read_bytes())
+    with pytest.raises(ExportError, match=r"bare: no metadata.json .*not a model export"):
+        Model(bare)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    raw = json.loads((export / "metadata.json").read_text())
+    del raw["features"]
+    (broken / "metadata.json").write_text(json.dumps(raw))
+    with pytest.raises(ExportError, match=r"broken/metadata.json: missing keys: features"):
+        Model(broken)
+
+
+def test_cli_prints_json_without_luigi_or_training_code(trained, tmp_path):
+    _, export = trained
+    samples, rate = soundfile.read(CLIPS[1], dtype="int16")
+    low = tmp_path / "low.wav"
+    soundfile.write(low, samples[::2], 8000)
+    script = textwrap.dedent(f"""
+        import sys
+        from native_client.__main__ import main
+        code = main(["--model", {str(export)!r}, "--audio", {str(CLIPS[0])!r}, "--audio", {str(low)!r}, "--json"])
+        leaked = [m for m in ("luigi", "pipeline", "tasks", "tensorflow") if m in sys.modules]
+        print("LEAKED", leaked)
+        sys.exit(code)
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 1, run.stderr  # the 8 kHz file is refused, the other transcribed
+    assert "8000 Hz" in run.stderr and "--resample" in run.stderr
+    lines = run.stdout.strip().splitlines()
+    record = json.loads(lines[0])
+    assert set(record) == {"audio", "text", "duration_s", "processing_s", "rtf"} and record["duration_s"] > 1
+    assert lines[-1] == "LEAKED []"
+    resampled = subprocess.run([sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(low), "--resample"],
+                               capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert resampled.returncode == 0, resampled.stderr
+
+
+def test_export_is_atomic_and_versioned(trained, tmp_path, monkeypatch):
+    config, export = trained
+    before = (export / "metadata.json").read_text()
+    import pipeline.export as export_module
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("converter died")
+
+    monkeypatch.setattr(export_module, "write_tflite", crash)
+    with pytest.raises(RuntimeError, match="converter died"):
+        export_stage(config)
+    assert (export / "metadata.json").read_text() == before
+    assert not [p for p in export.parent.iterdir() if p.name.startswith(".")]
+    monkeypatch.undo()
+
+    versioned = config.__class__(**{**config.__dict__, "export": config.export.__class__(versioned=True),
+                                    "paths": config.paths.__class__(**{**config.paths.__dict__, "export_dir": str(tmp_path / "v")})})
+    first = export_stage(versioned)
+    second = export_stage(versioned)
+    assert (first.name, second.name) == ("1", "2")
+    assert load_metadata(tmp_path / "v").model_version == 2
+
+
+@pytest.mark.usefixtures("tasks_in_process")
+def test_transcribe_task_runs_export_and_prints_reference(tmp_path, capsys):
+    path = _trained_config(tmp_path / "task", normalize=True, epochs=1, train=False)
+    clip = CLIPS[2]
+    assert luigi.build([Transcribe(config=str(path), audio=str(clip))], local_scheduler=True)
+    assert Export(config=str(path)).complete()
+    out = capsys.readouterr().out
+    reference = [line for line in (SAMPLE / "test.csv").read_text().splitlines() if line.startswith("test/00002.flac")][0].split(",")[2]
+    assert f"reference:  {reference}" in out and "hypothesis: " in out
+    record = json.loads(Path(Transcribe(config=str(path), audio=str(clip)).output().path).read_text())
+    assert record["reference"] == reference and record["model_version"] == 1
