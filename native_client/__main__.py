@@ -7,7 +7,8 @@ import sys
 
 from native_client.audio import AudioError
 from native_client.metadata import ExportError
-from native_client.model import Model
+from native_client.beam import beam_decoder_for_export
+from native_client.model import open_model
 from native_client.runtime import BACKENDS
 
 
@@ -19,6 +20,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="one JSON object per file: audio, text, duration_s, processing_s, rtf")
     parser.add_argument("--backend", choices=BACKENDS, default="tflite", help="model runtime (default: tflite)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for the model (default: 1)")
+    parser.add_argument("--scorer", help="language model (ARPA or KenLM binary) instead of the export's own")
+    parser.add_argument("--no-scorer", action="store_true", help="greedy decoding, no language model")
+    parser.add_argument("--beam-width", type=int, help="beam width (default: the export's decoder settings)")
+    parser.add_argument("--lm-alpha", type=float, help="LM weight (default: the export's, tuned when it was tuned)")
+    parser.add_argument("--lm-beta", type=float, help="word insertion score (default: the export's)")
     parser.add_argument("--resample", action="store_true",
                         help="resample audio whose rate differs from the model's (default: refuse such files)")
     return parser.parse_args(argv)
@@ -27,9 +33,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     """Transcribe each ``--audio``; a file that fails is reported and the others still run. Exit 1 if any failed."""
     args = parse_args(argv)
+    if args.scorer and args.no_scorer:
+        print("error: --scorer and --no-scorer contradict each other", file=sys.stderr)
+        return 2
+    overrides = {"beam_width": args.beam_width, "lm_alpha": args.lm_alpha, "lm_beta": args.lm_beta}
+    factory = None if args.no_scorer else (lambda metadata: beam_decoder_for_export(metadata, args.scorer, overrides))
     try:
-        model = Model(args.model, backend=args.backend, threads=args.threads)
-    except (ExportError, ValueError) as error:
+        model = open_model(args.model, backend=args.backend, threads=args.threads, decoder_factory=factory)
+    except (ExportError, ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     failed = 0

@@ -153,13 +153,14 @@ class DecoderConfig:
 
     lm_corpus_files: tuple[str, ...] = _opt((), "Text files the LanguageModel task learns from (never dev or test text).", path=True)
     lm_include_train: bool = _opt(True, "Add the training transcripts to the LM text.")
-    lm_order: int = _opt(3, "n-gram order.", minimum=1, maximum=9)
+    lm_order: int = _opt(3, "n-gram order of the word LM (KenLM as packaged here reads up to 6).", minimum=1, maximum=6)
+    char_lm_order: int = _opt(6, "n-gram order of the character LM used when lexicon is false (at most 6).", minimum=1, maximum=6)
     lm_path: Optional[str] = _opt(None, "An existing ARPA or KenLM binary to use instead of building one.", path=True)
     beam_width: int = _opt(256, "CTC beam width.", minimum=1)
     beam_threshold: float = _opt(25.0, "Prune hypotheses this far below the best.", minimum=0.0)
     lm_alpha: float = _opt(1.5, "LM weight.")
     lm_beta: float = _opt(2.25, "Word insertion weight.")
-    lexicon: bool = _opt(True, "Restrict words to the LM vocabulary.")
+    lexicon: bool = _opt(True, "Lexicon decoding: words from the LM vocabulary, scored by the word LM. false: lexicon-free, any spelling, scored by a character LM.")
     tune: bool = _opt(False, "Tune lm_alpha/lm_beta on the dev set.")
     tune_trials: int = _opt(30, "Trials of the alpha/beta search.", minimum=1)
 

@@ -6,6 +6,7 @@ client or a rerun would trust.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -17,13 +18,16 @@ from typing import Callable, Optional
 import tensorflow as tf
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
+from native_client.arpa import is_arpa
 from native_client.metadata import FORMAT, FORMAT_VERSION, METADATA_NAME
 from pipeline import layout
 from pipeline.alphabet import load_alphabet
 from pipeline.checkpoints import resolve_checkpoint
 from pipeline.config import Config
+from pipeline.decoding import beam_settings, read_lm_report
 from pipeline.features import feature_settings
 from pipeline.files import write_json_atomic
+from pipeline.lm import CHAR_LM, VOCAB, lm_file
 from pipeline.inference_graph import SIGNATURE, TENSORS, InferenceGraph
 from pipeline.training_run import load_trained_model, read_train_report
 
@@ -89,11 +93,29 @@ def publish(staging: Path, destination: Path) -> None:
         os.replace(staging, destination)
 
 
+def copy_language_model(config: Config, staging: Path) -> dict:
+    """Copy the LanguageModel stage's LM files into the export; returns the metadata ``decoder`` entry."""
+    report = read_lm_report(config)
+    directory = layout.lm_dir(config)
+    entry = {**dataclasses.asdict(beam_settings(config)), "tuned": config.decoder.tune}
+    word_lm = lm_file(directory, report, "lm")
+    entry["lm"] = "lm.arpa" if is_arpa(word_lm) else "lm.binary"
+    shutil.copyfile(word_lm, staging / entry["lm"])
+    shutil.copyfile(directory / VOCAB, staging / VOCAB)
+    entry["vocabulary"] = VOCAB
+    if report.get("char_lm"):
+        entry["char_lm"] = CHAR_LM
+        shutil.copyfile(lm_file(directory, report, "char_lm"), staging / CHAR_LM)
+    return entry
+
+
 def export_stage(config: Config, checkpoint: Optional[str | Path] = None,
-                 on_status: Callable[[str, float], None] = lambda message, percent: None) -> Path:
+                 on_status: Callable[[str, float], None] = lambda message, percent: None,
+                 with_lm: Optional[bool] = None) -> Path:
     """Export the best-dev checkpoint (or ``checkpoint``) to ``paths.export_dir``; returns the export directory.
 
-    With ``export.versioned`` each export goes to a new numbered directory below it.
+    With ``export.versioned`` each export goes to a new numbered directory below it. The
+    LanguageModel stage's LM and vocabulary are copied in (``with_lm=None``: when it has run).
     """
     root = layout.export_dir(config)
     versioned = config.export.versioned
@@ -117,6 +139,9 @@ def export_stage(config: Config, checkpoint: Optional[str | Path] = None,
         on_status("converting to TFLite" + (" (int8 dynamic range)" if config.export.quantize else ""), 55)
         write_tflite(staging / FILES["saved_model"], staging / FILES["tflite"], config.export.quantize)
         (staging / FILES["alphabet"]).write_text(alphabet.to_text(), encoding="utf-8")
+        if with_lm or (with_lm is None and read_lm_report(config) is not None):
+            on_status("copying the language model", 90)
+            metadata["decoder"] = copy_language_model(config, staging)
         on_status("writing metadata", 95)
         write_json_atomic(staging / METADATA_NAME, metadata)
         publish(staging, destination)

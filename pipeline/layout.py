@@ -96,9 +96,28 @@ def lm_fingerprint(config: Config) -> str:
         "order": decoder.lm_order,
         "lm_path": [decoder.lm_path, _file_digest(decoder.lm_path)] if decoder.lm_path else None,
         "corpus": [[str(f), _file_digest(f)] for f in decoder.lm_corpus_files],
-        "train": [_file_digest(f) for f in config.data.train_files] if decoder.lm_include_train else None,
+        "train": [[_file_digest(f) for f in config.data.train_files], config.data.limit_train] if decoder.lm_include_train else None,
         "alphabet": _file_digest(alphabet_path(config)),
+        "char_lm_order": None if decoder.lexicon else decoder.char_lm_order,
     })
+
+
+def tune_fingerprint(config: Config) -> str:
+    """Settings of TuneDecoder: the trained model, the LM, the dev features and the search settings."""
+    decoder = config.decoder
+    return _hash({
+        "stage": "tune",
+        "train": train_fingerprint(config),
+        "epochs": config.training.epochs,
+        "lm": lm_fingerprint(config),
+        "dev": features_fingerprint(config, "dev"),
+        "search": [decoder.tune_trials, decoder.beam_width, decoder.beam_threshold, decoder.lexicon],
+    })
+
+
+def decoder_fingerprints(config: Config) -> dict:
+    """What decoding with the LM depends on: the LM, and the tuning run when tuning is on."""
+    return {"lm": lm_fingerprint(config), "tune": tune_fingerprint(config) if config.decoder.tune else None}
 
 
 def evaluate_fingerprint(config: Config) -> str:
@@ -109,6 +128,7 @@ def evaluate_fingerprint(config: Config) -> str:
         "epochs": config.training.epochs,
         "test": features_fingerprint(config, "test"),
         "decoder": _section_settings(config.decoder),
+        "decoding": decoder_fingerprints(config),
     })
 
 
@@ -121,6 +141,8 @@ def export_fingerprint(config: Config) -> str:
         "export": _section_settings(config.export),
         "features": _section_settings(config.features),
         "alphabet": _file_digest(alphabet_path(config)),
+        "decoder": _section_settings(config.decoder),
+        "decoding": decoder_fingerprints(config),
     })
 
 
@@ -132,6 +154,16 @@ def features_path(config: Config, split: str) -> Path:
 def train_dir(config: Config) -> Path:
     """The Train run directory (checkpoints, best-dev checkpoint, summaries, report)."""
     return work_dir(config) / "train" / train_fingerprint(config)
+
+
+def lm_dir(config: Config) -> Path:
+    """The LanguageModel output directory (ARPA, vocabulary, report)."""
+    return work_dir(config) / "lm" / lm_fingerprint(config)
+
+
+def tune_dir(config: Config) -> Path:
+    """The TuneDecoder output directory (best alpha/beta and the table of trials)."""
+    return work_dir(config) / "tune" / tune_fingerprint(config)
 
 
 def evaluate_dir(config: Config) -> Path:

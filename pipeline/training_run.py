@@ -1,6 +1,7 @@
 """Train and Evaluate as whole stages: wire config, devices, caches and the trainer; write the reports."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -15,6 +16,7 @@ from pipeline.alphabet import load_alphabet
 from pipeline.cache import read_cache
 from pipeline.checkpoints import check_geometry, named_weights, resolve_checkpoint
 from pipeline.config import Config, config_to_dict
+from pipeline.decoding import beam_settings, decode_results, make_beam_decoder, read_lm_report
 from pipeline.distribute import cluster_role, configure_devices, make_strategy
 from pipeline.evaluation import run_split
 from pipeline.files import write_json_atomic, write_text_atomic
@@ -62,18 +64,34 @@ def load_trained_model(config: Config, checkpoint: str | Path, n_input: int, n_c
     return model
 
 
-def evaluate_stage(config: Config, out_dir: Path, checkpoint: Optional[str | Path] = None) -> dict:
-    """Test-set WER, CER and loss of the best-dev checkpoint; writes ``evaluation.json`` and ``evaluation.txt``."""
+def evaluate_stage(config: Config, out_dir: Path, checkpoint: Optional[str | Path] = None,
+                   beam: Optional[bool] = None) -> dict:
+    """Test-set WER, CER and loss of the best-dev checkpoint, greedy and (``beam``) with beam search and
+    the LM as ``wer_lm``/``cer_lm``; ``beam=None`` uses the LM when the LanguageModel stage has run.
+    Writes ``evaluation.json`` and ``evaluation.txt``."""
     alphabet = load_alphabet(layout.alphabet_path(config))
     test_data = read_cache(layout.features_path(config, "test"), config.features)
     checkpoint = checkpoint or layout.train_dir(config) / "best"
     model = load_trained_model(config, checkpoint, test_data.features.shape[1], alphabet.n_classes)
-    results = run_split(model, test_data, alphabet, config.training.dev_batch_size, config.model.n_context)
+    logits: dict = {}
+    results = run_split(model, test_data, alphabet, config.training.dev_batch_size, config.model.n_context,
+                        logits_sink=logits)
     rates = corpus_rates(results)
     samples = best_and_worst(results, config.training.report_count)
     report = {**rates, "checkpoint": str(resolve_checkpoint(checkpoint)), "decoder": "greedy",
               "samples": samples, "all_samples": [r.to_dict() for r in results]}
-    text = format_report("Test", rates, samples)
+    text = format_report("Test (greedy)", rates, samples)
+    if beam or (beam is None and read_lm_report(config) is not None):
+        settings = beam_settings(config)
+        started = time.time()
+        beam_results = decode_results(make_beam_decoder(config, alphabet, settings), results, logits)
+        beam_rates = corpus_rates(beam_results)
+        beam_samples = best_and_worst(beam_results, config.training.report_count)
+        report.update({"wer_lm": beam_rates["wer"], "cer_lm": beam_rates["cer"], "decoder_lm": dataclasses.asdict(settings),
+                       "decode_lm_s": round(time.time() - started, 2), "samples_lm": beam_samples,
+                       "all_samples_lm": [r.to_dict() for r in beam_results]})
+        text += "\n" + format_report(f"Test (beam {settings.beam_width} + LM, alpha {settings.lm_alpha:.2f}, "
+                                      f"beta {settings.lm_beta:.2f})", {**beam_rates, "loss": rates["loss"]}, beam_samples)
     log.info("%s", text)
     out_dir = Path(out_dir)
     write_text_atomic(out_dir / "evaluation.txt", text + "\n")

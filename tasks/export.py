@@ -9,20 +9,22 @@ import luigi
 
 from pipeline import layout
 from tasks.base import ConfigTask
+from tasks.language_model import decoder_requirements
 from tasks.training import Train
 
 log = logging.getLogger("luigi-interface")
 
 
 class Export(ConfigTask):
-    """Freeze the best-dev checkpoint into ``paths.export_dir``: SavedModel, frozen graph, TFLite, metadata.
+    """Freeze the best-dev checkpoint into ``paths.export_dir``: SavedModel, frozen graph, TFLite, metadata,
+    and the language model with its vocabulary and decoder settings (tuned ones when tuning is on).
 
     Complete when an export there (or one of its numbered versions) carries this
     config's export fingerprint, so a changed model or export setting exports again.
     """
 
     def requires(self):
-        return Train(config=self.config)
+        return {"train": Train(config=self.config), **decoder_requirements(self)}
 
     def _export(self):
         return layout.find_export(self.cfg)
@@ -41,7 +43,7 @@ class Export(ConfigTask):
             self.set_status_message(message)
             self.set_progress_percentage(percent)
 
-        destination = export_stage(self.cfg, on_status=status)
+        destination = export_stage(self.cfg, on_status=status, with_lm=True)
         self.set_progress_percentage(100)
         self.set_status_message(f"exported to {destination}")
 
@@ -65,12 +67,13 @@ class Transcribe(ConfigTask):
         return luigi.LocalTarget(str(export / "transcripts" / f"{audio.stem}-{key}.json"))
 
     def run(self):
-        from native_client import Model
+        from native_client import open_model
+        from native_client.beam import beam_decoder_for_export
         from pipeline.corpus import find_reference
         from pipeline.files import write_json_atomic
 
         export = Path(self.input().path).parent
-        model = Model(export)
+        model = open_model(export, decoder_factory=beam_decoder_for_export)
         self.set_status_message(f"transcribing {self.audio}")
         result = model.transcribe_file(self.audio, convert_rate=self.cfg.features.resample)
         manifests = [f for split in layout.SPLITS for f in self.cfg.split_files(split)]

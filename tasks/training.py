@@ -1,4 +1,4 @@
-"""Train and Evaluate tasks."""
+"""The Train task."""
 from __future__ import annotations
 
 import json
@@ -76,23 +76,3 @@ class _TrainProgress(Progress):
     def on_validation(self, info: dict) -> None:
         """TrainHooks.on_validation."""
         self.dev_wer = info["wer"]
-
-
-class Evaluate(ConfigTask):
-    """Test-set report of the best-dev checkpoint: ``evaluation.json`` (wer, cer, loss, samples) and ``evaluation.txt``."""
-
-    def requires(self):
-        return {"train": Train(config=self.config), "test": FeaturesSplit(config=self.config, split="test")}
-
-    def output(self):
-        return luigi.LocalTarget(str(layout.evaluate_dir(self.cfg) / "evaluation.json"))
-
-    def run(self):
-        from pipeline.training_run import evaluate_stage
-
-        self.set_status_message("decoding the test split")
-        report = evaluate_stage(self.cfg, layout.evaluate_dir(self.cfg))
-        self.set_progress_percentage(100)
-        self.set_status_message(f"test WER {report['wer']:.4f}, CER {report['cer']:.4f}, loss {report['loss']:.2f}")
-        print(f"Test WER {report['wer']:.4f}  CER {report['cer']:.4f}  loss {report['loss']:.3f}  "
-              f"({report['samples_count']} samples) -> {self.output().path}")

@@ -1,0 +1,143 @@
+"""CTC beam search with a KenLM language model, through flashlight-text.
+
+Two modes, as ``decoder.lexicon`` says:
+
+- lexicon: words come from the vocabulary (a trie of their spellings) and the
+  word n-gram LM scores each completed word; ``lm_beta`` is the score per word.
+- lexicon-free: any spelling; a character n-gram LM scores every character
+  (space written ``|``); ``lm_beta`` is the score per word boundary.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from native_client.alphabet import Alphabet
+from native_client.arpa import arpa_unigrams, is_arpa
+
+SPACE_TOKEN = "|"
+UNK_WORD = "<unk>"
+
+
+@dataclass(frozen=True)
+class BeamSettings:
+    """Beam search settings (``decoder`` in the config and the export metadata)."""
+
+    beam_width: int = 256
+    beam_threshold: float = 25.0
+    lm_alpha: float = 1.5
+    lm_beta: float = 2.25
+    lexicon: bool = True
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "BeamSettings":
+        """Settings from a mapping; unknown keys are ignored, missing ones keep their defaults."""
+        return cls(**{name: values[name] for name in cls.__dataclass_fields__ if name in values})
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax in float32, C-contiguous (what the decoder reads)."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    out = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return np.ascontiguousarray(out, dtype=np.float32)
+
+
+class BeamDecoder:
+    """Beam search over CTC logits with an n-gram LM; ``decode(logits) -> str`` like GreedyDecoder."""
+
+    name = "beam+lm"
+
+    def __init__(self, alphabet: Alphabet, lm_path: str | Path, settings: BeamSettings,
+                 vocabulary: Optional[Sequence[str]] = None):
+        from flashlight.lib.text.decoder import (CriterionType, KenLM, LexiconDecoder, LexiconDecoderOptions,
+                                                 LexiconFreeDecoder, LexiconFreeDecoderOptions, SmearingMode, Trie)
+        from flashlight.lib.text.dictionary import Dictionary, create_word_dict
+
+        if " " not in alphabet.labels:
+            raise ValueError("beam search needs the space character in the alphabet as the word separator")
+        self.alphabet = alphabet
+        self.settings = settings
+        self.lm_path = str(lm_path)
+        self.tokens = [SPACE_TOKEN if label == " " else label for label in alphabet.labels] + ["<blank>"]
+        self.space = alphabet.labels.index(" ")
+        self.blank = alphabet.blank_index
+        token_dict = Dictionary(self.tokens)
+        if settings.lexicon:
+            if vocabulary is None:
+                raise ValueError("lexicon decoding needs a vocabulary")
+            known = set(alphabet.labels) - {" "}
+            words = [w for w in dict.fromkeys(vocabulary) if w and set(w) <= known]
+            lexicon = {w: [list(w)] for w in words}
+            lexicon[UNK_WORD] = [[]]
+            self.word_dict = create_word_dict(lexicon)
+            self.lm = KenLM(self.lm_path, self.word_dict)
+            trie = Trie(len(self.tokens), self.space)
+            start = self.lm.start(False)
+            for word in words:
+                index = self.word_dict.get_index(word)
+                _, score = self.lm.score(start, index)
+                # Spellings end with the separator (space), as flashlight expects: a word ends when its
+                # separator is read, so a last letter held over several frames stays one letter.
+                trie.insert([self.alphabet.labels.index(ch) for ch in word] + [self.space], index, score)
+            trie.smear(SmearingMode.MAX)
+            self.trie = trie  # the decoder only borrows it
+            options = LexiconDecoderOptions(
+                beam_size=settings.beam_width, beam_size_token=len(self.tokens), beam_threshold=settings.beam_threshold,
+                lm_weight=settings.lm_alpha, word_score=settings.lm_beta, unk_score=-math.inf, sil_score=0.0,
+                log_add=False, criterion_type=CriterionType.CTC)
+            self.decoder = LexiconDecoder(options, trie, self.lm, self.space, self.blank,
+                                          self.word_dict.get_index(UNK_WORD), [], False)
+            self.vocabulary_size = len(words)
+        else:
+            self.word_dict = None
+            self.lm = KenLM(self.lm_path, token_dict)
+            options = LexiconFreeDecoderOptions(
+                beam_size=settings.beam_width, beam_size_token=len(self.tokens), beam_threshold=settings.beam_threshold,
+                lm_weight=settings.lm_alpha, sil_score=settings.lm_beta, log_add=False, criterion_type=CriterionType.CTC)
+            self.decoder = LexiconFreeDecoder(options, self.lm, self.space, self.blank, [])
+            self.vocabulary_size = None
+
+    def decode(self, logits: np.ndarray) -> str:
+        """The best transcript of ``logits`` ``[time, classes]``."""
+        if len(logits) == 0:
+            return ""
+        emissions = log_softmax(np.asarray(logits, dtype=np.float32))
+        if self.word_dict is not None:
+            # One extra frame that is certainly a space ends the last word (see the trie spellings).
+            closing = np.full((1, emissions.shape[1]), -1e4, np.float32)
+            closing[0, self.space] = 0.0
+            emissions = np.ascontiguousarray(np.concatenate([emissions, closing]))
+        best = self.decoder.decode(emissions.ctypes.data, emissions.shape[0], emissions.shape[1])[0]
+        if self.word_dict is not None:
+            return " ".join(self.word_dict.get_entry(w) for w in best.words if w >= 0)
+        labels = [t for t, _ in itertools.groupby(best.tokens) if 0 <= t != self.blank]
+        return " ".join(self.alphabet.decode(labels).split())
+
+
+def beam_decoder_for_export(metadata, scorer: Optional[str | Path] = None, overrides: Optional[dict] = None):
+    """The beam decoder an export describes (its LM and vocabulary), or with another ``scorer``;
+    None when the export has no LM and no scorer is given."""
+    decoder = dict(metadata.decoder or {})
+    decoder.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    settings = BeamSettings.from_dict(decoder)
+    key = "lm" if settings.lexicon else "char_lm"
+    lm = Path(scorer) if scorer else (metadata.directory / decoder[key] if decoder.get(key) else None)
+    if lm is None:
+        return None
+    if not lm.is_file():
+        raise FileNotFoundError(f"{lm}: language model file not found")
+    vocabulary = None
+    if settings.lexicon:
+        vocab_file = metadata.directory / decoder.get("vocabulary", "vocab.txt")
+        if scorer and is_arpa(lm):
+            vocabulary = arpa_unigrams(lm)
+        elif vocab_file.is_file():
+            vocabulary = vocab_file.read_text(encoding="utf-8").split()
+        else:
+            raise FileNotFoundError(f"{vocab_file}: vocabulary needed for lexicon decoding is missing")
+    return BeamDecoder(metadata.alphabet, lm, settings, vocabulary)

@@ -1,0 +1,137 @@
+"""The LanguageModel stage: text -> normalised sentences -> word (and character) n-gram ARPA + vocabulary.
+
+Text comes from ``decoder.lm_corpus_files`` plus, with ``decoder.lm_include_train``,
+the training transcripts; dev and test transcripts are never used, and a corpus
+file that is also a dev/test manifest is refused. A user LM (``decoder.lm_path``)
+is used as it is; the stage then only writes the vocabulary.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Iterator
+
+from native_client.alphabet import Alphabet
+from native_client.arpa import arpa_unigrams, is_arpa
+from native_client.beam import SPACE_TOKEN
+from pipeline import layout
+from pipeline.alphabet import load_alphabet
+from pipeline.config import Config
+from pipeline.corpus import read_manifests
+from pipeline.files import write_json_atomic, write_text_atomic
+from pipeline.kneser_ney import LanguageModelError, estimate, write_arpa
+
+log = logging.getLogger(__name__)
+
+WORD_LM, CHAR_LM, VOCAB, REPORT = "lm.arpa", "chars.arpa", "vocab.txt", "lm_report.json"
+
+
+def clean_line(line: str, alphabet: Alphabet) -> str:
+    """Normalise like transcripts (case, whitespace) and drop characters outside the alphabet."""
+    text = alphabet.normalise(line)
+    known = set(alphabet.labels)
+    return " ".join("".join(ch for ch in text if ch in known).split())
+
+
+def lm_sentences(config: Config, alphabet: Alphabet, stats: Counter) -> Iterator[str]:
+    """The LM text, one normalised sentence per item; ``stats`` counts lines read, used and emptied."""
+    held_out = {Path(f).resolve() for split in ("dev", "test") for f in config.split_files(split)}
+    for path in config.decoder.lm_corpus_files:
+        if Path(path).resolve() in held_out:
+            raise LanguageModelError(f"decoder.lm_corpus_files: {path} is a dev/test manifest; "
+                                     f"the LM must not see held-out text")
+        try:
+            handle = open(path, encoding="utf-8", errors="replace")
+        except OSError as error:
+            raise LanguageModelError(f"decoder.lm_corpus_files: {path}: {error.strerror}") from error
+        with handle:
+            for line in handle:
+                stats["corpus_lines"] += 1
+                sentence = clean_line(line, alphabet)
+                if sentence:
+                    stats["sentences"] += 1
+                    yield sentence
+                else:
+                    stats["empty_lines"] += 1
+    if config.decoder.lm_include_train:
+        samples, _ = read_manifests(config.data.train_files, config.data.limit_train, alphabet)
+        for sample in samples:
+            stats["train_transcripts"] += 1
+            stats["sentences"] += 1
+            yield sample.transcript
+
+
+def held_out_overlap(config: Config, alphabet: Alphabet, sentences: set[str]) -> int:
+    """How many dev/test transcripts appear verbatim among the LM sentences (reported, should be 0)."""
+    count = 0
+    for split in ("dev", "test"):
+        samples, _ = read_manifests(config.split_files(split), config.split_limit(split), alphabet)
+        count += sum(1 for s in samples if s.transcript in sentences)
+    return count
+
+
+def char_tokens(sentence: str) -> list[str]:
+    """A sentence as character tokens for the character LM (space written as ``SPACE_TOKEN``)."""
+    return [SPACE_TOKEN if ch == " " else ch for ch in sentence]
+
+
+def build_language_model(config: Config, out_dir: Path,
+                         on_status: Callable[[str, float], None] = lambda message, percent: None) -> dict:
+    """Write ``lm.arpa`` (or use ``decoder.lm_path``), ``chars.arpa`` when ``decoder.lexicon`` is off,
+    ``vocab.txt`` and ``lm_report.json`` into ``out_dir``; returns the report."""
+    out_dir = Path(out_dir)
+    staging = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    alphabet = load_alphabet(layout.alphabet_path(config))
+    decoder = config.decoder
+    started = time.time()
+    report = {"fingerprint": layout.lm_fingerprint(config), "order": decoder.lm_order}
+    stats: Counter = Counter()
+    on_status("reading the LM text", 5)
+    sentences = list(lm_sentences(config, alphabet, stats)) if (decoder.lm_corpus_files or decoder.lm_include_train) else []
+    report.update(stats)
+    report["held_out_overlap"] = held_out_overlap(config, alphabet, set(sentences))
+    if decoder.lm_path:
+        lm_path = Path(decoder.lm_path)
+        if not lm_path.is_file():
+            raise LanguageModelError(f"decoder.lm_path: {lm_path} does not exist")
+        report["lm"] = str(lm_path.resolve())
+        arpa = is_arpa(lm_path)
+        vocabulary = arpa_unigrams(lm_path) if arpa else sorted({w for s in sentences for w in s.split()})
+        report["vocabulary_source"] = "lm_path unigrams" if arpa else "LM text (lm_path is a binary)"
+    else:
+        if not sentences:
+            raise LanguageModelError("no LM text: set decoder.lm_corpus_files or decoder.lm_include_train")
+        on_status(f"estimating the {decoder.lm_order}-gram word model from {len(sentences)} sentences", 20)
+        model = estimate((s.split() for s in sentences), decoder.lm_order)
+        write_arpa(model, staging / WORD_LM)
+        report["lm"] = WORD_LM
+        report["ngrams"] = {str(n): len(model.prob[n]) + (1 if n == 1 else 0) for n in range(1, model.order + 1)}
+        report["discounts"] = {str(n): list(model.discounts[n]) for n in range(1, model.order + 1)}
+        report["discount_fallback_orders"] = model.fallback_orders
+        counts = Counter(w for s in sentences for w in s.split())
+        vocabulary = [w for w, _ in counts.most_common()]
+        report["vocabulary_source"] = "LM text"
+    if not decoder.lexicon:
+        on_status(f"estimating the {decoder.char_lm_order}-gram character model", 60)
+        chars = estimate((char_tokens(s) for s in sentences), decoder.char_lm_order)
+        write_arpa(chars, staging / CHAR_LM)
+        report["char_lm"] = CHAR_LM
+    write_text_atomic(staging / VOCAB, "".join(w + "\n" for w in vocabulary))
+    report["vocabulary"] = len(vocabulary)
+    report["wall_time_s"] = round(time.time() - started, 1)
+    write_json_atomic(staging / REPORT, report)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    staging.rename(out_dir)
+    log.info("Language model: %s", {k: v for k, v in report.items() if k != "discounts"})
+    return report
+
+
+def lm_file(out_dir: Path, report: dict, key: str = "lm") -> Path:
+    """Absolute path of the word (``lm``) or character (``char_lm``) model named in a report."""
+    value = Path(report[key])
+    return value if value.is_absolute() else Path(out_dir) / value

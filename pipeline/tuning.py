@@ -1,0 +1,67 @@
+"""TuneDecoder: search lm_alpha / lm_beta on the dev set with Optuna's TPE sampler."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Callable
+
+import optuna
+
+from pipeline import layout
+from pipeline.alphabet import load_alphabet
+from pipeline.cache import read_cache
+from pipeline.config import Config
+from pipeline.decoding import TUNE_RESULT, configured_settings, decode_results, make_beam_decoder
+from pipeline.evaluation import run_split
+from pipeline.files import write_json_atomic
+from pipeline.metrics import corpus_rates
+
+log = logging.getLogger(__name__)
+
+ALPHA_RANGE = (0.0, 5.0)
+BETA_RANGE = (-2.0, 5.0)
+
+
+def tune_decoder(config: Config, out_dir: Path,
+                 on_trial: Callable[[int, int, dict], None] = lambda done, total, best: None) -> dict:
+    """Decode the dev split's logits over ``decoder.tune_trials`` (alpha, beta) pairs; the best pair
+    has the lowest dev WER (CER breaks ties). Writes ``tune.json`` with the best pair and every trial."""
+    from pipeline.training_run import load_trained_model
+
+    alphabet = load_alphabet(layout.alphabet_path(config))
+    dev = read_cache(layout.features_path(config, "dev"), config.features)
+    model = load_trained_model(config, layout.train_dir(config) / "best", dev.features.shape[1], alphabet.n_classes)
+    logits: dict = {}
+    greedy = run_split(model, dev, alphabet, config.training.dev_batch_size, config.model.n_context, logits_sink=logits)
+    base = configured_settings(config)
+    trials = []
+    started = time.time()
+
+    def objective(trial: optuna.Trial) -> float:
+        alpha = trial.suggest_float("lm_alpha", *ALPHA_RANGE)
+        beta = trial.suggest_float("lm_beta", *BETA_RANGE)
+        decoder = make_beam_decoder(config, alphabet, dataclasses.replace(base, lm_alpha=alpha, lm_beta=beta))
+        rates = corpus_rates(decode_results(decoder, greedy, logits))
+        trials.append({"trial": trial.number, "lm_alpha": alpha, "lm_beta": beta, "wer": rates["wer"], "cer": rates["cer"]})
+        best = min(trials, key=lambda t: (t["wer"], t["cer"]))
+        on_trial(len(trials), config.decoder.tune_trials, best)
+        return rates["wer"] + 1e-3 * rates["cer"]
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=config.model.random_seed))
+    # Start from the configured pair so tuning can only improve on it.
+    study.enqueue_trial({"lm_alpha": min(max(base.lm_alpha, ALPHA_RANGE[0]), ALPHA_RANGE[1]),
+                         "lm_beta": min(max(base.lm_beta, BETA_RANGE[0]), BETA_RANGE[1])})
+    study.optimize(objective, n_trials=config.decoder.tune_trials)
+    best = min(trials, key=lambda t: (t["wer"], t["cer"]))
+    greedy_rates = corpus_rates(greedy)
+    result = {"best": {"lm_alpha": best["lm_alpha"], "lm_beta": best["lm_beta"], "wer": best["wer"], "cer": best["cer"]},
+              "greedy": {"wer": greedy_rates["wer"], "cer": greedy_rates["cer"]},
+              "search": {"sampler": "optuna TPE", "alpha_range": ALPHA_RANGE, "beta_range": BETA_RANGE,
+                         "beam_width": base.beam_width, "lexicon": base.lexicon, "dev_samples": len(dev)},
+              "trials": trials, "wall_time_s": round(time.time() - started, 1)}
+    write_json_atomic(Path(out_dir) / TUNE_RESULT, result)
+    log.info("Tuned: alpha %.3f beta %.3f dev WER %.4f (greedy %.4f)", best["lm_alpha"], best["lm_beta"], best["wer"], greedy_rates["wer"])
+    return result

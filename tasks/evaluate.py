@@ -1,0 +1,33 @@
+"""The Evaluate task."""
+from __future__ import annotations
+
+import luigi
+
+from pipeline import layout
+from tasks.base import ConfigTask
+from tasks.features import FeaturesSplit
+from tasks.language_model import decoder_requirements
+from tasks.training import Train
+
+
+class Evaluate(ConfigTask):
+    """Test-set report of the best-dev checkpoint, greedy and with beam search + LM:
+    ``evaluation.json`` (wer, cer, wer_lm, cer_lm, loss, samples) and ``evaluation.txt``."""
+
+    def requires(self):
+        return {"train": Train(config=self.config), "test": FeaturesSplit(config=self.config, split="test"),
+                **decoder_requirements(self)}
+
+    def output(self):
+        return luigi.LocalTarget(str(layout.evaluate_dir(self.cfg) / "evaluation.json"))
+
+    def run(self):
+        from pipeline.training_run import evaluate_stage
+
+        self.set_status_message("decoding the test split")
+        report = evaluate_stage(self.cfg, layout.evaluate_dir(self.cfg), beam=True)
+        self.set_progress_percentage(100)
+        summary = (f"greedy WER {report['wer']:.4f} CER {report['cer']:.4f}; "
+                   f"beam+LM WER {report['wer_lm']:.4f} CER {report['cer_lm']:.4f}; loss {report['loss']:.3f}")
+        self.set_status_message(summary)
+        print(f"Test {summary} ({report['samples_count']} samples) -> {self.output().path}")

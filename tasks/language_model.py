@@ -1,0 +1,57 @@
+"""LanguageModel and TuneDecoder tasks."""
+from __future__ import annotations
+
+import luigi
+
+from pipeline import layout
+from tasks.base import ConfigTask
+from tasks.features import FeaturesSplit
+from tasks.training import Train
+
+
+class LanguageModel(ConfigTask):
+    """Build the word n-gram LM (modified Kneser-Ney, ARPA) and vocabulary, or adopt ``decoder.lm_path``."""
+
+    def output(self):
+        return luigi.LocalTarget(str(layout.lm_dir(self.cfg) / "lm_report.json"))
+
+    def run(self):
+        from pipeline.lm import build_language_model
+
+        def status(message: str, percent: float) -> None:
+            self.set_status_message(message)
+            self.set_progress_percentage(percent)
+
+        report = build_language_model(self.cfg, layout.lm_dir(self.cfg), on_status=status)
+        self.set_progress_percentage(100)
+        self.set_status_message(f"{report.get('sentences', 0)} sentences, vocabulary {report['vocabulary']}, "
+                                f"n-grams {report.get('ngrams', 'from lm_path')}")
+
+
+class TuneDecoder(ConfigTask):
+    """Search lm_alpha/lm_beta on the dev set (``decoder.tune_trials`` Optuna trials); writes ``tune.json``."""
+
+    def requires(self):
+        return {"train": Train(config=self.config), "lm": LanguageModel(config=self.config),
+                "dev": FeaturesSplit(config=self.config, split="dev")}
+
+    def output(self):
+        return luigi.LocalTarget(str(layout.tune_dir(self.cfg) / "tune.json"))
+
+    def run(self):
+        from pipeline.tuning import tune_decoder
+
+        def trial(done: int, total: int, best: dict) -> None:
+            self.set_progress_percentage(round(100 * done / total, 1))
+            self.set_status_message(f"trial {done}/{total}: best alpha {best['lm_alpha']:.2f}, "
+                                    f"beta {best['lm_beta']:.2f}, dev WER {best['wer']:.4f}")
+
+        tune_decoder(self.cfg, layout.tune_dir(self.cfg), on_trial=trial)
+
+
+def decoder_requirements(task: ConfigTask) -> dict:
+    """What decoding with the LM needs: the LM, and the tuned alpha/beta when ``decoder.tune`` is on."""
+    needs = {"lm": LanguageModel(config=task.config)}
+    if task.cfg.decoder.tune:
+        needs["tune"] = TuneDecoder(config=task.config)
+    return needs

@@ -1,0 +1,116 @@
+"""The Kneser-Ney estimator, its ARPA in KenLM, and the beam search decoder."""
+from __future__ import annotations
+
+import math
+import random
+
+import kenlm
+import numpy as np
+import pytest
+
+from native_client.alphabet import Alphabet
+from native_client.beam import BeamDecoder, BeamSettings
+from native_client.decoding import best_path
+from pipeline.kneser_ney import BOS, UNK, estimate, write_arpa
+from pipeline.lm import char_tokens
+from tests.conftest import ALPHABET, SAMPLE
+from native_client.alphabet import load_alphabet
+
+TOY = [["a", "b"], ["a", "b"], ["b"]]
+
+
+def test_hand_computed_probabilities_on_a_toy_corpus():
+    model = estimate(TOY, 2)
+    assert model.fallback_orders == [1, 2]  # too few counts for the discount formula: lmplz's fallback
+    # continuation counts a=1, b=2, </s>=1; D=(0.5, 1, 1.5); leftover 0.5 spread over 4 words
+    assert model.prob[1][("a",)] == pytest.approx(0.25)
+    assert model.prob[1][("b",)] == pytest.approx(0.375)
+    assert model.prob[1][("</s>",)] == pytest.approx(0.25)
+    assert model.prob[1][(UNK,)] == pytest.approx(0.125)
+    assert model.prob[2][(BOS, "a")] == pytest.approx(1 / 3 + 0.5 * 0.25)
+    assert model.prob[2][(BOS, "b")] == pytest.approx(1 / 6 + 0.5 * 0.375)
+    assert model.prob[2][("a", "b")] == pytest.approx(0.5 + 0.5 * 0.375)
+    assert model.prob[2][("b", "</s>")] == pytest.approx(0.5 + 0.5 * 0.25)
+    assert model.backoff[1][(BOS,)] == pytest.approx(0.5) and model.backoff[1][("a",)] == pytest.approx(0.5)
+    assert model.sentence_log10(["a", "b"]) == pytest.approx(math.log10((1 / 3 + 0.125) * 0.6875 * 0.625))
+
+
+def _sample_sentences(count: int) -> list[list[str]]:
+    lines = (SAMPLE / "lm_corpus.txt").read_text().splitlines()[:count]
+    return [line.split() for line in lines if line.strip()]
+
+
+@pytest.mark.parametrize("order", [1, 2, 3])
+def test_probabilities_of_each_context_sum_to_one(order):
+    model = estimate(_sample_sentences(300), order)
+    vocabulary = [g[0] for g in model.prob[1]]
+    contexts = [()] + [g for n in range(1, order) for g in list(model.prob[n])[:40]] + [(BOS,)]
+    for context in contexts:
+        if context and context[-1] == "</s>":
+            continue
+        total = sum(model.probability(w, context) for w in vocabulary)
+        assert total == pytest.approx(1.0, abs=1e-9), context
+
+
+def test_kenlm_reads_the_arpa_and_agrees(tmp_path):
+    sentences = _sample_sentences(2000)
+    model = estimate(sentences, 3)
+    arpa = tmp_path / "lm.arpa"
+    write_arpa(model, arpa)
+    loaded = kenlm.Model(str(arpa))
+    assert loaded.order == 3
+    rng = random.Random(1)
+    held_out = [line.split() for line in (SAMPLE / "lm_corpus.txt").read_text().splitlines()[5000:5050]]
+    shuffled = [rng.sample(s, len(s)) for s in sentences[:50]]
+    for words in sentences[:50] + held_out + shuffled + [["zebra", "unknown", "words"]]:
+        assert loaded.score(" ".join(words), bos=True, eos=True) == pytest.approx(model.sentence_log10(words), abs=2e-5)
+
+
+def _logits(text: str, alphabet: Alphabet, confusions: dict | None = None, sharp: float = 10.0) -> np.ndarray:
+    """Frame logits spelling ``text`` with blanks between characters; ``confusions`` {position: (other char, margin)}
+    makes another character win at that position by ``margin``."""
+    frames = []
+    for position, ch in enumerate(text):
+        row = np.zeros(alphabet.n_classes, np.float32)
+        row[alphabet.labels.index(ch)] = sharp
+        if confusions and position in confusions:
+            other, margin = confusions[position]
+            row[alphabet.labels.index(other)] = sharp + margin
+        blank = np.zeros(alphabet.n_classes, np.float32)
+        blank[alphabet.blank_index] = sharp
+        frames += [row, row, blank]
+    return np.stack(frames)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lm")
+    sentences = [s.split() for s in ["the cat sat on the mat", "the cat ate", "a cat sat", "the dog sat"] * 5]
+    word = estimate(sentences, 3)
+    write_arpa(word, tmp / "words.arpa")
+    chars = estimate([char_tokens(" ".join(s)) for s in sentences], 6)
+    write_arpa(chars, tmp / "chars.arpa")
+    vocabulary = sorted({w for s in sentences for w in s})
+    return tmp / "words.arpa", tmp / "chars.arpa", vocabulary
+
+
+@pytest.mark.parametrize("lexicon", [True, False])
+def test_strong_lm_fixes_an_ambiguous_greedy_output(models, lexicon):
+    words, chars, vocabulary = models
+    alphabet = load_alphabet(ALPHABET)
+    logits = _logits("the cat sat", alphabet, confusions={4: ("k", 0.5)}, sharp=4.0)
+    assert best_path(logits, alphabet) == "the kat sat"
+    decoder = BeamDecoder(alphabet, words if lexicon else chars,
+                          BeamSettings(beam_width=64, lm_alpha=2.0, lm_beta=0.0, lexicon=lexicon), vocabulary)
+    assert decoder.decode(logits) == "the cat sat"
+
+
+@pytest.mark.parametrize("lexicon", [True, False])
+def test_no_lm_weight_equals_greedy_on_clear_logits(models, lexicon):
+    words, chars, vocabulary = models
+    alphabet = load_alphabet(ALPHABET)
+    decoder = BeamDecoder(alphabet, words if lexicon else chars,
+                          BeamSettings(beam_width=16, lm_alpha=0.0, lm_beta=0.0, lexicon=lexicon), vocabulary)
+    for text in ["the dog ate the cat", "a mat", "cat on the mat sat"]:
+        logits = _logits(text, alphabet)
+        assert decoder.decode(logits) == best_path(logits, alphabet) == text
