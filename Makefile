@@ -9,7 +9,7 @@ STAGE ?= Train
 SCHEDULER_FLAG := $(if $(filter local,$(SCHEDULER)),--local-scheduler,)
 PYTEST_ARGS ?=
 
-.PHONY: setup train test test-fast scheduler bench lint clean
+.PHONY: setup train rerun test test-fast scheduler bench lint clean
 
 setup: $(VENV)/.installed
 
@@ -24,6 +24,10 @@ $(VENV)/.installed: pyproject.toml
 train: setup
 	$(BIN)/luigi --module tasks Evaluate --config $(CONFIG) $(SCHEDULER_FLAG)
 	$(BIN)/luigi --module tasks Transcribe --config $(CONFIG) --audio $(CLIP) $(SCHEDULER_FLAG)
+
+## Force STAGE (a task name) to run again with its dependents, e.g. make rerun STAGE=Train; earlier stages are kept.
+rerun: setup
+	$(BIN)/python -m tasks.rerun $(STAGE) --config $(CONFIG) --audio $(CLIP) $(SCHEDULER_FLAG) $(RERUN_ARGS)
 
 ## The test suite (what CI runs).
 test: setup
@@ -43,11 +47,14 @@ scheduler: setup
 bench: setup
 	$(BIN)/python bench/features.py
 	$(BIN)/python bench/train.py
+	$(BIN)/python bench/infer.py
+	$(BIN)/python bench/decoder.py
 
 lint: setup
 	$(BIN)/python -m compileall -q pipeline tasks native_client bench tests data
 	@! grep -rn "import luigi\|from luigi" pipeline || { echo "pipeline/ must not import luigi"; exit 1; }
+	@! grep -rn "import luigi\|from luigi\|import pipeline\|from pipeline\|import tasks\|from tasks" native_client || { echo "native_client/ must not import luigi or the training code"; exit 1; }
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-pyctcdecode build *.egg-info .pytest_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -29,7 +29,8 @@ class BeamSettings:
     """Beam search settings (``decoder`` in the config and the export metadata)."""
 
     beam_width: int = 256
-    beam_threshold: float = 25.0
+    beam_threshold: float = 15.0
+    beam_size_token: int = 8
     lm_alpha: float = 1.5
     lm_beta: float = 2.25
     lexicon: bool = True
@@ -54,8 +55,9 @@ class BeamDecoder:
 
     def __init__(self, alphabet: Alphabet, lm_path: str | Path, settings: BeamSettings,
                  vocabulary: Optional[Sequence[str]] = None):
-        from flashlight.lib.text.decoder import (CriterionType, KenLM, LexiconDecoder, LexiconDecoderOptions,
+        from flashlight.lib.text.decoder import (CriterionType, LexiconDecoder, LexiconDecoderOptions,
                                                  LexiconFreeDecoder, LexiconFreeDecoderOptions, SmearingMode, Trie)
+        from flashlight.lib.text.decoder.kenlm import KenLM
         from flashlight.lib.text.dictionary import Dictionary, create_word_dict
 
         if " " not in alphabet.labels:
@@ -67,6 +69,7 @@ class BeamDecoder:
         self.space = alphabet.labels.index(" ")
         self.blank = alphabet.blank_index
         token_dict = Dictionary(self.tokens)
+        tokens_per_frame = min(settings.beam_size_token or len(self.tokens), len(self.tokens))
         if settings.lexicon:
             if vocabulary is None:
                 raise ValueError("lexicon decoding needs a vocabulary")
@@ -87,7 +90,7 @@ class BeamDecoder:
             trie.smear(SmearingMode.MAX)
             self.trie = trie  # the decoder only borrows it
             options = LexiconDecoderOptions(
-                beam_size=settings.beam_width, beam_size_token=len(self.tokens), beam_threshold=settings.beam_threshold,
+                beam_size=settings.beam_width, beam_size_token=tokens_per_frame, beam_threshold=settings.beam_threshold,
                 lm_weight=settings.lm_alpha, word_score=settings.lm_beta, unk_score=-math.inf, sil_score=0.0,
                 log_add=False, criterion_type=CriterionType.CTC)
             self.decoder = LexiconDecoder(options, trie, self.lm, self.space, self.blank,
@@ -97,7 +100,7 @@ class BeamDecoder:
             self.word_dict = None
             self.lm = KenLM(self.lm_path, token_dict)
             options = LexiconFreeDecoderOptions(
-                beam_size=settings.beam_width, beam_size_token=len(self.tokens), beam_threshold=settings.beam_threshold,
+                beam_size=settings.beam_width, beam_size_token=tokens_per_frame, beam_threshold=settings.beam_threshold,
                 lm_weight=settings.lm_alpha, sil_score=settings.lm_beta, log_add=False, criterion_type=CriterionType.CTC)
             self.decoder = LexiconFreeDecoder(options, self.lm, self.space, self.blank, [])
             self.vocabulary_size = None

@@ -6,6 +6,8 @@ a stable, readable key that mismatch messages and warm starts can use.
 """
 from __future__ import annotations
 
+import hashlib
+
 from pathlib import Path
 
 import tensorflow as tf
@@ -25,6 +27,15 @@ def weight_name(variable) -> str:
 def named_weights(model) -> dict:
     """{name: variable} for every model weight (what checkpoints store under ``weights/``)."""
     return {weight_name(v): v for v in model.weights}
+
+
+def weights_digest(model) -> str:
+    """SHA-256 over every weight's name and bytes, in name order (equal digests: identical models)."""
+    digest = hashlib.sha256()
+    for name, variable in sorted(named_weights(model).items()):
+        digest.update(name.encode())
+        digest.update(variable.numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _checkpoint_key(name: str) -> str:

@@ -135,6 +135,8 @@ class DistributionConfig:
 
     strategy: Literal["auto", "one_device", "mirrored", "multi_worker"] = _opt("auto", "auto: all local GPUs as towers, else the CPU.")
     cpu_devices: int = _opt(0, "Split the CPU into this many logical devices (towers without GPUs; 0 = no split).", minimum=0)
+    local_workers: int = _opt(0, "With strategy multi_worker: the Train task starts this many worker processes on this machine (0: this process is one worker, TF_CONFIG says which).", minimum=0)
+    collective_timeout_s: float = _opt(120.0, "multi_worker: seconds a collective operation may wait for the other workers before failing.", minimum=1.0, fingerprint=False)
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,6 @@ class ExportConfig:
     n_steps: int = _opt(16, "Time steps per streaming call.", minimum=1)
     quantize: bool = _opt(False, "Dynamic-range int8 quantisation of the TFLite model.")
     versioned: bool = _opt(False, "Keep numbered versions under export_dir.")
-    every_epochs: int = _opt(0, "Also export during training every this many epochs (0 = off).", minimum=0)
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,8 @@ class DecoderConfig:
     char_lm_order: int = _opt(6, "n-gram order of the character LM used when lexicon is false (at most 6).", minimum=1, maximum=6)
     lm_path: Optional[str] = _opt(None, "An existing ARPA or KenLM binary to use instead of building one.", path=True)
     beam_width: int = _opt(256, "CTC beam width.", minimum=1)
-    beam_threshold: float = _opt(25.0, "Prune hypotheses this far below the best.", minimum=0.0)
+    beam_threshold: float = _opt(15.0, "Prune hypotheses whose score is this far below the best.", minimum=0.0)
+    beam_size_token: int = _opt(8, "Tokens (most likely first) tried per frame for each hypothesis; 0 = all.", minimum=0)
     lm_alpha: float = _opt(1.5, "LM weight.")
     lm_beta: float = _opt(2.25, "Word insertion weight.")
     lexicon: bool = _opt(True, "Lexicon decoding: words from the LM vocabulary, scored by the word LM. false: lexicon-free, any spelling, scored by a character LM.")

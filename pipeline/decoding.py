@@ -36,7 +36,7 @@ def configured_settings(config: Config) -> BeamSettings:
     """Beam settings exactly as the config writes them (no tuning)."""
     decoder = config.decoder
     return BeamSettings(beam_width=decoder.beam_width, beam_threshold=decoder.beam_threshold,
-                        lm_alpha=decoder.lm_alpha, lm_beta=decoder.lm_beta, lexicon=decoder.lexicon)
+                        beam_size_token=decoder.beam_size_token, lm_alpha=decoder.lm_alpha, lm_beta=decoder.lm_beta, lexicon=decoder.lexicon)
 
 
 def beam_settings(config: Config) -> BeamSettings:

@@ -65,17 +65,21 @@ def cluster_role() -> ClusterRole:
     return ClusterRole(int(task.get("index", 0)), len(workers))
 
 
-def make_strategy(config: DistributionConfig, collective_timeout_s: float = 120.0) -> tf.distribute.Strategy:
-    """Build the strategy named by ``distribution.strategy``."""
-    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
-    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+def make_strategy(config: DistributionConfig) -> tf.distribute.Strategy:
+    """Build the strategy named by ``distribution.strategy``.
+
+    ``multi_worker`` must be built before anything else starts TensorFlow's
+    runtime (listing devices does): collective ops are configured at startup.
+    """
     kind = config.strategy
     if kind == "multi_worker":
         if "TF_CONFIG" not in os.environ:
             raise DistributionError("distribution.strategy multi_worker needs the TF_CONFIG environment variable (see README)")
         cluster_role()  # validates TF_CONFIG
-        options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout_s)
+        options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=config.collective_timeout_s)
         return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
     if kind == "auto":
         kind = "mirrored" if len(gpus) > 1 or (not gpus and config.cpu_devices > 1) else "one_device"
     if kind == "one_device":

@@ -8,6 +8,7 @@ reused. The parts are merged into the cache at the end and then removed.
 """
 from __future__ import annotations
 
+import csv
 import multiprocessing
 import os
 import shutil
@@ -24,10 +25,11 @@ from threadpoolctl import threadpool_limits
 from pipeline import layout
 from pipeline.alphabet import load_alphabet
 from pipeline.audio import AudioError, load_checked
-from pipeline.cache import write_cache
+from pipeline.cache import cache_summary, write_cache
 from pipeline.config import Config, FeaturesConfig
 from pipeline.corpus import Reject, check_reject_fraction, read_manifests, write_rejects
 from pipeline.features import compute_mfcc, ctc_min_frames
+from pipeline.locks import stage_lock
 
 SHARD_SIZE = 32
 
@@ -111,8 +113,26 @@ def build_split_cache(config: Config, split: str, progress: Optional[ProgressFn]
     """Check the corpus of ``split``, compute its features and write its cache and rejects report.
 
     Raises CorpusError when more than ``data.max_reject_fraction`` of the rows
-    are rejected (the rejects report is written first).
+    are rejected (the rejects report is written first). Two pipelines that
+    share this cache (same features fingerprint) take turns: the second finds
+    the cache written and returns its summary.
     """
+    cache = layout.features_path(config, split)
+    with stage_lock(cache):
+        if cache.is_file():
+            return _existing_summary(split, cache)
+        return _build_split_cache(config, split, progress)
+
+
+def _existing_summary(split: str, cache: Path) -> FeaturesSummary:
+    summary = cache_summary(cache)
+    report = rejects_path(cache)
+    reasons = Counter(row["reason"] for row in csv.DictReader(open(report, newline="", encoding="utf-8"))) if report.is_file() else {}
+    return FeaturesSummary(split=split, cache=str(cache), rejects_report=str(report), kept=summary["samples"],
+                           rejected=sum(reasons.values()), audio_seconds=summary["audio_seconds"], reasons=dict(reasons))
+
+
+def _build_split_cache(config: Config, split: str, progress: Optional[ProgressFn]) -> FeaturesSummary:
     alphabet = load_alphabet(layout.alphabet_path(config))
     samples, rejects = read_manifests(config.split_files(split), config.split_limit(split), alphabet)
     cache = layout.features_path(config, split)

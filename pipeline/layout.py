@@ -111,7 +111,7 @@ def tune_fingerprint(config: Config) -> str:
         "epochs": config.training.epochs,
         "lm": lm_fingerprint(config),
         "dev": features_fingerprint(config, "dev"),
-        "search": [decoder.tune_trials, decoder.beam_width, decoder.beam_threshold, decoder.lexicon],
+        "search": [decoder.tune_trials, decoder.beam_width, decoder.beam_threshold, decoder.beam_size_token, decoder.lexicon],
     })
 
 

@@ -7,6 +7,7 @@ is used as it is; the stage then only writes the vocabulary.
 """
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -22,6 +23,7 @@ from pipeline.alphabet import load_alphabet
 from pipeline.config import Config
 from pipeline.corpus import read_manifests
 from pipeline.files import write_json_atomic, write_text_atomic
+from pipeline.locks import stage_lock
 from pipeline.kneser_ney import LanguageModelError, estimate, write_arpa
 
 log = logging.getLogger(__name__)
@@ -83,9 +85,30 @@ def build_language_model(config: Config, out_dir: Path,
     """Write ``lm.arpa`` (or use ``decoder.lm_path``), ``chars.arpa`` when ``decoder.lexicon`` is off,
     ``vocab.txt`` and ``lm_report.json`` into ``out_dir``; returns the report."""
     out_dir = Path(out_dir)
-    staging = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    with stage_lock(out_dir):
+        if (out_dir / REPORT).is_file():  # another pipeline sharing this LM built it meanwhile
+            return json.loads((out_dir / REPORT).read_text())
+        staging = out_dir.with_name(out_dir.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        try:
+            report = _build(config, staging, on_status)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        shutil.rmtree(out_dir, ignore_errors=True)
+        staging.rename(out_dir)
+    log.info("Language model: %s", {k: v for k, v in report.items() if k != "discounts"})
+    return report
+
+
+def lm_file(out_dir: Path, report: dict, key: str = "lm") -> Path:
+    """Absolute path of the word (``lm``) or character (``char_lm``) model named in a report."""
+    value = Path(report[key])
+    return value if value.is_absolute() else Path(out_dir) / value
+
+
+def _build(config: Config, staging: Path, on_status: Callable[[str, float], None]) -> dict:
     alphabet = load_alphabet(layout.alphabet_path(config))
     decoder = config.decoder
     started = time.time()
@@ -125,13 +148,4 @@ def build_language_model(config: Config, out_dir: Path,
     report["vocabulary"] = len(vocabulary)
     report["wall_time_s"] = round(time.time() - started, 1)
     write_json_atomic(staging / REPORT, report)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    staging.rename(out_dir)
-    log.info("Language model: %s", {k: v for k, v in report.items() if k != "discounts"})
     return report
-
-
-def lm_file(out_dir: Path, report: dict, key: str = "lm") -> Path:
-    """Absolute path of the word (``lm``) or character (``char_lm``) model named in a report."""
-    value = Path(report[key])
-    return value if value.is_absolute() else Path(out_dir) / value

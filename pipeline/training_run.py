@@ -1,6 +1,7 @@
 """Train and Evaluate as whole stages: wire config, devices, caches and the trainer; write the reports."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -14,12 +15,13 @@ import yaml
 from pipeline import layout
 from pipeline.alphabet import load_alphabet
 from pipeline.cache import read_cache
-from pipeline.checkpoints import check_geometry, named_weights, resolve_checkpoint
+from pipeline.checkpoints import check_geometry, named_weights, resolve_checkpoint, weights_digest
 from pipeline.config import Config, config_to_dict
 from pipeline.decoding import beam_settings, decode_results, make_beam_decoder, read_lm_report
-from pipeline.distribute import cluster_role, configure_devices, make_strategy
+from pipeline.distribute import DistributionError, cluster_role, configure_devices, make_strategy
 from pipeline.evaluation import run_split
 from pipeline.files import write_json_atomic, write_text_atomic
+from pipeline.locks import stage_lock
 from pipeline.metrics import best_and_worst, corpus_rates, format_report
 from pipeline.model import build_model
 from pipeline.trainer import TrainHooks, Trainer
@@ -27,6 +29,9 @@ from pipeline.trainer import TrainHooks, Trainer
 log = logging.getLogger(__name__)
 
 REPORT_NAME = "train_report.json"
+# What a collective operation raises when a peer worker died or stopped answering.
+LOST_WORKER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError,
+                      tf.errors.CancelledError, tf.errors.InternalError)
 
 
 def train_stage(config: Config, run_dir: Optional[Path] = None, hooks: Optional[TrainHooks] = None) -> dict:
@@ -45,8 +50,20 @@ def train_stage(config: Config, run_dir: Optional[Path] = None, hooks: Optional[
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(config_to_dict(config), sort_keys=False))
     started = time.time()
-    trainer = Trainer(config, run_dir, train_data, dev_data, alphabet, strategy, role, hooks)
-    report = trainer.fit()
+    # Two pipelines whose configs share this Train fingerprint take turns on its directory;
+    # the second resumes from the first one's checkpoints (and finds the run finished).
+    with stage_lock(run_dir) if role.is_chief else contextlib.nullcontext():
+        trainer = Trainer(config, run_dir, train_data, dev_data, alphabet, strategy, role, hooks)
+        try:
+            report = trainer.fit()
+        except LOST_WORKER_ERRORS as error:
+            if role.count == 1:
+                raise
+            raise DistributionError(
+                f"worker {role.index} of {role.count}: lost contact with another worker "
+                f"({type(error).__name__}: {str(error).splitlines()[0][:300]}). Every worker stops; restart all "
+                f"of them to resume from the chief's last checkpoint in {run_dir / 'checkpoints'}") from error
+    report["weights_sha256"] = weights_digest(trainer.model)
     report.update({"fingerprint": layout.train_fingerprint(config), "config": config.source,
                    "train_samples": len(train_data), "train_audio_hours": float(train_data.durations.sum()) / 3600,
                    "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_time_s": time.time() - started})

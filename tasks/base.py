@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import time
+from pathlib import Path
 
 import luigi
 from tqdm import tqdm
@@ -19,6 +20,10 @@ class ConfigTask(luigi.Task):
     def cfg(self) -> Config:
         """The loaded, validated config."""
         return load_config(self.config)
+
+    def stage_paths(self) -> list[Path]:
+        """Everything this stage wrote (what a forced re-run removes); by default its output."""
+        return [Path(self.output().path)]
 
 
 class Progress:

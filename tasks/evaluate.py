@@ -21,6 +21,9 @@ class Evaluate(ConfigTask):
     def output(self):
         return luigi.LocalTarget(str(layout.evaluate_dir(self.cfg) / "evaluation.json"))
 
+    def stage_paths(self):
+        return [layout.evaluate_dir(self.cfg)]
+
     def run(self):
         from pipeline.training_run import evaluate_stage
 

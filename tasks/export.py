@@ -36,6 +36,10 @@ class Export(ConfigTask):
     def complete(self):
         return self._export() is not None
 
+    def stage_paths(self):
+        found = self._export()
+        return [found] if found else []
+
     def run(self):
         from pipeline.export import export_stage
 

@@ -6,7 +6,7 @@ import logging
 import luigi
 
 from pipeline import layout
-from pipeline.featurize import build_split_cache
+from pipeline.featurize import build_split_cache, rejects_path
 from tasks.base import ConfigTask, Progress
 
 log = logging.getLogger("luigi-interface")
@@ -19,6 +19,10 @@ class FeaturesSplit(ConfigTask):
 
     def output(self):
         return luigi.LocalTarget(str(layout.features_path(self.cfg, self.split)), format=luigi.format.Nop)
+
+    def stage_paths(self):
+        cache = layout.features_path(self.cfg, self.split)
+        return [cache, rejects_path(cache), cache.with_name(cache.stem + ".parts")]
 
     def run(self):
         progress = Progress(self, total=1, unit="file", description=f"features {self.split}")

@@ -15,6 +15,9 @@ class LanguageModel(ConfigTask):
     def output(self):
         return luigi.LocalTarget(str(layout.lm_dir(self.cfg) / "lm_report.json"))
 
+    def stage_paths(self):
+        return [layout.lm_dir(self.cfg)]
+
     def run(self):
         from pipeline.lm import build_language_model
 
@@ -37,6 +40,9 @@ class TuneDecoder(ConfigTask):
 
     def output(self):
         return luigi.LocalTarget(str(layout.tune_dir(self.cfg) / "tune.json"))
+
+    def stage_paths(self):
+        return [layout.tune_dir(self.cfg)]
 
     def run(self):
         from pipeline.tuning import tune_decoder

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 
 import luigi
@@ -29,6 +30,9 @@ class Train(ConfigTask):
     def output(self):
         return luigi.LocalTarget(str(layout.train_dir(self.cfg) / "train_report.json"))
 
+    def stage_paths(self):
+        return [layout.train_dir(self.cfg)]
+
     def complete(self):
         if not self.output().exists():
             return False
@@ -38,6 +42,10 @@ class Train(ConfigTask):
         return epochs < 0 or stopped_early or report.get("epochs_completed", 0) >= epochs
 
     def run(self):
+        distribution = self.cfg.distribution
+        if distribution.local_workers and "TF_CONFIG" not in os.environ:
+            self._run_local_workers()
+            return
         from pipeline.trainer import TrainHooks
         from pipeline.training_run import train_stage
 
@@ -50,6 +58,27 @@ class Train(ConfigTask):
         self.set_progress_percentage(100)
         self.set_status_message(f"done: {report['epochs_completed']} epochs, {report['global_step']} steps; "
                                 f"stop: {report['stop']['reason']}")
+
+
+    def _run_local_workers(self):
+        """``distribution.local_workers`` worker processes on this machine (multi-worker all-reduce)."""
+        from pipeline.distribute import DistributionError
+        from pipeline.multiworker import launch_local_workers
+
+        distribution = self.cfg.distribution
+        if distribution.strategy != "multi_worker":
+            raise DistributionError(f"{self.config}: distribution.local_workers needs distribution.strategy: multi_worker")
+        log_dir = layout.train_dir(self.cfg) / "logs"
+
+        def poll(last_line: str) -> None:
+            self.set_status_message(f"{distribution.local_workers} workers; worker 0: {last_line[-200:]}")
+
+        launch_local_workers(self.config, distribution.local_workers, log_dir,
+                             grace_s=distribution.collective_timeout_s + 30, on_poll=poll)
+        report = json.loads(open(self.output().path).read())
+        self.set_progress_percentage(100)
+        self.set_status_message(f"done on {distribution.local_workers} workers: {report['epochs_completed']} epochs, "
+                                f"{report['global_step']} steps")
 
 
 class _TrainProgress(Progress):

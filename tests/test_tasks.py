@@ -2,9 +2,11 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import luigi
 import pytest
+import yaml
 
 from pipeline import layout
 from pipeline.config import load_config
@@ -61,3 +63,22 @@ def test_luigi_command_line_exits_non_zero_on_a_failed_task(write_config, tmp_pa
                              "--local-scheduler"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 30, result.stdout[-2000:] + result.stderr[-2000:]
     assert "header lacks column(s) wav_filesize" in result.stderr
+
+
+@pytest.mark.slow
+def test_two_pipelines_at_once_share_features_and_keep_their_own_training(small_config):
+    first = small_config("a.yaml", limit_train=8, limit_dev=4, limit_test=4, extra="training:\n  epochs: 1\n")
+    second = small_config("b.yaml", limit_train=8, limit_dev=4, limit_test=4, extra="training:\n  epochs: 1\nmodel:\n  n_hidden: 24\n")
+    runs = [subprocess.Popen([str(Path(sys.executable).parent / "luigi"), "--module", "tasks", "Train", "--config", str(p),
+                              "--local-scheduler"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for p in (first, second)]
+    outputs = [run.communicate(timeout=600)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    a, b = load_config(first), load_config(second)
+    assert layout.features_path(a, "train") == layout.features_path(b, "train")
+    assert sorted(p.name.split("-")[0] for p in layout.features_path(a, "train").parent.glob("*.h5")) == ["dev", "train"]
+    assert layout.train_dir(a) != layout.train_dir(b)
+    for config, hidden in ((a, 32), (b, 24)):
+        report = json.loads((layout.train_dir(config) / "train_report.json").read_text())
+        assert report["epochs_completed"] == 1
+        assert yaml.safe_load((layout.train_dir(config) / "config.yaml").read_text())["model"]["n_hidden"] == hidden

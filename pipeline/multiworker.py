@@ -1,0 +1,95 @@
+"""Multi-worker training on one machine: start N worker processes on 127.0.0.1, each with its own TF_CONFIG.
+
+This is what the Train task does with ``distribution.local_workers: N``. On a
+real cluster, start ``python -m pipeline.train_worker --config X`` (or the Train
+task) on each machine with that machine's ``TF_CONFIG`` instead.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from pipeline.distribute import DistributionError
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` TCP ports free on 127.0.0.1 right now."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def tf_config(addresses: list[str], index: int) -> str:
+    """The ``TF_CONFIG`` of worker ``index`` in a cluster of ``addresses``."""
+    return json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}})
+
+
+def start_workers(config_path: str | Path, count: int, log_dir: Path, env: Optional[dict] = None) -> list[subprocess.Popen]:
+    """Start ``count`` workers of ``python -m pipeline.train_worker``; their output goes to ``log_dir/worker-<i>.log``."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
+    processes = []
+    for index in range(count):
+        worker_env = {**os.environ, **(env or {}), "TF_CONFIG": tf_config(addresses, index)}
+        log = open(log_dir / f"worker-{index}.log", "w")
+        processes.append(subprocess.Popen([sys.executable, "-m", "pipeline.train_worker", "--config", str(config_path)],
+                                          env=worker_env, stdout=log, stderr=subprocess.STDOUT))
+    return processes
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def wait_for_workers(processes: list[subprocess.Popen], log_dir: Path, grace_s: float,
+                     on_poll: Callable[[str], None] = lambda last_line: None) -> None:
+    """Wait for every worker; when one fails, give the others ``grace_s`` seconds to fail too
+    (their collective timeout), then kill them. Raises DistributionError naming the failed workers."""
+    failed_at = None
+    while True:
+        codes = [p.poll() for p in processes]
+        if all(code is not None for code in codes):
+            break
+        if any(code not in (None, 0) for code in codes):
+            failed_at = failed_at or time.monotonic()
+            if time.monotonic() - failed_at > grace_s:
+                for process, code in zip(processes, codes):
+                    if code is None:
+                        process.kill()
+                        process.wait()
+                break
+        on_poll(_tail(log_dir / "worker-0.log", 1))
+        time.sleep(1.0)
+    codes = [p.wait() for p in processes]
+    failures = [(i, c) for i, c in enumerate(codes) if c != 0]
+    if failures:
+        details = "; ".join(f"worker {i} exit {c}: {_tail(log_dir / f'worker-{i}.log')}" for i, c in failures)
+        raise DistributionError(f"multi-worker training failed ({details}); logs in {log_dir}")
+
+
+def launch_local_workers(config_path: str | Path, count: int, log_dir: Path, grace_s: float,
+                         on_poll: Callable[[str], None] = lambda last_line: None) -> None:
+    """Run ``count`` local workers to the end (see ``start_workers`` and ``wait_for_workers``)."""
+    processes = start_workers(config_path, count, log_dir)
+    try:
+        wait_for_workers(processes, log_dir, grace_s, on_poll)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()

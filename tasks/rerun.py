@@ -1,0 +1,113 @@
+"""Force one stage to run again: remove its outputs and those of every stage that depends on it, then run the DAG.
+
+    python -m tasks.rerun Train --config configs/sample.yaml [--local-scheduler] [--audio clip.flac]
+    python -m tasks.rerun FeaturesSplit --split dev --config ...
+
+(``make rerun STAGE=Train CONFIG=...`` calls this.) Stages before the named one
+are left untouched; the DAG's roots (Evaluate and Export, plus TuneDecoder when
+tuning and Transcribe when ``--audio`` is given) are then run as usual, so the
+removed stages are rebuilt.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import luigi
+
+from tasks import Evaluate, Export, Features, FeaturesSplit, LanguageModel, Train, Transcribe, TuneDecoder
+
+log = logging.getLogger("luigi-interface")
+STAGES = {"Features": Features, "FeaturesSplit": FeaturesSplit, "Train": Train, "LanguageModel": LanguageModel,
+          "TuneDecoder": TuneDecoder, "Evaluate": Evaluate, "Export": Export, "Transcribe": Transcribe}
+
+
+def dag(roots) -> dict:
+    """Every task reachable from ``roots``: {task_id: task}."""
+    seen, todo = {}, list(roots)
+    while todo:
+        task = todo.pop()
+        if task.task_id in seen:
+            continue
+        seen[task.task_id] = task
+        todo.extend(luigi.task.flatten(task.requires()))
+    return seen
+
+
+def dependents(targets: set[str], tasks: dict) -> set[str]:
+    """Ids of ``targets`` and of every task that (transitively) requires one of them."""
+    result = set(targets)
+    changed = True
+    while changed:
+        changed = False
+        for task_id, task in tasks.items():
+            if task_id not in result and any(dep.task_id in result for dep in luigi.task.flatten(task.requires())):
+                result.add(task_id)
+                changed = True
+    return result
+
+
+def remove(path: Path) -> None:
+    """Remove a file or directory; renamed first so that no reader sees it half deleted."""
+    if not path.exists():
+        return
+    doomed = path.with_name(f".{path.name}.removed-{os.getpid()}")
+    os.replace(path, doomed)
+    if doomed.is_dir():
+        shutil.rmtree(doomed)
+    else:
+        doomed.unlink()
+
+
+def main(argv=None) -> int:
+    """Remove the stage's outputs and its dependents', then run the roots; exit 0 on success, 30 on failure."""
+    parser = argparse.ArgumentParser(prog="python -m tasks.rerun", description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=sorted(STAGES))
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--split", choices=("train", "dev", "test"), help="for FeaturesSplit")
+    parser.add_argument("--audio", help="also run Transcribe on this file (and rerun it)")
+    parser.add_argument("--local-scheduler", action="store_true", help="do not use the central scheduler")
+    parser.add_argument("--scheduler-host", help="central scheduler host (default: luigi.cfg)")
+    parser.add_argument("--scheduler-port", type=int, help="central scheduler port (default: luigi.cfg)")
+    parser.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    args = parser.parse_args(argv)
+    if args.stage == "FeaturesSplit" and not args.split:
+        parser.error("FeaturesSplit needs --split")
+    if args.stage == "Transcribe" and not args.audio:
+        parser.error("Transcribe needs --audio")
+
+    roots = [Evaluate(config=args.config), Export(config=args.config)]
+    if roots[0].cfg.decoder.tune:
+        roots.append(TuneDecoder(config=args.config))
+    if args.audio:
+        roots.append(Transcribe(config=args.config, audio=args.audio))
+    tasks = dag(roots)
+    if args.stage == "Features":
+        targets = [FeaturesSplit(config=args.config, split=s) for s in ("train", "dev", "test")]
+    elif args.stage == "FeaturesSplit":
+        targets = [FeaturesSplit(config=args.config, split=args.split)]
+    elif args.stage == "Transcribe":
+        targets = [Transcribe(config=args.config, audio=args.audio)]
+    else:
+        targets = [STAGES[args.stage](config=args.config)]
+    doomed = dependents({t.task_id for t in targets}, tasks)
+    # Stage outputs are computed before anything is removed: Export and Transcribe find theirs by content.
+    paths = [(task_id, path) for task_id in sorted(doomed) for path in tasks[task_id].stage_paths()]
+    for task_id, path in paths:
+        print(f"{'would remove' if args.dry_run else 'removing'} {path}  ({task_id})", flush=True)
+        if not args.dry_run:
+            remove(Path(path))
+    if args.dry_run:
+        return 0
+    scheduler = {key: value for key, value in (("scheduler_host", args.scheduler_host),
+                                                ("scheduler_port", args.scheduler_port)) if value is not None}
+    ok = luigi.build(roots, local_scheduler=args.local_scheduler, **scheduler)
+    return 0 if ok else 30
+
+
+if __name__ == "__main__":
+    sys.exit(main())

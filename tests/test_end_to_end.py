@@ -1,0 +1,96 @@
+"""The whole DAG on a real central scheduler (luigid on a free loopback port), checked through its HTTP API.
+
+Run alone with ``pytest -m end_to_end``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from pipeline import layout
+from pipeline.config import load_config
+from pipeline.multiworker import free_ports
+from tests.conftest import ROOT, SAMPLE
+
+pytestmark = [pytest.mark.end_to_end, pytest.mark.slow]
+BIN = Path(sys.executable).parent
+CLIP = SAMPLE / "test" / "00004.flac"
+
+
+def _api(port: int, method: str, **data) -> dict:
+    query = urllib.parse.urlencode({"data": json.dumps(data)})
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/{method}?{query}", timeout=10) as response:
+        return json.loads(response.read())["response"]
+
+
+@pytest.fixture
+def luigid(tmp_path):
+    """A luigid on a free port; yields the port."""
+    port = free_ports(1)[0]
+    (tmp_path / "luigid").mkdir()
+    process = subprocess.Popen([str(BIN / "luigid"), "--address", "127.0.0.1", "--port", str(port),
+                                "--state-path", str(tmp_path / "luigid" / "state.pickle"), "--logdir", str(tmp_path / "luigid")],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            _api(port, "task_list", status="DONE", upstream_status="", search="")
+            break
+        except OSError:
+            assert time.monotonic() < deadline and process.poll() is None, "luigid did not start"
+            time.sleep(0.3)
+    yield port
+    process.terminate()
+    process.wait(10)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_dag_to_transcribe_on_luigid_then_rerun_train_keeps_features(small_config, tmp_path, luigid):
+    path = small_config(limit_train=16, limit_dev=4, limit_test=4, extra=f"""
+paths:
+  export_dir: {tmp_path / 'export'}
+training:
+  epochs: 2
+decoder:
+  beam_width: 16
+""")
+    scheduler = ["--scheduler-host", "127.0.0.1", "--scheduler-port", str(luigid)]
+    run = subprocess.run([str(BIN / "luigi"), "--module", "tasks", "Transcribe", "--config", str(path),
+                          "--audio", str(CLIP), *scheduler], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "hypothesis: " in run.stdout
+
+    done = _api(luigid, "task_list", status="DONE", upstream_status="", search="")
+    families = sorted(task["name"] for task in done.values())
+    assert families == ["Export", "FeaturesSplit", "FeaturesSplit", "LanguageModel", "Train", "Transcribe"]
+    for status in ("FAILED", "PENDING", "RUNNING"):
+        assert _api(luigid, "task_list", status=status, upstream_status="", search="") == {}
+    by_name = {task["name"]: task for task in done.values()}
+    for name in ("Train", "Export", "LanguageModel", "Transcribe"):
+        assert by_name[name]["progress_percentage"] == 100 and by_name[name]["status_message"], name
+    assert "epochs" in by_name["Train"]["status_message"] and "exported to" in by_name["Export"]["status_message"]
+    assert all("kept" in t["status_message"] for t in done.values() if t["name"] == "FeaturesSplit")
+
+    config = load_config(path)
+    features = layout.features_path(config, "train")
+    before = (features.stat().st_mtime_ns, _digest(features))
+    report = layout.train_dir(config) / "train_report.json"
+    report_before = report.stat().st_mtime_ns
+    rerun = subprocess.run([sys.executable, "-m", "tasks.rerun", "Train", "--config", str(path), "--audio", str(CLIP),
+                            *scheduler], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"removing {layout.train_dir(config)}" in rerun.stdout and "removing " + str(features) not in rerun.stdout
+    assert (features.stat().st_mtime_ns, _digest(features)) == before
+    assert report.stat().st_mtime_ns != report_before
+    assert json.loads(report.read_text())["global_step"] == 8

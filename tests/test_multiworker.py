@@ -1,0 +1,77 @@
+"""Multi-worker training: two real worker processes on 127.0.0.1, each with its own TF_CONFIG."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline import layout
+from pipeline.config import load_config
+from pipeline.distribute import DistributionError
+from pipeline.multiworker import start_workers, wait_for_workers
+from tests.conftest import build_features
+
+pytestmark = pytest.mark.slow
+
+
+def _config(small_config, name: str, epochs: int, extra: str = "") -> Path:
+    return small_config(name, limit_train=16, limit_dev=4, limit_test=4, extra=f"""
+distribution:
+  strategy: multi_worker
+  collective_timeout_s: 20
+training:
+  epochs: {epochs}
+  batch_size: 4
+  validation_epochs: 1000
+  checkpoint_secs: 1
+""" + extra)
+
+
+def _result(log: Path) -> dict:
+    return json.loads(log.read_text().strip().splitlines()[-1])
+
+
+def test_two_workers_end_with_identical_weights(small_config, tmp_path):
+    path = _config(small_config, "mw.yaml", epochs=2)
+    config = load_config(path)
+    build_features(config, ("train", "dev"))
+    logs = tmp_path / "logs"
+    wait_for_workers(start_workers(path, 2, logs), logs, grace_s=60)
+    chief, other = _result(logs / "worker-0.log"), _result(logs / "worker-1.log")
+    assert chief["global_step"] == other["global_step"] == 4  # 16 samples / (2 workers x 4) x 2 epochs
+    assert chief["weights_sha256"] == other["weights_sha256"]
+    run_dir = layout.train_dir(config)
+    assert list((run_dir / "checkpoints").glob("ckpt-*.index")) and (run_dir / "train_report.json").is_file()
+    assert not list(run_dir.glob(".worker-*"))  # the other worker's scratch saves are gone
+    assert json.loads((run_dir / "train_report.json").read_text())["weights_sha256"] == chief["weights_sha256"]
+
+
+def test_killed_worker_stops_the_other_and_a_restart_resumes(small_config, tmp_path):
+    path = _config(small_config, "kill.yaml", epochs=40)
+    config = load_config(path)
+    build_features(config, ("train", "dev"))
+    run_dir = layout.train_dir(config)
+    logs = tmp_path / "logs"
+    workers = start_workers(path, 2, logs)
+    deadline = time.monotonic() + 300
+    while not list((run_dir / "checkpoints").glob("ckpt-*.index")):
+        assert time.monotonic() < deadline and all(w.poll() is None for w in workers), (logs / "worker-0.log").read_text()[-2000:]
+        time.sleep(0.5)
+    time.sleep(2)
+    workers[1].kill()
+    started = time.monotonic()
+    with pytest.raises(DistributionError) as failure:
+        wait_for_workers(workers, logs, grace_s=120)
+    assert time.monotonic() - started < 150  # stopped by the collective timeout, not hung
+    assert workers[0].returncode == 3 and "lost contact with another worker" in (logs / "worker-0.log").read_text()
+    assert "worker 0 exit 3" in str(failure.value)
+
+    logs2 = tmp_path / "logs2"
+    wait_for_workers(start_workers(path, 2, logs2), logs2, grace_s=60)
+    chief, other = _result(logs2 / "worker-0.log"), _result(logs2 / "worker-1.log")
+    restored = [line for line in (logs2 / "worker-0.log").read_text().splitlines() if "Restored" in line]
+    assert restored and "Restored" in (logs2 / "worker-1.log").read_text()
+    assert int(restored[0].split("step ")[1].split()[0].rstrip(",")) > 0
+    assert chief["global_step"] == other["global_step"] == 80 and chief["weights_sha256"] == other["weights_sha256"]
