@@ -75,3 +75,19 @@ def test_killed_worker_stops_the_other_and_a_restart_resumes(small_config, tmp_p
     assert restored and "Restored" in (logs2 / "worker-1.log").read_text()
     assert int(restored[0].split("step ")[1].split()[0].rstrip(",")) > 0
     assert chief["global_step"] == other["global_step"] == 80 and chief["weights_sha256"] == other["weights_sha256"]
+
+
+@pytest.mark.usefixtures("tasks_in_process")
+def test_train_task_launches_local_workers(small_config):
+    import luigi
+
+    from tasks import Train
+
+    path = _config(small_config, "local.yaml", epochs=1)
+    path.write_text(path.read_text().replace("  collective_timeout_s: 20\n", "  collective_timeout_s: 20\n  local_workers: 2\n"))
+    assert luigi.build([Train(config=str(path))], local_scheduler=True)
+    config = load_config(path)
+    run_dir = layout.train_dir(config)
+    report = json.loads((run_dir / "train_report.json").read_text())
+    assert report["global_step"] == 2 and sorted(p.name for p in (run_dir / "logs").iterdir()) == ["worker-0.log", "worker-1.log"]
+    assert _result(run_dir / "logs" / "worker-1.log")["weights_sha256"] == report["weights_sha256"]
