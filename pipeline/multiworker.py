@@ -6,8 +6,10 @@ task) on each machine with that machine's ``TF_CONFIG`` instead.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +18,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from pipeline.distribute import DistributionError
+
+PR_SET_PDEATHSIG = 1
 
 
 def free_ports(count: int) -> list[int]:
@@ -37,6 +41,13 @@ def tf_config(addresses: list[str], index: int) -> str:
     return json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}})
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: have the kernel SIGKILL this worker when its parent dies
+    (Linux PR_SET_PDEATHSIG), so that a killed launcher leaves no orphan training on."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def start_workers(config_path: str | Path, count: int, log_dir: Path, env: Optional[dict] = None) -> list[subprocess.Popen]:
     """Start ``count`` workers of ``python -m pipeline.train_worker``; their output goes to ``log_dir/worker-<i>.log``."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -46,7 +57,8 @@ def start_workers(config_path: str | Path, count: int, log_dir: Path, env: Optio
         worker_env = {**os.environ, **(env or {}), "TF_CONFIG": tf_config(addresses, index)}
         log = open(log_dir / f"worker-{index}.log", "w")
         processes.append(subprocess.Popen([sys.executable, "-m", "pipeline.train_worker", "--config", str(config_path)],
-                                          env=worker_env, stdout=log, stderr=subprocess.STDOUT))
+                                          env=worker_env, stdout=log, stderr=subprocess.STDOUT,
+                                          preexec_fn=_die_with_parent if sys.platform == "linux" else None))
     return processes
 
 

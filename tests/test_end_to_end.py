@@ -38,7 +38,7 @@ def luigid(tmp_path):
     (tmp_path / "luigid").mkdir()
     process = subprocess.Popen([str(BIN / "luigid"), "--address", "127.0.0.1", "--port", str(port),
                                 "--state-path", str(tmp_path / "luigid" / "state.pickle"), "--logdir", str(tmp_path / "luigid")],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # reads luigi.cfg
     deadline = time.monotonic() + 30
     while True:
         try:

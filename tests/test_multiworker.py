@@ -10,7 +10,8 @@ import pytest
 from pipeline import layout
 from pipeline.config import load_config
 from pipeline.distribute import DistributionError
-from pipeline.multiworker import start_workers, wait_for_workers
+import pipeline.multiworker as multiworker
+from pipeline.multiworker import wait_for_workers
 from tests.conftest import build_features
 
 pytestmark = pytest.mark.slow
@@ -29,6 +30,27 @@ training:
 """ + extra)
 
 
+@pytest.fixture(autouse=True)
+def no_orphans(monkeypatch):
+    """Kill any worker a test started and left running (a failed assertion must not leave training on)."""
+    import pipeline.multiworker as multiworker
+
+    started = []
+    real = multiworker.start_workers
+
+    def tracking(*args, **kwargs):
+        processes = real(*args, **kwargs)
+        started.extend(processes)
+        return processes
+
+    monkeypatch.setattr(multiworker, "start_workers", tracking)
+    yield
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def _result(log: Path) -> dict:
     return json.loads(log.read_text().strip().splitlines()[-1])
 
@@ -38,7 +60,7 @@ def test_two_workers_end_with_identical_weights(small_config, tmp_path):
     config = load_config(path)
     build_features(config, ("train", "dev"))
     logs = tmp_path / "logs"
-    wait_for_workers(start_workers(path, 2, logs), logs, grace_s=60)
+    wait_for_workers(multiworker.start_workers(path, 2, logs), logs, grace_s=60)
     chief, other = _result(logs / "worker-0.log"), _result(logs / "worker-1.log")
     assert chief["global_step"] == other["global_step"] == 4  # 16 samples / (2 workers x 4) x 2 epochs
     assert chief["weights_sha256"] == other["weights_sha256"]
@@ -54,7 +76,7 @@ def test_killed_worker_stops_the_other_and_a_restart_resumes(small_config, tmp_p
     build_features(config, ("train", "dev"))
     run_dir = layout.train_dir(config)
     logs = tmp_path / "logs"
-    workers = start_workers(path, 2, logs)
+    workers = multiworker.start_workers(path, 2, logs)
     deadline = time.monotonic() + 300
     while not list((run_dir / "checkpoints").glob("ckpt-*.index")):
         assert time.monotonic() < deadline and all(w.poll() is None for w in workers), (logs / "worker-0.log").read_text()[-2000:]
@@ -69,7 +91,7 @@ def test_killed_worker_stops_the_other_and_a_restart_resumes(small_config, tmp_p
     assert "worker 0 exit 3" in str(failure.value)
 
     logs2 = tmp_path / "logs2"
-    wait_for_workers(start_workers(path, 2, logs2), logs2, grace_s=60)
+    wait_for_workers(multiworker.start_workers(path, 2, logs2), logs2, grace_s=60)
     chief, other = _result(logs2 / "worker-0.log"), _result(logs2 / "worker-1.log")
     restored = [line for line in (logs2 / "worker-0.log").read_text().splitlines() if "Restored" in line]
     assert restored and "Restored" in (logs2 / "worker-1.log").read_text()
