@@ -39,7 +39,7 @@ test-fast: setup
 
 ## The central Luigi scheduler on 127.0.0.1:8082 (UI at http://127.0.0.1:8082).
 scheduler: setup
-	@dir=$$($(BIN)/python -c "from pipeline.config import load_config; from pipeline.layout import work_dir; print(work_dir(load_config('$(CONFIG)')))")/luigid; \
+	@dir=$$($(BIN)/python -c "from pipeline.config_loader import load_config; from pipeline.layout import Layout; print(Layout(load_config('$(CONFIG)')).work_dir)")/luigid; \
 	mkdir -p $$dir && echo "luigid state and logs in $$dir; UI at http://127.0.0.1:8082" && \
 	$(BIN)/luigid --address 127.0.0.1 --port 8082 --state-path $$dir/state.pickle --logdir $$dir
 

@@ -60,10 +60,11 @@ def main(argv=None) -> int:
     from native_client import Model
     from native_client.audio import load_for_model
     from native_client.beam import BeamDecoder, BeamSettings, log_softmax
-    from pipeline import layout
-    from pipeline.config import load_config
+    from pipeline.config_loader import load_config
+    from pipeline.layout import Layout
 
-    export = Path(args.export) if args.export else layout.find_export(load_config(ROOT / "configs" / "sample.yaml"))
+    found = Layout(load_config(ROOT / "configs" / "sample.yaml")).find_export()
+    export = Path(args.export) if args.export else (found.root if found else None)
     if export is None:
         print("no export of configs/sample.yaml: run `make train` first (or pass --export)", file=sys.stderr)
         return 2

@@ -18,10 +18,10 @@ from pathlib import Path
 import soundfile
 from python_speech_features import mfcc
 
-from pipeline.alphabet import load_alphabet
-from pipeline.config import load_config
+from native_client.alphabet import load_alphabet
+from pipeline.config_loader import load_config
 from pipeline.corpus import read_manifests
-from pipeline import layout
+from pipeline.layout import Layout
 from pipeline.featurize import build_split_cache
 
 
@@ -47,10 +47,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as work:
         config = load_config(args.config, {"paths": {"work_dir": work}, "features": {"workers": args.workers}})
         samples, _ = read_manifests(config.split_files(args.split), config.split_limit(args.split),
-                                    load_alphabet(layout.alphabet_path(config)))
+                                    load_alphabet(Layout(config).alphabet))
         audio, base_wall = baseline([s.audio_path for s in samples], config.features.numcep)
         started = time.perf_counter()
-        summary = build_split_cache(config, args.split)
+        summary = build_split_cache(Layout(config), args.split)
         stage_wall = time.perf_counter() - started
     base_rate = audio / base_wall
     stage_rate = summary.audio_seconds / stage_wall

@@ -32,15 +32,16 @@ def export_untrained(config_path: Path, out: Path, quantize: bool) -> Path:
     import tensorflow as tf
 
     from pipeline.checkpoints import named_weights
-    from pipeline.config import load_config
+    from pipeline.config_loader import load_config
     from pipeline.export import export_stage
+    from pipeline.layout import Layout
     from pipeline.model import build_model
 
-    config = load_config(config_path, {"paths": {"work_dir": str(out / "work"), "export_dir": str(out / "export")},
+    config = load_config(config_path, {"paths": {"work_dir": str(out / "work"), "export_dir": str(out / "exported-model")},
                                        "export": {"quantize": quantize}})
     model = build_model(config.model, config.features.numcep, 29)
     prefix = tf.train.Checkpoint(weights=named_weights(model)).write(str(out / "ckpt" / "untrained"))
-    return export_stage(config, checkpoint=prefix)
+    return export_stage(Layout(config), checkpoint=prefix).root
 
 
 def rtf(model, clips: list[np.ndarray], rate: int) -> float:
@@ -77,6 +78,7 @@ def main(argv=None) -> int:
 
     from native_client import Model
     from native_client.audio import load_for_model
+    from pipeline.layout import ExportFiles
 
     rows = list(csv.DictReader(open(ROOT / "data" / "sample" / "test.csv")))[: args.clips]
     clips = [load_for_model(ROOT / "data" / "sample" / row["wav_filename"], 16000) for row in rows]
@@ -100,8 +102,8 @@ def main(argv=None) -> int:
         f50, f95 = step_latency(models["rtf_en_tflite_float"], args.steps)
         figures["stream_step_float_p50_ms"], figures["stream_step_float_p95_ms"] = round(f50, 2), round(f95, 2)
         figures["en_tflite_speedup_vs_savedmodel"] = round(figures["rtf_en_savedmodel"] / figures["rtf_en_tflite"], 2)
-        figures["en_tflite_mb"] = round((en_int8 / "model.tflite").stat().st_size / 1e6, 1)
-        figures["en_tflite_float_mb"] = round((en_float / "model.tflite").stat().st_size / 1e6, 1)
+        figures["en_tflite_mb"] = round(ExportFiles(en_int8).file("tflite").stat().st_size / 1e6, 1)
+        figures["en_tflite_float_mb"] = round(ExportFiles(en_float).file("tflite").stat().st_size / 1e6, 1)
     print(json.dumps(figures))
     return 0
 

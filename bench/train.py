@@ -21,13 +21,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from pipeline import layout
-from pipeline.alphabet import load_alphabet
+from native_client.alphabet import load_alphabet
 from pipeline.cache import read_cache
-from pipeline.config import load_config
+from pipeline.config_loader import load_config
 from pipeline.dataset import SplitTensors, train_dataset
 from pipeline.distribute import make_strategy
 from pipeline.featurize import build_split_cache
+from pipeline.layout import Layout
 from pipeline.model import build_model
 from pipeline.trainer import TrainHooks, Trainer
 
@@ -143,9 +143,10 @@ def main(argv=None) -> int:
         config = load_config(ROOT / "configs" / "sample.yaml", {
             "paths": {"work_dir": work}, "data": {"limit_train": args.samples},
             "training": {"epochs": 2, "validation_epochs": 0, "checkpoint_secs": 100000}})
-        build_split_cache(config, "train")
-        alphabet = load_alphabet(layout.alphabet_path(config))
-        data = read_cache(layout.features_path(config, "train"), config.features)
+        layout = Layout(config)
+        build_split_cache(layout, "train")
+        alphabet = load_alphabet(layout.alphabet)
+        data = read_cache(layout.features_cache("train"), config.features)
         trainer = trainer_rate(config, data, alphabet, Path(work) / "run")
         fit = keras_fit_rate(config, data, alphabet)
         feed = input_rate(config, data)

@@ -6,7 +6,7 @@ import json
 import sys
 
 from native_client.audio import AudioError
-from native_client.metadata import ExportError
+from native_client.metadata import METADATA_NAME, ExportError
 from native_client.beam import beam_decoder_for_export
 from native_client.model import open_model
 from native_client.runtime import BACKENDS
@@ -15,7 +15,7 @@ from native_client.runtime import BACKENDS
 def parse_args(argv=None) -> argparse.Namespace:
     """The CLI's arguments."""
     parser = argparse.ArgumentParser(prog="python -m native_client", description="Transcribe audio files with an exported model.")
-    parser.add_argument("--model", required=True, help="export directory (holds metadata.json, or numbered versions of it)")
+    parser.add_argument("--model", required=True, help=f"export directory (holds {METADATA_NAME}, or numbered versions of it)")
     parser.add_argument("--audio", required=True, action="append", help="audio file (WAV, FLAC, ...); repeat for several")
     parser.add_argument("--json", action="store_true", help="one JSON object per file: audio, text, duration_s, processing_s, rtf")
     parser.add_argument("--backend", choices=BACKENDS, default="tflite", help="model runtime (default: tflite)")

@@ -45,14 +45,29 @@ def resample(samples: np.ndarray, rate: int, target_rate: int) -> np.ndarray:
     return np.clip(np.round(out), -32768, 32767).astype(np.int16)
 
 
-def load_for_model(path: str | Path, sample_rate: int, convert_rate: bool = False) -> np.ndarray:
-    """Read ``path`` as int16 mono at ``sample_rate``: channels are averaged; another rate is
-    refused with AudioError("wrong_sample_rate") unless ``convert_rate``, which resamples."""
+def load_checked(path: str | Path, sample_rate: int, *, convert_rate: bool = False, downmix: bool = True,
+                 convert_hint: str = "", downmix_hint: str = "") -> np.ndarray:
+    """Read ``path`` as int16 mono at ``sample_rate``: the one audio check of training and inference.
+
+    Raises AudioError with reason ``unreadable_audio``, ``empty_audio``,
+    ``too_many_channels`` (unless ``downmix``, which averages the channels) or
+    ``wrong_sample_rate`` (unless ``convert_rate``, which resamples). The hints
+    say how the caller's user turns conversion on (a config key, a flag).
+    """
     samples, rate = read_audio(path)
     if samples.shape[0] == 0:
         raise AudioError("empty_audio", f"{path}: no audio samples (header only)")
+    if samples.shape[1] > 1 and not downmix:
+        raise AudioError("too_many_channels", f"{path}: {samples.shape[1]} channels, expected mono"
+                                              + (f" ({downmix_hint})" if downmix_hint else ""))
     if rate != sample_rate and not convert_rate:
-        raise AudioError("wrong_sample_rate",
-                         f"{path}: sample rate {rate} Hz, but the model was trained on {sample_rate} Hz; "
-                         f"pass --resample to convert it (accuracy may suffer)")
+        raise AudioError("wrong_sample_rate", f"{path}: sample rate {rate} Hz, expected {sample_rate} Hz"
+                                              + (f" ({convert_hint})" if convert_hint else ""))
     return resample(to_mono(samples), rate, sample_rate)
+
+
+def load_for_model(path: str | Path, sample_rate: int, convert_rate: bool = False) -> np.ndarray:
+    """Read ``path`` for a model trained at ``sample_rate``: channels are averaged; another rate is
+    refused with AudioError("wrong_sample_rate") unless ``convert_rate``, which resamples."""
+    return load_checked(path, sample_rate, convert_rate=convert_rate,
+                        convert_hint="pass --resample to convert it; accuracy may suffer")

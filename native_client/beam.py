@@ -19,6 +19,7 @@ import numpy as np
 
 from native_client.alphabet import Alphabet
 from native_client.arpa import arpa_unigrams, is_arpa
+from native_client.metadata import METADATA_NAME
 
 SPACE_TOKEN = "|"
 UNK_WORD = "<unk>"
@@ -136,11 +137,12 @@ def beam_decoder_for_export(metadata, scorer: Optional[str | Path] = None, overr
         raise FileNotFoundError(f"{lm}: language model file not found")
     vocabulary = None
     if settings.lexicon:
-        vocab_file = metadata.directory / decoder.get("vocabulary", "vocab.txt")
+        vocab_file = metadata.directory / decoder["vocabulary"] if decoder.get("vocabulary") else None
         if scorer and is_arpa(lm):
             vocabulary = arpa_unigrams(lm)
-        elif vocab_file.is_file():
+        elif vocab_file is not None and vocab_file.is_file():
             vocabulary = vocab_file.read_text(encoding="utf-8").split()
         else:
-            raise FileNotFoundError(f"{vocab_file}: vocabulary needed for lexicon decoding is missing")
+            raise FileNotFoundError(f"{vocab_file or metadata.directory / METADATA_NAME}: vocabulary needed for "
+                                    f"lexicon decoding is missing" + ("" if vocab_file else " (no decoder.vocabulary entry)"))
     return BeamDecoder(metadata.alphabet, lm, settings, vocabulary)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import h5py
 import numpy as np
 
 from pipeline.config import FeaturesConfig
+from pipeline.files import atomic_path
 
 FORMAT_VERSION = 1
 
@@ -46,8 +46,8 @@ class CachedSplit:
         return self.features[start:start + self.lengths[index]]
 
 
-def feature_settings(features: FeaturesConfig) -> dict:
-    """The settings recorded in (and checked against) a cache."""
+def recorded_settings(features: FeaturesConfig) -> dict:
+    """The feature settings recorded in (and checked against) a cache."""
     return {f.name: getattr(features, f.name) for f in dataclasses.fields(features)
             if f.metadata.get("fingerprint", True)}
 
@@ -55,13 +55,10 @@ def feature_settings(features: FeaturesConfig) -> dict:
 def write_cache(path: Path, fingerprint: str, features: FeaturesConfig, utterances: list[np.ndarray],
                 labels: list, transcripts: list[str], paths: list[str], durations: list[float]) -> None:
     """Write a cache under a temporary name, then rename it into place (a crash leaves nothing trusted)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     lengths = np.array([len(u) for u in utterances], dtype=np.int32)
     offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)[:-1]]) if len(lengths) else np.zeros(0, np.int64)
     numcep = features.numcep
-    try:
+    with atomic_path(path) as tmp:
         with h5py.File(tmp, "w") as h5:
             total = int(lengths.sum())
             data = h5.create_dataset("features", shape=(total, numcep), dtype=np.float32,
@@ -78,12 +75,8 @@ def write_cache(path: Path, fingerprint: str, features: FeaturesConfig, utteranc
             h5["durations"] = np.asarray(durations, dtype=np.float32)
             h5.attrs["format_version"] = FORMAT_VERSION
             h5.attrs["fingerprint"] = fingerprint
-            h5.attrs["feature_settings"] = json.dumps(feature_settings(features), sort_keys=True)
+            h5.attrs["feature_settings"] = json.dumps(recorded_settings(features), sort_keys=True)
             h5.attrs["audio_seconds"] = float(np.sum(durations))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def check_settings(path: Path, features: FeaturesConfig) -> None:
@@ -96,7 +89,7 @@ def check_settings(path: Path, features: FeaturesConfig) -> None:
         raise CacheError(f"{path}: not a complete feature cache ({error})") from error
     if version != FORMAT_VERSION:
         raise CacheError(f"{path}: cache format version {version}, expected {FORMAT_VERSION}; rerun Features")
-    wanted = feature_settings(features)
+    wanted = recorded_settings(features)
     differ = [f"{key}: cache {recorded.get(key)!r} vs config {wanted[key]!r}"
               for key in sorted(wanted) if recorded.get(key) != wanted[key]]
     if differ:

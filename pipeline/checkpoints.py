@@ -1,4 +1,5 @@
-"""Checkpoint contents and checks: named model weights, geometry mismatch messages, warm start.
+"""Checkpoint contents and checks: named model weights, geometry mismatch messages, warm start, and
+loading a trained model from a checkpoint or a Train run directory.
 
 Model weights are saved under explicit names (``weights/layer_1.kernel``)
 rather than through Keras' object graph, so every weight (the LSTM's too) has
@@ -7,12 +8,13 @@ a stable, readable key that mismatch messages and warm starts can use.
 from __future__ import annotations
 
 import hashlib
-
 from pathlib import Path
 
 import tensorflow as tf
 
-from pipeline.model import LAYER_NAMES
+from pipeline.config import Config
+from pipeline.layout import TrainRun
+from pipeline.model import LAYER_NAMES, build_model
 
 
 class CheckpointMismatchError(RuntimeError):
@@ -47,7 +49,7 @@ def _checkpoint_key(name: str) -> str:
 def resolve_checkpoint(path: str | Path) -> str:
     """A checkpoint prefix from a prefix, a checkpoint directory, or a Train run directory."""
     path = Path(path)
-    for directory in (path, path / "best", path / "checkpoints"):
+    for directory in (path, TrainRun(path).best, TrainRun(path).checkpoints):
         if directory.is_dir():
             latest = tf.train.latest_checkpoint(str(directory))
             if latest:
@@ -104,3 +106,13 @@ def warm_start(model, source: str | Path, drop_layers: int) -> list[str]:
         variable.assign(value)
         copied.append(name)
     return copied
+
+
+def load_trained_model(config: Config, checkpoint: str | Path, n_input: int, n_classes: int):
+    """Build the model of ``config`` and load the weights of ``checkpoint`` (a prefix, a checkpoint
+    directory or a Train run directory, whose best-dev checkpoint is taken)."""
+    prefix = resolve_checkpoint(checkpoint)
+    model = build_model(config.model, n_input, n_classes)
+    check_geometry(prefix, model, checkpoint)
+    tf.train.Checkpoint(weights=named_weights(model)).read(prefix).expect_partial()
+    return model

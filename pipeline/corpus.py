@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from pipeline.alphabet import Alphabet
+from native_client.alphabet import Alphabet
+from pipeline.files import atomic_path
 
 REQUIRED_COLUMNS = ("wav_filename", "wav_filesize", "transcript")
 
@@ -113,13 +114,11 @@ def check_reject_fraction(split: str, total: int, rejects: list[Reject], max_fra
 
 def write_rejects(path: Path, rejects: list[Reject]) -> None:
     """Write the rejects report (CSV: file, source, reason, detail) atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as handle:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(["wav_filename", "source", "reason", "detail"])
         for r in rejects:
             writer.writerow([r.audio_path, r.source, r.reason, r.detail])
-    tmp.replace(path)
 
 
 def find_reference(manifests, audio: str | Path) -> Optional[str]:

@@ -1,10 +1,9 @@
 """Running a model over a cached split: per-sample CTC loss and greedy transcripts."""
 from __future__ import annotations
 
-import numpy as np
 import tensorflow as tf
 
-from pipeline.alphabet import Alphabet
+from native_client.alphabet import Alphabet
 from pipeline.cache import CachedSplit
 from pipeline.dataset import SplitTensors, eval_dataset
 from pipeline.metrics import SampleResult, greedy_decode, score_sample
@@ -40,9 +39,3 @@ def run_split(model, data: CachedSplit, alphabet: Alphabet, batch_size: int, n_c
             if logits_sink is not None:
                 logits_sink[int(index)] = logits[row, :lengths[row]]
     return [results[i] for i in range(len(data))]
-
-
-def mean_loss(results: list[SampleResult]) -> float:
-    """Mean per-sample loss over finite values (nan when none is finite)."""
-    values = [r.loss for r in results if np.isfinite(r.loss)]
-    return float(np.mean(values)) if values else float("nan")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import shutil
 import time
 from pathlib import Path
@@ -18,41 +17,37 @@ from typing import Callable, Optional
 import tensorflow as tf
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
+from native_client.alphabet import Alphabet, load_alphabet
 from native_client.arpa import is_arpa
-from native_client.metadata import FORMAT, FORMAT_VERSION, METADATA_NAME
-from pipeline import layout
-from pipeline.alphabet import load_alphabet
-from pipeline.checkpoints import resolve_checkpoint
-from pipeline.config import Config
-from pipeline.decoding import beam_settings, read_lm_report
+from native_client.metadata import FORMAT, FORMAT_VERSION
+from pipeline.checkpoints import load_trained_model, resolve_checkpoint
+from pipeline.decoding import beam_settings, lm_built, read_lm_report
 from pipeline.features import feature_settings
-from pipeline.files import write_json_atomic
-from pipeline.lm import CHAR_LM, VOCAB, lm_file
 from pipeline.inference_graph import SIGNATURE, TENSORS, InferenceGraph
-from pipeline.training_run import load_trained_model, read_train_report
+from pipeline.layout import EXPORT_FILES, WORD_ARPA, WORD_BINARY, ExportFiles, Layout
+from pipeline.reports import ExportRecord, TrainReport, read_report, write_report
 
 log = logging.getLogger(__name__)
 
-FILES = {"saved_model": "saved_model", "frozen_graph": "output_graph.pb", "tflite": "model.tflite",
-         "alphabet": "alphabet.txt"}
 
-
-def build_metadata(config: Config, checkpoint: str, model_version: int, n_input: int, n_classes: int) -> dict:
-    """The metadata a client needs: features, geometry, alphabet, versions and fingerprints."""
-    alphabet = load_alphabet(layout.alphabet_path(config))
-    report = read_train_report(layout.train_dir(config)) or {}
-    return {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "model_version": model_version,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "fingerprint": layout.export_fingerprint(config), "train_fingerprint": layout.train_fingerprint(config),
-        "checkpoint": checkpoint, "config": config.source,
-        "global_step": report.get("global_step"), "best_dev": report.get("best"),
-        "features": feature_settings(config.features).to_dict(),
-        "n_context": config.model.n_context, "n_input": n_input, "n_steps": config.export.n_steps,
-        "n_hidden": config.model.n_hidden, "n_classes": n_classes,
-        "alphabet": list(alphabet.labels), "files": dict(FILES), "tensors": dict(TENSORS),
-        "tflite_quantized": config.export.quantize,
-    }
+def build_metadata(layout: Layout, alphabet: Alphabet, checkpoint: str, model_version: int,
+                   n_input: int) -> ExportRecord:
+    """The metadata a client needs: features, geometry, alphabet, versions, fingerprints, and the
+    best-dev figures and step of the Train run it comes from (None when an explicitly given checkpoint
+    has no Train report, e.g. an untrained model in a benchmark)."""
+    config = layout.config
+    report = layout.train_run.report
+    train = read_report(report, TrainReport) if report.is_file() else None
+    return ExportRecord(
+        format=FORMAT, format_version=FORMAT_VERSION, model_version=model_version,
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        fingerprint=layout.export_fingerprint, train_fingerprint=layout.train_fingerprint,
+        checkpoint=checkpoint, config=config.source, global_step=train and train.global_step, best_dev=train and train.best_dev,
+        features=feature_settings(config.features).to_dict(),
+        n_context=config.model.n_context, n_input=n_input, n_steps=config.export.n_steps,
+        n_hidden=config.model.n_hidden, n_classes=alphabet.n_classes,
+        alphabet=list(alphabet.labels), files=dict(EXPORT_FILES), tensors=dict(TENSORS),
+        tflite_quantized=config.export.quantize)
 
 
 def write_frozen_graph(graph: InferenceGraph, path: Path) -> dict:
@@ -75,12 +70,6 @@ def write_tflite(saved_model: Path, path: Path, quantize: bool) -> None:
     path.write_bytes(converter.convert())
 
 
-def next_version(root: Path) -> int:
-    """One more than the highest numbered version under ``root`` (1 for none)."""
-    numbers = [int(p.name) for p in root.iterdir() if re.fullmatch(r"\d+", p.name)] if root.is_dir() else []
-    return max(numbers, default=0) + 1
-
-
 def publish(staging: Path, destination: Path) -> None:
     """Move the finished ``staging`` directory to ``destination``, replacing what was there."""
     destination.parent.mkdir(parents=True, exist_ok=True)
@@ -93,61 +82,61 @@ def publish(staging: Path, destination: Path) -> None:
         os.replace(staging, destination)
 
 
-def copy_language_model(config: Config, staging: Path) -> dict:
+def copy_language_model(layout: Layout, staging: ExportFiles) -> dict:
     """Copy the LanguageModel stage's LM files into the export; returns the metadata ``decoder`` entry."""
-    report = read_lm_report(config)
-    directory = layout.lm_dir(config)
-    entry = {**dataclasses.asdict(beam_settings(config)), "tuned": config.decoder.tune}
-    word_lm = lm_file(directory, report, "lm")
-    entry["lm"] = "lm.arpa" if is_arpa(word_lm) else "lm.binary"
-    shutil.copyfile(word_lm, staging / entry["lm"])
-    shutil.copyfile(directory / VOCAB, staging / VOCAB)
-    entry["vocabulary"] = VOCAB
-    if report.get("char_lm"):
-        entry["char_lm"] = CHAR_LM
-        shutil.copyfile(lm_file(directory, report, "char_lm"), staging / CHAR_LM)
+    report = read_lm_report(layout)
+    lm = layout.lm
+    entry = {**dataclasses.asdict(beam_settings(layout)), "tuned": layout.config.decoder.tune}
+    word_lm = lm.resolve(report.lm)
+    entry["lm"] = WORD_ARPA if is_arpa(word_lm) else WORD_BINARY
+    shutil.copyfile(word_lm, staging.root / entry["lm"])
+    shutil.copyfile(lm.vocabulary, staging.root / lm.vocabulary.name)
+    entry["vocabulary"] = lm.vocabulary.name
+    if report.char_lm:
+        entry["char_lm"] = lm.char_arpa.name
+        shutil.copyfile(lm.resolve(report.char_lm), staging.root / entry["char_lm"])
     return entry
 
 
-def export_stage(config: Config, checkpoint: Optional[str | Path] = None,
+def export_stage(layout: Layout, checkpoint: Optional[str | Path] = None,
                  on_status: Callable[[str, float], None] = lambda message, percent: None,
-                 with_lm: Optional[bool] = None) -> Path:
-    """Export the best-dev checkpoint (or ``checkpoint``) to ``paths.export_dir``; returns the export directory.
+                 with_lm: Optional[bool] = None) -> ExportFiles:
+    """Export the best-dev checkpoint (or ``checkpoint``) to ``paths.export_dir``; returns the export.
 
     With ``export.versioned`` each export goes to a new numbered directory below it. The
     LanguageModel stage's LM and vocabulary are copied in (``with_lm=None``: when it has run).
     """
-    root = layout.export_dir(config)
-    versioned = config.export.versioned
-    version = next_version(root) if versioned else 1
-    destination = root / str(version) if versioned else root
-    staging = destination.with_name(f".{destination.name}.staging-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    config = layout.config
+    version = max(layout.export_versions(), default=0) + 1 if config.export.versioned else None
+    destination = layout.export_destination(version)
+    staging = ExportFiles(destination.staging())
+    shutil.rmtree(staging.root, ignore_errors=True)
+    staging.root.mkdir(parents=True)
     try:
         on_status("loading the best-dev checkpoint", 0)
-        alphabet = load_alphabet(layout.alphabet_path(config))
-        prefix = resolve_checkpoint(checkpoint or layout.train_dir(config) / "best")
+        alphabet = load_alphabet(layout.alphabet)
+        prefix = resolve_checkpoint(checkpoint or layout.train_run.best)
         model = load_trained_model(config, prefix, config.features.numcep, alphabet.n_classes)
-        metadata = build_metadata(config, prefix, version, config.features.numcep, alphabet.n_classes)
-        graph = InferenceGraph(model, config.export.n_steps, metadata)
+        metadata = build_metadata(layout, alphabet, prefix, version or 1, config.features.numcep)
+        graph = InferenceGraph(model, config.export.n_steps, dataclasses.asdict(metadata))
         on_status("writing the SavedModel", 10)
-        tf.saved_model.save(graph, str(staging / FILES["saved_model"]),
+        tf.saved_model.save(graph, str(staging.file("saved_model")),
                             signatures={SIGNATURE: graph.stream, "utterance": graph.utterance, "metadata": graph.metadata})
         on_status("freezing the graph", 40)
-        metadata["frozen_graph"] = write_frozen_graph(graph, staging / FILES["frozen_graph"])
+        frozen = write_frozen_graph(graph, staging.file("frozen_graph"))
         on_status("converting to TFLite" + (" (int8 dynamic range)" if config.export.quantize else ""), 55)
-        write_tflite(staging / FILES["saved_model"], staging / FILES["tflite"], config.export.quantize)
-        (staging / FILES["alphabet"]).write_text(alphabet.to_text(), encoding="utf-8")
-        if with_lm or (with_lm is None and read_lm_report(config) is not None):
+        write_tflite(staging.file("saved_model"), staging.file("tflite"), config.export.quantize)
+        staging.file("alphabet").write_text(alphabet.to_text(), encoding="utf-8")
+        decoder = None
+        if with_lm or (with_lm is None and lm_built(layout)):
             on_status("copying the language model", 90)
-            metadata["decoder"] = copy_language_model(config, staging)
+            decoder = copy_language_model(layout, staging)
         on_status("writing metadata", 95)
-        write_json_atomic(staging / METADATA_NAME, metadata)
-        publish(staging, destination)
+        metadata = dataclasses.replace(metadata, frozen_graph=frozen, decoder=decoder)
+        write_report(staging.metadata, metadata)
+        publish(staging.root, destination.root)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staging.root, ignore_errors=True)
         raise
-    log.info("Exported %s (step %s) to %s", prefix, metadata.get("global_step"), destination)
+    log.info("Exported %s (step %s) to %s", prefix, metadata.global_step, destination.root)
     return destination
-

@@ -1,12 +1,10 @@
 """MFCC features of the training data; the computation itself is ``native_client.features``."""
 from __future__ import annotations
 
-import numpy as np
-
-from native_client.features import FeatureSettings, context_windows, mfcc_features
+from native_client.features import FeatureSettings, context_windows
 from pipeline.config import FeaturesConfig
 
-__all__ = ["compute_mfcc", "context_windows", "ctc_min_frames", "feature_settings"]
+__all__ = ["context_windows", "ctc_min_frames", "feature_settings"]
 
 
 def feature_settings(features: FeaturesConfig) -> FeatureSettings:
@@ -14,11 +12,6 @@ def feature_settings(features: FeaturesConfig) -> FeatureSettings:
     return FeatureSettings(sample_rate=features.sample_rate, numcep=features.numcep, nfilt=features.nfilt,
                            winlen=features.winlen, winstep=features.winstep, nfft=features.nfft,
                            preemph=features.preemph, ceplifter=features.ceplifter, normalize=features.normalize)
-
-
-def compute_mfcc(samples: np.ndarray, features: FeaturesConfig) -> np.ndarray:
-    """MFCC of int16 mono samples: float32 ``[frames, numcep]``, optionally normalised per utterance."""
-    return mfcc_features(samples, feature_settings(features))
 
 
 def ctc_min_frames(labels) -> int:

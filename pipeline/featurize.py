@@ -22,13 +22,15 @@ from typing import Callable, Optional
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from pipeline import layout
-from pipeline.alphabet import load_alphabet
-from pipeline.audio import AudioError, load_checked
+from native_client.alphabet import load_alphabet
+from native_client.audio import AudioError, load_checked
+from native_client.features import FeatureSettings, mfcc_features
 from pipeline.cache import cache_summary, write_cache
-from pipeline.config import Config, FeaturesConfig
+from pipeline.config import FeaturesConfig
 from pipeline.corpus import Reject, check_reject_fraction, read_manifests, write_rejects
-from pipeline.features import compute_mfcc, ctc_min_frames
+from pipeline.features import ctc_min_frames, feature_settings
+from pipeline.files import atomic_path
+from pipeline.layout import Layout
 from pipeline.locks import stage_lock
 
 SHARD_SIZE = 32
@@ -50,22 +52,21 @@ class FeaturesSummary:
     reasons: dict = field(default_factory=dict)
 
 
-def rejects_path(cache: Path) -> Path:
-    """The rejects report beside a cache file."""
-    return cache.with_name(cache.stem + ".rejects.csv")
-
-
 def _process_shard(part: str, jobs: list[tuple[str, int]], features: FeaturesConfig) -> tuple[int, int, float]:
     """Compute one shard and save it as ``part`` (atomically); returns (count, rejected, audio seconds)."""
     utterances, lengths, durations, reasons, details = [], [], [], [], []
+    settings: FeatureSettings = feature_settings(features)
     for audio_path, min_frames in jobs:
         reason = detail = ""
         mfcc = np.zeros((0, features.numcep), np.float32)
         duration = 0.0
         try:
-            samples = load_checked(audio_path, features)
+            samples = load_checked(audio_path, features.sample_rate, convert_rate=features.resample,
+                                   downmix=features.downmix,
+                                   convert_hint="set features.resample: true to convert",
+                                   downmix_hint="set features.downmix: true to average them")
             duration = len(samples) / features.sample_rate
-            mfcc = compute_mfcc(samples, features)
+            mfcc = mfcc_features(samples, settings)
             if len(mfcc) < min_frames:
                 reason = "too_short_for_transcript"
                 detail = f"transcript needs at least {min_frames} time steps, audio gives {len(mfcc)} ({duration:.2f} s)"
@@ -78,11 +79,10 @@ def _process_shard(part: str, jobs: list[tuple[str, int]], features: FeaturesCon
         durations.append(duration)
         reasons.append(reason)
         details.append(detail)
-    tmp = f"{part}.{os.getpid()}.tmp.npz"
-    np.savez(tmp, features=np.concatenate(utterances), lengths=np.array(lengths, np.int32),
-             durations=np.array(durations, np.float32), reasons=np.array(reasons, dtype=str),
-             details=np.array(details, dtype=str))
-    os.replace(tmp, part)
+    with atomic_path(part) as tmp, open(tmp, "wb") as handle:
+        np.savez(handle, features=np.concatenate(utterances), lengths=np.array(lengths, np.int32),
+                 durations=np.array(durations, np.float32), reasons=np.array(reasons, dtype=str),
+                 details=np.array(details, dtype=str))
     return len(jobs), sum(1 for r in reasons if r), float(sum(d for d, r in zip(durations, reasons) if not r))
 
 
@@ -109,7 +109,7 @@ def _executor(workers: int) -> ProcessPoolExecutor:
                                initializer=_single_threaded_worker)
 
 
-def build_split_cache(config: Config, split: str, progress: Optional[ProgressFn] = None) -> FeaturesSummary:
+def build_split_cache(layout: Layout, split: str, progress: Optional[ProgressFn] = None) -> FeaturesSummary:
     """Check the corpus of ``split``, compute its features and write its cache and rejects report.
 
     Raises CorpusError when more than ``data.max_reject_fraction`` of the rows
@@ -117,29 +117,29 @@ def build_split_cache(config: Config, split: str, progress: Optional[ProgressFn]
     share this cache (same features fingerprint) take turns: the second finds
     the cache written and returns its summary.
     """
-    cache = layout.features_path(config, split)
+    cache = layout.features_cache(split)
     with stage_lock(cache):
         if cache.is_file():
-            return _existing_summary(split, cache)
-        return _build_split_cache(config, split, progress)
+            return _existing_summary(split, cache, layout.rejects_report(split))
+        return _build_split_cache(layout, split, progress)
 
 
-def _existing_summary(split: str, cache: Path) -> FeaturesSummary:
+def _existing_summary(split: str, cache: Path, report: Path) -> FeaturesSummary:
     summary = cache_summary(cache)
-    report = rejects_path(cache)
     reasons = Counter(row["reason"] for row in csv.DictReader(open(report, newline="", encoding="utf-8"))) if report.is_file() else {}
     return FeaturesSummary(split=split, cache=str(cache), rejects_report=str(report), kept=summary["samples"],
                            rejected=sum(reasons.values()), audio_seconds=summary["audio_seconds"], reasons=dict(reasons))
 
 
-def _build_split_cache(config: Config, split: str, progress: Optional[ProgressFn]) -> FeaturesSummary:
-    alphabet = load_alphabet(layout.alphabet_path(config))
+def _build_split_cache(layout: Layout, split: str, progress: Optional[ProgressFn]) -> FeaturesSummary:
+    config = layout.config
+    alphabet = load_alphabet(layout.alphabet)
     samples, rejects = read_manifests(config.split_files(split), config.split_limit(split), alphabet)
-    cache = layout.features_path(config, split)
-    parts_dir = cache.with_name(cache.stem + ".parts")
+    cache = layout.features_cache(split)
+    parts_dir = layout.features_parts(split)
     parts_dir.mkdir(parents=True, exist_ok=True)
     shards = [samples[i:i + SHARD_SIZE] for i in range(0, len(samples), SHARD_SIZE)]
-    part_paths = [parts_dir / f"{index:05d}.npz" for index in range(len(shards))]
+    part_paths = [layout.features_part(parts_dir, index) for index in range(len(shards))]
     total = len(samples) + len(rejects)
     done, rejected, seconds = len(rejects), len(rejects), 0.0
 
@@ -186,10 +186,10 @@ def _build_split_cache(config: Config, split: str, progress: Optional[ProgressFn
             kept_samples.append(sample)
             durations.append(float(part["durations"][position]))
 
-    report = rejects_path(cache)
+    report = layout.rejects_report(split)
     write_rejects(report, rejects)
     check_reject_fraction(split, total, rejects, config.data.max_reject_fraction, report)
-    write_cache(cache, layout.features_fingerprint(config, split), config.features, kept_utterances,
+    write_cache(cache, layout.features_fingerprint(split), config.features, kept_utterances,
                 [s.labels for s in kept_samples], [s.transcript for s in kept_samples],
                 [s.audio_path for s in kept_samples], durations)
     shutil.rmtree(parts_dir, ignore_errors=True)

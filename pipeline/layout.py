@@ -1,52 +1,71 @@
-"""Where things are: the work directory, stage fingerprints and stage output paths.
+"""The one map of the work directory: every stage's paths and fingerprints, made once per config.
 
 A stage's fingerprint hashes exactly the settings it depends on plus the
 fingerprints of the stages it reads, so changing ``model.n_hidden`` moves
-Train and everything after it, never Features.
+Train and everything after it, never Features. No other module spells a stage
+file name: they ask a ``Layout`` (or the ``TrainRun``/``LMFiles``/``ExportFiles``
+it hands out) for paths.
+
+Input files (manifests, alphabet, LM corpora) are digested by streaming, and a
+digest is remembered for the life of the process, keyed on path, size and
+modification time: Luigi calls ``output()``/``complete()`` many times per run,
+and a multi-GB LM text must not be read each time.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from xdg import BaseDirectory
 
 from native_client.metadata import METADATA_NAME
-
 from pipeline.config import APP_NAME, Config
 
 SPLITS = ("train", "dev", "test")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_ALPHABET = PROJECT_ROOT / "data" / "alphabet.txt"
+DIGEST_BLOCK = 1 << 20
+
+# Stage directories under the work directory.
+FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR, EXPORT_DIR = (
+    "features", "train", "lm", "tune", "evaluate", "export")
+
+# Checkpoint file prefixes (``ckpt-<step>``, ``best-<step>``).
+CHECKPOINT_PREFIX, BEST_PREFIX = "ckpt", "best"
+# LM files, in the LanguageModel directory and in an export.
+WORD_ARPA, WORD_BINARY, CHAR_ARPA, VOCABULARY = "lm.arpa", "lm.binary", "chars.arpa", "vocab.txt"
+# File names inside an export; the client learns them from metadata.json ("files", "decoder").
+EXPORT_FILES = {"saved_model": "saved_model", "frozen_graph": "output_graph.pb", "tflite": "model.tflite",
+                "alphabet": "alphabet.txt"}
 
 
-def work_dir(config: Config) -> Path:
-    """The directory that holds every stage output."""
-    if config.paths.work_dir:
-        return Path(config.paths.work_dir)
-    return Path(BaseDirectory.xdg_data_home) / APP_NAME
+def _hash_file(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in blocks (memory stays flat whatever the file's size)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(DIGEST_BLOCK), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
-def export_dir(config: Config) -> Path:
-    """Where Export writes (``paths.export_dir``, default ``<work_dir>/export``)."""
-    if config.paths.export_dir:
-        return Path(config.paths.export_dir)
-    return work_dir(config) / "export"
+@functools.lru_cache(maxsize=None)
+def _remembered_digest(path: str, size: int, mtime_ns: int) -> str:
+    # A pure memo: the key changes whenever the file does, so a remembered digest is never stale.
+    return _hash_file(Path(path))
 
 
-def alphabet_path(config: Config) -> Path:
-    """The alphabet file (``paths.alphabet``, default the project's ``data/alphabet.txt``)."""
-    if config.paths.alphabet:
-        return Path(config.paths.alphabet)
-    return PROJECT_ROOT / "data" / "alphabet.txt"
-
-
-def _file_digest(path: str | Path) -> str:
-    """Hash of a file's bytes, or a marker when it is missing (the stage will report that)."""
+def file_digest(path: str | Path) -> str:
+    """SHA-256 of a file's bytes (remembered per process), or ``missing`` (the stage reports that)."""
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        stat = os.stat(path)
+        return _remembered_digest(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
     except OSError:
         return "missing"
 
@@ -62,126 +81,318 @@ def _hash(payload: dict) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 
-def features_fingerprint(config: Config, split: str) -> str:
-    """Settings of the Features stage for ``split``: feature settings, manifests (path and content), limit, alphabet."""
-    files = config.split_files(split)
-    return _hash({
-        "stage": "features",
-        "features": _section_settings(config.features),
-        "manifests": [[str(f), _file_digest(f)] for f in files],
-        "limit": config.split_limit(split),
-        "max_reject_fraction": config.data.max_reject_fraction,
-        "alphabet": _file_digest(alphabet_path(config)),
-    })
+@dataclass(frozen=True)
+class TrainRun:
+    """The files of one Train run directory (the chief's, or a worker's scratch copy)."""
+
+    root: Path
+
+    @property
+    def report(self) -> Path:
+        """``train_report.json``: written when a run ends."""
+        return self.root / "train_report.json"
+
+    @property
+    def resolved_config(self) -> Path:
+        """The config the run was made with, as plain YAML."""
+        return self.root / "config.yaml"
+
+    @property
+    def checkpoints(self) -> Path:
+        """The latest checkpoints (``tf.train.CheckpointManager``)."""
+        return self.root / "checkpoints"
+
+    @property
+    def best(self) -> Path:
+        """The best-dev checkpoint."""
+        return self.root / "best"
+
+    @property
+    def summaries(self) -> Path:
+        """TensorBoard event files, one folder per split."""
+        return self.root / "summaries"
+
+    @property
+    def logs(self) -> Path:
+        """Logs of local multi-worker processes."""
+        return self.root / "logs"
+
+    def worker_log(self, index: int) -> Path:
+        """The log file of local worker ``index``."""
+        return self.logs / f"worker-{index}.log"
+
+    def worker_scratch(self, index: int) -> "TrainRun":
+        """Where a non-chief worker saves (MultiWorkerMirroredStrategy makes every worker save)."""
+        return TrainRun(self.root / f".worker-{index}")
 
 
-def train_fingerprint(config: Config) -> str:
-    """Settings of Train: model, training, early stop, distribution, and the train/dev features."""
-    return _hash({
-        "stage": "train",
-        "model": _section_settings(config.model),
-        "training": _section_settings(config.training),
-        "early_stop": _section_settings(config.early_stop),
-        "distribution": _section_settings(config.distribution),
-        "init_from": _file_digest(config.training.init_from) if config.training.init_from and Path(config.training.init_from).is_file() else config.training.init_from,
-        "features": [features_fingerprint(config, "train"), features_fingerprint(config, "dev")],
-    })
+@dataclass(frozen=True)
+class LMFiles:
+    """The files of one LanguageModel output directory."""
+
+    root: Path
+
+    @property
+    def report(self) -> Path:
+        """``lm_report.json``: written last, so its presence means the stage finished."""
+        return self.root / "lm_report.json"
+
+    @property
+    def word_arpa(self) -> Path:
+        """The word n-gram model built here (ARPA)."""
+        return self.root / WORD_ARPA
+
+    @property
+    def char_arpa(self) -> Path:
+        """The character n-gram model (lexicon-free decoding)."""
+        return self.root / CHAR_ARPA
+
+    @property
+    def vocabulary(self) -> Path:
+        """One word per line, most frequent first."""
+        return self.root / VOCABULARY
+
+    @property
+    def staging(self) -> Path:
+        """Where the stage assembles its files before renaming them into ``root``."""
+        return self.root.with_name(self.root.name + ".partial")
+
+    def resolve(self, name: str) -> Path:
+        """A file a report names: absolute as given (``decoder.lm_path``), else inside ``root``."""
+        value = Path(name)
+        return value if value.is_absolute() else self.root / value
 
 
-def lm_fingerprint(config: Config) -> str:
-    """Settings of LanguageModel: order, corpus texts, alphabet, and the train manifests when included."""
-    decoder = config.decoder
-    return _hash({
-        "stage": "lm",
-        "order": decoder.lm_order,
-        "lm_path": [decoder.lm_path, _file_digest(decoder.lm_path)] if decoder.lm_path else None,
-        "corpus": [[str(f), _file_digest(f)] for f in decoder.lm_corpus_files],
-        "train": [[_file_digest(f) for f in config.data.train_files], config.data.limit_train] if decoder.lm_include_train else None,
-        "alphabet": _file_digest(alphabet_path(config)),
-        "char_lm_order": None if decoder.lexicon else decoder.char_lm_order,
-    })
+@dataclass(frozen=True)
+class ExportFiles:
+    """The files of one export directory (``paths.export_dir`` or one numbered version)."""
+
+    root: Path
+
+    @property
+    def metadata(self) -> Path:
+        """``metadata.json``: what a client needs (written last)."""
+        return self.root / METADATA_NAME
+
+    def file(self, kind: str) -> Path:
+        """One of ``EXPORT_FILES`` (``saved_model``, ``frozen_graph``, ``tflite``, ``alphabet``)."""
+        return self.root / EXPORT_FILES[kind]
+
+    @property
+    def transcripts(self) -> Path:
+        """Where Transcribe writes its JSON records."""
+        return self.root / "transcripts"
+
+    def transcript(self, audio: str | Path) -> Path:
+        """The record of one audio file: its stem plus a hash of its resolved path."""
+        audio = Path(audio).resolve()
+        key = hashlib.sha256(str(audio).encode("utf-8")).hexdigest()[:10]
+        return self.transcripts / f"{audio.stem}-{key}.json"
+
+    def staging(self) -> Path:
+        """A hidden directory beside ``root`` where a new export is assembled."""
+        return self.root.with_name(f".{self.root.name}.staging-{os.getpid()}")
 
 
-def tune_fingerprint(config: Config) -> str:
-    """Settings of TuneDecoder: the trained model, the LM, the dev features and the search settings."""
-    decoder = config.decoder
-    return _hash({
-        "stage": "tune",
-        "train": train_fingerprint(config),
-        "epochs": config.training.epochs,
-        "lm": lm_fingerprint(config),
-        "dev": features_fingerprint(config, "dev"),
-        "search": [decoder.tune_trials, decoder.beam_width, decoder.beam_threshold, decoder.beam_size_token, decoder.lexicon],
-    })
+class Layout:
+    """Every stage's directory, file names and fingerprint for one frozen config.
 
+    Made once per config (a task, a stage function); each fingerprint is
+    computed on first use and kept, and file digests are shared process-wide.
+    """
 
-def decoder_fingerprints(config: Config) -> dict:
-    """What decoding with the LM depends on: the LM, and the tuning run when tuning is on."""
-    return {"lm": lm_fingerprint(config), "tune": tune_fingerprint(config) if config.decoder.tune else None}
+    def __init__(self, config: Config):
+        self.config = config
+        self._features_fingerprints: dict[str, str] = {}
 
+    # -- roots ---------------------------------------------------------------------------------
+    @functools.cached_property
+    def work_dir(self) -> Path:
+        """The directory that holds every stage output (``paths.work_dir``, default the XDG data home)."""
+        if self.config.paths.work_dir:
+            return Path(self.config.paths.work_dir)
+        return Path(BaseDirectory.xdg_data_home) / APP_NAME
 
-def evaluate_fingerprint(config: Config) -> str:
-    """Settings of Evaluate: the trained model, the test features and the decoder."""
-    return _hash({
-        "stage": "evaluate",
-        "train": train_fingerprint(config),
-        "epochs": config.training.epochs,
-        "test": features_fingerprint(config, "test"),
-        "decoder": _section_settings(config.decoder),
-        "decoding": decoder_fingerprints(config),
-    })
+    @functools.cached_property
+    def export_root(self) -> Path:
+        """Where Export writes (``paths.export_dir``, default ``<work_dir>/export``)."""
+        if self.config.paths.export_dir:
+            return Path(self.config.paths.export_dir)
+        return self.work_dir / EXPORT_DIR
 
+    @functools.cached_property
+    def alphabet(self) -> Path:
+        """The alphabet file (``paths.alphabet``, default the project's ``data/alphabet.txt``)."""
+        if self.config.paths.alphabet:
+            return Path(self.config.paths.alphabet)
+        return DEFAULT_ALPHABET
 
-def export_fingerprint(config: Config) -> str:
-    """Settings of Export: the trained model (and its epochs), the export settings, features and alphabet."""
-    return _hash({
-        "stage": "export",
-        "train": train_fingerprint(config),
-        "epochs": config.training.epochs,
-        "export": _section_settings(config.export),
-        "features": _section_settings(config.features),
-        "alphabet": _file_digest(alphabet_path(config)),
-        "decoder": _section_settings(config.decoder),
-        "decoding": decoder_fingerprints(config),
-    })
+    # -- fingerprints --------------------------------------------------------------------------
+    def features_fingerprint(self, split: str) -> str:
+        """Settings of Features for ``split``: feature settings, manifests (path and content), limit, alphabet."""
+        if split not in self._features_fingerprints:
+            config = self.config
+            self._features_fingerprints[split] = _hash({
+                "stage": "features",
+                "features": _section_settings(config.features),
+                "manifests": [[str(f), file_digest(f)] for f in config.split_files(split)],
+                "limit": config.split_limit(split),
+                "max_reject_fraction": config.data.max_reject_fraction,
+                "alphabet": file_digest(self.alphabet),
+            })
+        return self._features_fingerprints[split]
 
+    @functools.cached_property
+    def train_fingerprint(self) -> str:
+        """Settings of Train: model, training, early stop, distribution, and the train/dev features."""
+        config = self.config
+        init_from = config.training.init_from
+        return _hash({
+            "stage": "train",
+            "model": _section_settings(config.model),
+            "training": _section_settings(config.training),
+            "early_stop": _section_settings(config.early_stop),
+            "distribution": _section_settings(config.distribution),
+            "init_from": file_digest(init_from) if init_from and Path(init_from).is_file() else init_from,
+            "features": [self.features_fingerprint("train"), self.features_fingerprint("dev")],
+        })
 
-def features_path(config: Config, split: str) -> Path:
-    """The HDF5 cache of ``split``."""
-    return work_dir(config) / "features" / f"{split}-{features_fingerprint(config, split)}.h5"
+    @functools.cached_property
+    def lm_fingerprint(self) -> str:
+        """Settings of LanguageModel: order, corpus texts, alphabet, and the train manifests when included."""
+        config, decoder = self.config, self.config.decoder
+        return _hash({
+            "stage": "lm",
+            "order": decoder.lm_order,
+            "lm_path": [decoder.lm_path, file_digest(decoder.lm_path)] if decoder.lm_path else None,
+            "corpus": [[str(f), file_digest(f)] for f in decoder.lm_corpus_files],
+            "train": ([[file_digest(f) for f in config.data.train_files], config.data.limit_train]
+                      if decoder.lm_include_train else None),
+            "alphabet": file_digest(self.alphabet),
+            "char_lm_order": None if decoder.lexicon else decoder.char_lm_order,
+        })
 
+    @functools.cached_property
+    def tune_fingerprint(self) -> str:
+        """Settings of TuneDecoder: the trained model, the LM, the dev features and the search settings."""
+        decoder = self.config.decoder
+        return _hash({
+            "stage": "tune",
+            "train": self.train_fingerprint,
+            "epochs": self.config.training.epochs,
+            "lm": self.lm_fingerprint,
+            "dev": self.features_fingerprint("dev"),
+            "search": [decoder.tune_trials, decoder.beam_width, decoder.beam_threshold, decoder.beam_size_token,
+                       decoder.lexicon],
+        })
 
-def train_dir(config: Config) -> Path:
-    """The Train run directory (checkpoints, best-dev checkpoint, summaries, report)."""
-    return work_dir(config) / "train" / train_fingerprint(config)
+    def _decoder_fingerprints(self) -> dict:
+        """What decoding with the LM depends on: the LM, and the tuning run when tuning is on."""
+        return {"lm": self.lm_fingerprint, "tune": self.tune_fingerprint if self.config.decoder.tune else None}
 
+    @functools.cached_property
+    def evaluate_fingerprint(self) -> str:
+        """Settings of Evaluate: the trained model, the test features and the decoder."""
+        return _hash({
+            "stage": "evaluate",
+            "train": self.train_fingerprint,
+            "epochs": self.config.training.epochs,
+            "test": self.features_fingerprint("test"),
+            "decoder": _section_settings(self.config.decoder),
+            "decoding": self._decoder_fingerprints(),
+        })
 
-def lm_dir(config: Config) -> Path:
-    """The LanguageModel output directory (ARPA, vocabulary, report)."""
-    return work_dir(config) / "lm" / lm_fingerprint(config)
+    @functools.cached_property
+    def export_fingerprint(self) -> str:
+        """Settings of Export: the trained model (and its epochs), the export settings, features and alphabet."""
+        config = self.config
+        return _hash({
+            "stage": "export",
+            "train": self.train_fingerprint,
+            "epochs": config.training.epochs,
+            "export": _section_settings(config.export),
+            "features": _section_settings(config.features),
+            "alphabet": file_digest(self.alphabet),
+            "decoder": _section_settings(config.decoder),
+            "decoding": self._decoder_fingerprints(),
+        })
 
+    # -- Features ------------------------------------------------------------------------------
+    def features_cache(self, split: str) -> Path:
+        """The HDF5 cache of ``split``."""
+        return self.work_dir / FEATURES_DIR / f"{split}-{self.features_fingerprint(split)}.h5"
 
-def tune_dir(config: Config) -> Path:
-    """The TuneDecoder output directory (best alpha/beta and the table of trials)."""
-    return work_dir(config) / "tune" / tune_fingerprint(config)
+    def rejects_report(self, split: str) -> Path:
+        """The rejects report (CSV) beside the cache of ``split``."""
+        cache = self.features_cache(split)
+        return cache.with_name(cache.stem + ".rejects.csv")
 
+    def features_parts(self, split: str) -> Path:
+        """The folder of finished shards while ``split`` is being featurised."""
+        cache = self.features_cache(split)
+        return cache.with_name(cache.stem + ".parts")
 
-def evaluate_dir(config: Config) -> Path:
-    """The Evaluate report directory."""
-    return work_dir(config) / "evaluate" / evaluate_fingerprint(config)
+    @staticmethod
+    def features_part(parts: Path, index: int) -> Path:
+        """Shard ``index`` inside a parts folder."""
+        return parts / f"{index:05d}.npz"
 
+    # -- Train, LanguageModel, TuneDecoder, Evaluate -----------------------------------------
+    @functools.cached_property
+    def train_run(self) -> TrainRun:
+        """The Train run directory (checkpoints, best-dev checkpoint, summaries, report)."""
+        return TrainRun(self.work_dir / TRAIN_DIR / self.train_fingerprint)
 
-def find_export(config: Config) -> Path | None:
-    """The export carrying this config's export fingerprint: ``paths.export_dir`` itself or its
-    newest numbered version that matches; None when there is none."""
-    root = export_dir(config)
-    fingerprint = export_fingerprint(config)
-    versions = sorted((p for p in root.iterdir() if re.fullmatch(r"\d+", p.name)), key=lambda p: -int(p.name)) if root.is_dir() else []
-    for candidate in [root, *versions]:
-        meta = candidate / METADATA_NAME
-        try:
-            if json.loads(meta.read_text(encoding="utf-8")).get("fingerprint") == fingerprint:
-                return candidate
-        except (OSError, ValueError):
-            continue
-    return None
+    @functools.cached_property
+    def lm(self) -> LMFiles:
+        """The LanguageModel output directory (ARPA, vocabulary, report)."""
+        return LMFiles(self.work_dir / LM_DIR / self.lm_fingerprint)
+
+    @functools.cached_property
+    def tune_dir(self) -> Path:
+        """The TuneDecoder output directory."""
+        return self.work_dir / TUNE_DIR / self.tune_fingerprint
+
+    @property
+    def tune_report(self) -> Path:
+        """``tune.json``: the best alpha/beta and every trial."""
+        return self.tune_dir / "tune.json"
+
+    @functools.cached_property
+    def evaluate_dir(self) -> Path:
+        """The Evaluate report directory."""
+        return self.work_dir / EVALUATE_DIR / self.evaluate_fingerprint
+
+    @staticmethod
+    def evaluation_report(directory: Path) -> Path:
+        """``evaluation.json`` in an Evaluate output directory."""
+        return Path(directory) / "evaluation.json"
+
+    @staticmethod
+    def evaluation_text(directory: Path) -> Path:
+        """``evaluation.txt`` (the human-readable report) in an Evaluate output directory."""
+        return Path(directory) / "evaluation.txt"
+
+    # -- Export --------------------------------------------------------------------------------
+    def export_destination(self, version: Optional[int]) -> ExportFiles:
+        """Where a new export goes: ``export_root`` itself, or its numbered ``version``."""
+        return ExportFiles(self.export_root / str(version) if version is not None else self.export_root)
+
+    def export_versions(self) -> list[int]:
+        """The numbered versions under ``export_root``, highest first."""
+        root = self.export_root
+        numbers = [int(p.name) for p in root.iterdir() if re.fullmatch(r"\d+", p.name)] if root.is_dir() else []
+        return sorted(numbers, reverse=True)
+
+    def find_export(self) -> Optional[ExportFiles]:
+        """The export carrying this config's export fingerprint: ``export_root`` itself or its newest
+        numbered version that matches; None when there is none."""
+        candidates = [self.export_root, *(self.export_root / str(n) for n in self.export_versions())]
+        for candidate in candidates:
+            files = ExportFiles(candidate)
+            try:
+                if json.loads(files.metadata.read_text(encoding="utf-8")).get("fingerprint") == self.export_fingerprint:
+                    return files
+            except (OSError, ValueError):
+                continue
+        return None

@@ -7,28 +7,26 @@ is used as it is; the stage then only writes the vocabulary.
 """
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import shutil
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
-from native_client.alphabet import Alphabet
+from native_client.alphabet import Alphabet, load_alphabet
 from native_client.arpa import arpa_unigrams, is_arpa
 from native_client.beam import SPACE_TOKEN
-from pipeline import layout
-from pipeline.alphabet import load_alphabet
 from pipeline.config import Config
 from pipeline.corpus import read_manifests
-from pipeline.files import write_json_atomic, write_text_atomic
-from pipeline.locks import stage_lock
+from pipeline.files import write_text_atomic
 from pipeline.kneser_ney import LanguageModelError, estimate, write_arpa
+from pipeline.layout import Layout, LMFiles
+from pipeline.locks import stage_lock
+from pipeline.reports import LMReport, read_report, write_report
 
 log = logging.getLogger(__name__)
-
-WORD_LM, CHAR_LM, VOCAB, REPORT = "lm.arpa", "chars.arpa", "vocab.txt", "lm_report.json"
 
 
 def clean_line(line: str, alphabet: Alphabet) -> str:
@@ -80,72 +78,67 @@ def char_tokens(sentence: str) -> list[str]:
     return [SPACE_TOKEN if ch == " " else ch for ch in sentence]
 
 
-def build_language_model(config: Config, out_dir: Path,
-                         on_status: Callable[[str, float], None] = lambda message, percent: None) -> dict:
+def build_language_model(layout: Layout, on_status: Callable[[str, float], None] = lambda message, percent: None,
+                         files: Optional[LMFiles] = None) -> LMReport:
     """Write ``lm.arpa`` (or use ``decoder.lm_path``), ``chars.arpa`` when ``decoder.lexicon`` is off,
-    ``vocab.txt`` and ``lm_report.json`` into ``out_dir``; returns the report."""
-    out_dir = Path(out_dir)
-    with stage_lock(out_dir):
-        if (out_dir / REPORT).is_file():  # another pipeline sharing this LM built it meanwhile
-            return json.loads((out_dir / REPORT).read_text())
-        staging = out_dir.with_name(out_dir.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+    the vocabulary and the report into ``files`` (default: the fingerprinted LanguageModel directory)."""
+    files = files or layout.lm
+    with stage_lock(files.root):
+        if files.report.is_file():  # another pipeline sharing this LM built it meanwhile
+            return read_report(files.report, LMReport)
+        staging = LMFiles(files.staging)
+        shutil.rmtree(staging.root, ignore_errors=True)
+        staging.root.mkdir(parents=True)
         try:
-            report = _build(config, staging, on_status)
+            report = _build(layout, staging, on_status)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(staging.root, ignore_errors=True)
             raise
-        shutil.rmtree(out_dir, ignore_errors=True)
-        staging.rename(out_dir)
-    log.info("Language model: %s", {k: v for k, v in report.items() if k != "discounts"})
+        shutil.rmtree(files.root, ignore_errors=True)
+        staging.root.rename(files.root)
+    log.info("Language model: %s", {k: v for k, v in dataclasses.asdict(report).items() if k != "discounts"})
     return report
 
 
-def lm_file(out_dir: Path, report: dict, key: str = "lm") -> Path:
-    """Absolute path of the word (``lm``) or character (``char_lm``) model named in a report."""
-    value = Path(report[key])
-    return value if value.is_absolute() else Path(out_dir) / value
-
-
-def _build(config: Config, staging: Path, on_status: Callable[[str, float], None]) -> dict:
-    alphabet = load_alphabet(layout.alphabet_path(config))
+def _build(layout: Layout, staging: LMFiles, on_status: Callable[[str, float], None]) -> LMReport:
+    config = layout.config
+    alphabet = load_alphabet(layout.alphabet)
     decoder = config.decoder
     started = time.time()
-    report = {"fingerprint": layout.lm_fingerprint(config), "order": decoder.lm_order}
     stats: Counter = Counter()
+    extra: dict = {}
     on_status("reading the LM text", 5)
     sentences = list(lm_sentences(config, alphabet, stats)) if (decoder.lm_corpus_files or decoder.lm_include_train) else []
-    report.update(stats)
-    report["held_out_overlap"] = held_out_overlap(config, alphabet, set(sentences))
+    overlap = held_out_overlap(config, alphabet, set(sentences))
     if decoder.lm_path:
         lm_path = Path(decoder.lm_path)
         if not lm_path.is_file():
             raise LanguageModelError(f"decoder.lm_path: {lm_path} does not exist")
-        report["lm"] = str(lm_path.resolve())
+        lm = str(lm_path.resolve())
         arpa = is_arpa(lm_path)
         vocabulary = arpa_unigrams(lm_path) if arpa else sorted({w for s in sentences for w in s.split()})
-        report["vocabulary_source"] = "lm_path unigrams" if arpa else "LM text (lm_path is a binary)"
+        vocabulary_source = "lm_path unigrams" if arpa else "LM text (lm_path is a binary)"
     else:
         if not sentences:
             raise LanguageModelError("no LM text: set decoder.lm_corpus_files or decoder.lm_include_train")
         on_status(f"estimating the {decoder.lm_order}-gram word model from {len(sentences)} sentences", 20)
         model = estimate((s.split() for s in sentences), decoder.lm_order)
-        write_arpa(model, staging / WORD_LM)
-        report["lm"] = WORD_LM
-        report["ngrams"] = {str(n): len(model.prob[n]) + (1 if n == 1 else 0) for n in range(1, model.order + 1)}
-        report["discounts"] = {str(n): list(model.discounts[n]) for n in range(1, model.order + 1)}
-        report["discount_fallback_orders"] = model.fallback_orders
+        write_arpa(model, staging.word_arpa)
+        lm = staging.word_arpa.name
+        extra["ngrams"] = {str(n): len(model.prob[n]) + (1 if n == 1 else 0) for n in range(1, model.order + 1)}
+        extra["discounts"] = {str(n): list(model.discounts[n]) for n in range(1, model.order + 1)}
+        extra["discount_fallback_orders"] = model.fallback_orders
         counts = Counter(w for s in sentences for w in s.split())
         vocabulary = [w for w, _ in counts.most_common()]
-        report["vocabulary_source"] = "LM text"
+        vocabulary_source = "LM text"
     if not decoder.lexicon:
         on_status(f"estimating the {decoder.char_lm_order}-gram character model", 60)
         chars = estimate((char_tokens(s) for s in sentences), decoder.char_lm_order)
-        write_arpa(chars, staging / CHAR_LM)
-        report["char_lm"] = CHAR_LM
-    write_text_atomic(staging / VOCAB, "".join(w + "\n" for w in vocabulary))
-    report["vocabulary"] = len(vocabulary)
-    report["wall_time_s"] = round(time.time() - started, 1)
-    write_json_atomic(staging / REPORT, report)
+        write_arpa(chars, staging.char_arpa)
+        extra["char_lm"] = staging.char_arpa.name
+    write_text_atomic(staging.vocabulary, "".join(w + "\n" for w in vocabulary))
+    report = LMReport(fingerprint=layout.lm_fingerprint, order=decoder.lm_order, lm=lm, vocabulary=len(vocabulary),
+                      vocabulary_source=vocabulary_source, held_out_overlap=overlap,
+                      wall_time_s=round(time.time() - started, 1), **stats, **extra)
+    write_report(staging.report, report)
     return report

@@ -7,7 +7,7 @@ import numpy as np
 from rapidfuzz.distance import Levenshtein
 
 from native_client.decoding import best_path
-from pipeline.alphabet import Alphabet
+from native_client.alphabet import Alphabet
 
 
 @dataclass

@@ -19,6 +19,9 @@ from typing import Callable, Optional
 
 from pipeline.distribute import DistributionError
 
+# worker index -> its log file
+LogPaths = Callable[[int], Path]
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -48,14 +51,15 @@ def _die_with_parent() -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def start_workers(config_path: str | Path, count: int, log_dir: Path, env: Optional[dict] = None) -> list[subprocess.Popen]:
-    """Start ``count`` workers of ``python -m pipeline.train_worker``; their output goes to ``log_dir/worker-<i>.log``."""
-    log_dir.mkdir(parents=True, exist_ok=True)
+def start_workers(config_path: str | Path, count: int, logs: LogPaths, env: Optional[dict] = None) -> list[subprocess.Popen]:
+    """Start ``count`` workers of ``python -m pipeline.train_worker``; worker i's output goes to ``logs(i)``
+    (``TrainRun.worker_log`` for a Train run)."""
     addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
     processes = []
     for index in range(count):
         worker_env = {**os.environ, **(env or {}), "TF_CONFIG": tf_config(addresses, index)}
-        log = open(log_dir / f"worker-{index}.log", "w")
+        logs(index).parent.mkdir(parents=True, exist_ok=True)
+        log = open(logs(index), "w")
         processes.append(subprocess.Popen([sys.executable, "-m", "pipeline.train_worker", "--config", str(config_path)],
                                           env=worker_env, stdout=log, stderr=subprocess.STDOUT,
                                           preexec_fn=_die_with_parent if sys.platform == "linux" else None))
@@ -69,7 +73,7 @@ def _tail(path: Path, lines: int = 3) -> str:
         return ""
 
 
-def wait_for_workers(processes: list[subprocess.Popen], log_dir: Path, grace_s: float,
+def wait_for_workers(processes: list[subprocess.Popen], logs: LogPaths, grace_s: float,
                      on_poll: Callable[[str], None] = lambda last_line: None) -> None:
     """Wait for every worker; when one fails, give the others ``grace_s`` seconds to fail too
     (their collective timeout), then kill them. Raises DistributionError naming the failed workers."""
@@ -86,21 +90,21 @@ def wait_for_workers(processes: list[subprocess.Popen], log_dir: Path, grace_s: 
                         process.kill()
                         process.wait()
                 break
-        on_poll(_tail(log_dir / "worker-0.log", 1))
+        on_poll(_tail(logs(0), 1))
         time.sleep(1.0)
     codes = [p.wait() for p in processes]
     failures = [(i, c) for i, c in enumerate(codes) if c != 0]
     if failures:
-        details = "; ".join(f"worker {i} exit {c}: {_tail(log_dir / f'worker-{i}.log')}" for i, c in failures)
-        raise DistributionError(f"multi-worker training failed ({details}); logs in {log_dir}")
+        details = "; ".join(f"worker {i} exit {c}: {_tail(logs(i))}" for i, c in failures)
+        raise DistributionError(f"multi-worker training failed ({details}); logs in {logs(0).parent}")
 
 
-def launch_local_workers(config_path: str | Path, count: int, log_dir: Path, grace_s: float,
+def launch_local_workers(config_path: str | Path, count: int, logs: LogPaths, grace_s: float,
                          on_poll: Callable[[str], None] = lambda last_line: None) -> None:
     """Run ``count`` local workers to the end (see ``start_workers`` and ``wait_for_workers``)."""
-    processes = start_workers(config_path, count, log_dir)
+    processes = start_workers(config_path, count, logs)
     try:
-        wait_for_workers(processes, log_dir, grace_s, on_poll)
+        wait_for_workers(processes, logs, grace_s, on_poll)
     finally:
         for process in processes:
             if process.poll() is None:

@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 
-from pipeline.config import load_config
+from pipeline.config_loader import load_config
 
 
 def main(argv=None) -> int:
@@ -23,15 +23,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(process)d %(levelname)s %(message)s")
     from pipeline.distribute import DistributionError, cluster_role
-    from pipeline.training_run import train_stage
+    from pipeline.layout import Layout
+    from pipeline.train_stage import train_stage
 
     try:
-        report = train_stage(load_config(args.config))
+        report = train_stage(Layout(load_config(args.config)))
     except DistributionError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 3
-    print(json.dumps({"worker": cluster_role().index, "global_step": report["global_step"],
-                      "weights_sha256": report["weights_sha256"]}), flush=True)
+    print(json.dumps({"worker": cluster_role().index, "global_step": report.global_step,
+                      "weights_sha256": report.weights_sha256}), flush=True)
     return 0
 
 

@@ -20,16 +20,19 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from pipeline.alphabet import Alphabet
+from native_client.alphabet import Alphabet
 from pipeline.cache import CachedSplit
 from pipeline.checkpoints import check_geometry, named_weights, warm_start
 from pipeline.config import Config
 from pipeline.dataset import SplitTensors, steps_per_epoch, train_dataset
 from pipeline.distribute import ClusterRole
 from pipeline.early_stop import should_stop
-from pipeline.evaluation import make_forward, mean_loss, run_split
+from pipeline.epochs import epoch_target
+from pipeline.evaluation import make_forward, run_split
+from pipeline.layout import BEST_PREFIX, CHECKPOINT_PREFIX, TrainRun
 from pipeline.metrics import best_and_worst, corpus_rates, format_report
 from pipeline.model import build_model
+from pipeline.reports import DevFigures, StopRecord, TrainReport
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +92,7 @@ class Trainer:
                  hooks: Optional[TrainHooks] = None):
         self.config = config
         self.run_dir = Path(run_dir)
+        self.run = TrainRun(self.run_dir)
         self.train_data = train_data
         self.dev_data = dev_data
         self.alphabet = alphabet
@@ -98,8 +102,8 @@ class Trainer:
         self.towers = strategy.num_replicas_in_sync
         self.per_tower_batch, self.global_batch = global_batch_size(config, self.towers)
         self.steps_per_epoch = steps_per_epoch(len(train_data), self.global_batch)
-        write_root = self.run_dir if role.is_chief else self.run_dir / f".worker-{role.index}"
-        self.scratch = None if role.is_chief else write_root
+        writes = self.run if role.is_chief else self.run.worker_scratch(role.index)
+        self.scratch = None if role.is_chief else writes.root
         training = config.training
         with strategy.scope():
             self.model = build_model(config.model, train_data.features.shape[1], alphabet.n_classes)
@@ -109,10 +113,10 @@ class Trainer:
         self.state = _State()
         self.checkpoint = tf.train.Checkpoint(weights=named_weights(self.model), optimizer=self.optimizer,
                                               **self.state.variables())
-        self.manager = tf.train.CheckpointManager(self.checkpoint, str(write_root / "checkpoints"),
-                                                  max_to_keep=training.max_to_keep, checkpoint_name="ckpt")
-        self.best_manager = tf.train.CheckpointManager(self.checkpoint, str(write_root / "best"), max_to_keep=1,
-                                                       checkpoint_name="best")
+        self.manager = tf.train.CheckpointManager(self.checkpoint, str(writes.checkpoints),
+                                                  max_to_keep=training.max_to_keep, checkpoint_name=CHECKPOINT_PREFIX)
+        self.best_manager = tf.train.CheckpointManager(self.checkpoint, str(writes.best), max_to_keep=1,
+                                                       checkpoint_name=BEST_PREFIX)
         self._train_step = self._make_train_step()
         self._forward = make_forward(self.model, alphabet.blank_index)
         self._train_tensors = SplitTensors(train_data)
@@ -174,9 +178,9 @@ class Trainer:
 
     def restore(self) -> Optional[str]:
         """Restore the latest checkpoint (or warm-start from ``training.init_from``); returns what was loaded."""
-        latest = tf.train.latest_checkpoint(str(self.run_dir / "checkpoints"))
+        latest = tf.train.latest_checkpoint(str(self.run.checkpoints))
         if latest:
-            check_geometry(latest, self.model, self.run_dir / "checkpoints")
+            check_geometry(latest, self.model, self.run.checkpoints)
             self.checkpoint.restore(latest).expect_partial()
             log.info("Restored %s: epoch %d, step %d (%d of this epoch)", latest, int(self.state.epoch.numpy()),
                      int(self.state.global_step.numpy()), int(self.state.step_in_epoch.numpy()))
@@ -189,15 +193,9 @@ class Trainer:
         return None
 
     def _resolve_target(self, restored: bool) -> int:
-        epochs = self.config.training.epochs
-        epoch, stored = int(self.state.epoch.numpy()), int(self.state.target_epochs.numpy())
         unfinished = restored and not int(self.state.finished.numpy())
-        if epochs > 0:
-            target = epochs
-        elif unfinished and stored > 0:
-            target = stored  # a restarted "-N more" run keeps the target it started with
-        else:
-            target = epoch - epochs
+        target = epoch_target(self.config.training.epochs, int(self.state.epoch.numpy()),
+                              int(self.state.target_epochs.numpy()) if unfinished else 0)
         self.state.target_epochs.assign(target)
         self.state.finished.assign(0)
         return target
@@ -209,7 +207,7 @@ class Trainer:
         if self._writers is None:
             self._writers = {}
         if name not in self._writers:
-            self._writers[name] = tf.summary.create_file_writer(str(self.run_dir / "summaries" / name))
+            self._writers[name] = tf.summary.create_file_writer(str(self.run.summaries / name))
         return self._writers[name]
 
     def _learning_rate(self) -> float:
@@ -278,7 +276,61 @@ class Trainer:
         return {"epoch": epoch, "dev_loss": rates["loss"], "wer": rates["wer"], "cer": rates["cer"],
                 "samples": samples}
 
-    def fit(self) -> dict:
+    def _end_epoch(self, epoch: int, target: int, history: dict, best_loss: float) -> float:
+        """Close epoch ``epoch`` (0-based): record its loss, validate when due, advance the position and
+        save (the best-dev checkpoint too when it improved); returns the best dev loss so far."""
+        count = int(self.state.epoch_loss_count.numpy())
+        epoch_loss = float(self.state.epoch_loss_sum.numpy()) / count if count else float("nan")
+        history["epoch_losses"].append({"epoch": epoch + 1, "train_loss": epoch_loss})
+        log.info("Epoch %d/%d: mean train loss %.4f", epoch + 1, target, epoch_loss)
+        if self.hooks.on_epoch:
+            self.hooks.on_epoch({"epoch": epoch + 1, "target_epochs": target, "train_loss": epoch_loss})
+        is_best, best_loss = self._validate_and_decide(epoch + 1, history, best_loss)
+        self.state.epoch.assign_add(1)
+        self.state.step_in_epoch.assign(0)
+        self.state.epoch_loss_sum.assign(0.0)
+        self.state.epoch_loss_count.assign(0)
+        self._set_history(history)
+        if is_best:
+            self.best_manager.save(checkpoint_number=int(self.state.global_step.numpy()))
+        self._save()
+        return best_loss
+
+    def _validate_and_decide(self, epoch: int, history: dict, best_loss: float) -> tuple[bool, float]:
+        """The end-of-epoch policy after epoch ``epoch`` (1-based): validate when due, then decide whether
+        this is the best-dev model, whether to halve the learning rate, and whether to stop early
+        (recorded in ``history["stop"]``). Returns (best-dev model?, best dev loss so far)."""
+        training = self.config.training
+        due = self.dev_data is not None and training.validation_epochs and epoch % training.validation_epochs == 0
+        if not due:
+            if training.validation_epochs == 0 and self.config.early_stop.rule != "off" and epoch == 1:
+                log.warning("early_stop.rule is %r but validation is off (training.validation_epochs: 0): "
+                            "no early stopping", self.config.early_stop.rule)
+            return False, best_loss
+        validation = self.validate(epoch)
+        history["validations"].append(validation)
+        with self._writer("dev").as_default(step=int(self.state.global_step.numpy())):
+            for key in ("dev_loss", "wer", "cer"):
+                tf.summary.scalar(key.replace("dev_", ""), validation[key])
+        if training.wer_log_pattern:
+            print(training.wer_log_pattern.format(epoch=epoch, wer=validation["wer"], cer=validation["cer"],
+                                                  loss=validation["dev_loss"]), flush=True)
+        is_best = validation["dev_loss"] < best_loss
+        if not is_best and training.halve_lr_on_plateau:
+            self.state.lr_factor.assign(self.state.lr_factor * 0.5)
+            log.info("Dev loss %.4f is worse than the best %.4f: learning rate halved to %.3g",
+                     validation["dev_loss"], best_loss, self._learning_rate())
+        decision = should_stop([v["dev_loss"] for v in history["validations"]], self.config.early_stop)
+        if decision is not None:
+            log.info("Early stop check (%s rule): %s", decision.rule, decision.reason)
+            if decision.stop:
+                history["stop"] = {"rule": decision.rule, "reason": decision.reason, "epoch": epoch}
+                log.warning("Early stop after epoch %d by the %s rule: %s", epoch, decision.rule, decision.reason)
+        if self.hooks.on_validation:
+            self.hooks.on_validation(validation)
+        return is_best, min(best_loss, validation["dev_loss"])
+
+    def fit(self) -> TrainReport:
         """Train until the target epoch or an early stop; returns the training report."""
         started = time.monotonic()
         restored = self.restore() is not None
@@ -324,49 +376,7 @@ class Trainer:
                                             "step_in_epoch": int(self.state.step_in_epoch.numpy()),
                                             "steps_per_epoch": self.steps_per_epoch, "loss": self._last_loss,
                                             "elapsed_s": time.monotonic() - started})
-            count = int(self.state.epoch_loss_count.numpy())
-            epoch_loss = float(self.state.epoch_loss_sum.numpy()) / count if count else float("nan")
-            history["epoch_losses"].append({"epoch": epoch + 1, "train_loss": epoch_loss})
-            log.info("Epoch %d/%d: mean train loss %.4f", epoch + 1, target, epoch_loss)
-            if self.hooks.on_epoch:
-                self.hooks.on_epoch({"epoch": epoch + 1, "target_epochs": target, "train_loss": epoch_loss})
-
-            save_best = False
-            if self.dev_data is not None and training.validation_epochs and (epoch + 1) % training.validation_epochs == 0:
-                validation = self.validate(epoch + 1)
-                history["validations"].append(validation)
-                with self._writer("dev").as_default(step=int(self.state.global_step.numpy())):
-                    for key in ("dev_loss", "wer", "cer"):
-                        tf.summary.scalar(key.replace("dev_", ""), validation[key])
-                if training.wer_log_pattern:
-                    print(training.wer_log_pattern.format(epoch=epoch + 1, wer=validation["wer"],
-                                                          cer=validation["cer"], loss=validation["dev_loss"]), flush=True)
-                save_best = validation["dev_loss"] < best_loss
-                if not save_best and training.halve_lr_on_plateau:
-                    self.state.lr_factor.assign(self.state.lr_factor * 0.5)
-                    log.info("Dev loss %.4f is worse than the best %.4f: learning rate halved to %.3g",
-                             validation["dev_loss"], best_loss, self._learning_rate())
-                decision = should_stop([v["dev_loss"] for v in history["validations"]], self.config.early_stop)
-                if decision is not None:
-                    log.info("Early stop check (%s rule): %s", decision.rule, decision.reason)
-                    if decision.stop:
-                        history["stop"] = {"rule": decision.rule, "reason": decision.reason, "epoch": epoch + 1}
-                        log.warning("Early stop after epoch %d by the %s rule: %s", epoch + 1, decision.rule, decision.reason)
-                best_loss = min(best_loss, validation["dev_loss"])
-                if self.hooks.on_validation:
-                    self.hooks.on_validation(validation)
-            elif training.validation_epochs == 0 and self.config.early_stop.rule != "off" and epoch == 0:
-                log.warning("early_stop.rule is %r but validation is off (training.validation_epochs: 0): no early stopping",
-                            self.config.early_stop.rule)
-
-            self.state.epoch.assign_add(1)
-            self.state.step_in_epoch.assign(0)
-            self.state.epoch_loss_sum.assign(0.0)
-            self.state.epoch_loss_count.assign(0)
-            self._set_history(history)
-            if save_best:
-                self.best_manager.save(checkpoint_number=int(self.state.global_step.numpy()))
-            self._save()
+            best_loss = self._end_epoch(epoch, target, history, best_loss)
             last_save = time.monotonic()
 
         self.state.finished.assign(1)
@@ -380,25 +390,26 @@ class Trainer:
             shutil.rmtree(self.scratch, ignore_errors=True)
         return self._report(history, target, time.monotonic() - started)
 
-    def _report(self, history: dict, target: int, wall: float) -> dict:
+    def _report(self, history: dict, target: int, wall: float) -> TrainReport:
         validations = history["validations"]
         best = min(validations, key=lambda v: v["dev_loss"]) if validations else None
         stop = history["stop"] or {"rule": None, "reason": f"reached the target of {target} epochs"}
-        return {
-            "epochs_completed": int(self.state.epoch.numpy()),
-            "target_epochs": target,
-            "global_step": int(self.state.global_step.numpy()),
-            "steps_per_epoch": self.steps_per_epoch,
-            "towers": self.towers,
-            "batch_size_per_tower": self.per_tower_batch,
-            "global_batch_size": self.global_batch,
-            "train_losses": history["epoch_losses"],
-            "validations": [{k: v[k] for k in ("epoch", "dev_loss", "wer", "cer")} for v in validations],
-            "best_dev": {k: best[k] for k in ("epoch", "dev_loss", "wer", "cer")} if best else None,
-            "last_samples": validations[-1]["samples"] if validations else None,
-            "stop": stop,
-            "skipped_batches": history["skipped_batches"],
-            "best_checkpoint": self.best_manager.latest_checkpoint,
-            "latest_checkpoint": self.manager.latest_checkpoint,
-            "wall_time_s_this_run": wall,
-        }
+        figures = ("epoch", "dev_loss", "wer", "cer")
+        return TrainReport(
+            epochs_completed=int(self.state.epoch.numpy()),
+            target_epochs=target,
+            global_step=int(self.state.global_step.numpy()),
+            steps_per_epoch=self.steps_per_epoch,
+            towers=self.towers,
+            batch_size_per_tower=self.per_tower_batch,
+            global_batch_size=self.global_batch,
+            train_losses=history["epoch_losses"],
+            validations=[{k: v[k] for k in figures} for v in validations],
+            best_dev=DevFigures(**{k: best[k] for k in figures}) if best else None,
+            last_samples=validations[-1]["samples"] if validations else None,
+            stop=StopRecord(**stop),
+            skipped_batches=history["skipped_batches"],
+            best_checkpoint=self.best_manager.latest_checkpoint,
+            latest_checkpoint=self.manager.latest_checkpoint,
+            wall_time_s_this_run=wall,
+        )

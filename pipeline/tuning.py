@@ -5,18 +5,18 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import optuna
 
-from pipeline import layout
-from pipeline.alphabet import load_alphabet
+from native_client.alphabet import load_alphabet
 from pipeline.cache import read_cache
-from pipeline.config import Config
-from pipeline.decoding import TUNE_RESULT, configured_settings, decode_results, make_beam_decoder
+from pipeline.checkpoints import load_trained_model
+from pipeline.decoding import configured_settings, decode_results, make_beam_decoder
 from pipeline.evaluation import run_split
-from pipeline.files import write_json_atomic
+from pipeline.layout import Layout
 from pipeline.metrics import corpus_rates
+from pipeline.reports import TunedPair, TuneReport, write_report
 
 log = logging.getLogger(__name__)
 
@@ -24,15 +24,15 @@ ALPHA_RANGE = (0.0, 5.0)
 BETA_RANGE = (-2.0, 5.0)
 
 
-def tune_decoder(config: Config, out_dir: Path,
-                 on_trial: Callable[[int, int, dict], None] = lambda done, total, best: None) -> dict:
+def tune_decoder(layout: Layout, on_trial: Callable[[int, int, dict], None] = lambda done, total, best: None,
+                 report_path: Optional[Path] = None) -> TuneReport:
     """Decode the dev split's logits over ``decoder.tune_trials`` (alpha, beta) pairs; the best pair
-    has the lowest dev WER (CER breaks ties). Writes ``tune.json`` with the best pair and every trial."""
-    from pipeline.training_run import load_trained_model
-
-    alphabet = load_alphabet(layout.alphabet_path(config))
-    dev = read_cache(layout.features_path(config, "dev"), config.features)
-    model = load_trained_model(config, layout.train_dir(config) / "best", dev.features.shape[1], alphabet.n_classes)
+    has the lowest dev WER (CER breaks ties). Writes ``tune.json`` (default: the fingerprinted TuneDecoder
+    directory's) with the best pair and every trial."""
+    config = layout.config
+    alphabet = load_alphabet(layout.alphabet)
+    dev = read_cache(layout.features_cache("dev"), config.features)
+    model = load_trained_model(config, layout.train_run.best, dev.features.shape[1], alphabet.n_classes)
     logits: dict = {}
     greedy = run_split(model, dev, alphabet, config.training.dev_batch_size, config.model.n_context, logits_sink=logits)
     base = configured_settings(config)
@@ -42,7 +42,7 @@ def tune_decoder(config: Config, out_dir: Path,
     def objective(trial: optuna.Trial) -> float:
         alpha = trial.suggest_float("lm_alpha", *ALPHA_RANGE)
         beta = trial.suggest_float("lm_beta", *BETA_RANGE)
-        decoder = make_beam_decoder(config, alphabet, dataclasses.replace(base, lm_alpha=alpha, lm_beta=beta))
+        decoder = make_beam_decoder(layout, alphabet, dataclasses.replace(base, lm_alpha=alpha, lm_beta=beta))
         rates = corpus_rates(decode_results(decoder, greedy, logits))
         trials.append({"trial": trial.number, "lm_alpha": alpha, "lm_beta": beta, "wer": rates["wer"], "cer": rates["cer"]})
         best = min(trials, key=lambda t: (t["wer"], t["cer"]))
@@ -57,11 +57,12 @@ def tune_decoder(config: Config, out_dir: Path,
     study.optimize(objective, n_trials=config.decoder.tune_trials)
     best = min(trials, key=lambda t: (t["wer"], t["cer"]))
     greedy_rates = corpus_rates(greedy)
-    result = {"best": {"lm_alpha": best["lm_alpha"], "lm_beta": best["lm_beta"], "wer": best["wer"], "cer": best["cer"]},
-              "greedy": {"wer": greedy_rates["wer"], "cer": greedy_rates["cer"]},
-              "search": {"sampler": "optuna TPE", "alpha_range": ALPHA_RANGE, "beta_range": BETA_RANGE,
-                         "beam_width": base.beam_width, "lexicon": base.lexicon, "dev_samples": len(dev)},
-              "trials": trials, "wall_time_s": round(time.time() - started, 1)}
-    write_json_atomic(Path(out_dir) / TUNE_RESULT, result)
+    result = TuneReport(
+        best=TunedPair(lm_alpha=best["lm_alpha"], lm_beta=best["lm_beta"], wer=best["wer"], cer=best["cer"]),
+        greedy={"wer": greedy_rates["wer"], "cer": greedy_rates["cer"]},
+        search={"sampler": "optuna TPE", "alpha_range": list(ALPHA_RANGE), "beta_range": list(BETA_RANGE),
+                "beam_width": base.beam_width, "lexicon": base.lexicon, "dev_samples": len(dev)},
+        trials=trials, wall_time_s=round(time.time() - started, 1))
+    write_report(report_path or layout.tune_report, result)
     log.info("Tuned: alpha %.3f beta %.3f dev WER %.4f (greedy %.4f)", best["lm_alpha"], best["lm_beta"], best["wer"], greedy_rates["wer"])
     return result

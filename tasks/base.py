@@ -8,7 +8,9 @@ from pathlib import Path
 import luigi
 from tqdm import tqdm
 
-from pipeline.config import Config, load_config
+from pipeline.config import Config
+from pipeline.config_loader import load_config
+from pipeline.layout import Layout
 
 
 class ConfigTask(luigi.Task):
@@ -20,6 +22,11 @@ class ConfigTask(luigi.Task):
     def cfg(self) -> Config:
         """The loaded, validated config."""
         return load_config(self.config)
+
+    @functools.cached_property
+    def layout(self) -> Layout:
+        """Every stage path and fingerprint of the config (each computed once)."""
+        return Layout(self.cfg)
 
     def stage_paths(self) -> list[Path]:
         """Everything this stage wrote (what a forced re-run removes); by default its output."""

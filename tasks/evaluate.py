@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import luigi
 
-from pipeline import layout
 from tasks.base import ConfigTask
 from tasks.features import FeaturesSplit
 from tasks.language_model import decoder_requirements
@@ -19,18 +18,18 @@ class Evaluate(ConfigTask):
                 **decoder_requirements(self)}
 
     def output(self):
-        return luigi.LocalTarget(str(layout.evaluate_dir(self.cfg) / "evaluation.json"))
+        return luigi.LocalTarget(str(self.layout.evaluation_report(self.layout.evaluate_dir)))
 
     def stage_paths(self):
-        return [layout.evaluate_dir(self.cfg)]
+        return [self.layout.evaluate_dir]
 
     def run(self):
-        from pipeline.training_run import evaluate_stage
+        from pipeline.evaluate_stage import evaluate_stage
 
         self.set_status_message("decoding the test split")
-        report = evaluate_stage(self.cfg, layout.evaluate_dir(self.cfg), beam=True)
+        report = evaluate_stage(self.layout, beam=True)
         self.set_progress_percentage(100)
-        summary = (f"greedy WER {report['wer']:.4f} CER {report['cer']:.4f}; "
-                   f"beam+LM WER {report['wer_lm']:.4f} CER {report['cer_lm']:.4f}; loss {report['loss']:.3f}")
+        summary = (f"greedy WER {report.wer:.4f} CER {report.cer:.4f}; "
+                   f"beam+LM WER {report.wer_lm:.4f} CER {report.cer_lm:.4f}; loss {report.loss:.3f}")
         self.set_status_message(summary)
-        print(f"Test {summary} ({report['samples_count']} samples) -> {self.output().path}")
+        print(f"Test {summary} ({report.samples_count} samples) -> {self.output().path}")

@@ -5,8 +5,8 @@ import logging
 
 import luigi
 
-from pipeline import layout
-from pipeline.featurize import build_split_cache, rejects_path
+from pipeline.featurize import build_split_cache
+from pipeline.layout import SPLITS
 from tasks.base import ConfigTask, Progress
 
 log = logging.getLogger("luigi-interface")
@@ -15,14 +15,14 @@ log = logging.getLogger("luigi-interface")
 class FeaturesSplit(ConfigTask):
     """The feature cache of one split (train, dev or test); its path carries the Features fingerprint."""
 
-    split = luigi.ChoiceParameter(choices=layout.SPLITS, description="Which split to featurise.")
+    split = luigi.ChoiceParameter(choices=SPLITS, description="Which split to featurise.")
 
     def output(self):
-        return luigi.LocalTarget(str(layout.features_path(self.cfg, self.split)), format=luigi.format.Nop)
+        return luigi.LocalTarget(str(self.layout.features_cache(self.split)), format=luigi.format.Nop)
 
     def stage_paths(self):
-        cache = layout.features_path(self.cfg, self.split)
-        return [cache, rejects_path(cache), cache.with_name(cache.stem + ".parts")]
+        return [self.layout.features_cache(self.split), self.layout.rejects_report(self.split),
+                self.layout.features_parts(self.split)]
 
     def run(self):
         progress = Progress(self, total=1, unit="file", description=f"features {self.split}")
@@ -33,7 +33,7 @@ class FeaturesSplit(ConfigTask):
                                   f"{seconds / 3600:.2f} h audio", force=done == total)
 
         try:
-            summary = build_split_cache(self.cfg, self.split, report)
+            summary = build_split_cache(self.layout, self.split, report)
         finally:
             progress.close()
         log.info("Features %s: %d kept, %d rejected %s, %.2f h audio; rejects report %s", self.split,
@@ -49,4 +49,4 @@ class Features(luigi.WrapperTask):
     config = luigi.Parameter(description="Path of the YAML config file.")
 
     def requires(self):
-        return [FeaturesSplit(config=self.config, split=split) for split in layout.SPLITS]
+        return [FeaturesSplit(config=self.config, split=split) for split in SPLITS]

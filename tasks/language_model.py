@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import luigi
 
-from pipeline import layout
 from tasks.base import ConfigTask
 from tasks.features import FeaturesSplit
 from tasks.training import Train
@@ -13,10 +12,10 @@ class LanguageModel(ConfigTask):
     """Build the word n-gram LM (modified Kneser-Ney, ARPA) and vocabulary, or adopt ``decoder.lm_path``."""
 
     def output(self):
-        return luigi.LocalTarget(str(layout.lm_dir(self.cfg) / "lm_report.json"))
+        return luigi.LocalTarget(str(self.layout.lm.report))
 
     def stage_paths(self):
-        return [layout.lm_dir(self.cfg)]
+        return [self.layout.lm.root]
 
     def run(self):
         from pipeline.lm import build_language_model
@@ -25,10 +24,10 @@ class LanguageModel(ConfigTask):
             self.set_status_message(message)
             self.set_progress_percentage(percent)
 
-        report = build_language_model(self.cfg, layout.lm_dir(self.cfg), on_status=status)
+        report = build_language_model(self.layout, on_status=status)
         self.set_progress_percentage(100)
-        self.set_status_message(f"{report.get('sentences', 0)} sentences, vocabulary {report['vocabulary']}, "
-                                f"n-grams {report.get('ngrams', 'from lm_path')}")
+        self.set_status_message(f"{report.sentences} sentences, vocabulary {report.vocabulary}, "
+                                f"n-grams {report.ngrams or 'from lm_path'}")
 
 
 class TuneDecoder(ConfigTask):
@@ -39,10 +38,10 @@ class TuneDecoder(ConfigTask):
                 "dev": FeaturesSplit(config=self.config, split="dev")}
 
     def output(self):
-        return luigi.LocalTarget(str(layout.tune_dir(self.cfg) / "tune.json"))
+        return luigi.LocalTarget(str(self.layout.tune_report))
 
     def stage_paths(self):
-        return [layout.tune_dir(self.cfg)]
+        return [self.layout.tune_dir]
 
     def run(self):
         from pipeline.tuning import tune_decoder
@@ -52,7 +51,7 @@ class TuneDecoder(ConfigTask):
             self.set_status_message(f"trial {done}/{total}: best alpha {best['lm_alpha']:.2f}, "
                                     f"beta {best['lm_beta']:.2f}, dev WER {best['wer']:.4f}")
 
-        tune_decoder(self.cfg, layout.tune_dir(self.cfg), on_trial=trial)
+        tune_decoder(self.layout, on_trial=trial)
 
 
 def decoder_requirements(task: ConfigTask) -> dict:

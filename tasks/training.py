@@ -1,14 +1,14 @@
 """The Train task."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 
 import luigi
 
-from pipeline import layout
+from pipeline.epochs import training_done
+from pipeline.reports import TrainReport, read_report
 from tasks.base import ConfigTask, Progress
 from tasks.features import FeaturesSplit
 
@@ -28,37 +28,32 @@ class Train(ConfigTask):
                 "dev": FeaturesSplit(config=self.config, split="dev")}
 
     def output(self):
-        return luigi.LocalTarget(str(layout.train_dir(self.cfg) / "train_report.json"))
+        return luigi.LocalTarget(str(self.layout.train_run.report))
 
     def stage_paths(self):
-        return [layout.train_dir(self.cfg)]
+        return [self.layout.train_run.root]
 
     def complete(self):
-        if not self.output().exists():
-            return False
-        report = json.loads(open(self.output().path).read())
-        epochs = self.cfg.training.epochs
-        stopped_early = (report.get("stop") or {}).get("rule") is not None
-        return epochs < 0 or stopped_early or report.get("epochs_completed", 0) >= epochs
+        report = self.layout.train_run.report
+        return report.is_file() and training_done(self.cfg.training.epochs, read_report(report, TrainReport))
 
     def run(self):
         distribution = self.cfg.distribution
         if distribution.local_workers and "TF_CONFIG" not in os.environ:
             self._run_local_workers()
             return
+        from pipeline.train_stage import train_stage
         from pipeline.trainer import TrainHooks
-        from pipeline.training_run import train_stage
 
         progress = _TrainProgress(self)
         try:
-            report = train_stage(self.cfg, hooks=TrainHooks(on_step=progress.on_step,
-                                                             on_validation=progress.on_validation))
+            report = train_stage(self.layout, hooks=TrainHooks(on_step=progress.on_step,
+                                                               on_validation=progress.on_validation))
         finally:
             progress.bar.close()
         self.set_progress_percentage(100)
-        self.set_status_message(f"done: {report['epochs_completed']} epochs, {report['global_step']} steps; "
-                                f"stop: {report['stop']['reason']}")
-
+        self.set_status_message(f"done: {report.epochs_completed} epochs, {report.global_step} steps; "
+                                f"stop: {report.stop.reason}")
 
     def _run_local_workers(self):
         """``distribution.local_workers`` worker processes on this machine (multi-worker all-reduce)."""
@@ -68,17 +63,17 @@ class Train(ConfigTask):
         distribution = self.cfg.distribution
         if distribution.strategy != "multi_worker":
             raise DistributionError(f"{self.config}: distribution.local_workers needs distribution.strategy: multi_worker")
-        log_dir = layout.train_dir(self.cfg) / "logs"
+        run = self.layout.train_run
 
         def poll(last_line: str) -> None:
             self.set_status_message(f"{distribution.local_workers} workers; worker 0: {last_line[-200:]}")
 
-        launch_local_workers(self.config, distribution.local_workers, log_dir,
+        launch_local_workers(self.config, distribution.local_workers, run.worker_log,
                              grace_s=distribution.collective_timeout_s + 30, on_poll=poll)
-        report = json.loads(open(self.output().path).read())
+        report = read_report(run.report, TrainReport)
         self.set_progress_percentage(100)
-        self.set_status_message(f"done on {distribution.local_workers} workers: {report['epochs_completed']} epochs, "
-                                f"{report['global_step']} steps")
+        self.set_status_message(f"done on {distribution.local_workers} workers: {report.epochs_completed} epochs, "
+                                f"{report.global_step} steps")
 
 
 class _TrainProgress(Progress):

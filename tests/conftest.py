@@ -70,12 +70,12 @@ def small_config(tmp_path):
 
 def build_features(config, splits=("train", "dev", "test")) -> None:
     """Build the feature caches a test needs (skipping those that exist)."""
-    from pipeline import layout
+    from pipeline.layout import Layout
     from pipeline.featurize import build_split_cache
 
     for split in splits:
-        if not layout.features_path(config, split).exists():
-            build_split_cache(config, split)
+        if not Layout(config).features_cache(split).exists():
+            build_split_cache(Layout(config), split)
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.alphabet import AlphabetError, Alphabet, load_alphabet, parse_alphabet
+from native_client.alphabet import AlphabetError, Alphabet, load_alphabet, parse_alphabet
 from tests.conftest import ALPHABET
 
 

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import layout
-from pipeline.config import ConfigError, config_to_dict, documented_keys, load_config
+from pipeline.layout import Layout
+from pipeline.config import ConfigError
+from pipeline.config_loader import config_to_dict, documented_keys, load_config
 from tests.conftest import ROOT
 
 
@@ -77,7 +78,7 @@ def test_extends_cycle_is_reported(write_config):
 def test_misspelt_key_fails_fast_from_the_command_line(write_config):
     path = write_config("training:\n  epoch: 3\n")
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", "import sys; from pipeline.config import load_config, ConfigError\n"
+    result = subprocess.run([sys.executable, "-c", "import sys; from pipeline.config_loader import load_config, ConfigError\n"
                              "try:\n    load_config(sys.argv[1])\nexcept ConfigError as e:\n    print(e); sys.exit(2)",
                              str(path)], capture_output=True, text=True, cwd=ROOT)
     elapsed = time.monotonic() - started
@@ -95,29 +96,29 @@ def test_fingerprints_move_only_the_stages_that_depend_on_a_setting(write_config
     workers = load_config(write_config(base + "features:\n  workers: 1\n", "d.yaml"))
     epochs = load_config(write_config(base + "training:\n  epochs: 7\n", "e.yaml"))
 
-    assert layout.features_fingerprint(a, "train") == layout.features_fingerprint(hidden, "train")
-    assert layout.train_fingerprint(a) != layout.train_fingerprint(hidden)
-    assert layout.evaluate_fingerprint(a) != layout.evaluate_fingerprint(hidden)
+    assert Layout(a).features_fingerprint("train") == Layout(hidden).features_fingerprint("train")
+    assert Layout(a).train_fingerprint != Layout(hidden).train_fingerprint
+    assert Layout(a).evaluate_fingerprint != Layout(hidden).evaluate_fingerprint
 
-    assert layout.features_fingerprint(a, "train") != layout.features_fingerprint(numcep, "train")
-    assert layout.train_fingerprint(a) != layout.train_fingerprint(numcep)
+    assert Layout(a).features_fingerprint("train") != Layout(numcep).features_fingerprint("train")
+    assert Layout(a).train_fingerprint != Layout(numcep).train_fingerprint
 
-    assert layout.features_fingerprint(a, "train") == layout.features_fingerprint(workers, "train")
-    assert layout.train_fingerprint(a) == layout.train_fingerprint(workers)
+    assert Layout(a).features_fingerprint("train") == Layout(workers).features_fingerprint("train")
+    assert Layout(a).train_fingerprint == Layout(workers).train_fingerprint
 
     # More epochs continue the same Train run, but Evaluate must be redone.
-    assert layout.train_fingerprint(a) == layout.train_fingerprint(epochs)
-    assert layout.evaluate_fingerprint(a) != layout.evaluate_fingerprint(epochs)
+    assert Layout(a).train_fingerprint == Layout(epochs).train_fingerprint
+    assert Layout(a).evaluate_fingerprint != Layout(epochs).evaluate_fingerprint
 
-    assert layout.features_fingerprint(a, "train") != layout.features_fingerprint(a, "dev")
+    assert Layout(a).features_fingerprint("train") != Layout(a).features_fingerprint("dev")
 
 
 def test_work_dir_defaults_to_xdg_data_home(write_config, monkeypatch, tmp_path):
     config = load_config(write_config("model:\n  n_hidden: 8\n"))
-    assert layout.work_dir(config).name == "luigi-deepspeech"
-    assert layout.export_dir(config) == layout.work_dir(config) / "export"
+    assert Layout(config).work_dir.name == "luigi-deepspeech"
+    assert Layout(config).export_root == Layout(config).work_dir / "export"
     config = load_config(write_config("paths:\n  work_dir: out\n"))
-    assert layout.work_dir(config) == tmp_path / "out"
+    assert Layout(config).work_dir == tmp_path / "out"
 
 
 def test_every_key_is_documented_in_the_readme():

@@ -12,8 +12,8 @@ import pytest
 
 from native_client import Model, load_metadata, open_model
 from native_client.beam import BeamDecoder, beam_decoder_for_export
-from pipeline import layout
-from pipeline.config import load_config
+from pipeline.config_loader import load_config
+from pipeline.layout import Layout, LMFiles
 from pipeline.kneser_ney import LanguageModelError
 from pipeline.lm import build_language_model
 from tasks import Evaluate, Export, LanguageModel, TuneDecoder
@@ -26,7 +26,7 @@ def test_language_model_task_writes_an_arpa_kenlm_reads(small_config):
     path = small_config(limit_train=10)
     assert luigi.build([LanguageModel(config=str(path))], local_scheduler=True)
     config = load_config(path)
-    directory = layout.lm_dir(config)
+    directory = Layout(config).lm.root
     report = json.loads((directory / "lm_report.json").read_text())
     assert report["corpus_lines"] == 20000 and report["train_transcripts"] == 10 and report["held_out_overlap"] == 0
     model = kenlm.Model(str(directory / "lm.arpa"))
@@ -37,13 +37,13 @@ def test_language_model_task_writes_an_arpa_kenlm_reads(small_config):
 def test_language_model_refuses_held_out_text_and_adopts_a_given_lm(small_config, tmp_path):
     leaky = load_config(small_config("leaky.yaml", extra=f"decoder:\n  lm_corpus_files: [{SAMPLE / 'test.csv'}]\n"))
     with pytest.raises(LanguageModelError, match="test.csv is a dev/test manifest"):
-        build_language_model(leaky, tmp_path / "leaky")
+        build_language_model(Layout(leaky), files=LMFiles(tmp_path / "leaky"))
     assert not (tmp_path / "leaky").exists() and not (tmp_path / "leaky.partial").exists()
     arpa = tmp_path / "mine.arpa"
     arpa.write_text("\\data\\\nngram 1=4\n\n\\1-grams:\n-99\t<s>\t0\n-1\t</s>\n-1\t<unk>\n-0.5\tamen\n\n\\end\\\n")
     given = load_config(small_config("given.yaml", extra=f"decoder:\n  lm_path: {arpa}\n  lm_include_train: false\n  lm_corpus_files: []\n"))
-    report = build_language_model(given, tmp_path / "given")
-    assert report["lm"] == str(arpa) and (tmp_path / "given" / "vocab.txt").read_text() == "amen\n"
+    report = build_language_model(Layout(given), files=LMFiles(tmp_path / "given"))
+    assert report.lm == str(arpa) and (tmp_path / "given" / "vocab.txt").read_text() == "amen\n"
 
 
 def _tiny_pipeline(small_config, extra: str = ""):
@@ -62,11 +62,11 @@ def test_tune_evaluate_and_export_use_the_lm(small_config, tmp_path):
     path.write_text(path.read_text().replace("  tune_trials: 3\n", "  tune_trials: 3\n  tune: true\n"))
     assert luigi.build([Evaluate(config=str(path)), Export(config=str(path))], local_scheduler=True)
     config = load_config(path)
-    tuned = json.loads((layout.tune_dir(config) / "tune.json").read_text())
+    tuned = json.loads((Layout(config).tune_dir / "tune.json").read_text())
     assert len(tuned["trials"]) == 3 and tuned["trials"][0]["lm_alpha"] == config.decoder.lm_alpha
     best = tuned["best"]
     assert best["wer"] == min(t["wer"] for t in tuned["trials"]) and 0 <= best["lm_alpha"] <= 5
-    evaluation = json.loads((layout.evaluate_dir(config) / "evaluation.json").read_text())
+    evaluation = json.loads((Layout(config).evaluate_dir / "evaluation.json").read_text())
     assert {"wer", "cer", "wer_lm", "cer_lm"} <= set(evaluation)
     assert evaluation["decoder_lm"]["lm_alpha"] == best["lm_alpha"] and evaluation["decoder_lm"]["beam_width"] == 16
     metadata = load_metadata(tmp_path / "export")
@@ -78,7 +78,7 @@ def test_tune_evaluate_and_export_use_the_lm(small_config, tmp_path):
 
     clip = str(SAMPLE / "test" / "00001.flac")
     runs = {}
-    for flag in ([], ["--no-scorer"], ["--scorer", str(layout.lm_dir(config) / "lm.arpa"), "--beam-width", "4"]):
+    for flag in ([], ["--no-scorer"], ["--scorer", str(Layout(config).lm.root / "lm.arpa"), "--beam-width", "4"]):
         script = textwrap.dedent(f"""
             import sys
             from native_client.__main__ import main

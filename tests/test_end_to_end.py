@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import layout
-from pipeline.config import load_config
+from pipeline.config_loader import load_config
+from pipeline.layout import Layout
 from pipeline.multiworker import free_ports
 from tests.conftest import ROOT, SAMPLE
 
@@ -83,14 +83,14 @@ decoder:
     assert all("kept" in t["status_message"] for t in done.values() if t["name"] == "FeaturesSplit")
 
     config = load_config(path)
-    features = layout.features_path(config, "train")
+    features = Layout(config).features_cache("train")
     before = (features.stat().st_mtime_ns, _digest(features))
-    report = layout.train_dir(config) / "train_report.json"
+    report = Layout(config).train_run.root / "train_report.json"
     report_before = report.stat().st_mtime_ns
     rerun = subprocess.run([sys.executable, "-m", "tasks.rerun", "Train", "--config", str(path), "--audio", str(CLIP),
                             *scheduler], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert f"removing {layout.train_dir(config)}" in rerun.stdout and "removing " + str(features) not in rerun.stdout
+    assert f"removing {Layout(config).train_run.root}" in rerun.stdout and "removing " + str(features) not in rerun.stdout
     assert (features.stat().st_mtime_ns, _digest(features)) == before
     assert report.stat().st_mtime_ns != report_before
     assert json.loads(report.read_text())["global_step"] == 8

@@ -15,10 +15,12 @@ import soundfile
 from native_client import ExportError, Model, load_metadata
 from native_client.audio import load_for_model
 from native_client.features import context_windows, mfcc_features
-from pipeline import layout
-from pipeline.config import load_config
+from pipeline.checkpoints import load_trained_model
+from pipeline.config_loader import load_config
 from pipeline.export import export_stage
-from pipeline.training_run import load_trained_model, train_stage
+from pipeline.layout import Layout
+from pipeline.reports import TrainReport, read_report
+from pipeline.train_stage import train_stage
 from tasks import Export, Transcribe
 from tests.conftest import ROOT, SAMPLE, build_features, small_config_text
 
@@ -44,7 +46,7 @@ def _trained_config(directory: Path, normalize: bool, epochs: int = 2, train: bo
     if not train:
         return path
     build_features(config, ("train", "dev", "test"))
-    train_stage(config)
+    train_stage(Layout(config))
     return path
 
 
@@ -53,7 +55,7 @@ def trained(tmp_path_factory):
     """A tiny trained model (normalised features, as configs/sample.yaml) and its float export."""
     path = _trained_config(tmp_path_factory.mktemp("normalized"), normalize=True)
     config = load_config(path)
-    return config, export_stage(config)
+    return config, export_stage(Layout(config)).root
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +63,12 @@ def trained_raw(tmp_path_factory):
     """A tiny trained model on unnormalised features: its stream runs incrementally."""
     path = _trained_config(tmp_path_factory.mktemp("raw"), normalize=False)
     config = load_config(path)
-    return config, export_stage(config)
+    return config, export_stage(Layout(config)).root
 
 
 def _checkpoint_logits(config, samples):
-    model = load_trained_model(config, layout.train_dir(config) / "best", config.features.numcep, 29)
-    features = mfcc_features(samples, load_metadata(layout.export_dir(config)).features)
+    model = load_trained_model(config, Layout(config).train_run.root / "best", config.features.numcep, 29)
+    features = mfcc_features(samples, load_metadata(Layout(config).export_root).features)
     return model(context_windows(features, config.model.n_context)[None]).numpy()[0]
 
 
@@ -92,7 +94,7 @@ def test_quantised_tflite_agrees_with_float(trained, tmp_path):
     config, export = trained
     quantized_config = config.__class__(**{**config.__dict__, "export": config.export.__class__(quantize=True),
                                            "paths": config.paths.__class__(**{**config.paths.__dict__, "export_dir": str(tmp_path / "q")})})
-    quantized = export_stage(quantized_config, checkpoint=layout.train_dir(config) / "best")
+    quantized = export_stage(Layout(quantized_config), checkpoint=Layout(config).train_run.best).root
     assert (quantized / "model.tflite").stat().st_size < 0.4 * (export / "model.tflite").stat().st_size
     assert load_metadata(quantized).tflite_quantized
     float_model, int8_model = Model(export), Model(quantized)
@@ -134,7 +136,7 @@ def test_stream_in_odd_chunks_equals_one_shot(fixture, request):
 def test_metadata_round_trip(trained):
     config, export = trained
     metadata = load_metadata(export)
-    assert metadata.fingerprint == layout.export_fingerprint(config)
+    assert metadata.fingerprint == Layout(config).export_fingerprint
     assert metadata.features.numcep == config.features.numcep and metadata.features.normalize is True
     assert metadata.features.winstep == config.features.winstep and metadata.n_context == config.model.n_context
     assert metadata.n_steps == config.export.n_steps and metadata.n_hidden == 48
@@ -143,7 +145,17 @@ def test_metadata_round_trip(trained):
 
     embedded = tf.saved_model.load(str(export / "saved_model")).signatures["metadata"]()["metadata"].numpy()
     assert json.loads(embedded.decode())["fingerprint"] == metadata.fingerprint
-    assert layout.find_export(config) == export
+    assert Layout(config).find_export().root == export
+
+
+def test_export_metadata_carries_the_best_dev_figures_of_its_train_run(trained):
+    config, export = trained
+    train = read_report(Layout(config).train_run.report, TrainReport)
+    raw = json.loads((export / "metadata.json").read_text())
+    assert train.best_dev is not None
+    assert raw["best_dev"] == {"epoch": train.best_dev.epoch, "dev_loss": train.best_dev.dev_loss,
+                               "wer": train.best_dev.wer, "cer": train.best_dev.cer}
+    assert raw["global_step"] == train.global_step
 
 
 def test_client_refuses_an_export_without_metadata(trained, tmp_path):
@@ -197,15 +209,15 @@ def test_export_is_atomic_and_versioned(trained, tmp_path, monkeypatch):
 
     monkeypatch.setattr(export_module, "write_tflite", crash)
     with pytest.raises(RuntimeError, match="converter died"):
-        export_stage(config)
+        export_stage(Layout(config))
     assert (export / "metadata.json").read_text() == before
     assert not [p for p in export.parent.iterdir() if p.name.startswith(".")]
     monkeypatch.undo()
 
     versioned = config.__class__(**{**config.__dict__, "export": config.export.__class__(versioned=True),
                                     "paths": config.paths.__class__(**{**config.paths.__dict__, "export_dir": str(tmp_path / "v")})})
-    first = export_stage(versioned)
-    second = export_stage(versioned)
+    first = export_stage(Layout(versioned)).root
+    second = export_stage(Layout(versioned)).root
     assert (first.name, second.name) == ("1", "2")
     assert load_metadata(tmp_path / "v").model_version == 2
 

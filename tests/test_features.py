@@ -12,13 +12,14 @@ import pytest
 import soundfile
 from python_speech_features import mfcc
 
-from pipeline import layout
-from pipeline.alphabet import load_alphabet
+from native_client.alphabet import load_alphabet
 from pipeline.cache import CacheError, check_settings, read_cache
-from pipeline.config import FeaturesConfig, load_config
+from pipeline.config import FeaturesConfig
+from pipeline.config_loader import load_config
 from pipeline.corpus import CorpusError, read_manifests
-from pipeline.featurize import build_split_cache, rejects_path
+from pipeline.featurize import build_split_cache
 from pipeline.features import context_windows, ctc_min_frames
+from pipeline.layout import Layout
 from tests.conftest import ALPHABET, ROOT, SAMPLE
 from tests.corpus_factory import bad_corpus, sample_rows, write_manifest
 
@@ -38,9 +39,9 @@ def _config(write_config, tmp_path, manifest, extra=""):
 def test_bad_corpus_rejects_exactly_the_bad_rows(write_config, tmp_path):
     manifest, expected = bad_corpus(tmp_path / "corpus")
     config = _config(write_config, tmp_path, manifest)
-    summary = build_split_cache(config, "train")
+    summary = build_split_cache(Layout(config), "train")
     assert summary.kept == 3
-    with open(rejects_path(Path(summary.cache)), newline="") as handle:
+    with open(summary.rejects_report, newline="") as handle:
         rejects = {Path(row["wav_filename"]).name: row for row in csv.DictReader(handle)}
     assert {name: row["reason"] for name, row in rejects.items()} == expected
     assert "'é'" in rejects["accents.flac"]["detail"] and "'ï'" in rejects["accents.flac"]["detail"]
@@ -53,7 +54,7 @@ def test_bad_corpus_rejects_exactly_the_bad_rows(write_config, tmp_path):
 def test_resample_and_downmix_keep_those_rows(write_config, tmp_path):
     manifest, expected = bad_corpus(tmp_path / "corpus")
     config = _config(write_config, tmp_path, manifest, "features:\n          resample: true\n          downmix: true")
-    summary = build_split_cache(config, "train")
+    summary = build_split_cache(Layout(config), "train")
     assert summary.kept == 5
     assert "wrong_sample_rate" not in summary.reasons and "too_many_channels" not in summary.reasons
 
@@ -64,10 +65,10 @@ def test_too_many_rejects_fail_naming_split_and_reasons(write_config, tmp_path):
     config = load_config(write_config(Path(config.source).read_text().replace("max_reject_fraction: 1.0",
                                                                                 "max_reject_fraction: 0.05"), "strict.yaml"))
     with pytest.raises(CorpusError, match=r"split 'train': 9 of 12 rows rejected .*top reasons: ") as error:
-        build_split_cache(config, "train")
+        build_split_cache(Layout(config), "train")
     assert "rejects.csv" in str(error.value)
-    assert not layout.features_path(config, "train").exists()
-    assert rejects_path(layout.features_path(config, "train")).exists()
+    assert not Layout(config).features_cache("train").exists()
+    assert Layout(config).rejects_report("train").exists()
 
 
 def test_manifest_without_a_column_is_a_clear_error(tmp_path):
@@ -88,7 +89,7 @@ def test_cached_features_equal_python_speech_features(write_config, tmp_path):
     rows = sample_rows(count=2)
     manifest = write_manifest(tmp_path / "two.csv", [(str(path), text) for path, text in rows])
     config = _config(write_config, tmp_path, manifest)
-    summary = build_split_cache(config, "train")
+    summary = build_split_cache(Layout(config), "train")
     cached = read_cache(Path(summary.cache), config.features)
     for index, (path, text) in enumerate(rows):
         signal, rate = soundfile.read(path, dtype="int16")
@@ -101,7 +102,7 @@ def test_cached_features_equal_python_speech_features(write_config, tmp_path):
 def test_changed_feature_setting_makes_reader_refuse_old_cache(write_config, tmp_path):
     manifest = write_manifest(tmp_path / "one.csv", [(str(p), t) for p, t in sample_rows(count=1)])
     config = _config(write_config, tmp_path, manifest)
-    summary = build_split_cache(config, "train")
+    summary = build_split_cache(Layout(config), "train")
     changed = FeaturesConfig(numcep=13, winlen=0.032)
     with pytest.raises(CacheError, match=r"numcep: cache 26 vs config 13.*winlen: cache 0\.025 vs config 0\.032"):
         check_settings(Path(summary.cache), changed)
@@ -122,10 +123,11 @@ def test_context_windows_and_ctc_minimum():
 
 _KILLABLE = """
 import sys
-from pipeline.config import load_config
+from pipeline.config_loader import load_config
 from pipeline.featurize import build_split_cache
+from pipeline.layout import Layout
 if __name__ == "__main__":
-    build_split_cache(load_config(sys.argv[1]), "train")
+    build_split_cache(Layout(load_config(sys.argv[1])), "train")
 """
 
 
@@ -134,8 +136,8 @@ def test_killed_run_resumes_and_matches_an_uninterrupted_run(write_config, tmp_p
     killed = write_config(base + f"paths:\n  work_dir: {tmp_path / 'killed'}\n", "killed.yaml")
     clean = write_config(base + f"paths:\n  work_dir: {tmp_path / 'clean'}\n", "clean.yaml")
     config = load_config(killed)
-    cache = layout.features_path(config, "train")
-    parts = cache.with_name(cache.stem + ".parts")
+    cache = Layout(config).features_cache("train")
+    parts = Layout(config).features_parts("train")
     script = tmp_path / "run.py"
     script.write_text(_KILLABLE)
     process = subprocess.Popen([sys.executable, str(script), str(killed)], cwd=ROOT)
@@ -148,9 +150,9 @@ def test_killed_run_resumes_and_matches_an_uninterrupted_run(write_config, tmp_p
     assert 3 <= finished_parts < 10, "the run was not killed half-way"
     assert not cache.exists()
 
-    build_split_cache(config, "train")
-    build_split_cache(load_config(clean), "train")
-    with h5py.File(cache) as a, h5py.File(layout.features_path(load_config(clean), "train")) as b:
+    build_split_cache(Layout(config), "train")
+    build_split_cache(Layout(load_config(clean)), "train")
+    with h5py.File(cache) as a, h5py.File(Layout(load_config(clean)).features_cache("train")) as b:
         for name in ("features", "offsets", "lengths", "durations"):
             np.testing.assert_array_equal(a[name][...], b[name][...])
         assert list(a["transcripts"][...]) == list(b["transcripts"][...])

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import layout
-from pipeline.config import load_config
+from pipeline.config_loader import load_config
 from pipeline.distribute import DistributionError
+from pipeline.layout import Layout, TrainRun
 import pipeline.multiworker as multiworker
 from pipeline.multiworker import wait_for_workers
 from tests.conftest import build_features
@@ -59,12 +59,12 @@ def test_two_workers_end_with_identical_weights(small_config, tmp_path):
     path = _config(small_config, "mw.yaml", epochs=2)
     config = load_config(path)
     build_features(config, ("train", "dev"))
-    logs = tmp_path / "logs"
+    logs = TrainRun(tmp_path).worker_log
     wait_for_workers(multiworker.start_workers(path, 2, logs), logs, grace_s=60)
-    chief, other = _result(logs / "worker-0.log"), _result(logs / "worker-1.log")
+    chief, other = _result(logs(0)), _result(logs(1))
     assert chief["global_step"] == other["global_step"] == 4  # 16 samples / (2 workers x 4) x 2 epochs
     assert chief["weights_sha256"] == other["weights_sha256"]
-    run_dir = layout.train_dir(config)
+    run_dir = Layout(config).train_run.root
     assert list((run_dir / "checkpoints").glob("ckpt-*.index")) and (run_dir / "train_report.json").is_file()
     assert not list(run_dir.glob(".worker-*"))  # the other worker's scratch saves are gone
     assert json.loads((run_dir / "train_report.json").read_text())["weights_sha256"] == chief["weights_sha256"]
@@ -74,12 +74,12 @@ def test_killed_worker_stops_the_other_and_a_restart_resumes(small_config, tmp_p
     path = _config(small_config, "kill.yaml", epochs=40)
     config = load_config(path)
     build_features(config, ("train", "dev"))
-    run_dir = layout.train_dir(config)
-    logs = tmp_path / "logs"
+    run_dir = Layout(config).train_run.root
+    logs = TrainRun(tmp_path).worker_log
     workers = multiworker.start_workers(path, 2, logs)
     deadline = time.monotonic() + 300
     while not list((run_dir / "checkpoints").glob("ckpt-*.index")):
-        assert time.monotonic() < deadline and all(w.poll() is None for w in workers), (logs / "worker-0.log").read_text()[-2000:]
+        assert time.monotonic() < deadline and all(w.poll() is None for w in workers), logs(0).read_text()[-2000:]
         time.sleep(0.5)
     time.sleep(2)
     workers[1].kill()
@@ -87,14 +87,14 @@ def test_killed_worker_stops_the_other_and_a_restart_resumes(small_config, tmp_p
     with pytest.raises(DistributionError) as failure:
         wait_for_workers(workers, logs, grace_s=120)
     assert time.monotonic() - started < 150  # stopped by the collective timeout, not hung
-    assert workers[0].returncode == 3 and "lost contact with another worker" in (logs / "worker-0.log").read_text()
+    assert workers[0].returncode == 3 and "lost contact with another worker" in logs(0).read_text()
     assert "worker 0 exit 3" in str(failure.value)
 
-    logs2 = tmp_path / "logs2"
+    logs2 = TrainRun(tmp_path / "restart").worker_log
     wait_for_workers(multiworker.start_workers(path, 2, logs2), logs2, grace_s=60)
-    chief, other = _result(logs2 / "worker-0.log"), _result(logs2 / "worker-1.log")
-    restored = [line for line in (logs2 / "worker-0.log").read_text().splitlines() if "Restored" in line]
-    assert restored and "Restored" in (logs2 / "worker-1.log").read_text()
+    chief, other = _result(logs2(0)), _result(logs2(1))
+    restored = [line for line in logs2(0).read_text().splitlines() if "Restored" in line]
+    assert restored and "Restored" in logs2(1).read_text()
     assert int(restored[0].split("step ")[1].split()[0].rstrip(",")) > 0
     assert chief["global_step"] == other["global_step"] == 80 and chief["weights_sha256"] == other["weights_sha256"]
 
@@ -109,7 +109,7 @@ def test_train_task_launches_local_workers(small_config):
     path.write_text(path.read_text().replace("  collective_timeout_s: 20\n", "  collective_timeout_s: 20\n  local_workers: 2\n"))
     assert luigi.build([Train(config=str(path))], local_scheduler=True)
     config = load_config(path)
-    run_dir = layout.train_dir(config)
+    run_dir = Layout(config).train_run.root
     report = json.loads((run_dir / "train_report.json").read_text())
     assert report["global_step"] == 2 and sorted(p.name for p in (run_dir / "logs").iterdir()) == ["worker-0.log", "worker-1.log"]
     assert _result(run_dir / "logs" / "worker-1.log")["weights_sha256"] == report["weights_sha256"]

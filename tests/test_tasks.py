@@ -8,8 +8,8 @@ import luigi
 import pytest
 import yaml
 
-from pipeline import layout
-from pipeline.config import load_config
+from pipeline.config_loader import load_config
+from pipeline.layout import Layout
 from tasks import Evaluate, Features, FeaturesSplit, Train
 from tests.conftest import ROOT
 
@@ -21,7 +21,7 @@ def test_features_task_is_not_recomputed_and_moves_with_numcep(small_config):
     path = small_config(limit_train=6, limit_dev=3, limit_test=3)
     assert luigi.build([Features(config=str(path))], local_scheduler=True)
     config = load_config(path)
-    cache = layout.features_path(config, "train")
+    cache = Layout(config).features_cache("train")
     stamp = cache.stat().st_mtime_ns
     assert FeaturesSplit(config=str(path), split="train").complete()
     assert luigi.build([Features(config=str(path))], local_scheduler=True)
@@ -30,7 +30,7 @@ def test_features_task_is_not_recomputed_and_moves_with_numcep(small_config):
     changed = small_config("numcep.yaml", limit_train=6, limit_dev=3, limit_test=3, extra="features:\n  numcep: 13\n  nfilt: 26\n")
     assert not FeaturesSplit(config=str(changed), split="train").complete()
     assert luigi.build([FeaturesSplit(config=str(changed), split="train")], local_scheduler=True)
-    assert layout.features_path(load_config(changed), "train") != cache
+    assert Layout(load_config(changed)).features_cache("train") != cache
     assert cache.stat().st_mtime_ns == stamp
 
 
@@ -38,12 +38,12 @@ def test_evaluate_runs_the_dag_and_train_is_complete_only_with_its_report(small_
     path = small_config(limit_train=8, limit_dev=4, limit_test=4, extra="training:\n  epochs: 1\n")
     assert luigi.build([Evaluate(config=str(path))], local_scheduler=True)
     config = load_config(path)
-    evaluation = json.loads((layout.evaluate_dir(config) / "evaluation.json").read_text())
+    evaluation = json.loads((Layout(config).evaluate_dir / "evaluation.json").read_text())
     assert {"wer", "cer", "loss", "samples"} <= set(evaluation)
-    report = layout.train_dir(config) / "train_report.json"
+    report = Layout(config).train_run.root / "train_report.json"
     assert Train(config=str(path)).complete()
     more = small_config("more.yaml", limit_train=8, limit_dev=4, limit_test=4, extra="training:\n  epochs: 2\n")
-    assert layout.train_dir(load_config(more)) == layout.train_dir(config)
+    assert Layout(load_config(more)).train_run.root == Layout(config).train_run.root
     assert not Train(config=str(more)).complete()
     report.unlink()
     assert not Train(config=str(path)).complete()
@@ -75,10 +75,10 @@ def test_two_pipelines_at_once_share_features_and_keep_their_own_training(small_
     outputs = [run.communicate(timeout=600)[0] for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
     a, b = load_config(first), load_config(second)
-    assert layout.features_path(a, "train") == layout.features_path(b, "train")
-    assert sorted(p.name.split("-")[0] for p in layout.features_path(a, "train").parent.glob("*.h5")) == ["dev", "train"]
-    assert layout.train_dir(a) != layout.train_dir(b)
+    assert Layout(a).features_cache("train") == Layout(b).features_cache("train")
+    assert sorted(p.name.split("-")[0] for p in Layout(a).features_cache("train").parent.glob("*.h5")) == ["dev", "train"]
+    assert Layout(a).train_run.root != Layout(b).train_run.root
     for config, hidden in ((a, 32), (b, 24)):
-        report = json.loads((layout.train_dir(config) / "train_report.json").read_text())
+        report = json.loads((Layout(config).train_run.root / "train_report.json").read_text())
         assert report["epochs_completed"] == 1
-        assert yaml.safe_load((layout.train_dir(config) / "config.yaml").read_text())["model"]["n_hidden"] == hidden
+        assert yaml.safe_load((Layout(config).train_run.root / "config.yaml").read_text())["model"]["n_hidden"] == hidden

@@ -11,39 +11,41 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipeline import layout
-from pipeline.alphabet import load_alphabet
+from pipeline.layout import Layout
+from native_client.alphabet import load_alphabet
 from pipeline.cache import read_cache
 from pipeline.checkpoints import CheckpointMismatchError, named_weights
-from pipeline.config import load_config
+from pipeline.config_loader import load_config
 from pipeline.distribute import make_strategy
 from pipeline.model import build_model, make_windows
+from pipeline.reports import TrainReport, read_report
 from pipeline.trainer import Trainer, TrainingError, global_batch_size
-from pipeline.training_run import evaluate_stage, train_stage
+from pipeline.evaluate_stage import evaluate_stage
+from pipeline.train_stage import train_stage
 from tests.conftest import ROOT, build_features
 
 
 def _trainer(config, run_dir, train=None):
-    alphabet = load_alphabet(layout.alphabet_path(config))
-    train = train or read_cache(layout.features_path(config, "train"), config.features)
-    dev = read_cache(layout.features_path(config, "dev"), config.features)
+    alphabet = load_alphabet(Layout(config).alphabet)
+    train = train or read_cache(Layout(config).features_cache("train"), config.features)
+    dev = read_cache(Layout(config).features_cache("dev"), config.features)
     return Trainer(config, run_dir, train, dev, alphabet, make_strategy(config.distribution))
 
 
 def test_loss_falls_and_report_is_complete(small_config, tmp_path):
     config = load_config(small_config(limit_train=16, extra="training:\n  epochs: 4\n  learning_rate: 0.003\n"))
     build_features(config)
-    report = train_stage(config)
-    losses = [e["train_loss"] for e in report["train_losses"]]
+    report = train_stage(Layout(config))
+    losses = [e["train_loss"] for e in report.train_losses]
     assert len(losses) == 4 and all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < 0.9 * losses[0]
-    assert report["global_step"] == 16 and report["epochs_completed"] == 4
-    assert report["stop"]["rule"] is None and "target of 4 epochs" in report["stop"]["reason"]
-    run_dir = layout.train_dir(config)
+    assert report.global_step == 16 and report.epochs_completed == 4
+    assert report.stop.rule is None and "target of 4 epochs" in report.stop.reason
+    run_dir = Layout(config).train_run.root
     assert json.loads((run_dir / "train_report.json").read_text())["global_step"] == 16
     assert (run_dir / "config.yaml").exists() and list((run_dir / "best").glob("best-*.index"))
     assert list((run_dir / "summaries" / "train").iterdir())
-    evaluation = evaluate_stage(config, tmp_path / "eval")
-    assert {"wer", "cer", "loss", "samples"} <= set(evaluation)
+    evaluation = evaluate_stage(Layout(config), tmp_path / "eval")
+    assert {"wer", "cer", "loss", "samples"} <= set(vars(evaluation))
     assert json.loads((tmp_path / "eval" / "evaluation.json").read_text())["samples_count"] == 8
 
 
@@ -60,8 +62,8 @@ def test_five_utterances_are_learned(small_config):
           validation_epochs: 50
     """).replace("../data", str(ROOT / "data"))))
     build_features(config, ("train", "dev"))
-    report = train_stage(config)
-    assert report["validations"][-1]["cer"] < 0.1, report["validations"]
+    report = train_stage(Layout(config))
+    assert report.validations[-1]["cer"] < 0.1, report.validations
 
 
 def test_global_batch_must_split_over_towers(small_config):
@@ -75,17 +77,18 @@ def test_global_batch_must_split_over_towers(small_config):
 
 _TOWERS = """
 import sys, numpy as np, tensorflow as tf
-from pipeline.config import load_config
+from pipeline.config_loader import load_config
 from pipeline.distribute import configure_devices
-from pipeline.training_run import train_stage
+from pipeline.layout import Layout
+from pipeline.train_stage import train_stage
 from pipeline.checkpoints import resolve_checkpoint
 one, two = load_config(sys.argv[1]), load_config(sys.argv[2])
 configure_devices(two.distribution)
 weights = []
 for config in (one, two):
-    report = train_stage(config)
-    assert report["towers"] == (1 if config is one else 2), report["towers"]
-    reader = tf.train.load_checkpoint(resolve_checkpoint(report["latest_checkpoint"].rsplit("/", 1)[0]))
+    report = train_stage(Layout(config))
+    assert report.towers == (1 if config is one else 2), report.towers
+    reader = tf.train.load_checkpoint(resolve_checkpoint(report.latest_checkpoint.rsplit("/", 1)[0]))
     weights.append({k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("weights/")})
 init = 0
 diff = max(float(np.max(np.abs(weights[0][k] - weights[1][k]))) for k in weights[0])
@@ -98,7 +101,7 @@ def test_two_towers_give_the_same_update_as_one_device(small_config, tmp_path):
     one = small_config("one.yaml", limit_train=8, extra=common + "distribution:\n  strategy: one_device\n")
     two = small_config("two.yaml", limit_train=8, extra=common + "distribution:\n  strategy: mirrored\n  cpu_devices: 2\n")
     config_one, config_two = load_config(one), load_config(two)
-    assert layout.train_dir(config_one) != layout.train_dir(config_two)
+    assert Layout(config_one).train_run.root != Layout(config_two).train_run.root
     build_features(config_one)
     script = tmp_path / "towers.py"
     script.write_text(_TOWERS)
@@ -114,11 +117,12 @@ def test_two_towers_give_the_same_update_as_one_device(small_config, tmp_path):
 _KILLABLE_TRAIN = """
 import sys, logging
 logging.basicConfig(level=logging.INFO)
-from pipeline.config import load_config
-from pipeline.training_run import train_stage
+from pipeline.config_loader import load_config
+from pipeline.layout import Layout
+from pipeline.train_stage import train_stage
 if __name__ == "__main__":
-    report = train_stage(load_config(sys.argv[1]))
-    print("FINAL_STEP", report["global_step"])
+    report = train_stage(Layout(load_config(sys.argv[1])))
+    print("FINAL_STEP", report.global_step)
 """
 
 
@@ -129,7 +133,7 @@ def test_sigkill_mid_epoch_resumes_from_checkpoint(small_config, tmp_path):
     build_features(config)
     script = tmp_path / "train.py"
     script.write_text(_KILLABLE_TRAIN)
-    checkpoints = layout.train_dir(config) / "checkpoints"
+    checkpoints = Layout(config).train_run.root / "checkpoints"
     process = subprocess.Popen([sys.executable, str(script), str(killed)], cwd=ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 240
@@ -144,7 +148,7 @@ def test_sigkill_mid_epoch_resumes_from_checkpoint(small_config, tmp_path):
     os.kill(process.pid, signal.SIGKILL)
     process.communicate()
     assert step > 0, "no mid-epoch checkpoint was written before the kill"
-    assert not (layout.train_dir(config) / "train_report.json").exists()
+    assert not (Layout(config).train_run.root / "train_report.json").exists()
 
     result = subprocess.run([sys.executable, str(script), str(killed)], cwd=ROOT, capture_output=True, text=True,
                             timeout=300)
@@ -152,15 +156,15 @@ def test_sigkill_mid_epoch_resumes_from_checkpoint(small_config, tmp_path):
     restored = [l for l in result.stderr.splitlines() if "Restored" in l]
     assert restored and " step 0 " not in restored[0], restored
     assert "FINAL_STEP 40" in result.stdout  # 2 epochs x 20 steps, as an uninterrupted run
-    report = json.loads((layout.train_dir(config) / "train_report.json").read_text())
-    assert report["global_step"] == 40 and report["epochs_completed"] == 2
+    report = read_report(Layout(config).train_run.report, TrainReport)
+    assert report.global_step == 40 and report.epochs_completed == 2
 
 
 def test_changed_geometry_names_directory_and_variables(small_config):
     config = load_config(small_config(limit_train=4, n_hidden=16, extra="training:\n  epochs: 1\n"))
     build_features(config)
-    run_dir = layout.train_dir(config)
-    train_stage(config)
+    run_dir = Layout(config).train_run.root
+    train_stage(Layout(config))
     wider = load_config(small_config("wide.yaml", limit_train=4, n_hidden=24, extra="training:\n  epochs: 1\n"))
     trainer = _trainer(wider, run_dir)
     with pytest.raises(CheckpointMismatchError) as error:
@@ -174,21 +178,21 @@ def test_changed_geometry_names_directory_and_variables(small_config):
 def test_non_finite_batches_are_skipped_and_logged(small_config, caplog):
     config = load_config(small_config(limit_train=8, extra="training:\n  epochs: 1\n  batch_size: 1\n  validation_epochs: 0\n"))
     build_features(config)
-    train = read_cache(layout.features_path(config, "train"), config.features)
+    train = read_cache(Layout(config).features_cache("train"), config.features)
     poisoned = int(np.argmax(train.lengths))
     train.features[train.offsets[poisoned]:train.offsets[poisoned] + 5] = np.nan
-    trainer = _trainer(config, layout.train_dir(config), train)
+    trainer = _trainer(config, Layout(config).train_run.root, train)
     report = trainer.fit()
-    assert len(report["skipped_batches"]) == 1
-    assert report["skipped_batches"][0]["files"] == [train.paths[poisoned]]
-    assert report["global_step"] == 8
+    assert len(report.skipped_batches) == 1
+    assert report.skipped_batches[0]["files"] == [train.paths[poisoned]]
+    assert report.global_step == 8
     assert any(train.paths[poisoned] in r.message for r in caplog.records)
     for weight in trainer.model.weights:
         assert np.all(np.isfinite(weight.numpy()))
 
     train.features[:] = np.nan
     config = load_config(small_config("bad.yaml", limit_train=8, extra="training:\n  epochs: 1\n  batch_size: 1\n  max_nonfinite_batches: 3\n  validation_epochs: 0\n  shuffle_seed: 5\n"))
-    trainer = _trainer(config, layout.work_dir(config) / "all-bad", train)
+    trainer = _trainer(config, Layout(config).work_dir / "all-bad", train)
     with pytest.raises(TrainingError, match="3 batches in a row had a non-finite loss"):
         trainer.fit()
 
@@ -210,30 +214,30 @@ def test_streaming_and_full_sequence_logits_agree(small_config):
 def test_more_epochs_continue_the_same_run(small_config):
     config = load_config(small_config(limit_train=8, extra="training:\n  epochs: 1\n  validation_epochs: 0\n"))
     build_features(config)
-    assert train_stage(config)["global_step"] == 2
+    assert train_stage(Layout(config)).global_step == 2
     more = load_config(small_config("more.yaml", limit_train=8, extra="training:\n  epochs: -2\n  validation_epochs: 0\n"))
-    assert layout.train_dir(more) == layout.train_dir(config)
-    report = train_stage(more)
-    assert report["epochs_completed"] == 3 and report["global_step"] == 6
+    assert Layout(more).train_run.root == Layout(config).train_run.root
+    report = train_stage(Layout(more))
+    assert report.epochs_completed == 3 and report.global_step == 6
 
 
 def test_warm_start_copies_weights_and_can_drop_the_last_layers(small_config):
     config = load_config(small_config(limit_train=4, n_hidden=16, extra="training:\n  epochs: 1\n"))
     build_features(config)
-    source = train_stage(config)
-    reader = tf.train.load_checkpoint(source["best_checkpoint"])
+    source = train_stage(Layout(config))
+    reader = tf.train.load_checkpoint(source.best_checkpoint)
     warm = load_config(small_config("warm.yaml", limit_train=4, n_hidden=16, extra=textwrap.dedent(f"""
         training:
           epochs: 1
           learning_rate: 0.000001
-          init_from: {layout.train_dir(config)}
+          init_from: {Layout(config).train_run.root}
           drop_source_layers: 1
         model:
           random_seed: 99
     """)))
-    assert layout.train_dir(warm) != layout.train_dir(config)
-    trainer = _trainer(warm, layout.train_dir(warm))
-    assert trainer.restore() == str(layout.train_dir(config))
+    assert Layout(warm).train_run.root != Layout(config).train_run.root
+    trainer = _trainer(warm, Layout(warm).train_run.root)
+    assert trainer.restore() == str(Layout(config).train_run.root)
     weights = {name: v.numpy() for name, v in named_weights(trainer.model).items()}
     np.testing.assert_array_equal(weights["layer_1.kernel"], reader.get_tensor("weights/layer_1..kernel/.ATTRIBUTES/VARIABLE_VALUE"))
     assert not np.allclose(weights["layer_6.kernel"], reader.get_tensor("weights/layer_6..kernel/.ATTRIBUTES/VARIABLE_VALUE"))

@@ -1,0 +1,59 @@
+"""The Evaluate stage: test-set WER/CER and loss of the best-dev checkpoint, greedy and with beam search + LM."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Optional
+
+from native_client.alphabet import load_alphabet
+from pipeline.cache import read_cache
+from pipeline.checkpoints import load_trained_model, resolve_checkpoint
+from pipeline.decoding import beam_settings, decode_results, lm_built, make_beam_decoder
+from pipeline.evaluation import run_split
+from pipeline.files import write_text_atomic
+from pipeline.layout import Layout
+from pipeline.metrics import best_and_worst, corpus_rates, format_report
+from pipeline.reports import EvaluationReport, write_report
+
+log = logging.getLogger(__name__)
+
+
+def evaluate_stage(layout: Layout, out_dir: Optional[Path] = None, checkpoint: Optional[str | Path] = None,
+                   beam: Optional[bool] = None) -> EvaluationReport:
+    """Test-set WER, CER and loss of the best-dev checkpoint (or ``checkpoint``), greedy and (``beam``)
+    with beam search and the LM as ``wer_lm``/``cer_lm``; ``beam=None`` uses the LM when the
+    LanguageModel stage has run. Writes ``evaluation.json`` and ``evaluation.txt`` into ``out_dir``
+    (default: the fingerprinted Evaluate directory)."""
+    config = layout.config
+    out_dir = Path(out_dir or layout.evaluate_dir)
+    alphabet = load_alphabet(layout.alphabet)
+    test_data = read_cache(layout.features_cache("test"), config.features)
+    checkpoint = checkpoint or layout.train_run.best
+    model = load_trained_model(config, checkpoint, test_data.features.shape[1], alphabet.n_classes)
+    logits: dict = {}
+    results = run_split(model, test_data, alphabet, config.training.dev_batch_size, config.model.n_context,
+                        logits_sink=logits)
+    rates = corpus_rates(results)
+    samples = best_and_worst(results, config.training.report_count)
+    report = EvaluationReport(**rates, checkpoint=str(resolve_checkpoint(checkpoint)), decoder="greedy",
+                              samples=samples, all_samples=[r.to_dict() for r in results])
+    text = format_report("Test (greedy)", rates, samples)
+    if beam or (beam is None and lm_built(layout)):
+        settings = beam_settings(layout)
+        started = time.time()
+        beam_results = decode_results(make_beam_decoder(layout, alphabet, settings), results, logits)
+        beam_rates = corpus_rates(beam_results)
+        beam_samples = best_and_worst(beam_results, config.training.report_count)
+        report = dataclasses.replace(
+            report, wer_lm=beam_rates["wer"], cer_lm=beam_rates["cer"], decoder_lm=dataclasses.asdict(settings),
+            decode_lm_s=round(time.time() - started, 2), samples_lm=beam_samples,
+            all_samples_lm=[r.to_dict() for r in beam_results])
+        text += "\n" + format_report(f"Test (beam {settings.beam_width} + LM, alpha {settings.lm_alpha:.2f}, "
+                                      f"beta {settings.lm_beta:.2f})", {**beam_rates, "loss": rates["loss"]},
+                                     beam_samples)
+    log.info("%s", text)
+    write_text_atomic(layout.evaluation_text(out_dir), text + "\n")
+    write_report(layout.evaluation_report(out_dir), report)
+    return report

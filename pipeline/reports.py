@@ -1,0 +1,227 @@
+"""The reports stages write and later stages read, as dataclasses with one reader and one writer.
+
+A report is written by ``write_report`` and read by ``read_report``, which
+refuses a field it does not know and one it misses, so a renamed key fails
+loudly instead of turning into ``null`` downstream. A damaged or partial
+report gives one error naming the file and how to redo the stage.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Optional, TypeVar
+
+from pipeline.files import write_json_atomic
+
+R = TypeVar("R")
+
+
+class ReportError(ValueError):
+    """A stage's report is missing, damaged or of another shape; the message names the file."""
+
+
+@dataclass(frozen=True)
+class DevFigures:
+    """Dev-set figures of one validation."""
+
+    epoch: int
+    dev_loss: float
+    wer: float
+    cer: float
+
+
+@dataclass(frozen=True)
+class StopRecord:
+    """Why training ended: ``rule`` is the early-stop rule that stopped it, None when it reached its target."""
+
+    rule: Optional[str]
+    reason: str
+    epoch: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    """``train_report.json``: where a Train run ended, its dev history and its checkpoints."""
+
+    STAGE: ClassVar[str] = "Train"
+
+    epochs_completed: int
+    target_epochs: int
+    global_step: int
+    steps_per_epoch: int
+    towers: int
+    batch_size_per_tower: int
+    global_batch_size: int
+    train_losses: list
+    validations: list
+    best_dev: Optional[DevFigures]
+    last_samples: Optional[dict]
+    stop: StopRecord
+    skipped_batches: list
+    best_checkpoint: Optional[str]
+    latest_checkpoint: Optional[str]
+    wall_time_s_this_run: float
+    weights_sha256: str = ""
+    fingerprint: str = ""
+    config: str = ""
+    train_samples: int = 0
+    train_audio_hours: float = 0.0
+    finished_at: str = ""
+    wall_time_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LMReport:
+    """``lm_report.json``: what the LanguageModel stage read and built."""
+
+    STAGE: ClassVar[str] = "LanguageModel"
+
+    fingerprint: str
+    order: int
+    lm: str
+    vocabulary: int
+    vocabulary_source: str
+    held_out_overlap: int
+    wall_time_s: float
+    corpus_lines: int = 0
+    sentences: int = 0
+    empty_lines: int = 0
+    train_transcripts: int = 0
+    ngrams: Optional[dict] = None
+    discounts: Optional[dict] = None
+    discount_fallback_orders: Optional[list] = None
+    char_lm: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class TunedPair:
+    """The best alpha/beta of a tuning run and its dev figures."""
+
+    lm_alpha: float
+    lm_beta: float
+    wer: float
+    cer: float
+
+
+@dataclass(frozen=True)
+class TuneReport:
+    """``tune.json``: the best alpha/beta, the greedy baseline and every trial."""
+
+    STAGE: ClassVar[str] = "TuneDecoder"
+
+    best: TunedPair
+    greedy: dict
+    search: dict
+    trials: list
+    wall_time_s: float
+
+
+@dataclass(frozen=True)
+class EvaluationReport:
+    """``evaluation.json``: test-set figures, greedy and (``*_lm``) with beam search and the LM."""
+
+    STAGE: ClassVar[str] = "Evaluate"
+
+    wer: float
+    cer: float
+    loss: float
+    samples_count: int
+    checkpoint: str
+    decoder: str
+    samples: dict
+    all_samples: list
+    wer_lm: Optional[float] = None
+    cer_lm: Optional[float] = None
+    decoder_lm: Optional[dict] = None
+    decode_lm_s: Optional[float] = None
+    samples_lm: Optional[dict] = None
+    all_samples_lm: Optional[list] = None
+
+
+@dataclass(frozen=True)
+class ExportRecord:
+    """An export's ``metadata.json`` as the Export stage writes it (``native_client.metadata`` reads it)."""
+
+    STAGE: ClassVar[str] = "Export"
+
+    format: str
+    format_version: int
+    model_version: int
+    created_at: str
+    fingerprint: str
+    train_fingerprint: str
+    checkpoint: str
+    config: str
+    global_step: Optional[int]
+    best_dev: Optional[DevFigures]
+    features: dict
+    n_context: int
+    n_input: int
+    n_steps: int
+    n_hidden: int
+    n_classes: int
+    alphabet: list
+    files: dict
+    tensors: dict
+    tflite_quantized: bool
+    frozen_graph: Optional[dict] = None
+    decoder: Optional[dict] = None
+
+
+def _dataclass_of(tp) -> Optional[type]:
+    """The dataclass a field holds (directly or as Optional), else None."""
+    if dataclasses.is_dataclass(tp):
+        return tp
+    if typing.get_origin(tp) is typing.Union:
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(inner) == 1 and dataclasses.is_dataclass(inner[0]):
+            return inner[0]
+    return None
+
+
+def report_from_dict(cls: type[R], data: Any, where: str) -> R:
+    """Build report ``cls`` from plain data; ReportError names ``where`` and the unknown or missing fields."""
+    if not isinstance(data, dict):
+        raise ReportError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    missing = [name for name, f in fields.items() if name not in data
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if unknown or missing:
+        problems = ([f"unknown field(s) {', '.join(unknown)}"] if unknown else []) + \
+                   ([f"missing field(s) {', '.join(missing)}"] if missing else [])
+        raise ReportError(f"{where}: not a {cls.__name__}: {'; '.join(problems)}")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, value in data.items():
+        nested = _dataclass_of(hints[name])
+        values[name] = report_from_dict(nested, value, f"{where}: {name}") if nested and value is not None else value
+    return cls(**values)
+
+
+def write_report(path: str | Path, report) -> None:
+    """Write a report dataclass as JSON, atomically."""
+    write_json_atomic(path, dataclasses.asdict(report))
+
+
+def read_report(path: str | Path, cls: type[R]) -> R:
+    """Read report ``cls`` from ``path``; a missing, partial or foreign file is a one-line ReportError
+    naming the path and how to redo the stage."""
+    path = Path(path)
+    redo = f"delete it or run `make rerun STAGE={cls.STAGE}`"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ReportError(f"{path}: does not exist; run the {cls.STAGE} task") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ReportError(f"{path}: cannot read the {cls.STAGE} report ({error}); {redo}") from None
+    except json.JSONDecodeError as error:
+        raise ReportError(f"{path}: damaged {cls.STAGE} report (not valid JSON: {error.msg} at line {error.lineno}); "
+                          f"{redo}") from None
+    try:
+        return report_from_dict(cls, data, str(path))
+    except ReportError as error:
+        raise ReportError(f"{error}; {redo}") from None

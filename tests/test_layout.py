@@ -1,0 +1,120 @@
+"""The one map of the work directory: fingerprints, paths, and what answering complete() costs."""
+from __future__ import annotations
+
+import ast
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import pipeline.layout as layout_module
+from pipeline.config_loader import config_from_dict, load_config
+from pipeline.layout import SPLITS, Layout
+from tests.conftest import ROOT, SAMPLE
+
+# Names of stage files and folders: only pipeline/layout.py may spell them (native_client/metadata.py
+# defines the client's metadata.json, the one name a client must know before it has read anything).
+STAGE_FILES = ("train_report.json", "lm_report.json", "tune.json", "evaluation.json", "evaluation.txt",
+               "metadata.json", "lm.arpa", "lm.binary", "chars.arpa", "vocab.txt", "model.tflite",
+               "output_graph.pb", ".rejects.csv", ".parts", "config.yaml", "worker-", ".partial", ".staging")
+# Stage folders, spelt as a path component (``x / "best"``).
+STAGE_FOLDERS = re.compile(r'/\s*f?"(features|train|lm|tune|evaluate|export|checkpoints|best|summaries|logs|'
+                           r'transcripts|saved_model)"')
+
+
+def _string_literals(path: Path):
+    """(line, text) of every string constant in a module that is not a docstring."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first.value))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node.lineno, node.value
+
+
+def test_no_stage_file_name_is_spelt_outside_the_layout_module():
+    allowed = {ROOT / "pipeline" / "layout.py", ROOT / "native_client" / "metadata.py"}
+    offences = []
+    for folder in ("pipeline", "tasks", "native_client", "bench"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path in allowed:
+                continue
+            for line, text in _string_literals(path):
+                offences += [f"{path.relative_to(ROOT)}:{line}: {name!r} in {text!r}" for name in STAGE_FILES
+                             if name in text]
+            offences += [f"{path.relative_to(ROOT)}: path component {m.group(0)!r}"
+                         for m in STAGE_FOLDERS.finditer(path.read_text())]
+    assert not offences, "\n".join(offences)
+
+
+def test_fingerprints_of_existing_work_directories_are_kept():
+    # Values computed by the code before the layout object existed, for a config that names no files
+    # (manifest paths are absolute and would tie the values to one checkout).
+    config = config_from_dict({"model": {"n_hidden": 100}, "decoder": {"tune": True, "lm_order": 4},
+                               "export": {"quantize": True}})
+    layout = Layout(config)
+    assert [layout.features_fingerprint(split) for split in SPLITS] == ["3d2b5fcfed01"] * 3
+    assert (layout.train_fingerprint, layout.lm_fingerprint, layout.tune_fingerprint, layout.evaluate_fingerprint,
+            layout.export_fingerprint) == ("08cb90dd9bda", "2f671f491414", "2709e9e686ef", "627142e49924",
+                                           "2dc8d0eba212")
+
+
+def test_paths_come_from_one_place(write_config, tmp_path):
+    config = load_config(write_config(f"paths:\n  work_dir: {tmp_path / 'w'}\n"))
+    layout = Layout(config)
+    assert layout.export_root == tmp_path / "w" / "export"
+    assert layout.train_run.report.parent == layout.train_run.root == tmp_path / "w" / "train" / layout.train_fingerprint
+    assert layout.rejects_report("dev").parent == layout.features_cache("dev").parent
+    assert layout.lm.report.parent == layout.lm.root and layout.lm.staging.name == layout.lm.root.name + ".partial"
+    assert layout.train_run.worker_scratch(1).checkpoints.parent.parent == layout.train_run.root
+
+
+def test_a_changed_input_file_changes_the_fingerprint_and_nothing_is_stale(write_config, tmp_path):
+    corpus = tmp_path / "lm.txt"
+    corpus.write_text("in the beginning\n")
+    path = write_config(f"paths:\n  work_dir: {tmp_path}\ndecoder:\n  lm_corpus_files: [{corpus}]\n")
+    before = Layout(load_config(path)).lm_fingerprint
+    corpus.write_text("in the beginning was the word\n")
+    assert Layout(load_config(path)).lm_fingerprint != before
+
+
+@pytest.mark.usefixtures("tasks_in_process")
+def test_complete_on_the_whole_dag_reads_a_1_gb_lm_text_at_most_once(write_config, tmp_path, monkeypatch):
+    from tasks import Evaluate, Export, Transcribe, TuneDecoder
+    from tasks.rerun import dag
+
+    big = tmp_path / "big-lm.txt"
+    with open(big, "wb") as handle:  # sparse: 1 GB of text-to-be without using the disk
+        handle.truncate(1 << 30)
+    path = write_config(f"""
+        extends: {ROOT / 'configs' / 'sample.yaml'}
+        paths:
+          work_dir: {tmp_path / 'work'}
+        decoder:
+          lm_corpus_files: [{big}]
+          tune: true
+    """)
+    reads: Counter = Counter()
+    real = layout_module._hash_file
+
+    def counting(file: Path) -> str:
+        reads[Path(file)] += 1
+        return real(file)
+
+    monkeypatch.setattr(layout_module, "_hash_file", counting)
+    layout_module._remembered_digest.cache_clear()
+    roots = [Evaluate(config=str(path)), Export(config=str(path)), TuneDecoder(config=str(path)),
+             Transcribe(config=str(path), audio=str(SAMPLE / "test" / "00001.flac"))]
+    for _ in range(2):
+        tasks = dag(roots)
+        assert len(tasks) == 9  # 3 feature splits, Train, LM, Tune, Evaluate, Export, Transcribe
+        for task in tasks.values():
+            assert not task.complete()
+            task.output()
+    assert reads[big.resolve()] == 1
+    assert max(reads.values()) == 1, reads
