@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import h5py
 import keras
 import numpy as np
 import tensorflow as tf
@@ -24,7 +25,8 @@ import tensorflow as tf
 from native_client.alphabet import load_alphabet
 from pipeline.cache import read_cache
 from pipeline.config_loader import load_config
-from pipeline.dataset import SplitTensors, train_dataset
+from pipeline.cache import CacheIndex, FeatureReader
+from pipeline.dataset import SplitReader, batch_plan, train_dataset
 from pipeline.distribute import make_strategy
 from pipeline.featurize import build_split_cache
 from pipeline.layout import Layout
@@ -67,24 +69,40 @@ class _CTCModel(keras.Model):
 
 def keras_fit_rate(config, data, alphabet) -> float:
     """Audio seconds per second of ``model.fit`` on the identical model and batches."""
-    model = _CTCModel(build_model(config.model, data.features.shape[1], alphabet.n_classes), alphabet.blank_index)
+    model = _CTCModel(build_model(config.model, data.n_input, alphabet.n_classes), alphabet.blank_index)
     model.compile(optimizer=keras.optimizers.Adam(config.training.learning_rate))
-    tensors = SplitTensors(data)
-    dataset = train_dataset(tensors, data.lengths, config.training.batch_size, 1, 0, 1, 0, 0, 1,
-                            config.training.shuffle_seed, config.model.n_context)
+    plan = batch_plan(data.lengths, config.training.batch_size, 1)
+    dataset = train_dataset(SplitReader(data), plan, 1, 0, 1, 0, 0, 1, config.training.shuffle_seed,
+                            config.model.n_context)
     marks = []
     callback = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: marks.append(time.perf_counter()))
     model.fit(dataset, epochs=2, verbose=0, callbacks=[callback])
     return float(data.durations.sum()) / (marks[1] - marks[0])
 
 
-def input_rate(config, data) -> float:
-    """Audio seconds per second of the input pipeline alone (batches made and consumed, no model)."""
-    tensors = SplitTensors(data)
+class _InMemoryReader(FeatureReader):
+    """The baseline: the same batches from the whole split's features held in memory."""
+
+    def __init__(self, data: CacheIndex):
+        super().__init__(data.path, data.offsets, data.lengths, data.n_input)
+        with h5py.File(data.path, "r") as h5:
+            self.frames = h5["features"][...]
+
+    def _features(self):
+        return self.frames
+
+
+def input_rate(config, data, in_memory: bool = False) -> float:
+    """Audio seconds per second of the input pipeline alone (batches made and consumed, no model): the
+    disk reader the trainer uses, or (``in_memory``) the same batches from features held in memory."""
+    reader = SplitReader(data)
+    if in_memory:
+        reader.reader = _InMemoryReader(data)
+    plan = batch_plan(data.lengths, config.training.batch_size, 1)
     best = 0.0
     for epoch in range(2):
-        dataset = train_dataset(tensors, data.lengths, config.training.batch_size, 1, 0, 1, epoch, 0, epoch + 1,
-                                config.training.shuffle_seed, config.model.n_context)
+        dataset = train_dataset(reader, plan, 1, 0, 1, epoch, 0, epoch + 1, config.training.shuffle_seed,
+                                config.model.n_context)
         started = time.perf_counter()
         for batch in dataset:
             batch[0].numpy()
@@ -119,8 +137,7 @@ def en_mfu(config, data, alphabet, run_dir, steps: int) -> tuple[float, float]:
     en = load_config(ROOT / "configs" / "en.yaml")
     subset_size = config.training.batch_size * steps
     order = np.argsort(data.lengths)[len(data.lengths) // 2:][:subset_size]
-    from pipeline.cache import CachedSplit
-    subset = CachedSplit(features=data.features, offsets=data.offsets[order], lengths=data.lengths[order],
+    subset = CacheIndex(path=data.path, n_input=data.n_input, offsets=data.offsets[order], lengths=data.lengths[order],
                          labels=[data.labels[i] for i in order], transcripts=[data.transcripts[i] for i in order],
                          paths=[data.paths[i] for i in order], durations=data.durations[order])
     big = load_config(ROOT / "configs" / "sample.yaml", {
@@ -150,12 +167,15 @@ def main(argv=None) -> int:
         trainer = trainer_rate(config, data, alphabet, Path(work) / "run")
         fit = keras_fit_rate(config, data, alphabet)
         feed = input_rate(config, data)
+        feed_memory = input_rate(config, data, in_memory=True)
         achieved, mfu = en_mfu(config, data, alphabet, Path(work), args.en_steps)
-    print(f"trainer: {trainer:.1f} audio s/s; keras fit: {fit:.1f}; input alone: {feed:.0f}; "
+    print(f"trainer: {trainer:.1f} audio s/s; keras fit: {fit:.1f}; input alone: {feed:.0f} from disk, "
+          f"{feed_memory:.0f} from memory; "
           f"en size: {achieved / 1e9:.1f} GFLOP/s = {mfu:.1f}% of measured matmul FLOP/s", file=sys.stderr)
     print(json.dumps({"trainer_audio_s_per_s": round(trainer, 2), "keras_fit_audio_s_per_s": round(fit, 2),
                       "ratio_vs_keras": round(trainer / fit, 3), "input_audio_s_per_s": round(feed, 1),
-                      "input_ratio": round(feed / trainer, 1), "en_mfu_percent": round(mfu, 2)}))
+                      "input_ratio": round(feed / trainer, 1), "input_memory_audio_s_per_s": round(feed_memory, 1),
+                      "input_disk_vs_memory": round(feed / feed_memory, 3), "en_mfu_percent": round(mfu, 2)}))
     return 0
 
 

@@ -9,6 +9,8 @@ Two modes, as ``decoder.lexicon`` says:
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -56,8 +58,7 @@ class BeamDecoder:
 
     def __init__(self, alphabet: Alphabet, lm_path: str | Path, settings: BeamSettings,
                  vocabulary: Optional[Sequence[str]] = None):
-        from flashlight.lib.text.decoder import (CriterionType, LexiconDecoder, LexiconDecoderOptions,
-                                                 LexiconFreeDecoder, LexiconFreeDecoderOptions, SmearingMode, Trie)
+        from flashlight.lib.text.decoder import SmearingMode, Trie
         from flashlight.lib.text.decoder.kenlm import KenLM
         from flashlight.lib.text.dictionary import Dictionary, create_word_dict
 
@@ -90,21 +91,40 @@ class BeamDecoder:
                 trie.insert([self.alphabet.labels.index(ch) for ch in word] + [self.space], index, score)
             trie.smear(SmearingMode.MAX)
             self.trie = trie  # the decoder only borrows it
-            options = LexiconDecoderOptions(
-                beam_size=settings.beam_width, beam_size_token=tokens_per_frame, beam_threshold=settings.beam_threshold,
-                lm_weight=settings.lm_alpha, word_score=settings.lm_beta, unk_score=-math.inf, sil_score=0.0,
-                log_add=False, criterion_type=CriterionType.CTC)
-            self.decoder = LexiconDecoder(options, trie, self.lm, self.space, self.blank,
-                                          self.word_dict.get_index(UNK_WORD), [], False)
             self.vocabulary_size = len(words)
         else:
             self.word_dict = None
+            self.trie = None
             self.lm = KenLM(self.lm_path, token_dict)
-            options = LexiconFreeDecoderOptions(
-                beam_size=settings.beam_width, beam_size_token=tokens_per_frame, beam_threshold=settings.beam_threshold,
-                lm_weight=settings.lm_alpha, sil_score=settings.lm_beta, log_add=False, criterion_type=CriterionType.CTC)
-            self.decoder = LexiconFreeDecoder(options, self.lm, self.space, self.blank, [])
             self.vocabulary_size = None
+        self.tokens_per_frame = tokens_per_frame
+        self.decoder = self._make_decoder()
+
+    def _make_decoder(self):
+        """The flashlight decoder for ``self.settings`` over the loaded LM (and trie); cheap to make."""
+        from flashlight.lib.text.decoder import (CriterionType, LexiconDecoder, LexiconDecoderOptions,
+                                                 LexiconFreeDecoder, LexiconFreeDecoderOptions)
+
+        settings = self.settings
+        if self.word_dict is not None:
+            options = LexiconDecoderOptions(
+                beam_size=settings.beam_width, beam_size_token=self.tokens_per_frame,
+                beam_threshold=settings.beam_threshold, lm_weight=settings.lm_alpha, word_score=settings.lm_beta,
+                unk_score=-math.inf, sil_score=0.0, log_add=False, criterion_type=CriterionType.CTC)
+            return LexiconDecoder(options, self.trie, self.lm, self.space, self.blank,
+                                  self.word_dict.get_index(UNK_WORD), [], False)
+        options = LexiconFreeDecoderOptions(
+            beam_size=settings.beam_width, beam_size_token=self.tokens_per_frame,
+            beam_threshold=settings.beam_threshold, lm_weight=settings.lm_alpha, sil_score=settings.lm_beta,
+            log_add=False, criterion_type=CriterionType.CTC)
+        return LexiconFreeDecoder(options, self.lm, self.space, self.blank, [])
+
+    def reweighted(self, lm_alpha: float, lm_beta: float) -> "BeamDecoder":
+        """The same decoder with other LM weights, sharing the loaded LM and trie (no reloading)."""
+        other = copy.copy(self)
+        other.settings = dataclasses.replace(self.settings, lm_alpha=lm_alpha, lm_beta=lm_beta)
+        other.decoder = other._make_decoder()
+        return other
 
     def decode(self, logits: np.ndarray) -> str:
         """The best transcript of ``logits`` ``[time, classes]``."""

@@ -44,7 +44,8 @@ class DataConfig:
     limit_train: int = _opt(0, "Use at most this many training samples (0 = all).", minimum=0)
     limit_dev: int = _opt(0, "Use at most this many dev samples (0 = all).", minimum=0)
     limit_test: int = _opt(0, "Use at most this many test samples (0 = all).", minimum=0)
-    max_reject_fraction: float = _opt(0.05, "Fail a split when more than this fraction of its rows is rejected.", minimum=0.0, maximum=1.0)
+    max_reject_fraction: float = _opt(0.05, "Fail a split when more than this fraction of its rows is rejected (checked after extraction; raising it reuses the extracted features).", minimum=0.0, maximum=1.0, fingerprint=False)
+    max_duration_s: float = _opt(0.0, "Reject utterances longer than this many seconds (reason too_long); 0 = no limit.", minimum=0.0)
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class TrainingConfig:
     init_from: Optional[str] = _opt(None, "Warm start from this checkpoint directory or export (weights only).", path=True)
     drop_source_layers: int = _opt(0, "With init_from: re-initialise this many last layers (new alphabet).", minimum=0, maximum=6)
     shuffle_seed: int = _opt(1234, "Seed of the per-epoch batch order.")
+    max_batch_frames: int = _opt(0, "Cap on the frames of one tower's batch (batch size x longest utterance); a batch over it is split into smaller steps. 0 = off.", minimum=0)
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,7 @@ class DecoderConfig:
     lexicon: bool = _opt(True, "Lexicon decoding: words from the LM vocabulary, scored by the word LM. false: lexicon-free, any spelling, scored by a character LM.")
     tune: bool = _opt(False, "Tune lm_alpha/lm_beta on the dev set.")
     tune_trials: int = _opt(30, "Trials of the alpha/beta search.", minimum=1)
+    workers: int = _opt(0, "Processes that beam-decode in Evaluate and TuneDecoder (0 = all cores).", minimum=0, fingerprint=False)
 
 
 @dataclass(frozen=True)

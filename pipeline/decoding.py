@@ -8,6 +8,7 @@ from typing import Optional
 from native_client.alphabet import Alphabet
 from native_client.beam import BeamDecoder, BeamSettings
 from pipeline.config import Config
+from pipeline.decode_pool import DecodePool
 from pipeline.layout import Layout
 from pipeline.metrics import SampleResult, score_sample
 from pipeline.reports import LMReport, TuneReport, read_report
@@ -52,13 +53,23 @@ def lm_paths(layout: Layout) -> tuple[Path, Path]:
     return layout.lm.resolve(report.lm if layout.config.decoder.lexicon else report.char_lm), layout.lm.vocabulary
 
 
+def _vocabulary(layout: Layout, vocab: Path) -> Optional[list[str]]:
+    return vocab.read_text(encoding="utf-8").split() if layout.config.decoder.lexicon else None
+
+
 def make_beam_decoder(layout: Layout, alphabet: Alphabet, settings: Optional[BeamSettings] = None) -> BeamDecoder:
     """A beam decoder over the LanguageModel stage's LM with ``settings`` (default: ``beam_settings``)."""
     lm, vocab = lm_paths(layout)
-    vocabulary = vocab.read_text(encoding="utf-8").split() if layout.config.decoder.lexicon else None
-    return BeamDecoder(alphabet, lm, settings or beam_settings(layout), vocabulary)
+    return BeamDecoder(alphabet, lm, settings or beam_settings(layout), _vocabulary(layout, vocab))
 
 
-def decode_results(decoder: BeamDecoder, greedy: list[SampleResult], logits: dict) -> list[SampleResult]:
-    """Re-score ``greedy`` results with the beam decoder's transcripts of the same ``logits``."""
-    return [score_sample(r.path, r.reference, decoder.decode(logits[i]), r.loss) for i, r in enumerate(greedy)]
+def decode_pool(layout: Layout, alphabet: Alphabet, settings: Optional[BeamSettings] = None) -> DecodePool:
+    """``decoder.workers`` processes decoding with the LanguageModel stage's LM (see ``DecodePool``)."""
+    lm, vocab = lm_paths(layout)
+    return DecodePool(alphabet, lm, settings or beam_settings(layout), _vocabulary(layout, vocab),
+                      workers=layout.config.decoder.workers)
+
+
+def rescore(greedy: list[SampleResult], texts: list[str]) -> list[SampleResult]:
+    """``greedy`` results (references, losses) scored against other transcripts of the same utterances."""
+    return [score_sample(r.path, r.reference, text, r.loss) for r, text in zip(greedy, texts, strict=True)]

@@ -10,10 +10,11 @@ from typing import Optional
 from native_client.alphabet import load_alphabet
 from pipeline.cache import read_cache
 from pipeline.checkpoints import load_trained_model, resolve_checkpoint
-from pipeline.decoding import beam_settings, decode_results, lm_built, make_beam_decoder
+from pipeline.decoding import beam_settings, decode_pool, lm_built, rescore
 from pipeline.evaluation import run_split
 from pipeline.files import write_text_atomic
 from pipeline.layout import Layout
+from pipeline.logits_store import LogitsStore
 from pipeline.metrics import best_and_worst, corpus_rates, format_report
 from pipeline.reports import EvaluationReport, write_report
 
@@ -31,10 +32,20 @@ def evaluate_stage(layout: Layout, out_dir: Optional[Path] = None, checkpoint: O
     alphabet = load_alphabet(layout.alphabet)
     test_data = read_cache(layout.features_cache("test"), config.features)
     checkpoint = checkpoint or layout.train_run.best
-    model = load_trained_model(config, checkpoint, test_data.features.shape[1], alphabet.n_classes)
-    logits: dict = {}
-    results = run_split(model, test_data, alphabet, config.training.dev_batch_size, config.model.n_context,
-                        logits_sink=logits)
+    model = load_trained_model(config, checkpoint, test_data.n_input, alphabet.n_classes)
+    with LogitsStore(layout.logits_scratch(out_dir), len(test_data), alphabet.n_classes) as logits:
+        results = run_split(model, test_data, alphabet, config.training.dev_batch_size, config.model.n_context,
+                            on_logits=logits.put, max_batch_frames=config.training.max_batch_frames)
+        report, text = _report(layout, alphabet, results, logits, checkpoint, beam)
+    log.info("%s", text)
+    write_text_atomic(layout.evaluation_text(out_dir), text + "\n")
+    write_report(layout.evaluation_report(out_dir), report)
+    return report
+
+
+def _report(layout: Layout, alphabet, results: list, logits: LogitsStore, checkpoint, beam: Optional[bool]):
+    """The evaluation report and its text: greedy figures, and beam + LM ones when asked."""
+    config = layout.config
     rates = corpus_rates(results)
     samples = best_and_worst(results, config.training.report_count)
     report = EvaluationReport(**rates, checkpoint=str(resolve_checkpoint(checkpoint)), decoder="greedy",
@@ -43,7 +54,8 @@ def evaluate_stage(layout: Layout, out_dir: Optional[Path] = None, checkpoint: O
     if beam or (beam is None and lm_built(layout)):
         settings = beam_settings(layout)
         started = time.time()
-        beam_results = decode_results(make_beam_decoder(layout, alphabet, settings), results, logits)
+        with decode_pool(layout, alphabet, settings) as pool:
+            beam_results = rescore(results, pool.decode(logits))
         beam_rates = corpus_rates(beam_results)
         beam_samples = best_and_worst(beam_results, config.training.report_count)
         report = dataclasses.replace(
@@ -53,7 +65,4 @@ def evaluate_stage(layout: Layout, out_dir: Optional[Path] = None, checkpoint: O
         text += "\n" + format_report(f"Test (beam {settings.beam_width} + LM, alpha {settings.lm_alpha:.2f}, "
                                       f"beta {settings.lm_beta:.2f})", {**beam_rates, "loss": rates["loss"]},
                                      beam_samples)
-    log.info("%s", text)
-    write_text_atomic(layout.evaluation_text(out_dir), text + "\n")
-    write_report(layout.evaluation_report(out_dir), report)
-    return report
+    return report, text

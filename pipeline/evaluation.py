@@ -1,12 +1,18 @@
-"""Running a model over a cached split: per-sample CTC loss and greedy transcripts."""
+"""Running a model over a cached split: per-sample CTC loss and greedy transcripts, logits handed on as they come."""
 from __future__ import annotations
 
+from typing import Callable, Optional
+
+import numpy as np
 import tensorflow as tf
 
 from native_client.alphabet import Alphabet
-from pipeline.cache import CachedSplit
-from pipeline.dataset import SplitTensors, eval_dataset
+from pipeline.cache import CacheIndex
+from pipeline.dataset import SplitReader, eval_dataset
 from pipeline.metrics import SampleResult, greedy_decode, score_sample
+
+# on_logits(sample index, logits [time, classes])
+LogitsSink = Callable[[int, np.ndarray], None]
 
 
 def make_forward(model, blank_index: int):
@@ -21,21 +27,24 @@ def make_forward(model, blank_index: int):
     return forward
 
 
-def run_split(model, data: CachedSplit, alphabet: Alphabet, batch_size: int, n_context: int,
-              forward=None, logits_sink: dict | None = None, tensors: SplitTensors | None = None) -> list[SampleResult]:
+def run_split(model, data: CacheIndex, alphabet: Alphabet, batch_size: int, n_context: int,
+              forward=None, on_logits: Optional[LogitsSink] = None, reader: Optional[SplitReader] = None,
+              max_batch_frames: int = 0) -> list[SampleResult]:
     """Every sample of ``data`` through ``model``; results in the cache's sample order.
 
-    ``logits_sink``, when given, receives ``{index: logits [time, classes]}`` (for decoders).
+    ``on_logits``, when given, receives each sample's logits as its batch is
+    done (for decoders), so no caller has to hold a split's logits in memory.
     """
     forward = forward or make_forward(model, alphabet.blank_index)
-    results: dict[int, SampleResult] = {}
-    tensors = tensors or SplitTensors(data)
-    for windows, lengths, labels, label_lengths, indices in eval_dataset(tensors, data.lengths, batch_size, n_context):
+    results: list[Optional[SampleResult]] = [None] * len(data)
+    reader = reader or SplitReader(data)
+    for windows, lengths, labels, label_lengths, indices in eval_dataset(reader, batch_size, n_context,
+                                                                          max_batch_frames):
         logits, loss = forward(windows, lengths, labels, label_lengths)
         logits, loss, lengths = logits.numpy(), loss.numpy(), lengths.numpy()
         for row, index in enumerate(indices.numpy()):
             hypothesis = greedy_decode(logits[row], lengths[row], alphabet)
             results[int(index)] = score_sample(data.paths[index], data.transcripts[index], hypothesis, float(loss[row]))
-            if logits_sink is not None:
-                logits_sink[int(index)] = logits[row, :lengths[row]]
-    return [results[i] for i in range(len(data))]
+            if on_logits is not None:
+                on_logits(int(index), logits[row, :lengths[row]])
+    return results

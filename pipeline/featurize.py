@@ -9,10 +9,12 @@ reused. The parts are merged into the cache at the end and then removed.
 from __future__ import annotations
 
 import csv
+import logging
 import multiprocessing
 import os
 import shutil
 import sys
+import zipfile
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -25,7 +27,7 @@ from threadpoolctl import threadpool_limits
 from native_client.alphabet import load_alphabet
 from native_client.audio import AudioError, load_checked
 from native_client.features import FeatureSettings, mfcc_features
-from pipeline.cache import cache_summary, write_cache
+from pipeline.cache import CacheWriter, cache_summary
 from pipeline.config import FeaturesConfig
 from pipeline.corpus import Reject, check_reject_fraction, read_manifests, write_rejects
 from pipeline.features import ctc_min_frames, feature_settings
@@ -33,7 +35,13 @@ from pipeline.files import atomic_path
 from pipeline.layout import Layout
 from pipeline.locks import stage_lock
 
+log = logging.getLogger(__name__)
+
 SHARD_SIZE = 32
+
+
+class FeaturesError(RuntimeError):
+    """The Features stage cannot finish (its working files changed under it)."""
 
 # progress(done, total, rejected, audio_seconds)
 ProgressFn = Callable[[int, int, int, float], None]
@@ -52,8 +60,11 @@ class FeaturesSummary:
     reasons: dict = field(default_factory=dict)
 
 
-def _process_shard(part: str, jobs: list[tuple[str, int]], features: FeaturesConfig) -> tuple[int, int, float]:
-    """Compute one shard and save it as ``part`` (atomically); returns (count, rejected, audio seconds)."""
+def _process_shard(part: str, jobs: list[tuple[str, int]], features: FeaturesConfig,
+                   max_duration_s: float) -> tuple[int, int, float]:
+    """Compute one shard and save it as ``part`` (atomically); returns (count, rejected, audio seconds).
+
+    Audio longer than ``max_duration_s`` (when not 0) is rejected as ``too_long``."""
     utterances, lengths, durations, reasons, details = [], [], [], [], []
     settings: FeatureSettings = feature_settings(features)
     for audio_path, min_frames in jobs:
@@ -66,6 +77,9 @@ def _process_shard(part: str, jobs: list[tuple[str, int]], features: FeaturesCon
                                    convert_hint="set features.resample: true to convert",
                                    downmix_hint="set features.downmix: true to average them")
             duration = len(samples) / features.sample_rate
+            if max_duration_s and duration > max_duration_s:
+                raise AudioError("too_long", f"{audio_path}: {duration:.2f} s of audio, more than "
+                                             f"data.max_duration_s {max_duration_s:g} s")
             mfcc = mfcc_features(samples, settings)
             if len(mfcc) < min_frames:
                 reason = "too_short_for_transcript"
@@ -86,15 +100,25 @@ def _process_shard(part: str, jobs: list[tuple[str, int]], features: FeaturesCon
     return len(jobs), sum(1 for r in reasons if r), float(sum(d for d, r in zip(durations, reasons) if not r))
 
 
-def _load_part(part: Path) -> Optional[dict]:
-    """A finished part, or None if it is missing or unreadable (then it is computed again)."""
+def _part_summary(part: Path) -> Optional[dict]:
+    """The small arrays of a finished part (lengths, durations, reasons, details), read without its
+    features; None when it is missing. A damaged part is removed with a warning naming it, so that
+    it is computed again."""
     if not part.exists():
         return None
     try:
         with np.load(part, allow_pickle=False) as data:
-            return {key: data[key] for key in data.files}
-    except (OSError, ValueError, EOFError):
+            return {key: data[key] for key in ("lengths", "durations", "reasons", "details")}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as error:
+        log.warning("%s: damaged feature shard (%s); computing it again", part, error)
+        part.unlink(missing_ok=True)
         return None
+
+
+def _part_features(part: Path) -> np.ndarray:
+    """The features of a finished part (``[frames, numcep]``, its kept utterances one after another)."""
+    with np.load(part, allow_pickle=False) as data:
+        return data["features"]
 
 
 def _single_threaded_worker() -> None:
@@ -145,7 +169,7 @@ def _build_split_cache(layout: Layout, split: str, progress: Optional[ProgressFn
 
     todo = []
     for index, shard in enumerate(shards):
-        part = _load_part(part_paths[index])
+        part = _part_summary(part_paths[index])
         if part is None:
             todo.append(index)
         else:
@@ -156,42 +180,64 @@ def _build_split_cache(layout: Layout, split: str, progress: Optional[ProgressFn
         progress(done, total, rejected, seconds)
 
     workers = config.features.workers or os.cpu_count() or 1
+    max_duration = config.data.max_duration_s
     jobs = {index: [(s.audio_path, ctc_min_frames(s.labels)) for s in shards[index]] for index in todo}
     if workers == 1 or len(todo) <= 1:
         for index in todo:
-            count, bad, secs = _process_shard(str(part_paths[index]), jobs[index], config.features)
+            count, bad, secs = _process_shard(str(part_paths[index]), jobs[index], config.features, max_duration)
             done, rejected, seconds = done + count, rejected + bad, seconds + secs
             if progress:
                 progress(done, total, rejected, seconds)
     elif todo:
         with _executor(min(workers, len(todo))) as pool:
-            futures = [pool.submit(_process_shard, str(part_paths[i]), jobs[i], config.features) for i in todo]
+            futures = [pool.submit(_process_shard, str(part_paths[i]), jobs[i], config.features, max_duration)
+                       for i in todo]
             for future in as_completed(futures):
                 count, bad, secs = future.result()
                 done, rejected, seconds = done + count, rejected + bad, seconds + secs
                 if progress:
                     progress(done, total, rejected, seconds)
 
-    kept_utterances, kept_samples, durations = [], [], []
+    # The index of every kept utterance (small: no features), then the cache in length order.
+    kept: list[tuple[int, int, int]] = []  # (shard, position in shard, frames)
+    kept_samples, durations = [], []
     for index, shard in enumerate(shards):
-        part = _load_part(part_paths[index])
-        offsets = np.concatenate([[0], np.cumsum(np.maximum(part["lengths"], 0))])
+        part = _part_summary(part_paths[index])
+        if part is None:
+            raise FeaturesError(f"{part_paths[index]}: a finished feature shard disappeared during the run; "
+                                f"run the Features task again")
         for position, sample in enumerate(shard):
             length = int(part["lengths"][position])
             if length < 0:
                 rejects.append(Reject(sample.source, sample.audio_path, str(part["reasons"][position]),
                                       str(part["details"][position])))
                 continue
-            kept_utterances.append(part["features"][offsets[position]:offsets[position] + length])
+            kept.append((index, position, length))
             kept_samples.append(sample)
             durations.append(float(part["durations"][position]))
 
     report = layout.rejects_report(split)
     write_rejects(report, rejects)
     check_reject_fraction(split, total, rejects, config.data.max_reject_fraction, report)
-    write_cache(cache, layout.features_fingerprint(split), config.features, kept_utterances,
-                [s.labels for s in kept_samples], [s.transcript for s in kept_samples],
-                [s.audio_path for s in kept_samples], durations)
+    lengths = np.array([frames for _, _, frames in kept], np.int64)
+    order = np.argsort(lengths, kind="stable")  # where each cache row comes from
+    row_of = np.empty_like(order)
+    row_of[order] = np.arange(len(order))      # where each kept utterance goes
+    with CacheWriter(cache, layout.features_fingerprint(split), config.features, lengths[order],
+                     [kept_samples[i].labels for i in order], [kept_samples[i].transcript for i in order],
+                     [kept_samples[i].audio_path for i in order], np.asarray(durations, np.float32)[order]) as writer:
+        first = 0  # ``kept`` is in shard order: shard i's utterances are kept[first:stop]
+        for index in range(len(shards)):  # one shard's features in memory at a time
+            stop = first
+            while stop < len(kept) and kept[stop][0] == index:
+                stop += 1
+            if stop == first:
+                continue
+            frames, start = _part_features(part_paths[index]), 0
+            for k in range(first, stop):
+                writer.put(int(row_of[k]), frames[start:start + kept[k][2]])
+                start += kept[k][2]
+            first = stop
     shutil.rmtree(parts_dir, ignore_errors=True)
     return FeaturesSummary(split=split, cache=str(cache), rejects_report=str(report), kept=len(kept_samples),
                            rejected=len(rejects), audio_seconds=float(sum(durations)),

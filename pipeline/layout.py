@@ -237,7 +237,7 @@ class Layout:
                 "features": _section_settings(config.features),
                 "manifests": [[str(f), file_digest(f)] for f in config.split_files(split)],
                 "limit": config.split_limit(split),
-                "max_reject_fraction": config.data.max_reject_fraction,
+                "max_duration_s": config.data.max_duration_s,
                 "alphabet": file_digest(self.alphabet),
             })
         return self._features_fingerprints[split]
@@ -367,6 +367,11 @@ class Layout:
     def evaluation_report(directory: Path) -> Path:
         """``evaluation.json`` in an Evaluate output directory."""
         return Path(directory) / "evaluation.json"
+
+    @staticmethod
+    def logits_scratch(directory: Path) -> Path:
+        """A scratch file of logits while Evaluate or TuneDecoder runs in ``directory`` (removed after)."""
+        return Path(directory) / f".logits-{os.getpid()}.h5"
 
     @staticmethod
     def evaluation_text(directory: Path) -> Path:

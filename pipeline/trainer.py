@@ -21,10 +21,10 @@ import numpy as np
 import tensorflow as tf
 
 from native_client.alphabet import Alphabet
-from pipeline.cache import CachedSplit
+from pipeline.cache import CacheIndex
 from pipeline.checkpoints import check_geometry, named_weights, warm_start
 from pipeline.config import Config
-from pipeline.dataset import SplitTensors, steps_per_epoch, train_dataset
+from pipeline.dataset import SplitReader, batch_plan, train_dataset
 from pipeline.distribute import ClusterRole
 from pipeline.early_stop import should_stop
 from pipeline.epochs import epoch_target
@@ -87,7 +87,7 @@ class Trainer:
     directory, as MultiWorkerMirroredStrategy requires every worker to save.
     """
 
-    def __init__(self, config: Config, run_dir: Path, train_data: CachedSplit, dev_data: Optional[CachedSplit],
+    def __init__(self, config: Config, run_dir: Path, train_data: CacheIndex, dev_data: Optional[CacheIndex],
                  alphabet: Alphabet, strategy: tf.distribute.Strategy, role: ClusterRole = ClusterRole(0, 1),
                  hooks: Optional[TrainHooks] = None):
         self.config = config
@@ -101,12 +101,13 @@ class Trainer:
         self.hooks = hooks or TrainHooks()
         self.towers = strategy.num_replicas_in_sync
         self.per_tower_batch, self.global_batch = global_batch_size(config, self.towers)
-        self.steps_per_epoch = steps_per_epoch(len(train_data), self.global_batch)
+        self.plan = batch_plan(train_data.lengths, self.global_batch, self.towers, config.training.max_batch_frames)
+        self.steps_per_epoch = len(self.plan)
         writes = self.run if role.is_chief else self.run.worker_scratch(role.index)
         self.scratch = None if role.is_chief else writes.root
         training = config.training
         with strategy.scope():
-            self.model = build_model(config.model, train_data.features.shape[1], alphabet.n_classes)
+            self.model = build_model(config.model, train_data.n_input, alphabet.n_classes)
             self.optimizer = keras.optimizers.Adam(learning_rate=training.learning_rate, beta_1=training.beta1,
                                                    beta_2=training.beta2, epsilon=training.epsilon)
             self.optimizer.build(self.model.trainable_variables)
@@ -119,15 +120,15 @@ class Trainer:
                                                        checkpoint_name=BEST_PREFIX)
         self._train_step = self._make_train_step()
         self._forward = make_forward(self.model, alphabet.blank_index)
-        self._train_tensors = SplitTensors(train_data)
-        self._dev_tensors = SplitTensors(dev_data) if dev_data is not None else None
+        self._train_reader = SplitReader(train_data)
+        self._dev_reader = SplitReader(dev_data) if dev_data is not None else None
         self._writers = None
         self._last_histogram = 0.0
         self._last_loss = float("nan")
 
     # -- the step ------------------------------------------------------------------------------
     def _make_train_step(self):
-        model, optimizer, towers, global_batch = self.model, self.optimizer, self.towers, self.global_batch
+        model, optimizer, towers = self.model, self.optimizer, self.towers
         blank, clip = self.alphabet.blank_index, self.config.training.clip_grad_norm
 
         def apply_if_finite(distribution, finite, grads):
@@ -142,7 +143,10 @@ class Trainer:
                 logits = model(windows, training=True)  # [batch, time, classes]
                 per_sample = tf.nn.ctc_loss(labels, logits, label_lengths, lengths, logits_time_major=False,
                                             blank_index=blank)
-                scaled = tf.reduce_sum(per_sample) / global_batch
+                # The step's global batch: every tower gets as many utterances (max_batch_frames may
+                # make a step smaller than training.batch_size).
+                step_batch = tf.cast(tf.shape(lengths)[0] * towers, per_sample.dtype)
+                scaled = tf.reduce_sum(per_sample) / step_batch
             grads = tape.gradient(scaled, model.trainable_variables)
             context = tf.distribute.get_replica_context()
             reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads + [scaled])
@@ -173,7 +177,10 @@ class Trainer:
     def _set_history(self, history: dict) -> None:
         self.state.history.assign(json.dumps(history))
 
-    def _save(self) -> None:
+    def _save(self, history: Optional[dict] = None) -> None:
+        # The history is serialised into the checkpoint only when one is written, never per step.
+        if history is not None:
+            self._set_history(history)
         self.manager.save(checkpoint_number=int(self.state.global_step.numpy()))
 
     def restore(self) -> Optional[str]:
@@ -219,14 +226,13 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------
     def _distributed_batches(self, epoch: int, start_step: int, end_epoch: int):
-        tensors, lengths = self._train_tensors, self.train_data.lengths
-        per_tower, towers = self.per_tower_batch, self.towers
+        reader, plan, towers = self._train_reader, self.plan, self.towers
         seed, n_context = self.config.training.shuffle_seed, self.config.model.n_context
 
         def dataset_fn(context: tf.distribute.InputContext):
             local = context.num_replicas_in_sync // context.num_input_pipelines
-            return train_dataset(tensors, lengths, per_tower, towers, context.input_pipeline_id * local, local,
-                                 epoch, start_step, end_epoch, seed, n_context)
+            return train_dataset(reader, plan, towers, context.input_pipeline_id * local, local, epoch, start_step,
+                                 end_epoch, seed, n_context)
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -250,9 +256,8 @@ class Trainer:
                             for i in part.numpy()})
             log.warning("Step %d: non-finite loss, batch skipped; its files: %s", step, ", ".join(files))
             history["skipped_batches"].append({"step": step, "files": files})
-            self._set_history(history)
             if consecutive_bad >= training.max_nonfinite_batches:
-                self._save()
+                self._save(history)
                 raise TrainingError(
                     f"{consecutive_bad} batches in a row had a non-finite loss (last files: {', '.join(files)}); "
                     f"check these files and the learning rate (training.learning_rate {training.learning_rate})")
@@ -269,7 +274,8 @@ class Trainer:
     def validate(self, epoch: int) -> dict:
         """Dev loss, greedy WER/CER and best/worst samples of the current weights."""
         results = run_split(self.model, self.dev_data, self.alphabet, self.config.training.dev_batch_size,
-                            self.config.model.n_context, self._forward, tensors=self._dev_tensors)
+                            self.config.model.n_context, self._forward, reader=self._dev_reader,
+                            max_batch_frames=self.config.training.max_batch_frames)
         rates = corpus_rates(results)
         samples = best_and_worst(results, self.config.training.report_count)
         log.info("%s", format_report(f"Validation after epoch {epoch}", rates, samples))
@@ -368,7 +374,7 @@ class Trainer:
                     outputs = self._train_step(dataset, batch)
                     consecutive_bad = self._after_step(outputs, history, consecutive_bad, lr)
                     if time.monotonic() - last_save >= training.checkpoint_secs:
-                        self._save()
+                        self._save(history)
                         last_save = time.monotonic()
                     if self.hooks.on_step:
                         self.hooks.on_step({"epoch": epoch, "target_epochs": target,

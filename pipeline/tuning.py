@@ -1,7 +1,6 @@
 """TuneDecoder: search lm_alpha / lm_beta on the dev set with Optuna's TPE sampler."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -12,9 +11,11 @@ import optuna
 from native_client.alphabet import load_alphabet
 from pipeline.cache import read_cache
 from pipeline.checkpoints import load_trained_model
-from pipeline.decoding import configured_settings, decode_results, make_beam_decoder
+from pipeline.decode_pool import DecodePool
+from pipeline.decoding import configured_settings, decode_pool, rescore
 from pipeline.evaluation import run_split
 from pipeline.layout import Layout
+from pipeline.logits_store import LogitsStore
 from pipeline.metrics import corpus_rates
 from pipeline.reports import TunedPair, TuneReport, write_report
 
@@ -32,18 +33,37 @@ def tune_decoder(layout: Layout, on_trial: Callable[[int, int, dict], None] = la
     config = layout.config
     alphabet = load_alphabet(layout.alphabet)
     dev = read_cache(layout.features_cache("dev"), config.features)
-    model = load_trained_model(config, layout.train_run.best, dev.features.shape[1], alphabet.n_classes)
-    logits: dict = {}
-    greedy = run_split(model, dev, alphabet, config.training.dev_batch_size, config.model.n_context, logits_sink=logits)
+    model = load_trained_model(config, layout.train_run.best, dev.n_input, alphabet.n_classes)
     base = configured_settings(config)
-    trials = []
     started = time.time()
+    with LogitsStore(layout.logits_scratch(layout.tune_dir), len(dev), alphabet.n_classes) as logits:
+        greedy = run_split(model, dev, alphabet, config.training.dev_batch_size, config.model.n_context,
+                           on_logits=logits.put, max_batch_frames=config.training.max_batch_frames)
+        with decode_pool(layout, alphabet, base) as pool:
+            trials = _search(config, base, greedy, logits, pool, on_trial)
+    best = min(trials, key=lambda t: (t["wer"], t["cer"]))
+    greedy_rates = corpus_rates(greedy)
+    result = TuneReport(
+        best=TunedPair(lm_alpha=best["lm_alpha"], lm_beta=best["lm_beta"], wer=best["wer"], cer=best["cer"]),
+        greedy={"wer": greedy_rates["wer"], "cer": greedy_rates["cer"]},
+        search={"sampler": "optuna TPE", "alpha_range": list(ALPHA_RANGE), "beta_range": list(BETA_RANGE),
+                "beam_width": base.beam_width, "lexicon": base.lexicon, "dev_samples": len(dev)},
+        trials=trials, wall_time_s=round(time.time() - started, 1))
+    write_report(report_path or layout.tune_report, result)
+    log.info("Tuned: alpha %.3f beta %.3f dev WER %.4f (greedy %.4f)", best["lm_alpha"], best["lm_beta"], best["wer"],
+             greedy_rates["wer"])
+    return result
+
+
+def _search(config, base, greedy: list, logits: LogitsStore, pool: DecodePool,
+            on_trial: Callable[[int, int, dict], None]) -> list[dict]:
+    """Optuna's TPE search over (alpha, beta), starting from the configured pair; every trial, in order."""
+    trials = []
 
     def objective(trial: optuna.Trial) -> float:
         alpha = trial.suggest_float("lm_alpha", *ALPHA_RANGE)
         beta = trial.suggest_float("lm_beta", *BETA_RANGE)
-        decoder = make_beam_decoder(layout, alphabet, dataclasses.replace(base, lm_alpha=alpha, lm_beta=beta))
-        rates = corpus_rates(decode_results(decoder, greedy, logits))
+        rates = corpus_rates(rescore(greedy, pool.decode(logits, weights=(alpha, beta))))
         trials.append({"trial": trial.number, "lm_alpha": alpha, "lm_beta": beta, "wer": rates["wer"], "cer": rates["cer"]})
         best = min(trials, key=lambda t: (t["wer"], t["cer"]))
         on_trial(len(trials), config.decoder.tune_trials, best)
@@ -55,14 +75,4 @@ def tune_decoder(layout: Layout, on_trial: Callable[[int, int, dict], None] = la
     study.enqueue_trial({"lm_alpha": min(max(base.lm_alpha, ALPHA_RANGE[0]), ALPHA_RANGE[1]),
                          "lm_beta": min(max(base.lm_beta, BETA_RANGE[0]), BETA_RANGE[1])})
     study.optimize(objective, n_trials=config.decoder.tune_trials)
-    best = min(trials, key=lambda t: (t["wer"], t["cer"]))
-    greedy_rates = corpus_rates(greedy)
-    result = TuneReport(
-        best=TunedPair(lm_alpha=best["lm_alpha"], lm_beta=best["lm_beta"], wer=best["wer"], cer=best["cer"]),
-        greedy={"wer": greedy_rates["wer"], "cer": greedy_rates["cer"]},
-        search={"sampler": "optuna TPE", "alpha_range": list(ALPHA_RANGE), "beta_range": list(BETA_RANGE),
-                "beam_width": base.beam_width, "lexicon": base.lexicon, "dev_samples": len(dev)},
-        trials=trials, wall_time_s=round(time.time() - started, 1))
-    write_report(report_path or layout.tune_report, result)
-    log.info("Tuned: alpha %.3f beta %.3f dev WER %.4f (greedy %.4f)", best["lm_alpha"], best["lm_beta"], best["wer"], greedy_rates["wer"])
-    return result
+    return trials

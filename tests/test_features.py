@@ -71,6 +71,39 @@ def test_too_many_rejects_fail_naming_split_and_reasons(write_config, tmp_path):
     assert Layout(config).rejects_report("train").exists()
 
 
+def test_raising_max_reject_fraction_reuses_the_extracted_shards(write_config, tmp_path, monkeypatch, caplog):
+    import pipeline.featurize as featurize
+
+    manifest, _ = bad_corpus(tmp_path / "corpus")
+    lenient = _config(write_config, tmp_path, manifest, "")
+    strict = load_config(write_config(Path(lenient.source).read_text().replace("max_reject_fraction: 1.0",
+                                                                                "max_reject_fraction: 0.05"), "strict.yaml"))
+    assert Layout(strict).features_fingerprint("train") == Layout(lenient).features_fingerprint("train")
+    with pytest.raises(CorpusError):
+        build_split_cache(Layout(strict), "train")
+    parts = sorted(Layout(strict).features_parts("train").glob("*.npz"))
+    assert parts
+    parts[0].write_bytes(parts[0].read_bytes()[:100])  # a damaged shard is recomputed, with a warning
+    computed = []
+    real = featurize._process_shard
+    monkeypatch.setattr(featurize, "_process_shard", lambda part, *args: computed.append(part) or real(part, *args))
+    summary = build_split_cache(Layout(lenient), "train")
+    assert summary.kept == 3 and computed == [str(parts[0])]
+    assert any(str(parts[0]) in r.message and "damaged" in r.message for r in caplog.records)
+
+
+def test_max_duration_rejects_long_utterances_as_too_long(write_config, tmp_path):
+    rows = sample_rows(count=4)
+    manifest = write_manifest(tmp_path / "four.csv", [(str(path), text) for path, text in rows])
+    durations = [soundfile.info(str(path)).duration for path, _ in rows]
+    limit = sorted(durations)[1] + 0.01
+    config = _config(write_config, tmp_path, manifest, f"  max_duration_s: {limit}")
+    summary = build_split_cache(Layout(config), "train")
+    assert summary.kept == 2 and summary.reasons == {"too_long": 2}
+    with open(summary.rejects_report, newline="") as handle:
+        assert all("data.max_duration_s" in row["detail"] for row in csv.DictReader(handle))
+
+
 def test_manifest_without_a_column_is_a_clear_error(tmp_path):
     audio, transcript = sample_rows(count=1)[0]
     manifest = tmp_path / "nocol.csv"
@@ -91,10 +124,13 @@ def test_cached_features_equal_python_speech_features(write_config, tmp_path):
     config = _config(write_config, tmp_path, manifest)
     summary = build_split_cache(Layout(config), "train")
     cached = read_cache(Path(summary.cache), config.features)
-    for index, (path, text) in enumerate(rows):
+    reader = cached.reader()
+    assert list(cached.lengths) == sorted(cached.lengths)  # the cache is in length order
+    for path, text in rows:
+        index = cached.paths.index(str(path))
         signal, rate = soundfile.read(path, dtype="int16")
         expected = mfcc(signal, samplerate=rate, numcep=26)
-        np.testing.assert_allclose(cached.utterance(index), expected, rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(reader.utterance(index), expected, rtol=1e-5, atol=1e-4)
         assert cached.transcripts[index] == text
         assert cached.durations[index] == pytest.approx(len(signal) / rate)
 

@@ -1,5 +1,6 @@
 """Training for real on small slices of the sample corpus."""
 import json
+import shutil
 import os
 import signal
 import subprocess
@@ -7,6 +8,7 @@ import sys
 import textwrap
 import time
 
+import h5py
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -158,6 +160,11 @@ def test_sigkill_mid_epoch_resumes_from_checkpoint(small_config, tmp_path):
     assert "FINAL_STEP 40" in result.stdout  # 2 epochs x 20 steps, as an uninterrupted run
     report = read_report(Layout(config).train_run.report, TrainReport)
     assert report.global_step == 40 and report.epochs_completed == 2
+    # Exact resume: the same weights, bit for bit, as a run that was never interrupted.
+    clean = load_config(small_config("clean.yaml", limit_train=40,
+                                     extra=extra + f"paths:\n  work_dir: {tmp_path / 'clean'}\n"))
+    build_features(clean)
+    assert train_stage(Layout(clean)).weights_sha256 == report.weights_sha256
 
 
 def test_changed_geometry_names_directory_and_variables(small_config):
@@ -175,12 +182,21 @@ def test_changed_geometry_names_directory_and_variables(small_config):
     assert "lstm.lstm_cell.recurrent_kernel" in message
 
 
-def test_non_finite_batches_are_skipped_and_logged(small_config, caplog):
+def _poisoned(cache, config, copy, start: int, stop: int):
+    """A copy of a feature cache with NaN in frames [start, stop), read back as an index."""
+    shutil.copyfile(cache, copy)
+    with h5py.File(copy, "r+") as h5:
+        h5["features"][start:stop] = np.nan
+    return read_cache(copy, config.features)
+
+
+def test_non_finite_batches_are_skipped_and_logged(small_config, caplog, tmp_path):
     config = load_config(small_config(limit_train=8, extra="training:\n  epochs: 1\n  batch_size: 1\n  validation_epochs: 0\n"))
     build_features(config)
-    train = read_cache(Layout(config).features_cache("train"), config.features)
+    cache = Layout(config).features_cache("train")
+    train = read_cache(cache, config.features)
     poisoned = int(np.argmax(train.lengths))
-    train.features[train.offsets[poisoned]:train.offsets[poisoned] + 5] = np.nan
+    train = _poisoned(cache, config, tmp_path / "poisoned.h5", train.offsets[poisoned], train.offsets[poisoned] + 5)
     trainer = _trainer(config, Layout(config).train_run.root, train)
     report = trainer.fit()
     assert len(report.skipped_batches) == 1
@@ -190,7 +206,7 @@ def test_non_finite_batches_are_skipped_and_logged(small_config, caplog):
     for weight in trainer.model.weights:
         assert np.all(np.isfinite(weight.numpy()))
 
-    train.features[:] = np.nan
+    train = _poisoned(cache, config, tmp_path / "all-nan.h5", 0, int(train.lengths.sum()))
     config = load_config(small_config("bad.yaml", limit_train=8, extra="training:\n  epochs: 1\n  batch_size: 1\n  max_nonfinite_batches: 3\n  validation_epochs: 0\n  shuffle_seed: 5\n"))
     trainer = _trainer(config, Layout(config).work_dir / "all-bad", train)
     with pytest.raises(TrainingError, match="3 batches in a row had a non-finite loss"):
