@@ -26,6 +26,7 @@ from native_client.alphabet import load_alphabet
 from pipeline.cache import read_cache
 from pipeline.config_loader import load_config
 from pipeline.cache import CacheIndex, FeatureReader
+from pipeline.ctc import ctc_loss
 from pipeline.dataset import SplitReader, batch_plan, train_dataset
 from pipeline.distribute import make_strategy
 from pipeline.featurize import build_split_cache
@@ -60,8 +61,7 @@ class _CTCModel(keras.Model):
         windows, lengths, labels, label_lengths, _ = batch
         with tf.GradientTape() as tape:
             logits = self.inner(windows, training=True)
-            loss = tf.reduce_mean(tf.nn.ctc_loss(labels, logits, label_lengths, lengths, logits_time_major=False,
-                                                 blank_index=self.blank))
+            loss = tf.reduce_mean(ctc_loss(labels, label_lengths, logits, lengths, self.blank, sparse=True))
         grads = tape.gradient(loss, self.inner.trainable_variables)
         self.optimizer.apply(grads, self.inner.trainable_variables)
         return {"loss": loss}

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from native_client.alphabet import Alphabet
 from pipeline.cache import CacheIndex
+from pipeline.ctc import ctc_loss, sparse_labels_supported
 from pipeline.dataset import SplitReader, eval_dataset
 from pipeline.metrics import SampleResult, greedy_decode, score_sample
 
@@ -17,12 +18,12 @@ LogitsSink = Callable[[int, np.ndarray], None]
 
 def make_forward(model, blank_index: int):
     """A compiled function: windows, lengths, labels, label lengths -> (logits ``[b, t, classes]``, per-sample loss)."""
+    sparse = sparse_labels_supported()
 
     @tf.function(reduce_retracing=True)
     def forward(windows, lengths, labels, label_lengths):
         logits = model(windows, training=False)
-        loss = tf.nn.ctc_loss(labels, logits, label_lengths, lengths, logits_time_major=False, blank_index=blank_index)
-        return logits, loss
+        return logits, ctc_loss(labels, label_lengths, logits, lengths, blank_index, sparse)
 
     return forward
 

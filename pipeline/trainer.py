@@ -24,6 +24,7 @@ from native_client.alphabet import Alphabet
 from pipeline.cache import CacheIndex
 from pipeline.checkpoints import check_geometry, named_weights, warm_start
 from pipeline.config import Config
+from pipeline.ctc import ctc_loss, sparse_labels_supported
 from pipeline.dataset import SplitReader, batch_plan, train_dataset
 from pipeline.distribute import ClusterRole
 from pipeline.early_stop import should_stop
@@ -130,6 +131,7 @@ class Trainer:
     def _make_train_step(self):
         model, optimizer, towers = self.model, self.optimizer, self.towers
         blank, clip = self.alphabet.blank_index, self.config.training.clip_grad_norm
+        sparse = sparse_labels_supported()
 
         def apply_if_finite(distribution, finite, grads):
             def apply():
@@ -141,8 +143,7 @@ class Trainer:
         def replica_step(windows, lengths, labels, label_lengths, indices):
             with tf.GradientTape() as tape:
                 logits = model(windows, training=True)  # [batch, time, classes]
-                per_sample = tf.nn.ctc_loss(labels, logits, label_lengths, lengths, logits_time_major=False,
-                                            blank_index=blank)
+                per_sample = ctc_loss(labels, label_lengths, logits, lengths, blank, sparse)
                 # The step's global batch: every tower gets as many utterances (max_batch_frames may
                 # make a step smaller than training.batch_size).
                 step_batch = tf.cast(tf.shape(lengths)[0] * towers, per_sample.dtype)
