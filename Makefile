@@ -9,7 +9,7 @@ STAGE ?= Train
 SCHEDULER_FLAG := $(if $(filter local,$(SCHEDULER)),--local-scheduler,)
 PYTEST_ARGS ?=
 
-.PHONY: setup train rerun test test-fast scheduler bench lint clean
+.PHONY: setup kenlm train rerun test test-fast scheduler bench lint clean
 
 setup: $(VENV)/.installed
 
@@ -19,6 +19,22 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
+
+## KenLM's own lmplz, build_binary, filter and query, compiled from the pinned kenlm sdist into .venv/bin
+## (the LanguageModel stage uses them when present; without them it falls back to the Python estimator).
+KENLM_VERSION := 0.3.0
+KENLM_DEBS := cmake libboost-program-options-dev libboost-system-dev libboost-thread-dev libboost-test-dev zlib1g-dev libbz2-dev liblzma-dev
+kenlm: $(BIN)/lmplz
+
+$(BIN)/lmplz: | setup
+	@missing=$$(for p in $(KENLM_DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then echo "make kenlm needs these Debian packages: apt-get install -y" $$missing; exit 1; fi
+	rm -rf build/kenlm && mkdir -p build/kenlm
+	$(BIN)/pip download --quiet --no-deps --no-binary :all: --no-build-isolation kenlm==$(KENLM_VERSION) -d build/kenlm
+	tar -xzf build/kenlm/kenlm-$(KENLM_VERSION).tar.gz -C build/kenlm
+	cmake -S build/kenlm/kenlm-$(KENLM_VERSION) -B build/kenlm/build -DKENLM_MAX_ORDER=6 -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build build/kenlm/build --target lmplz build_binary filter query -j $$(nproc)
+	install -m 755 build/kenlm/build/bin/lmplz build/kenlm/build/bin/build_binary build/kenlm/build/bin/filter build/kenlm/build/bin/query $(BIN)/
 
 ## Run the whole DAG on CONFIG (default: the embedded sample corpus), then transcribe CLIP.
 train: setup

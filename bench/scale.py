@@ -155,8 +155,11 @@ def stage_train(manifest: Path, work: Path, steps: int) -> dict:
         trainer.fit()
     except _Enough:
         pass
-    batches = epoch_batches(trainer.plan, 0, config.training.shuffle_seed)[5:steps]
-    audio = float(sum(data.durations[b].sum() for b in batches))
+    seen, epoch = [], 0  # the batches of the steps taken, across epochs on a small corpus
+    while len(seen) < steps:
+        seen.extend(epoch_batches(trainer.plan, epoch, config.training.shuffle_seed))
+        epoch += 1
+    audio = float(sum(data.durations[b].sum() for b in seen[5:steps]))
     tf.train.Checkpoint(weights=named_weights(trainer.model)).write(str(work / "weights" / "ckpt"))
     return {"audio_s": audio, "seconds": marks[-1] - marks[4], "steps": steps}
 

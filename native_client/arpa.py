@@ -23,6 +23,20 @@ def arpa_unigrams(path: str | Path) -> list[str]:
     return words
 
 
+def arpa_counts(path: str | Path) -> dict[str, int]:
+    """The n-gram counts of an ARPA file's header (``{"1": ..., "2": ...}``), read without the rest."""
+    counts = {}
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            line = line.strip()
+            if line.startswith("ngram "):
+                order, count = line[len("ngram "):].split("=")
+                counts[order.strip()] = int(count)
+            elif line.startswith("\\1-grams:"):
+                break
+    return counts
+
+
 def is_arpa(path: str | Path) -> bool:
     """True for an ARPA text file (it starts with ``\\data\\``), False for a KenLM binary."""
     with open(path, "rb") as handle:

@@ -5,6 +5,7 @@ Reading YAML into these (``extends:``, type checks, error messages) is
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -152,6 +153,11 @@ class DecoderConfig:
     lm_order: int = _opt(3, "n-gram order of the word LM (KenLM as packaged here reads up to 6).", minimum=1, maximum=6)
     char_lm_order: int = _opt(6, "n-gram order of the character LM used when lexicon is false (at most 6).", minimum=1, maximum=6)
     lm_path: Optional[str] = _opt(None, "An existing ARPA or KenLM binary to use instead of building one.", path=True)
+    lm_builder: Literal["auto", "kenlm", "python"] = _opt("auto", "Who estimates the LM: kenlm (KenLM's lmplz + build_binary, see make kenlm), python (the built-in estimator, for small corpora), auto (kenlm when its tools are installed).", fingerprint=False)  # in the LanguageModel fingerprint (layout)
+    lm_memory: str = _opt("2G", "KenLM builder: memory for lmplz's sort (its -S: 2G, 500M, 50%); it spills to disk beyond.", fingerprint=False)
+    lm_prune: tuple[int, ...] = _opt((), "KenLM builder: lmplz --prune thresholds per order, e.g. [0, 0, 1] drops trigrams seen once (non-decreasing).", minimum=0, fingerprint=False)  # in the LanguageModel fingerprint (layout)
+    lm_top_k: int = _opt(0, "KenLM builder: keep only the LM's n-grams of the this-many most frequent words (0 = all), as DeepSpeech's generate_lm.py.", minimum=0, fingerprint=False)  # in the LanguageModel fingerprint (layout)
+    lm_quantize_bits: int = _opt(8, "KenLM builder: build_binary quantisation bits (-q, pointer compression -a 255), 0 = none.", minimum=0, maximum=16, fingerprint=False)  # in the LanguageModel fingerprint (layout)
     beam_width: int = _opt(256, "CTC beam width.", minimum=1)
     beam_threshold: float = _opt(15.0, "Prune hypotheses whose score is this far below the best.", minimum=0.0)
     beam_size_token: int = _opt(8, "Tokens (most likely first) tried per frame for each hypothesis; 0 = all.", minimum=0)
@@ -199,3 +205,13 @@ def validate_config(config: Config) -> None:
         raise ConfigError(f"{src}: features.nfft: expected at least the window length in samples ({frame}), got {config.features.nfft}")
     if config.training.epochs == 0:
         raise ConfigError(f"{src}: training.epochs: expected a non-zero integer, got 0")
+    decoder = config.decoder
+    if not re.fullmatch(r"\d+(\.\d+)?[%bBkKmMgGtT]?", decoder.lm_memory):
+        raise ConfigError(f"{src}: decoder.lm_memory: expected a size such as 2G, 500M or 50%, got {decoder.lm_memory!r}")
+    if decoder.lm_prune and (len(decoder.lm_prune) > decoder.lm_order or min(decoder.lm_prune) < 0
+                             or list(decoder.lm_prune) != sorted(decoder.lm_prune)):
+        raise ConfigError(f"{src}: decoder.lm_prune: expected at most decoder.lm_order ({decoder.lm_order}) "
+                          f"non-decreasing thresholds, got {list(decoder.lm_prune)}")
+    if (decoder.lm_prune or decoder.lm_top_k) and decoder.lm_builder == "python":
+        raise ConfigError(f"{src}: decoder.lm_prune / decoder.lm_top_k need decoder.lm_builder kenlm or auto "
+                          f"(the Python estimator neither prunes nor filters)")

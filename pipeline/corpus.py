@@ -127,12 +127,11 @@ def find_reference(manifests, audio: str | Path) -> Optional[str]:
     for manifest in manifests:
         manifest = Path(manifest)
         try:
-            rows = list(_rows(manifest))
+            for _, row in _rows(manifest):  # streamed: a manifest is never held whole
+                name = row.get("wav_filename", "")
+                path = Path(name) if Path(name).is_absolute() else manifest.parent / name
+                if path.resolve() == target:
+                    return row.get("transcript")
         except CorpusError:
             continue
-        for _, row in rows:
-            name = row.get("wav_filename", "")
-            path = Path(name) if Path(name).is_absolute() else manifest.parent / name
-            if path.resolve() == target:
-                return row.get("transcript")
     return None

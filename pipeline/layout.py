@@ -27,6 +27,7 @@ from xdg import BaseDirectory
 
 from native_client.metadata import METADATA_NAME
 from pipeline.config import APP_NAME, Config
+from pipeline.kenlm_tools import find_tools
 
 SPLITS = ("train", "dev", "test")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -148,9 +149,29 @@ class LMFiles:
         return self.root / CHAR_ARPA
 
     @property
+    def word_binary(self) -> Path:
+        """The word n-gram model as a KenLM trie binary (what the KenLM builder ships)."""
+        return self.root / WORD_BINARY
+
+    @property
     def vocabulary(self) -> Path:
         """One word per line, most frequent first."""
         return self.root / VOCABULARY
+
+    @property
+    def filtered_arpa(self) -> Path:
+        """The word ARPA limited to ``decoder.lm_top_k`` words (a step before the binary)."""
+        return self.root / "lm.filtered.arpa"
+
+    @property
+    def sort_space(self) -> Path:
+        """Where lmplz spills its sort (removed when the stage ends)."""
+        return self.root / "lmplz-tmp"
+
+    @property
+    def build_log(self) -> Path:
+        """The output of KenLM's tools."""
+        return self.root / "kenlm.log"
 
     @property
     def staging(self) -> Path:
@@ -258,10 +279,23 @@ class Layout:
         })
 
     @functools.cached_property
+    def lm_builder(self) -> str:
+        """``kenlm`` or ``python``: ``decoder.lm_builder``, with ``auto`` resolved by whether KenLM's tools
+        are installed (beside this Python or on PATH)."""
+        wanted = self.config.decoder.lm_builder
+        if wanted != "auto":
+            return wanted
+        return "kenlm" if find_tools() is not None else "python"
+
+    @functools.cached_property
     def lm_fingerprint(self) -> str:
-        """Settings of LanguageModel: order, corpus texts, alphabet, and the train manifests when included."""
+        """Settings of LanguageModel: order, corpus texts, alphabet, the train manifests when included,
+        and (only for an LM built with KenLM's tools) the builder and its pruning, top-k and quantisation."""
         config, decoder = self.config, self.config.decoder
-        return _hash({
+        kenlm = ({"kenlm": {"prune": list(decoder.lm_prune), "top_k": decoder.lm_top_k,
+                            "quantize_bits": decoder.lm_quantize_bits}}
+                 if self.lm_builder == "kenlm" and not decoder.lm_path else {})
+        return _hash({**kenlm,
             "stage": "lm",
             "order": decoder.lm_order,
             "lm_path": [decoder.lm_path, file_digest(decoder.lm_path)] if decoder.lm_path else None,

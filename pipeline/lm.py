@@ -8,6 +8,7 @@ is used as it is; the stage then only writes the vocabulary.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import shutil
 import time
@@ -16,11 +17,12 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from native_client.alphabet import Alphabet, load_alphabet
-from native_client.arpa import arpa_unigrams, is_arpa
+from native_client.arpa import arpa_counts, arpa_unigrams, is_arpa
 from native_client.beam import SPACE_TOKEN
 from pipeline.config import Config
 from pipeline.corpus import read_manifests
 from pipeline.files import write_text_atomic
+from pipeline.kenlm_tools import build_binary, filter_vocabulary, find_tools, run_lmplz
 from pipeline.kneser_ney import LanguageModelError, estimate, write_arpa
 from pipeline.layout import Layout, LMFiles
 from pipeline.locks import stage_lock
@@ -64,13 +66,32 @@ def lm_sentences(config: Config, alphabet: Alphabet, stats: Counter) -> Iterator
             yield sample.transcript
 
 
-def held_out_overlap(config: Config, alphabet: Alphabet, sentences: set[str]) -> int:
-    """How many dev/test transcripts appear verbatim among the LM sentences (reported, should be 0)."""
-    count = 0
-    for split in ("dev", "test"):
-        samples, _ = read_manifests(config.split_files(split), config.split_limit(split), alphabet)
-        count += sum(1 for s in samples if s.transcript in sentences)
-    return count
+class HeldOutCheck:
+    """Counts dev/test transcripts that appear verbatim in the LM text, from digests of the held-out
+    transcripts only: the LM text streams past and is never collected."""
+
+    def __init__(self, config: Config, alphabet: Alphabet):
+        self._counts: Counter = Counter()
+        for split in ("dev", "test"):
+            samples, _ = read_manifests(config.split_files(split), config.split_limit(split), alphabet)
+            self._counts.update(_digest(s.transcript) for s in samples)
+        self._seen: set[bytes] = set()
+
+    def see(self, sentence: str) -> None:
+        """Look at one LM sentence."""
+        if self._counts:
+            key = _digest(sentence)
+            if key in self._counts:
+                self._seen.add(key)
+
+    @property
+    def overlap(self) -> int:
+        """How many dev/test transcripts appeared among the sentences seen (reported, should be 0)."""
+        return sum(self._counts[key] for key in self._seen)
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
 
 
 def char_tokens(sentence: str) -> list[str]:
@@ -106,39 +127,103 @@ def _build(layout: Layout, staging: LMFiles, on_status: Callable[[str, float], N
     decoder = config.decoder
     started = time.time()
     stats: Counter = Counter()
-    extra: dict = {}
-    on_status("reading the LM text", 5)
-    sentences = list(lm_sentences(config, alphabet, stats)) if (decoder.lm_corpus_files or decoder.lm_include_train) else []
-    overlap = held_out_overlap(config, alphabet, set(sentences))
+    held_out = HeldOutCheck(config, alphabet)
+    has_text = bool(decoder.lm_corpus_files or decoder.lm_include_train)
+
+    def text() -> Iterator[str]:
+        """The LM text, streamed (each pass reads the corpus files again)."""
+        stats.clear()
+        if has_text:
+            for sentence in lm_sentences(config, alphabet, stats):
+                held_out.see(sentence)
+                yield sentence
+
     if decoder.lm_path:
-        lm_path = Path(decoder.lm_path)
-        if not lm_path.is_file():
-            raise LanguageModelError(f"decoder.lm_path: {lm_path} does not exist")
-        lm = str(lm_path.resolve())
-        arpa = is_arpa(lm_path)
-        vocabulary = arpa_unigrams(lm_path) if arpa else sorted({w for s in sentences for w in s.split()})
-        vocabulary_source = "lm_path unigrams" if arpa else "LM text (lm_path is a binary)"
+        built = _adopt(Path(decoder.lm_path), text())
+    elif layout.lm_builder == "kenlm":
+        built = _build_with_kenlm(decoder, staging, text, on_status)
     else:
-        if not sentences:
-            raise LanguageModelError("no LM text: set decoder.lm_corpus_files or decoder.lm_include_train")
-        on_status(f"estimating the {decoder.lm_order}-gram word model from {len(sentences)} sentences", 20)
-        model = estimate((s.split() for s in sentences), decoder.lm_order)
-        write_arpa(model, staging.word_arpa)
-        lm = staging.word_arpa.name
-        extra["ngrams"] = {str(n): len(model.prob[n]) + (1 if n == 1 else 0) for n in range(1, model.order + 1)}
-        extra["discounts"] = {str(n): list(model.discounts[n]) for n in range(1, model.order + 1)}
-        extra["discount_fallback_orders"] = model.fallback_orders
-        counts = Counter(w for s in sentences for w in s.split())
-        vocabulary = [w for w, _ in counts.most_common()]
-        vocabulary_source = "LM text"
-    if not decoder.lexicon:
-        on_status(f"estimating the {decoder.char_lm_order}-gram character model", 60)
-        chars = estimate((char_tokens(s) for s in sentences), decoder.char_lm_order)
-        write_arpa(chars, staging.char_arpa)
-        extra["char_lm"] = staging.char_arpa.name
-    write_text_atomic(staging.vocabulary, "".join(w + "\n" for w in vocabulary))
-    report = LMReport(fingerprint=layout.lm_fingerprint, order=decoder.lm_order, lm=lm, vocabulary=len(vocabulary),
-                      vocabulary_source=vocabulary_source, held_out_overlap=overlap,
-                      wall_time_s=round(time.time() - started, 1), **stats, **extra)
+        built = _build_with_python(decoder, staging, text, on_status)
+    words = built.pop("vocabulary")
+    write_text_atomic(staging.vocabulary, "".join(w + "\n" for w in words))
+    shutil.rmtree(staging.sort_space, ignore_errors=True)
+    report = LMReport(fingerprint=layout.lm_fingerprint, order=decoder.lm_order, held_out_overlap=held_out.overlap,
+                      wall_time_s=round(time.time() - started, 1), builder="lm_path" if decoder.lm_path else layout.lm_builder,
+                      vocabulary=len(words), **stats, **built)
     write_report(staging.report, report)
     return report
+
+
+def _adopt(lm_path: Path, text: Iterator[str]) -> dict:
+    """``decoder.lm_path`` as it is; the vocabulary from its unigrams (ARPA) or from the LM text (binary)."""
+    if not lm_path.is_file():
+        raise LanguageModelError(f"decoder.lm_path: {lm_path} does not exist")
+    if is_arpa(lm_path):
+        for _ in text:  # still read, for the held-out check and the counts
+            pass
+        return {"lm": str(lm_path.resolve()), "vocabulary": arpa_unigrams(lm_path), "vocabulary_source": "lm_path unigrams"}
+    words = sorted({w for sentence in text for w in sentence.split()})
+    return {"lm": str(lm_path.resolve()), "vocabulary": words, "vocabulary_source": "LM text (lm_path is a binary)"}
+
+
+def _build_with_python(decoder, staging: LMFiles, text: Callable[[], Iterator[str]],
+                       on_status: Callable[[str, float], None]) -> dict:
+    """The built-in modified Kneser-Ney estimator (counts in memory: for corpora up to some tens of millions of words)."""
+    on_status("reading the LM text", 5)
+    sentences = list(text())
+    if not sentences:
+        raise LanguageModelError("no LM text: set decoder.lm_corpus_files or decoder.lm_include_train")
+    on_status(f"estimating the {decoder.lm_order}-gram word model from {len(sentences)} sentences", 20)
+    model = estimate((s.split() for s in sentences), decoder.lm_order)
+    write_arpa(model, staging.word_arpa)
+    built = {"lm": staging.word_arpa.name,
+             "ngrams": {str(n): len(model.prob[n]) + (1 if n == 1 else 0) for n in range(1, model.order + 1)},
+             "discounts": {str(n): list(model.discounts[n]) for n in range(1, model.order + 1)},
+             "discount_fallback_orders": model.fallback_orders,
+             "vocabulary": [w for w, _ in Counter(w for s in sentences for w in s.split()).most_common()],
+             "vocabulary_source": "LM text"}
+    if not decoder.lexicon:
+        on_status(f"estimating the {decoder.char_lm_order}-gram character model", 60)
+        write_arpa(estimate((char_tokens(s) for s in sentences), decoder.char_lm_order), staging.char_arpa)
+        built["char_lm"] = staging.char_arpa.name
+    return built
+
+
+def _build_with_kenlm(decoder, staging: LMFiles, text: Callable[[], Iterator[str]],
+                      on_status: Callable[[str, float], None]) -> dict:
+    """KenLM's lmplz on the streamed text, filter to the top-k words when asked, then build_binary."""
+    tools = find_tools()
+    if tools is None:
+        raise LanguageModelError("decoder.lm_builder is kenlm but KenLM's lmplz, build_binary and filter are not "
+                                 "installed: run `make kenlm` (or set decoder.lm_builder: python)")
+    counts: Counter = Counter()
+
+    def counted() -> Iterator[str]:
+        for sentence in text():
+            counts.update(sentence.split())
+            yield sentence
+
+    on_status(f"lmplz: estimating the {decoder.lm_order}-gram word model (sort memory {decoder.lm_memory})", 10)
+    run_lmplz(tools["lmplz"], counted(), staging.word_arpa, decoder.lm_order, decoder.lm_memory,
+              staging.sort_space, tuple(decoder.lm_prune), staging.build_log)
+    if not counts:
+        raise LanguageModelError("no LM text: set decoder.lm_corpus_files or decoder.lm_include_train")
+    vocabulary = [w for w, _ in counts.most_common()]
+    arpa = staging.word_arpa
+    if decoder.lm_top_k and decoder.lm_top_k < len(vocabulary):
+        on_status(f"filter: keeping the {decoder.lm_top_k} most frequent words", 60)
+        vocabulary = vocabulary[:decoder.lm_top_k]
+        filter_vocabulary(tools["filter"], arpa, vocabulary, staging.filtered_arpa, staging.build_log)
+        arpa = staging.filtered_arpa
+    on_status("build_binary: writing the trie", 75)
+    build_binary(tools["build_binary"], arpa, staging.word_binary, decoder.lm_quantize_bits, staging.build_log)
+    built = {"lm": staging.word_binary.name, "ngrams": arpa_counts(arpa), "vocabulary": vocabulary,
+             "vocabulary_source": "LM text" + (f" (top {decoder.lm_top_k})" if decoder.lm_top_k else "")}
+    if not decoder.lexicon:
+        on_status(f"lmplz: estimating the {decoder.char_lm_order}-gram character model", 85)
+        run_lmplz(tools["lmplz"], (" ".join(char_tokens(s)) for s in text()), staging.char_arpa,
+                  decoder.char_lm_order, decoder.lm_memory, staging.sort_space, (), staging.build_log)
+        built["char_lm"] = staging.char_arpa.name
+    for intermediate in {staging.word_arpa, arpa}:  # the binary replaces them (an ARPA can be tens of GB)
+        intermediate.unlink(missing_ok=True)
+    return built

@@ -94,6 +94,7 @@ class LMReport:
     discounts: Optional[dict] = None
     discount_fallback_orders: Optional[list] = None
     char_lm: Optional[str] = None
+    builder: str = "python"
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("tasks_in_process")
 
 
 def test_language_model_task_writes_an_arpa_kenlm_reads(small_config):
-    path = small_config(limit_train=10)
+    path = small_config(limit_train=10, extra="decoder:\n  lm_builder: python\n")
     assert luigi.build([LanguageModel(config=str(path))], local_scheduler=True)
     config = load_config(path)
     directory = Layout(config).lm.root
@@ -71,14 +71,16 @@ def test_tune_evaluate_and_export_use_the_lm(small_config, tmp_path):
     assert evaluation["decoder_lm"]["lm_alpha"] == best["lm_alpha"] and evaluation["decoder_lm"]["beam_width"] == 16
     metadata = load_metadata(tmp_path / "export")
     assert metadata.decoder["lm_alpha"] == best["lm_alpha"] and metadata.decoder["tuned"] is True
-    assert (metadata.directory / "lm.arpa").is_file() and (metadata.directory / "vocab.txt").is_file()
+    assert (metadata.directory / metadata.decoder["lm"]).is_file() and (metadata.directory / "vocab.txt").is_file()
     model = open_model(metadata.directory, decoder_factory=beam_decoder_for_export)
     assert isinstance(model.decoder, BeamDecoder) and model.decoder.settings.lm_alpha == best["lm_alpha"]
     assert isinstance(Model(metadata.directory).decoder, type(model.greedy))
 
     clip = str(SAMPLE / "test" / "00001.flac")
     runs = {}
-    for flag in ([], ["--no-scorer"], ["--scorer", str(Layout(config).lm.root / "lm.arpa"), "--beam-width", "4"]):
+    lm = Layout(config).lm
+    scorer = lm.resolve(json.loads(lm.report.read_text())["lm"])
+    for flag in ([], ["--no-scorer"], ["--scorer", str(scorer), "--beam-width", "4"]):
         script = textwrap.dedent(f"""
             import sys
             from native_client.__main__ import main

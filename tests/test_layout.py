@@ -57,13 +57,23 @@ def test_fingerprints_of_existing_work_directories_are_kept():
     # one checkout). These moved once, on purpose, with the streamed feature cache (format 2):
     # data.max_reject_fraction left the features fingerprint and data.max_duration_s joined it. The
     # LanguageModel fingerprint is the one the code before the layout object computed.
-    config = config_from_dict({"model": {"n_hidden": 100}, "decoder": {"tune": True, "lm_order": 4},
+    # lm_builder python: what auto means where KenLM's tools are not installed (where they are, the LM
+    # fingerprint also carries the KenLM settings, so such LMs get their own directory).
+    config = config_from_dict({"model": {"n_hidden": 100}, "decoder": {"tune": True, "lm_order": 4, "lm_builder": "python"},
                                "export": {"quantize": True}})
     layout = Layout(config)
     assert [layout.features_fingerprint(split) for split in SPLITS] == ["e3ab06054032"] * 3
     assert (layout.train_fingerprint, layout.lm_fingerprint, layout.tune_fingerprint, layout.evaluate_fingerprint,
             layout.export_fingerprint) == ("b4392f2789e1", "2f671f491414", "732524655f1e", "f1b2b77cf0be",
                                            "2693f63e1b92")
+
+
+def test_an_lm_built_with_kenlm_has_its_own_fingerprint():
+    python = Layout(config_from_dict({"decoder": {"lm_builder": "python"}}))
+    kenlm = Layout(config_from_dict({"decoder": {"lm_builder": "kenlm"}}))
+    pruned = Layout(config_from_dict({"decoder": {"lm_builder": "kenlm", "lm_prune": [0, 0, 1]}}))
+    assert len({python.lm_fingerprint, kenlm.lm_fingerprint, pruned.lm_fingerprint}) == 3
+    assert python.train_fingerprint == kenlm.train_fingerprint
 
 
 def test_paths_come_from_one_place(write_config, tmp_path):
