@@ -65,6 +65,8 @@ bench: setup
 	$(BIN)/python bench/train.py
 	$(BIN)/python bench/infer.py
 	$(BIN)/python bench/decoder.py
+	$(BIN)/python bench/scale.py
+	$(BIN)/python bench/lm.py
 
 lint: setup
 	$(BIN)/python -m compileall -q pipeline tasks native_client bench tests data

@@ -49,6 +49,28 @@ def word_error_rate(references: list[str], hypotheses: list[str]) -> float:
     return errors / sum(len(r.split()) for r in references)
 
 
+def lm_load_times(alphabet, lm: Path, settings, vocabulary) -> dict:
+    """Seconds to set up a decoder (KenLM load and lexicon trie) on the export's LM as ARPA and as a KenLM
+    binary (the one made from the other with build_binary when KenLM's tools are installed)."""
+    from native_client.arpa import is_arpa
+    from native_client.beam import BeamDecoder
+    from pipeline.kenlm_tools import build_binary, find_tools
+
+    def timed(path: Path) -> float:
+        started = time.perf_counter()
+        BeamDecoder(alphabet, path, settings, vocabulary)
+        return round(time.perf_counter() - started, 3)
+
+    times = {"arpa" if is_arpa(lm) else "binary": timed(lm)}
+    tools = find_tools()
+    if tools and is_arpa(lm):
+        with tempfile.TemporaryDirectory() as tmp:
+            binary = Path(tmp) / "lm.bin"
+            build_binary(tools["build_binary"], lm, binary, 8, Path(tmp) / "log")
+            times["binary"] = timed(binary)
+    return times
+
+
 def main(argv=None) -> int:
     """Compute logits, decode with both decoders at each beam width, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -83,6 +105,8 @@ def main(argv=None) -> int:
     print(f"{len(rows)} utterances, LM {lm.name}, alpha {settings.lm_alpha:.3f}, beta {settings.lm_beta:.3f}; "
           f"greedy WER {greedy_wer:.4f}", flush=True)
 
+    load_times = lm_load_times(model.metadata.alphabet, lm, settings, vocabulary)
+    print(f"decoder set-up (KenLM load + lexicon trie): {load_times}", flush=True)
     flashlight = {}
     for beam in args.beams:
         decoder = BeamDecoder(model.metadata.alphabet, lm, dataclasses.replace(settings, beam_width=beam), vocabulary)
@@ -112,7 +136,7 @@ def main(argv=None) -> int:
                             "speedup": round(other["seconds"] / seconds, 2), "flashlight_wer": round(wer, 4),
                             "pyctcdecode_wer": round(other_wer, 4)}
         print(f"beam {beam}: {table[str(beam)]}", flush=True)
-    print(json.dumps({"beams": table, "greedy_wer": round(greedy_wer, 4)}))
+    print(json.dumps({"beams": table, "greedy_wer": round(greedy_wer, 4), "lm_load_s": load_times}))
     return 0
 
 

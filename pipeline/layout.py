@@ -204,10 +204,11 @@ class ExportFiles:
         """Where Transcribe writes its JSON records."""
         return self.root / "transcripts"
 
-    def transcript(self, audio: str | Path) -> Path:
-        """The record of one audio file: its stem plus a hash of its resolved path."""
+    def transcript(self, audio: str | Path, export_fingerprint: str) -> Path:
+        """The record of one audio file by the export of ``export_fingerprint``: the file's stem plus a hash
+        of its resolved path and the fingerprint (so a changed export is never answered by an old record)."""
         audio = Path(audio).resolve()
-        key = hashlib.sha256(str(audio).encode("utf-8")).hexdigest()[:10]
+        key = hashlib.sha256(f"{audio}\n{export_fingerprint}".encode("utf-8")).hexdigest()[:10]
         return self.transcripts / f"{audio.stem}-{key}.json"
 
     def staging(self) -> Path:

@@ -61,7 +61,7 @@ class Transcribe(ConfigTask):
         return ExportFiles(Path(self.input().path).parent)
 
     def output(self):
-        return luigi.LocalTarget(str(self._export().transcript(self.audio)))
+        return luigi.LocalTarget(str(self._export().transcript(self.audio, self.layout.export_fingerprint)))
 
     def run(self):
         from pipeline.transcribe import transcribe_stage

@@ -233,3 +233,10 @@ def test_transcribe_task_runs_export_and_prints_reference(tmp_path, capsys):
     assert f"reference:  {reference}" in out and "hypothesis: " in out
     record = json.loads(Path(Transcribe(config=str(path), audio=str(clip)).output().path).read_text())
     assert record["reference"] == reference and record["model_version"] == 1
+    # Another decoder setting is another export: its Transcribe is not answered by the old record
+    # (it used to be, so Export never ran again and the old export stayed).
+    changed = path.with_name("changed-beam.yaml")
+    changed.write_text(f"extends: {path.name}\ndecoder:\n  beam_width: 9\n")
+    assert not Transcribe(config=str(changed), audio=str(clip)).complete()
+    assert luigi.build([Transcribe(config=str(changed), audio=str(clip))], local_scheduler=True)
+    assert load_metadata(Layout(load_config(changed)).export_root).decoder["beam_width"] == 9
