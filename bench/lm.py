@@ -18,12 +18,12 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from measured_child import run_measured
 from pipeline.layout import LMFiles
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,13 +103,8 @@ CHILDREN = {"kenlm": build_kenlm, "python": build_python, "load": lambda text, o
 
 def child(kind: str, text: Path, order: int, memory: str, work: Path) -> tuple[dict, float]:
     """Run one measurement in a child process; (its result, its peak RSS in MiB)."""
-    process = subprocess.Popen([sys.executable, __file__, "--child", kind, "--text", str(text), "--order", str(order),
-                                "--memory", memory, "--work", str(work)], stdout=subprocess.PIPE, text=True)
-    output = process.stdout.read()
-    _, status, usage = os.wait4(process.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{kind} order {order} on {text} failed (exit {os.waitstatus_to_exitcode(status)})")
-    return json.loads(output.strip().splitlines()[-1]), usage.ru_maxrss / 1024
+    return run_measured([__file__, "--child", kind, "--text", str(text), "--order", str(order), "--memory", memory,
+                         "--work", str(work)])
 
 
 def main(argv=None) -> int:

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from measured_child import run_measured
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "data" / "sample"
@@ -188,15 +189,8 @@ STAGES = {"features": stage_features, "train": stage_train, "evaluate": stage_ev
 
 def run_child(stage: str, manifest: Path, work: Path, steps: int) -> tuple[dict, float]:
     """Run one stage in a child process; (its result, its peak RSS in MiB)."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    process = subprocess.Popen([sys.executable, __file__, "--child", stage, "--manifest", str(manifest),
-                                "--work", str(work), "--train-steps", str(steps)],
-                               stdout=subprocess.PIPE, env=env, text=True)
-    output = process.stdout.read()
-    _, status, usage = os.wait4(process.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{stage} failed on {manifest} (exit {os.waitstatus_to_exitcode(status)})")
-    return json.loads(output.strip().splitlines()[-1]), usage.ru_maxrss / 1024
+    return run_measured([__file__, "--child", stage, "--manifest", str(manifest), "--work", str(work),
+                         "--train-steps", str(steps)], env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
 
 
 def _cpu() -> str:

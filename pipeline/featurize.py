@@ -198,6 +198,19 @@ def _build_split_cache(layout: Layout, split: str, progress: Optional[ProgressFn
                 if progress:
                     progress(done, total, rejected, seconds)
 
+    report = layout.rejects_report(split)
+    kept_samples, durations = _merge_parts(layout, split, shards, part_paths, rejects, total, report)
+    return FeaturesSummary(split=split, cache=str(cache), rejects_report=str(report), kept=len(kept_samples),
+                           rejected=len(rejects), audio_seconds=float(sum(durations)),
+                           reasons=dict(Counter(r.reason for r in rejects)))
+
+
+def _merge_parts(layout: Layout, split: str, shards: list, part_paths: list[Path], rejects: list[Reject], total: int,
+                 report: Path) -> tuple[list, list[float]]:
+    """Write the rejects report, check the reject fraction, then the cache from the finished parts:
+    the kept utterances in length order, one shard's features in memory at a time. Returns the kept
+    samples and their durations (manifest order)."""
+    config = layout.config
     # The index of every kept utterance (small: no features), then the cache in length order.
     kept: list[tuple[int, int, int]] = []  # (shard, position in shard, frames)
     kept_samples, durations = [], []
@@ -216,16 +229,16 @@ def _build_split_cache(layout: Layout, split: str, progress: Optional[ProgressFn
             kept_samples.append(sample)
             durations.append(float(part["durations"][position]))
 
-    report = layout.rejects_report(split)
     write_rejects(report, rejects)
     check_reject_fraction(split, total, rejects, config.data.max_reject_fraction, report)
     lengths = np.array([frames for _, _, frames in kept], np.int64)
     order = np.argsort(lengths, kind="stable")  # where each cache row comes from
     row_of = np.empty_like(order)
     row_of[order] = np.arange(len(order))      # where each kept utterance goes
-    with CacheWriter(cache, layout.features_fingerprint(split), config.features, lengths[order],
-                     [kept_samples[i].labels for i in order], [kept_samples[i].transcript for i in order],
-                     [kept_samples[i].audio_path for i in order], np.asarray(durations, np.float32)[order]) as writer:
+    with CacheWriter(layout.features_cache(split), layout.features_fingerprint(split), config.features,
+                     lengths[order], [kept_samples[i].labels for i in order],
+                     [kept_samples[i].transcript for i in order], [kept_samples[i].audio_path for i in order],
+                     np.asarray(durations, np.float32)[order]) as writer:
         first = 0  # ``kept`` is in shard order: shard i's utterances are kept[first:stop]
         for index in range(len(shards)):  # one shard's features in memory at a time
             stop = first
@@ -238,7 +251,5 @@ def _build_split_cache(layout: Layout, split: str, progress: Optional[ProgressFn
                 writer.put(int(row_of[k]), frames[start:start + kept[k][2]])
                 start += kept[k][2]
             first = stop
-    shutil.rmtree(parts_dir, ignore_errors=True)
-    return FeaturesSummary(split=split, cache=str(cache), rejects_report=str(report), kept=len(kept_samples),
-                           rejected=len(rejects), audio_seconds=float(sum(durations)),
-                           reasons=dict(Counter(r.reason for r in rejects)))
+    shutil.rmtree(layout.features_parts(split), ignore_errors=True)
+    return kept_samples, durations
