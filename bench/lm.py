@@ -124,6 +124,11 @@ def main(argv=None) -> int:
         print(json.dumps(CHILDREN[args.child](args.text, args.order, args.memory, args.work)), flush=True)
         return 0
 
+    from pipeline.kenlm_tools import find_tools
+
+    if find_tools() is None:
+        print("bench/lm.py needs KenLM's lmplz, build_binary and filter: run `make kenlm` first", file=sys.stderr)
+        return 2
     rows = []
     for words in args.words:
         text = make_text(args.cache_dir, words)
