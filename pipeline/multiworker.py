@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from pipeline.bind_address import bound_environment
 from pipeline.distribute import DistributionError
 
 # worker index -> its log file
@@ -57,7 +58,7 @@ def start_workers(config_path: str | Path, count: int, logs: LogPaths, env: Opti
     addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
     processes = []
     for index in range(count):
-        worker_env = {**os.environ, **(env or {}), "TF_CONFIG": tf_config(addresses, index)}
+        worker_env = bound_environment(tf_config(addresses, index), {**os.environ, **(env or {})})
         logs(index).parent.mkdir(parents=True, exist_ok=True)
         log = open(logs(index), "w")
         processes.append(subprocess.Popen([sys.executable, "-m", "pipeline.train_worker", "--config", str(config_path)],
@@ -109,3 +110,20 @@ def launch_local_workers(config_path: str | Path, count: int, logs: LogPaths, gr
         for process in processes:
             if process.poll() is None:
                 process.kill()
+
+
+def run_cluster_worker(config_path: str | Path, index: int, logs: LogPaths, grace_s: float,
+                       on_poll: Callable[[str], None] = lambda last_line: None) -> None:
+    """Run this machine's worker of a cluster (``TF_CONFIG`` already set) as a child process, so that it
+    starts with the bind-address library; its output goes to ``logs(index)``."""
+    logs(index).parent.mkdir(parents=True, exist_ok=True)
+    with open(logs(index), "w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "pipeline.train_worker", "--config", str(config_path)],
+                                   env=bound_environment(os.environ["TF_CONFIG"]), stdout=log,
+                                   stderr=subprocess.STDOUT,
+                                   preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    try:
+        wait_for_workers([process], lambda _: logs(index), grace_s, on_poll)
+    finally:
+        if process.poll() is None:
+            process.kill()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from pipeline.config_loader import load_config
@@ -21,6 +22,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.train_worker")
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
+    from pipeline.bind_address import bound_environment, is_bound
+    from pipeline.distribute import DistributionError
+    if sys.platform.startswith("linux") and os.environ.get("TF_CONFIG") and not is_bound():
+        # Start again with the library that keeps TensorFlow's server on this worker's own address.
+        try:
+            env = bound_environment(os.environ["TF_CONFIG"])
+        except (DistributionError, ValueError, KeyError, IndexError) as error:
+            print(f"error: {error}", file=sys.stderr, flush=True)
+            return 3
+        os.execve(sys.executable, [sys.executable, "-m", "pipeline.train_worker", *sys.argv[1:]], env)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(process)d %(levelname)s %(message)s")
     from pipeline.distribute import DistributionError, cluster_role
     from pipeline.layout import Layout

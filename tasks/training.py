@@ -42,6 +42,9 @@ class Train(ConfigTask):
         if distribution.local_workers and "TF_CONFIG" not in os.environ:
             self._run_local_workers()
             return
+        if distribution.strategy == "multi_worker" and "TF_CONFIG" in os.environ:
+            self._run_cluster_worker()
+            return
         from pipeline.train_stage import train_stage
         from pipeline.trainer import TrainHooks
 
@@ -74,6 +77,22 @@ class Train(ConfigTask):
         self.set_progress_percentage(100)
         self.set_status_message(f"done on {distribution.local_workers} workers: {report.epochs_completed} epochs, "
                                 f"{report.global_step} steps")
+
+
+    def _run_cluster_worker(self):
+        """This machine's worker of a cluster described by ``TF_CONFIG``, in a child process that listens
+        on this worker's own TF_CONFIG address only."""
+        from pipeline.distribute import cluster_role
+        from pipeline.multiworker import run_cluster_worker
+
+        role = cluster_role()
+        run_cluster_worker(self.config, role.index, self.layout.train_run.worker_log,
+                           grace_s=self.cfg.distribution.collective_timeout_s + 30,
+                           on_poll=lambda line: self.set_status_message(f"worker {role.index}: {line[-200:]}"))
+        if role.is_chief:
+            report = read_report(self.layout.train_run.report, TrainReport)
+            self.set_progress_percentage(100)
+            self.set_status_message(f"done: {report.epochs_completed} epochs, {report.global_step} steps")
 
 
 class _TrainProgress(Progress):

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 from pathlib import Path
 
@@ -59,12 +61,56 @@ def _result(log: Path) -> dict:
     return json.loads(lines[-1])
 
 
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        pass
+    return inodes
+
+
+def _address(hex_address: str) -> str:
+    """A /proc/net/tcp{,6} address (little-endian 32-bit words) as text."""
+    words = [bytes.fromhex(hex_address[i:i + 8])[::-1] for i in range(0, len(hex_address), 8)]
+    raw = b"".join(words)
+    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
+
+
+def _listeners(pids: list[int]) -> set[tuple[str, int]]:
+    """(address, port) of every listening TCP socket the processes ``pids`` hold."""
+    inodes = set().union(*(_socket_inodes(pid) for pid in pids))
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and inode in inodes:
+                address, port = local.split(":")
+                found.add((_address(address), int(port, 16)))
+    return found
+
+
 def test_two_workers_end_with_identical_weights(small_config, tmp_path):
+    """Also: each worker's TensorFlow server listens on 127.0.0.1 only, never on every interface."""
     path = _config(small_config, "mw.yaml", epochs=2)
     config = load_config(path)
     build_features(config, ("train", "dev"))
     logs = TrainRun(tmp_path).worker_log
-    wait_for_workers(multiworker.start_workers(path, 2, logs), logs, grace_s=60)
+    processes = multiworker.start_workers(path, 2, logs)
+    listening = set()
+    while any(p.poll() is None for p in processes):
+        listening |= _listeners([p.pid for p in processes])
+        time.sleep(0.2)
+    wait_for_workers(processes, logs, grace_s=60)
+    assert len({port for _, port in listening}) >= 2, listening  # both servers were seen
+    assert all(address in ("127.0.0.1", "::ffff:127.0.0.1") for address, _ in listening), listening
     chief, other = _result(logs(0)), _result(logs(1))
     assert chief["global_step"] == other["global_step"] == 4  # 16 samples / (2 workers x 4) x 2 epochs
     assert chief["weights_sha256"] == other["weights_sha256"]
