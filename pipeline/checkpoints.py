@@ -8,6 +8,8 @@ a stable, readable key that mismatch messages and warm starts can use.
 from __future__ import annotations
 
 import hashlib
+import logging
+import shutil
 from pathlib import Path
 
 import tensorflow as tf
@@ -15,6 +17,8 @@ import tensorflow as tf
 from pipeline.config import Config
 from pipeline.layout import TrainRun
 from pipeline.model import LAYER_NAMES, build_model
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointMismatchError(RuntimeError):
@@ -31,6 +35,13 @@ def named_weights(model) -> dict:
     return {weight_name(v): v for v in model.weights}
 
 
+def rng_states(model) -> dict:
+    """{path: variable} of the model's random-number state (Keras 3 Dropout's ``seed_generator_state``):
+    in ``model.variables`` but not ``model.weights``, and needed for a resumed run to draw the same masks."""
+    weights = {id(v) for v in model.weights}
+    return {v.path.replace("/", "."): v for v in model.variables if id(v) not in weights}
+
+
 def weights_digest(model) -> str:
     """SHA-256 over every weight's name and bytes, in name order (equal digests: identical models)."""
     digest = hashlib.sha256()
@@ -44,6 +55,20 @@ def _checkpoint_key(name: str) -> str:
     # tf.train.Checkpoint escapes "." in object names as "..".
     escaped = name.replace(".", "..")
     return f"weights/{escaped}/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def remove_checkpoint_leftovers(run: TrainRun) -> list[Path]:
+    """Remove the ``<prefix>_temp`` directories a run killed during a checkpoint write left behind
+    (TensorFlow writes there, then renames); returns what was removed."""
+    removed = []
+    for directory in (run.checkpoints, run.best):
+        for leftover in directory.glob("*_temp*") if directory.is_dir() else ():
+            shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+            removed.append(leftover)
+    if removed:
+        log.info("Removed %d leftovers of an interrupted checkpoint write: %s", len(removed),
+                 ", ".join(str(p) for p in removed))
+    return removed
 
 
 def resolve_checkpoint(path: str | Path) -> str:

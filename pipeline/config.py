@@ -100,6 +100,7 @@ class TrainingConfig:
     decay_steps: int = _opt(1000, "Steps per decay_rate factor.", minimum=1)
     halve_lr_on_plateau: bool = _opt(False, "Halve the learning rate when the dev loss is worse than the best so far.")
     clip_grad_norm: float = _opt(0.0, "Clip gradients by global norm (0 = off).", minimum=0.0)
+    revert_nonfinite_updates: bool = _opt(True, "Undo an update that would make any weight non-finite (keeps one copy of the weights and optimizer slots).", fingerprint=False)
     max_nonfinite_batches: int = _opt(10, "Stop after this many consecutive batches with a non-finite loss.", minimum=1)
     checkpoint_secs: int = _opt(600, "Save a checkpoint at least this often (and at each epoch end).", minimum=1, fingerprint=False)
     max_to_keep: int = _opt(5, "Latest checkpoints kept.", minimum=1, fingerprint=False)

@@ -8,6 +8,7 @@ key and what was expected. The schema itself is ``pipeline.config``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -67,6 +68,8 @@ def _coerce(value: Any, tp, where: str, base_dir: Path | None, is_path: bool):
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from native_client.alphabet import Alphabet
 from pipeline.cache import CacheIndex
-from pipeline.checkpoints import check_geometry, named_weights, warm_start
+from pipeline.checkpoints import check_geometry, named_weights, remove_checkpoint_leftovers, rng_states, warm_start
 from pipeline.config import Config
 from pipeline.ctc import ctc_loss, sparse_labels_supported
 from pipeline.dataset import SplitReader, batch_plan, train_dataset
@@ -113,8 +113,10 @@ class Trainer:
                                                    beta_2=training.beta2, epsilon=training.epsilon)
             self.optimizer.build(self.model.trainable_variables)
         self.state = _State()
-        self.checkpoint = tf.train.Checkpoint(weights=named_weights(self.model), optimizer=self.optimizer,
-                                              **self.state.variables())
+        # Everything a step depends on: weights, optimizer slots and step, dropout RNG state, data
+        # position, learning-rate factor and history; so a resumed run is bit-identical.
+        self.checkpoint = tf.train.Checkpoint(weights=named_weights(self.model), rng=rng_states(self.model),
+                                              optimizer=self.optimizer, **self.state.variables())
         self.manager = tf.train.CheckpointManager(self.checkpoint, str(writes.checkpoints),
                                                   max_to_keep=training.max_to_keep, checkpoint_name=CHECKPOINT_PREFIX)
         self.best_manager = tf.train.CheckpointManager(self.checkpoint, str(writes.best), max_to_keep=1,
@@ -126,18 +128,41 @@ class Trainer:
         self._writers = None
         self._last_histogram = 0.0
         self._last_loss = float("nan")
+        self._first_loss = None
+        self._warned_growth = False
+        if role.is_chief:
+            remove_checkpoint_leftovers(self.run)
 
     # -- the step ------------------------------------------------------------------------------
     def _make_train_step(self):
         model, optimizer, towers = self.model, self.optimizer, self.towers
         blank, clip = self.alphabet.blank_index, self.config.training.clip_grad_norm
+        guard = self.config.training.revert_nonfinite_updates
         sparse = sparse_labels_supported()
 
+        # Shadow copies of every variable a step changes: an update that would make a weight non-finite
+        # is undone (costs one copy of weights + optimizer slots in memory and a copy per step).
+        guarded = list(model.trainable_variables) + list(optimizer.variables)
+        with self.strategy.scope():
+            shadows = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="shadow")
+                       for v in guarded] if guard else []
+
         def apply_if_finite(distribution, finite, grads):
+            # Runs in cross-replica context: assignments reach every replica.
             def apply():
+                for shadow, variable in zip(shadows, guarded):
+                    shadow.assign(variable)
                 distribution.extended.call_for_each_replica(
                     lambda g: optimizer.apply(g, model.trainable_variables), args=(grads,))
-                return tf.constant(True)
+                if not guard:
+                    return tf.constant(True)
+                ok = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in model.trainable_variables])
+
+                def revert():
+                    for shadow, variable in zip(shadows, guarded):
+                        variable.assign(shadow)
+                    return tf.constant(False)
+                return tf.cond(ok, lambda: tf.constant(True), revert)
             return tf.cond(distribution.experimental_local_results(finite)[0], apply, lambda: tf.constant(False))
 
         def replica_step(windows, lengths, labels, label_lengths, indices):
@@ -157,8 +182,8 @@ class Trainer:
                 grads, _ = tf.clip_by_global_norm(grads, clip)
             # The optimizer all-reduces (sums) again: hand it each tower's share of the global gradient.
             grads = [g / towers for g in grads]
-            context.merge_call(apply_if_finite, args=(finite, grads))
-            return loss, finite, indices
+            applied = context.merge_call(apply_if_finite, args=(finite, grads))
+            return loss, finite, applied, indices
 
         compiled = {}
 
@@ -186,13 +211,22 @@ class Trainer:
 
     def restore(self) -> Optional[str]:
         """Restore the latest checkpoint (or warm-start from ``training.init_from``); returns what was loaded."""
-        latest = tf.train.latest_checkpoint(str(self.run.checkpoints))
-        if latest:
-            check_geometry(latest, self.model, self.run.checkpoints)
-            self.checkpoint.restore(latest).expect_partial()
-            log.info("Restored %s: epoch %d, step %d (%d of this epoch)", latest, int(self.state.epoch.numpy()),
+        candidates = list(reversed(self.manager.checkpoints))  # newest first
+        for prefix in candidates:
+            try:
+                check_geometry(prefix, self.model, self.run.checkpoints)
+                self.checkpoint.restore(prefix).expect_partial()
+            except (tf.errors.OpError, ValueError) as error:
+                # Every checkpoint holds every variable, so the next restore overwrites a partial one.
+                log.warning("%s: damaged checkpoint (%s); falling back to the one before it", prefix,
+                            str(error).splitlines()[0][:200])
+                continue
+            log.info("Restored %s: epoch %d, step %d (%d of this epoch)", prefix, int(self.state.epoch.numpy()),
                      int(self.state.global_step.numpy()), int(self.state.step_in_epoch.numpy()))
-            return latest
+            return prefix
+        if candidates:
+            raise TrainingError(f"{self.run.checkpoints}: no intact checkpoint among {len(candidates)}; "
+                                f"delete the directory (make rerun STAGE=Train) to train from the start")
         if self.config.training.init_from:
             copied = warm_start(self.model, self.config.training.init_from, self.config.training.drop_source_layers)
             log.info("Warm start from %s: %d weights copied, %d last layers fresh", self.config.training.init_from,
@@ -240,14 +274,17 @@ class Trainer:
     def _after_step(self, outputs, history: dict, consecutive_bad: int, lr: float) -> int:
         """Book-keeping of one step: counters, skipped-batch log, summaries; returns the non-finite streak."""
         training = self.config.training
-        loss, finite, indices = outputs
+        loss, finite, applied, indices = outputs
         loss = float(self.strategy.experimental_local_results(loss)[0].numpy())
         finite = bool(self.strategy.experimental_local_results(finite)[0].numpy())
+        applied = bool(self.strategy.experimental_local_results(applied)[0].numpy())
         self._last_loss = loss
         self.state.global_step.assign_add(1)
         self.state.step_in_epoch.assign_add(1)
         step = int(self.state.global_step.numpy())
         if finite:
+            self._watch_loss(step, loss)
+        if finite and applied:
             consecutive_bad = 0
             self.state.epoch_loss_sum.assign_add(loss)
             self.state.epoch_loss_count.assign_add(1)
@@ -255,7 +292,11 @@ class Trainer:
             consecutive_bad += 1
             files = sorted({self.train_data.paths[i] for part in self.strategy.experimental_local_results(indices)
                             for i in part.numpy()})
-            log.warning("Step %d: non-finite loss, batch skipped; its files: %s", step, ", ".join(files))
+            if finite:
+                log.warning("Step %d: the update would make weights non-finite, so it was not applied "
+                            "(training.learning_rate %g too high?); its files: %s", step, lr, ", ".join(files))
+            else:
+                log.warning("Step %d: non-finite loss, batch skipped; its files: %s", step, ", ".join(files))
             history["skipped_batches"].append({"step": step, "files": files})
             if consecutive_bad >= training.max_nonfinite_batches:
                 self._save(history)
@@ -271,6 +312,15 @@ class Trainer:
                 for name, variable in named_weights(self.model).items():
                     tf.summary.histogram(name, variable)
         return consecutive_bad
+
+    def _watch_loss(self, step: int, loss: float) -> None:
+        """Warn once when the loss has grown 100x over the first loss of this run (diverging training)."""
+        if self._first_loss is None:
+            self._first_loss = loss
+        elif self._first_loss > 0 and loss > 100 * self._first_loss and not self._warned_growth:
+            self._warned_growth = True
+            log.warning("Step %d: loss %.4g is over 100x the first loss %.4g; training is diverging "
+                        "(lower training.learning_rate or set training.clip_grad_norm)", step, loss, self._first_loss)
 
     def validate(self, epoch: int) -> dict:
         """Dev loss, greedy WER/CER and best/worst samples of the current weights."""
