@@ -21,7 +21,7 @@ import numpy as np
 
 from native_client.alphabet import Alphabet
 from native_client.arpa import arpa_unigrams, is_arpa
-from native_client.metadata import METADATA_NAME
+from native_client.metadata import METADATA_NAME, verify_manifest
 
 SPACE_TOKEN = "|"
 UNK_WORD = "<unk>"
@@ -153,6 +153,9 @@ def beam_decoder_for_export(metadata, scorer: Optional[str | Path] = None, overr
     lm = Path(scorer) if scorer else (metadata.directory / decoder[key] if decoder.get(key) else None)
     if lm is None:
         return None
+    if not scorer:
+        verify_manifest(metadata.directory, [decoder[key]] + ([decoder["vocabulary"]] if settings.lexicon
+                                                              and decoder.get("vocabulary") else []))
     if not lm.is_file():
         raise FileNotFoundError(f"{lm}: language model file not found")
     vocabulary = None

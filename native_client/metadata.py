@@ -1,6 +1,7 @@
 """The export's ``metadata.json``: what a client needs to reproduce training's input and output."""
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -10,6 +11,8 @@ from native_client.alphabet import Alphabet
 from native_client.features import FeatureSettings
 
 METADATA_NAME = "metadata.json"
+# SHA-256 and size of every file of an export, written last; clients and Export.complete() verify it.
+MANIFEST_NAME = "manifest.json"
 FORMAT = "luigi-deepspeech-export"
 FORMAT_VERSION = 1
 REQUIRED_KEYS = ("format", "format_version", "model_version", "fingerprint", "features", "n_context",
@@ -45,6 +48,54 @@ class ExportMetadata:
         if kind not in self.files:
             raise ExportError(f"{self.directory / METADATA_NAME}: lists no {kind!r} file")
         return self.directory / self.files[kind]
+
+
+def sha256_file(path: Path) -> str:
+    """SHA-256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(directory: Path) -> dict:
+    """Record the SHA-256 and size of every file below ``directory`` in its ``manifest.json``."""
+    directory = Path(directory)
+    files = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_NAME):
+        files[path.relative_to(directory).as_posix()] = {"sha256": sha256_file(path), "size": path.stat().st_size}
+    (directory / MANIFEST_NAME).write_text(json.dumps({"files": files}, indent=1) + "\n", encoding="utf-8")
+    return files
+
+
+def verify_manifest(directory: Path, names=None, digest=sha256_file) -> None:
+    """Check files of the export in ``directory`` against its manifest: ``names`` (relative paths; a
+    directory name covers what is below it), or every listed file. Raises ExportError naming the first
+    file that is missing, has another size or another SHA-256. ``digest(path)`` may remember digests."""
+    directory = Path(directory)
+    manifest = directory / MANIFEST_NAME
+    redo = "the export is damaged or was edited; export again (make rerun STAGE=Export)"
+    try:
+        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+    except FileNotFoundError:
+        raise ExportError(f"{manifest}: missing, so the export's files cannot be verified; {redo}") from None
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ExportError(f"{manifest}: unreadable ({error}); {redo}") from None
+    wanted = list(files) if names is None else [
+        name for name in files for prefix in names if name == prefix or name.startswith(prefix.rstrip("/") + "/")]
+    if names is not None and not wanted:
+        raise ExportError(f"{manifest}: lists none of {', '.join(names)}; {redo}")
+    for name in wanted:
+        path, entry = directory / name, files[name]
+        try:
+            size = path.stat().st_size
+        except OSError:
+            raise ExportError(f"{path}: missing; {redo}") from None
+        if size != entry["size"]:
+            raise ExportError(f"{path}: {size} bytes, the manifest says {entry['size']}; {redo}")
+        if digest(path) != entry["sha256"]:
+            raise ExportError(f"{path}: its SHA-256 differs from the manifest's; {redo}")
 
 
 def _numbered_versions(directory: Path) -> list[Path]:
@@ -97,6 +148,7 @@ def load_metadata(directory: str | Path) -> ExportMetadata:
     """Read and check the metadata of the export in ``directory`` (see ``resolve_export_dir``)."""
     directory = resolve_export_dir(directory)
     source = directory / METADATA_NAME
+    verify_manifest(directory, [METADATA_NAME])
     try:
         raw = json.loads(source.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:

@@ -11,7 +11,7 @@ import numpy as np
 from native_client.audio import load_for_model
 from native_client.decoding import GreedyDecoder
 from native_client.features import mfcc_features
-from native_client.metadata import ExportMetadata, load_metadata
+from native_client.metadata import ExportMetadata, load_metadata, verify_manifest
 from native_client.runtime import make_runner
 from native_client.stream import Stream, run_frames
 
@@ -44,6 +44,8 @@ class Model:
 
     def __init__(self, export_dir: str | Path, backend: str = "tflite", threads: int = 1, decoder=None):
         self.metadata: ExportMetadata = load_metadata(export_dir)
+        verify_manifest(self.metadata.directory, [self.metadata.files[backend]] if backend in self.metadata.files
+                        else None)
         self.runner = make_runner(self.metadata, backend, threads)
         self.greedy = GreedyDecoder(self.metadata.alphabet)
         self.decoder = decoder or self.greedy

@@ -7,6 +7,11 @@ among equals), so that a batch of similar lengths is one contiguous read;
 int32), ``transcripts``, ``paths``, ``durations``. The attributes record the
 fingerprint and the feature settings.
 
+Every numeric dataset is chunked with HDF5's fletcher32 filter: each chunk
+carries a checksum that HDF5 verifies on every read, so a damaged file is
+refused (``CacheError`` naming it) instead of feeding garbage to training.
+Strings and labels live in HDF5's heap, which the filter does not cover.
+
 Only the per-utterance index (``CacheIndex``) is ever held in memory; the
 features stay on disk and are read per batch (``FeatureReader``), with the
 operating system's page cache doing the caching.
@@ -31,6 +36,18 @@ CHUNK_FRAMES = 4096
 
 class CacheError(ValueError):
     """A cache file is missing, incomplete or was made with other settings."""
+
+
+def damaged(path: Path, error: Exception) -> CacheError:
+    """The one-line error for a cache whose checksums or structure do not verify."""
+    return CacheError(f"{path}: feature cache is damaged ({error}); delete it and run the Features task again "
+                      f"(make rerun STAGE=Features)")
+
+
+def _checksummed(h5: h5py.File, name: str, data: np.ndarray) -> None:
+    """Write ``data`` as a chunked dataset with HDF5's fletcher32 checksum."""
+    h5.create_dataset(name, data=data, chunks=(max(1, min(len(data), 65536)),) if len(data) else None,
+                      fletcher32=bool(len(data)))
 
 
 @dataclass
@@ -66,24 +83,33 @@ class FeatureReader:
 
     def _features(self) -> h5py.Dataset:
         if self._file is None:
-            self._file = h5py.File(self.path, "r")
+            try:
+                self._file = h5py.File(self.path, "r")
+            except OSError as error:
+                raise damaged(self.path, error) from None
         return self._file["features"]
+
+    def _read(self, start: int, stop: int) -> np.ndarray:
+        # HDF5 verifies each chunk's fletcher32 checksum here.
+        try:
+            return self._features()[start:stop]
+        except OSError as error:
+            raise damaged(self.path, error) from None
 
     def utterance(self, index: int) -> np.ndarray:
         """The ``[frames, n_input]`` features of one utterance."""
         start = int(self.offsets[index])
-        return self._features()[start:start + int(self.lengths[index])]
+        return self._read(start, start + int(self.lengths[index]))
 
     def batch(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Zero-padded features ``[batch, max_frames, n_input]`` and lengths ``[batch]`` of ``indices``."""
         indices = np.asarray(indices, dtype=np.int64)
         lengths = self.lengths[indices].astype(np.int32)
         out = np.zeros((len(indices), int(lengths.max(initial=0)), self.n_input), np.float32)
-        features = self._features()
         for first, last in _runs(indices):
             start = int(self.offsets[indices[first]])
             stop = int(self.offsets[indices[last]] + self.lengths[indices[last]])
-            frames = features[start:stop]
+            frames = self._read(start, stop)
             for row in range(first, last + 1):
                 begin = int(self.offsets[indices[row]]) - start
                 out[row, :lengths[row]] = frames[begin:begin + lengths[row]]
@@ -139,16 +165,17 @@ class CacheWriter:
             self._h5 = h5py.File(tmp, "w")
             total, numcep = int(self.lengths.sum()), self.features.numcep
             self._data = self._h5.create_dataset("features", shape=(total, numcep), dtype=np.float32,
-                                                 chunks=(min(max(total, 1), CHUNK_FRAMES), numcep) if total else None)
+                                                 chunks=(min(max(total, 1), CHUNK_FRAMES), numcep) if total else None,
+                                                 fletcher32=bool(total))
             h5 = self._h5
-            h5["offsets"] = self.offsets
-            h5["lengths"] = self.lengths
+            _checksummed(h5, "offsets", self.offsets)
+            _checksummed(h5, "lengths", self.lengths)
             label_array = np.empty(len(self.labels), dtype=object)
             label_array[:] = [np.asarray(l, np.int32) for l in self.labels]
             h5.create_dataset("labels", data=label_array, dtype=h5py.vlen_dtype(np.int32))
             h5.create_dataset("transcripts", data=np.array(self.transcripts, dtype=object), dtype=h5py.string_dtype())
             h5.create_dataset("paths", data=np.array(self.paths, dtype=object), dtype=h5py.string_dtype())
-            h5["durations"] = self.durations
+            _checksummed(h5, "durations", self.durations)
         except BaseException as error:
             self._abort(error)
             raise
@@ -159,6 +186,8 @@ class CacheWriter:
         if len(frames) != self.lengths[index]:
             raise CacheError(f"{self.path}: utterance {index} has {len(frames)} frames, the index says "
                              f"{self.lengths[index]}")
+        if not np.isfinite(frames).all():
+            raise CacheError(f"{self.path}: utterance {index} ({self.paths[index]}) has non-finite features")
         start = int(self.offsets[index])
         self._data[start:start + len(frames)] = frames
         self._written[index] = True
@@ -210,6 +239,13 @@ def read_cache(path: Path, features: FeaturesConfig) -> CacheIndex:
     if not path.exists():
         raise CacheError(f"{path}: feature cache does not exist; run the Features task")
     check_settings(path, features)
+    try:
+        return _read_index(path)
+    except (OSError, KeyError) as error:
+        raise damaged(path, error) from None
+
+
+def _read_index(path: Path) -> CacheIndex:
     with h5py.File(path, "r") as h5:
         return CacheIndex(
             path=path,

@@ -15,7 +15,8 @@ from pathlib import Path
 import tensorflow as tf
 
 from pipeline.config import Config
-from pipeline.layout import TrainRun
+from pipeline.files import remove_leftovers
+from pipeline.layout import LEFTOVER_PATTERNS, TrainRun
 from pipeline.model import LAYER_NAMES, build_model
 
 log = logging.getLogger(__name__)
@@ -58,9 +59,9 @@ def _checkpoint_key(name: str) -> str:
 
 
 def remove_checkpoint_leftovers(run: TrainRun) -> list[Path]:
-    """Remove the ``<prefix>_temp`` directories a run killed during a checkpoint write left behind
-    (TensorFlow writes there, then renames); returns what was removed."""
-    removed = []
+    """Remove what a killed run left in ``run``: the ``<prefix>_temp`` directories of an interrupted
+    checkpoint write (TensorFlow writes there, then renames) and temporary files; returns what was removed."""
+    removed = remove_leftovers(run.root, LEFTOVER_PATTERNS)
     for directory in (run.checkpoints, run.best):
         for leftover in directory.glob("*_temp*") if directory.is_dir() else ():
             shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)

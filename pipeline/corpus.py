@@ -41,10 +41,12 @@ class Reject:
 def read_manifests(files, limit: int, alphabet: Alphabet) -> tuple[list[Sample], list[Reject]]:
     """Read every CSV of a split, keep at most ``limit`` rows (0 = all) in file order, check transcripts and file presence.
 
-    Audio content is checked later, while features are computed.
+    Audio content is checked later, while features are computed. A row whose audio file an earlier row
+    of the split already lists is rejected as ``duplicate`` (training on it twice would weight it double).
     """
     samples: list[Sample] = []
     rejects: list[Reject] = []
+    first_listed: dict[str, str] = {}
     rows = 0
     for manifest in files:
         manifest = Path(manifest)
@@ -54,6 +56,12 @@ def read_manifests(files, limit: int, alphabet: Alphabet) -> tuple[list[Sample],
             rows += 1
             source = f"{manifest}:{line}"
             result = _check_row(row, manifest.parent, source, alphabet)
+            if isinstance(result, Sample):
+                key = str(Path(result.audio_path).resolve())
+                if key in first_listed:
+                    result = Reject(source, result.audio_path, "duplicate", f"already listed at {first_listed[key]}")
+                else:
+                    first_listed[key] = source
             (samples if isinstance(result, Sample) else rejects).append(result)
     return samples, rejects
 
@@ -61,7 +69,8 @@ def read_manifests(files, limit: int, alphabet: Alphabet) -> tuple[list[Sample],
 def _rows(manifest: Path):
     """Yield (line number, row dict) of one CSV; raise CorpusError if the header lacks a column."""
     try:
-        handle = open(manifest, newline="", encoding="utf-8")
+        # utf-8-sig: spreadsheet programs save CSVs with a byte-order mark before the header.
+        handle = open(manifest, newline="", encoding="utf-8-sig")
     except OSError as error:
         raise CorpusError(f"{manifest}: cannot read manifest: {error.strerror}") from error
     with handle:

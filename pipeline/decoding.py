@@ -9,14 +9,47 @@ from native_client.alphabet import Alphabet
 from native_client.beam import BeamDecoder, BeamSettings
 from pipeline.config import Config
 from pipeline.decode_pool import DecodePool
-from pipeline.layout import Layout
+from pipeline.layout import Layout, file_digest
 from pipeline.metrics import SampleResult, score_sample
 from pipeline.reports import LMReport, TuneReport, read_report
+
+
+class LanguageModelDamaged(RuntimeError):
+    """A file the LanguageModel stage wrote was changed, truncated or removed since."""
 
 
 def lm_built(layout: Layout) -> bool:
     """Whether the LanguageModel stage of this config has finished (its report exists)."""
     return layout.lm.report.is_file()
+
+
+def lm_file_records(directory: Path, names) -> dict:
+    """{name: size, modification time and SHA-256} of the stage files ``names`` in ``directory``."""
+    records = {}
+    for name in names:
+        stat = (directory / name).stat()
+        records[name] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": file_digest(directory / name)}
+    return records
+
+
+def verify_lm_files(layout: Layout, deep: bool) -> None:
+    """Check the LanguageModel stage's files against its report: size and modification time (cheap,
+    for ``complete()``), and with ``deep`` their SHA-256 too (before a stage reads them). Raises
+    LanguageModelDamaged naming the first file that differs."""
+    report = read_lm_report(layout)
+    for name, record in (report.files or {}).items():
+        path = layout.lm.root / name
+        redo = "make rerun STAGE=LanguageModel (or delete the directory) to build it again"
+        try:
+            stat = path.stat()
+        except OSError:
+            raise LanguageModelDamaged(f"{path}: missing; {redo}") from None
+        if stat.st_size != record["size"]:
+            raise LanguageModelDamaged(f"{path}: {stat.st_size} bytes, the LM report says {record['size']}; {redo}")
+        if stat.st_mtime_ns != record["mtime_ns"] and not deep:
+            raise LanguageModelDamaged(f"{path}: modified after the LanguageModel stage wrote it; {redo}")
+        if deep and file_digest(path) != record["sha256"]:
+            raise LanguageModelDamaged(f"{path}: its SHA-256 differs from the LM report's; {redo}")
 
 
 def read_lm_report(layout: Layout) -> LMReport:

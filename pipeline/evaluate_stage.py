@@ -10,10 +10,11 @@ from typing import Optional
 from native_client.alphabet import load_alphabet
 from pipeline.cache import read_cache
 from pipeline.checkpoints import load_trained_model, resolve_checkpoint
-from pipeline.decoding import beam_settings, decode_pool, lm_built, rescore
+from pipeline.decoding import beam_settings, decode_pool, lm_built, rescore, verify_lm_files
+from pipeline.files import remove_leftovers
 from pipeline.evaluation import run_split
 from pipeline.files import write_text_atomic
-from pipeline.layout import Layout
+from pipeline.layout import LEFTOVER_PATTERNS, Layout
 from pipeline.logits_store import LogitsStore
 from pipeline.metrics import best_and_worst, corpus_rates, format_report
 from pipeline.reports import EvaluationReport, write_report
@@ -32,6 +33,10 @@ def evaluate_stage(layout: Layout, out_dir: Optional[Path] = None, checkpoint: O
     alphabet = load_alphabet(layout.alphabet)
     test_data = read_cache(layout.features_cache("test"), config.features)
     checkpoint = checkpoint or layout.train_run.best
+    beam = beam or (beam is None and lm_built(layout))
+    if beam:
+        verify_lm_files(layout, deep=True)  # before the greedy pass, not after it
+    remove_leftovers(out_dir, LEFTOVER_PATTERNS)
     model = load_trained_model(config, checkpoint, test_data.n_input, alphabet.n_classes)
     with LogitsStore(layout.logits_scratch(out_dir), len(test_data), alphabet.n_classes) as logits:
         results = run_split(model, test_data, alphabet, config.training.dev_batch_size, config.model.n_context,
@@ -51,7 +56,7 @@ def _report(layout: Layout, alphabet, results: list, logits: LogitsStore, checkp
     report = EvaluationReport(**rates, checkpoint=str(resolve_checkpoint(checkpoint)), decoder="greedy",
                               samples=samples, all_samples=[r.to_dict() for r in results])
     text = format_report("Test (greedy)", rates, samples)
-    if beam or (beam is None and lm_built(layout)):
+    if beam:
         settings = beam_settings(layout)
         started = time.time()
         with decode_pool(layout, alphabet, settings) as pool:

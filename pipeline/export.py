@@ -1,14 +1,14 @@
 """Export: the best-dev checkpoint as SavedModel, frozen GraphDef and TFLite, with metadata.
 
-The export is assembled in a hidden staging directory beside its destination and
-moved into place only when complete, so a crash never leaves a half export that a
-client or a rerun would trust.
+The export is assembled in a hidden staging directory beside its destination, with
+a manifest of every file's SHA-256 and size, and exchanged with the old export in
+one step only when complete: a crash never leaves a half export that a client or a
+rerun would trust, and the export path is never missing.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
@@ -19,12 +19,13 @@ from tensorflow.python.framework.convert_to_constants import convert_variables_t
 
 from native_client.alphabet import Alphabet, load_alphabet
 from native_client.arpa import is_arpa
-from native_client.metadata import FORMAT, FORMAT_VERSION
+from native_client.metadata import FORMAT, FORMAT_VERSION, write_manifest
 from pipeline.checkpoints import load_trained_model, resolve_checkpoint
-from pipeline.decoding import beam_settings, lm_built, read_lm_report
+from pipeline.decoding import beam_settings, lm_built, read_lm_report, verify_lm_files
 from pipeline.features import feature_settings
 from pipeline.inference_graph import SIGNATURE, TENSORS, InferenceGraph
-from pipeline.layout import EXPORT_FILES, WORD_ARPA, WORD_BINARY, ExportFiles, Layout
+from pipeline.files import remove_leftovers, replace_directory
+from pipeline.layout import EXPORT_FILES, LEFTOVER_PATTERNS, WORD_ARPA, WORD_BINARY, ExportFiles, Layout
 from pipeline.reports import ExportRecord, TrainReport, read_report, write_report
 
 log = logging.getLogger(__name__)
@@ -70,20 +71,9 @@ def write_tflite(saved_model: Path, path: Path, quantize: bool) -> None:
     path.write_bytes(converter.convert())
 
 
-def publish(staging: Path, destination: Path) -> None:
-    """Move the finished ``staging`` directory to ``destination``, replacing what was there."""
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    if destination.exists():
-        old = destination.with_name(f".{destination.name}.old-{os.getpid()}")
-        os.replace(destination, old)
-        os.replace(staging, destination)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(staging, destination)
-
-
 def copy_language_model(layout: Layout, staging: ExportFiles) -> dict:
     """Copy the LanguageModel stage's LM files into the export; returns the metadata ``decoder`` entry."""
+    verify_lm_files(layout, deep=True)
     report = read_lm_report(layout)
     lm = layout.lm
     entry = {**dataclasses.asdict(beam_settings(layout)), "tuned": layout.config.decoder.tune}
@@ -110,6 +100,7 @@ def export_stage(layout: Layout, checkpoint: Optional[str | Path] = None,
     version = max(layout.export_versions(), default=0) + 1 if config.export.versioned else None
     destination = layout.export_destination(version)
     staging = ExportFiles(destination.staging())
+    remove_leftovers(destination.root.parent, LEFTOVER_PATTERNS)
     shutil.rmtree(staging.root, ignore_errors=True)
     staging.root.mkdir(parents=True)
     try:
@@ -134,7 +125,8 @@ def export_stage(layout: Layout, checkpoint: Optional[str | Path] = None,
         on_status("writing metadata", 95)
         metadata = dataclasses.replace(metadata, frozen_graph=frozen, decoder=decoder)
         write_report(staging.metadata, metadata)
-        publish(staging.root, destination.root)
+        write_manifest(staging.root)
+        replace_directory(staging.root, destination.root)
     except BaseException:
         shutil.rmtree(staging.root, ignore_errors=True)
         raise

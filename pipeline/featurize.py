@@ -31,8 +31,8 @@ from pipeline.cache import CacheWriter, cache_summary
 from pipeline.config import FeaturesConfig
 from pipeline.corpus import Reject, check_reject_fraction, read_manifests, write_rejects
 from pipeline.features import ctc_min_frames, feature_settings
-from pipeline.files import atomic_path
-from pipeline.layout import Layout
+from pipeline.files import atomic_path, remove_leftovers
+from pipeline.layout import LEFTOVER_PATTERNS, Layout
 from pipeline.locks import stage_lock
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,10 @@ def _process_shard(part: str, jobs: list[tuple[str, int]], features: FeaturesCon
                 raise AudioError("too_long", f"{audio_path}: {duration:.2f} s of audio, more than "
                                              f"data.max_duration_s {max_duration_s:g} s")
             mfcc = mfcc_features(samples, settings)
-            if len(mfcc) < min_frames:
+            if not np.isfinite(mfcc).all():
+                reason = "non_finite_features"
+                detail = f"{audio_path}: the features hold NaN or Inf (corrupt samples?)"
+            elif len(mfcc) < min_frames:
                 reason = "too_short_for_transcript"
                 detail = f"transcript needs at least {min_frames} time steps, audio gives {len(mfcc)} ({duration:.2f} s)"
         except AudioError as error:
@@ -143,6 +146,8 @@ def build_split_cache(layout: Layout, split: str, progress: Optional[ProgressFn]
     """
     cache = layout.features_cache(split)
     with stage_lock(cache):
+        remove_leftovers(cache.parent, LEFTOVER_PATTERNS)
+        remove_leftovers(layout.features_parts(split), LEFTOVER_PATTERNS)
         if cache.is_file():
             return _existing_summary(split, cache, layout.rejects_report(split))
         return _build_split_cache(layout, split, progress)

@@ -42,6 +42,10 @@ FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR, EXPORT_DIR = (
 CHECKPOINT_PREFIX, BEST_PREFIX = "ckpt", "best"
 # LM files, in the LanguageModel directory and in an export.
 WORD_ARPA, WORD_BINARY, CHAR_ARPA, VOCABULARY = "lm.arpa", "lm.binary", "chars.arpa", "vocab.txt"
+# Temporary names of killed runs' leftovers (group ``pid``: the writer): files.atomic_path's
+# ``.<name>.<pid>.tmp``, an export's staging and old directories, Evaluate's logits scratch file.
+LEFTOVER_PATTERNS = (r"\..+\.(?P<pid>\d+)\.tmp.*", r"\..+\.staging-(?P<pid>\d+)", r"\..+\.old-(?P<pid>\d+)",
+                     r"\.logits-(?P<pid>\d+)\.h5")
 # File names inside an export; the client learns them from metadata.json ("files", "decoder").
 EXPORT_FILES = {"saved_model": "saved_model", "frozen_graph": "output_graph.pb", "tflite": "model.tflite",
                 "alphabet": "alphabet.txt"}

@@ -24,6 +24,7 @@ from pipeline.corpus import read_manifests
 from pipeline.files import write_text_atomic
 from pipeline.kenlm_tools import build_binary, filter_vocabulary, find_tools, run_lmplz
 from pipeline.kneser_ney import LanguageModelError, estimate, write_arpa
+from pipeline.decoding import LanguageModelDamaged, lm_file_records, verify_lm_files
 from pipeline.layout import Layout, LMFiles
 from pipeline.locks import stage_lock
 from pipeline.reports import LMReport, read_report, write_report
@@ -105,8 +106,8 @@ def build_language_model(layout: Layout, on_status: Callable[[str, float], None]
     the vocabulary and the report into ``files`` (default: the fingerprinted LanguageModel directory)."""
     files = files or layout.lm
     with stage_lock(files.root):
-        if files.report.is_file():  # another pipeline sharing this LM built it meanwhile
-            return read_report(files.report, LMReport)
+        if files.report.is_file() and files == layout.lm and lm_intact(layout):
+            return read_report(files.report, LMReport)  # another pipeline sharing this LM built it meanwhile
         staging = LMFiles(files.staging)
         shutil.rmtree(staging.root, ignore_errors=True)
         staging.root.mkdir(parents=True)
@@ -119,6 +120,17 @@ def build_language_model(layout: Layout, on_status: Callable[[str, float], None]
         staging.root.rename(files.root)
     log.info("Language model: %s", {k: v for k, v in dataclasses.asdict(report).items() if k != "discounts"})
     return report
+
+
+def lm_intact(layout: Layout) -> bool:
+    """Whether the LanguageModel stage's files are as its report recorded them (size and modification
+    time); a changed one is named in a warning."""
+    try:
+        verify_lm_files(layout, deep=False)
+    except LanguageModelDamaged as error:
+        log.warning("%s", error)
+        return False
+    return True
 
 
 def _build(layout: Layout, staging: LMFiles, on_status: Callable[[str, float], None]) -> LMReport:
@@ -147,9 +159,11 @@ def _build(layout: Layout, staging: LMFiles, on_status: Callable[[str, float], N
     words = built.pop("vocabulary")
     write_text_atomic(staging.vocabulary, "".join(w + "\n" for w in words))
     shutil.rmtree(staging.sort_space, ignore_errors=True)
+    written = [name for name in (built["lm"], built.get("char_lm"), staging.vocabulary.name)
+               if name and not Path(name).is_absolute()]
     report = LMReport(fingerprint=layout.lm_fingerprint, order=decoder.lm_order, held_out_overlap=held_out.overlap,
                       wall_time_s=round(time.time() - started, 1), builder="lm_path" if decoder.lm_path else layout.lm_builder,
-                      vocabulary=len(words), **stats, **built)
+                      vocabulary=len(words), files=lm_file_records(staging.root, written), **stats, **built)
     write_report(staging.report, report)
     return report
 

@@ -95,6 +95,8 @@ class LMReport:
     discount_fallback_orders: Optional[list] = None
     char_lm: Optional[str] = None
     builder: str = "python"
+    # {file name in the stage directory: {"size", "mtime_ns", "sha256"}} of what the stage wrote
+    files: Optional[dict] = None
 
 
 @dataclass(frozen=True)

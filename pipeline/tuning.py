@@ -12,9 +12,10 @@ from native_client.alphabet import load_alphabet
 from pipeline.cache import read_cache
 from pipeline.checkpoints import load_trained_model
 from pipeline.decode_pool import DecodePool
-from pipeline.decoding import configured_settings, decode_pool, rescore
+from pipeline.decoding import configured_settings, decode_pool, rescore, verify_lm_files
+from pipeline.files import remove_leftovers
 from pipeline.evaluation import run_split
-from pipeline.layout import Layout
+from pipeline.layout import LEFTOVER_PATTERNS, Layout
 from pipeline.logits_store import LogitsStore
 from pipeline.metrics import corpus_rates
 from pipeline.reports import TunedPair, TuneReport, write_report
@@ -33,6 +34,8 @@ def tune_decoder(layout: Layout, on_trial: Callable[[int, int, dict], None] = la
     config = layout.config
     alphabet = load_alphabet(layout.alphabet)
     dev = read_cache(layout.features_cache("dev"), config.features)
+    verify_lm_files(layout, deep=True)  # before the greedy pass, not after it
+    remove_leftovers(layout.tune_dir, LEFTOVER_PATTERNS)
     model = load_trained_model(config, layout.train_run.best, dev.n_input, alphabet.n_classes)
     base = configured_settings(config)
     started = time.time()

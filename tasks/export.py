@@ -1,11 +1,15 @@
 """Export and one-shot Transcribe tasks."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import luigi
 
-from pipeline.layout import ExportFiles
+log = logging.getLogger("luigi-interface")
+
+from native_client.metadata import ExportError, verify_manifest
+from pipeline.layout import ExportFiles, file_digest
 from tasks.base import ConfigTask
 from tasks.language_model import decoder_requirements
 from tasks.training import Train
@@ -27,7 +31,16 @@ class Export(ConfigTask):
         return luigi.LocalTarget(str(found.metadata))
 
     def complete(self):
-        return self.layout.find_export() is not None
+        found = self.layout.find_export()
+        if found is None:
+            return False
+        try:
+            # Digests are remembered per (path, size, mtime): asking again does not re-read the files.
+            verify_manifest(found.root, digest=file_digest)
+        except ExportError as error:
+            log.warning("%s; exporting again", error)
+            return False
+        return True
 
     def stage_paths(self):
         found = self.layout.find_export()

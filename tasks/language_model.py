@@ -17,6 +17,12 @@ class LanguageModel(ConfigTask):
     def stage_paths(self):
         return [self.layout.lm.root]
 
+    def complete(self):
+        from pipeline.lm import lm_intact
+
+        # A changed or truncated LM file (size or modification time) makes the stage run again.
+        return self.layout.lm.report.is_file() and lm_intact(self.layout)
+
     def run(self):
         from pipeline.lm import build_language_model
 

@@ -15,6 +15,7 @@ import soundfile
 from native_client import ExportError, Model, load_metadata
 from native_client.audio import load_for_model
 from native_client.features import context_windows, mfcc_features
+from native_client.metadata import write_manifest
 from pipeline.checkpoints import load_trained_model
 from pipeline.config_loader import load_config
 from pipeline.export import export_stage
@@ -170,6 +171,9 @@ def test_client_refuses_an_export_without_metadata(trained, tmp_path):
     raw = json.loads((export / "metadata.json").read_text())
     del raw["features"]
     (broken / "metadata.json").write_text(json.dumps(raw))
+    with pytest.raises(ExportError, match=r"broken/manifest.json: missing, so the export's files cannot be verified"):
+        Model(broken)
+    write_manifest(broken)  # a consistent but incomplete export: the key check names the key
     with pytest.raises(ExportError, match=r"broken/metadata.json: missing keys: features"):
         Model(broken)
 
