@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from math import gcd
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import soundfile
@@ -64,6 +65,25 @@ def load_checked(path: str | Path, sample_rate: int, *, convert_rate: bool = Fal
         raise AudioError("wrong_sample_rate", f"{path}: sample rate {rate} Hz, expected {sample_rate} Hz"
                                               + (f" ({convert_hint})" if convert_hint else ""))
     return resample(to_mono(samples), rate, sample_rate)
+
+
+def stream_for_model(path: str | Path, sample_rate: int, convert_rate: bool = False,
+                     block_seconds: float = 10.0) -> Iterator[np.ndarray]:
+    """``load_for_model`` in blocks of ``block_seconds`` (int16 mono), so that a long recording is never
+    in memory whole; the same checks and errors. Resampling (``convert_rate``) reads the whole file."""
+    try:
+        info = soundfile.info(str(path))
+    except (RuntimeError, soundfile.LibsndfileError, TypeError, ValueError) as error:
+        raise AudioError("unreadable_audio", f"{path}: cannot decode audio: {error}") from error
+    if info.frames == 0 or info.samplerate != sample_rate:
+        yield load_for_model(path, sample_rate, convert_rate)
+        return
+    try:
+        for block in soundfile.blocks(str(path), blocksize=max(1, int(block_seconds * info.samplerate)),
+                                      dtype="int16", always_2d=True):
+            yield to_mono(block)
+    except (RuntimeError, soundfile.LibsndfileError, TypeError, ValueError) as error:
+        raise AudioError("unreadable_audio", f"{path}: cannot decode audio: {error}") from error
 
 
 def load_for_model(path: str | Path, sample_rate: int, convert_rate: bool = False) -> np.ndarray:

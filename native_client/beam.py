@@ -44,6 +44,29 @@ class BeamSettings:
         return cls(**{name: values[name] for name in cls.__dataclass_fields__ if name in values})
 
 
+# Frames decoded at once (60 s at 100 frames per second); a longer input is cut at pauses.
+SEGMENT_FRAMES = 6000
+
+
+def pause_segments(logits: np.ndarray, quiet: Sequence[int], max_frames: int) -> list[tuple[int, int]]:
+    """(start, stop) frame ranges of at most ``max_frames`` covering ``logits``: each cut is in the middle
+    of the longest run of frames whose best label is in ``quiet`` (blank, space) within the second half
+    of the range, or at its end when there is no such frame."""
+    segments, start, total = [], 0, len(logits)
+    while total - start > max_frames:
+        low, high = start + max_frames // 2, start + max_frames
+        is_quiet = np.isin(np.argmax(logits[low:high], axis=1), quiet)
+        best_length, best_cut, run = 0, high, 0
+        for offset, flag in enumerate(is_quiet):
+            run = run + 1 if flag else 0
+            if run > best_length:
+                best_length, best_cut = run, low + offset - run // 2
+        segments.append((start, best_cut))
+        start = best_cut
+    segments.append((start, total))
+    return segments
+
+
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise log-softmax in float32, C-contiguous (what the decoder reads)."""
     shifted = logits - logits.max(axis=-1, keepdims=True)
@@ -127,7 +150,14 @@ class BeamDecoder:
         return other
 
     def decode(self, logits: np.ndarray) -> str:
-        """The best transcript of ``logits`` ``[time, classes]``."""
+        """The best transcript of ``logits`` ``[time, classes]``. Longer than ``SEGMENT_FRAMES``, the
+        logits are cut at pauses and the segments decoded one after another: the decoder keeps state for
+        every frame (about 19 KB each at beam 1024), which a two-hour recording would not fit."""
+        segments = [self._decode_segment(logits[start:stop])
+                    for start, stop in pause_segments(logits, (self.blank, self.space), SEGMENT_FRAMES)]
+        return " ".join(text for text in segments if text)
+
+    def _decode_segment(self, logits: np.ndarray) -> str:
         if len(logits) == 0:
             return ""
         emissions = log_softmax(np.asarray(logits, dtype=np.float32))

@@ -141,10 +141,16 @@ class StreamingMfcc:
         return self._take(remaining)
 
 
-def context_windows(frames: np.ndarray, n_context: int) -> np.ndarray:
-    """``[time, n_input]`` -> ``[time, 2*n_context+1, n_input]``; frames past the edges are zero."""
+def window_view(frames: np.ndarray, n_context: int) -> np.ndarray:
+    """``[time, n_input]`` -> a read-only view ``[time, 2*n_context+1, n_input]`` (float32) over one
+    zero-padded copy of the frames: the windows are not materialised (19x the frames' memory)."""
     time, n_input = frames.shape
-    padded = np.zeros((time + 2 * n_context, n_input), dtype=frames.dtype)
+    padded = np.zeros((time + 2 * n_context, n_input), dtype=np.float32)
     padded[n_context:n_context + time] = frames
     window = 2 * n_context + 1
-    return np.lib.stride_tricks.sliding_window_view(padded, window, axis=0).transpose(0, 2, 1)[:time].copy()
+    return np.lib.stride_tricks.sliding_window_view(padded, window, axis=0).transpose(0, 2, 1)[:time]
+
+
+def context_windows(frames: np.ndarray, n_context: int) -> np.ndarray:
+    """``[time, n_input]`` -> ``[time, 2*n_context+1, n_input]``; frames past the edges are zero."""
+    return window_view(frames, n_context).astype(frames.dtype, copy=True)

@@ -8,7 +8,7 @@ from typing import Optional
 
 import numpy as np
 
-from native_client.audio import load_for_model
+from native_client.audio import stream_for_model
 from native_client.decoding import GreedyDecoder
 from native_client.features import mfcc_features
 from native_client.metadata import ExportMetadata, load_metadata, verify_manifest
@@ -70,11 +70,17 @@ class Model:
         return self.decoder.decode(self.logits(samples))
 
     def transcribe_file(self, path: str | Path, convert_rate: bool = False) -> Transcript:
-        """Read, check and transcribe one audio file; ``convert_rate`` resamples another rate."""
-        samples = load_for_model(path, self.sample_rate, convert_rate)
+        """Read, check and transcribe one audio file; ``convert_rate`` resamples another rate.
+
+        The file is read in blocks and fed through a stream (features and model windows computed block
+        by block), so memory stays bounded for long recordings; the transcript equals ``transcribe``'s.
+        ``processing_s`` includes reading the file."""
         started = time.perf_counter()
-        text = self.transcribe(samples)
-        return Transcript(audio=str(path), text=text, duration_s=len(samples) / self.sample_rate,
+        stream = self.create_stream()
+        for block in stream_for_model(path, self.sample_rate, convert_rate):
+            stream.feed_audio(block)
+        text = stream.finish()
+        return Transcript(audio=str(path), text=text, duration_s=stream.samples / self.sample_rate,
                           processing_s=time.perf_counter() - started)
 
 

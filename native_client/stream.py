@@ -3,16 +3,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from native_client.features import StreamingMfcc, context_windows, normalize_frames
+from native_client.features import StreamingMfcc, normalize_frames, window_view
 from native_client.runtime import StepRunner
 
 
 def run_frames(runner: StepRunner, frames: np.ndarray, state=None):
     """Logits ``[time, n_classes]`` of MFCC ``frames`` ``[time, n_input]`` for a whole utterance
     (zero context past both edges, the last call zero-padded to ``n_steps``), and the final state."""
-    metadata = runner.metadata
-    windows = context_windows(frames.astype(np.float32, copy=False), metadata.n_context)
-    return run_windows(runner, windows, state or runner.zero_state())
+    return run_windows(runner, window_view(frames, runner.metadata.n_context), state or runner.zero_state())
 
 
 def run_windows(runner: StepRunner, windows: np.ndarray, state):
@@ -22,7 +20,8 @@ def run_windows(runner: StepRunner, windows: np.ndarray, state):
     h, c = state
     outputs = []
     for start in range(0, len(windows), n_steps):
-        chunk = windows[start:start + n_steps]
+        # Only this call's windows are materialised: ``windows`` may be a view of the frames.
+        chunk = np.ascontiguousarray(windows[start:start + n_steps])
         real = len(chunk)
         if real < n_steps:
             chunk = np.concatenate([chunk, np.zeros((n_steps - real,) + chunk.shape[1:], chunk.dtype)])

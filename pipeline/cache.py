@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import h5py
 import numpy as np
@@ -38,10 +39,18 @@ class CacheError(ValueError):
     """A cache file is missing, incomplete or was made with other settings."""
 
 
+DAMAGED_REMEDY = "delete it and run the Features task again (make rerun STAGE=Features)"
+
+
 def damaged(path: Path, error: Exception) -> CacheError:
     """The one-line error for a cache whose checksums or structure do not verify."""
-    return CacheError(f"{path}: feature cache is damaged ({error}); delete it and run the Features task again "
-                      f"(make rerun STAGE=Features)")
+    return CacheError(f"{path}: feature cache is damaged ({error}); {DAMAGED_REMEDY}")
+
+
+def damage_in(error: Exception) -> Optional[CacheError]:
+    """The cache damage a TensorFlow error carries (a reader raised it inside tf.data), else None."""
+    match = re.search(r"(\S+: feature cache is damaged \(.*?\); " + re.escape(DAMAGED_REMEDY) + ")", str(error))
+    return CacheError(match.group(1)) if match else None
 
 
 def _checksummed(h5: h5py.File, name: str, data: np.ndarray) -> None:

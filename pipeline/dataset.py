@@ -18,7 +18,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from pipeline.cache import CacheIndex
+from pipeline.cache import CacheIndex, damage_in
 from pipeline.model import make_windows
 
 PARALLEL_BATCHES = 2   # batches read and windowed at once
@@ -162,3 +162,17 @@ def eval_dataset(reader: SplitReader, batch_size: int, n_context: int, max_batch
     """Every sample once, in length-sorted batches, with context windows."""
     flat, starts, sizes = _flat(eval_batches(reader.index.lengths, batch_size, max_batch_frames))
     return _batches(reader, _sliced(tf.constant(flat), tf.constant(starts), tf.constant(sizes)), n_context)
+
+
+def checked(dataset: tf.data.Dataset):
+    """Iterate ``dataset``, turning a damaged-cache error raised in the input pipeline into the reader's
+    one-line CacheError."""
+    iterator = iter(dataset)
+    while True:
+        try:
+            item = next(iterator)
+        except StopIteration:
+            return
+        except tf.errors.OpError as error:
+            raise damage_in(error) or error from None
+        yield item

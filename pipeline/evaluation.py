@@ -9,7 +9,7 @@ import tensorflow as tf
 from native_client.alphabet import Alphabet
 from pipeline.cache import CacheIndex
 from pipeline.ctc import ctc_loss, sparse_labels_supported
-from pipeline.dataset import SplitReader, eval_dataset
+from pipeline.dataset import SplitReader, checked, eval_dataset
 from pipeline.metrics import SampleResult, greedy_decode, score_sample
 
 # on_logits(sample index, logits [time, classes])
@@ -39,8 +39,8 @@ def run_split(model, data: CacheIndex, alphabet: Alphabet, batch_size: int, n_co
     forward = forward or make_forward(model, alphabet.blank_index)
     results: list[Optional[SampleResult]] = [None] * len(data)
     reader = reader or SplitReader(data)
-    for windows, lengths, labels, label_lengths, indices in eval_dataset(reader, batch_size, n_context,
-                                                                          max_batch_frames):
+    for windows, lengths, labels, label_lengths, indices in checked(eval_dataset(reader, batch_size, n_context,
+                                                                                  max_batch_frames)):
         logits, loss = forward(windows, lengths, labels, label_lengths)
         logits, loss, lengths = logits.numpy(), loss.numpy(), lengths.numpy()
         for row, index in enumerate(indices.numpy()):

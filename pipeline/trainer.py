@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from native_client.alphabet import Alphabet
-from pipeline.cache import CacheIndex
+from pipeline.cache import CacheIndex, damage_in
 from pipeline.checkpoints import check_geometry, named_weights, remove_checkpoint_leftovers, rng_states, warm_start
 from pipeline.config import Config
 from pipeline.ctc import ctc_loss, sparse_labels_supported
@@ -306,7 +306,7 @@ class Trainer:
         with self._writer("train").as_default(step=step):
             if finite:
                 tf.summary.scalar("loss", loss)
-            tf.summary.scalar("learning_rate", lr)
+            tf.summary.scalar("learning_rate", min(lr, float(np.finfo(np.float32).max)))
             if time.monotonic() - self._last_histogram >= training.summary_secs:
                 self._last_histogram = time.monotonic()
                 for name, variable in named_weights(self.model).items():
@@ -417,7 +417,10 @@ class Trainer:
             start_step = int(self.state.step_in_epoch.numpy())
             if start_step < self.steps_per_epoch:
                 for _ in range(self.steps_per_epoch - start_step):
-                    batch = next(batches)
+                    try:
+                        batch = next(batches)
+                    except tf.errors.OpError as error:
+                        raise damage_in(error) or error from None
                     lr = self._learning_rate()
                     if lr != current_lr:
                         self.optimizer.learning_rate.assign(lr)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from pathlib import Path
 
@@ -11,6 +12,20 @@ from tqdm import tqdm
 from pipeline.config import Config
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
+
+log = logging.getLogger("luigi-interface")
+
+
+class DamagedOutput(RuntimeError):
+    """A stage output that ``complete()`` found damaged; the message names the file and the remedy."""
+
+
+def _damaged_output_errors() -> tuple:
+    from native_client.metadata import ExportError
+    from pipeline.cache import CacheError
+    from pipeline.decoding import LanguageModelDamaged
+    from pipeline.reports import ReportError
+    return (ReportError, CacheError, ExportError, LanguageModelDamaged)
 
 
 class ConfigTask(luigi.Task):
@@ -27,6 +42,31 @@ class ConfigTask(luigi.Task):
     def layout(self) -> Layout:
         """Every stage path and fingerprint of the config (each computed once)."""
         return Layout(self.cfg)
+
+    def complete(self) -> bool:
+        """``stage_complete()``; a damaged output it meets (a report, cache, export or LM file) is logged
+        as one line naming the file and makes the task run, and fail at once with that line, instead of
+        raising here (a raising ``complete()`` left Luigi's worker waiting forever on its dependents)."""
+        try:
+            return self.stage_complete()
+        except _damaged_output_errors() as error:
+            log.error("%s", error)
+            self._damaged = str(error)
+            return False
+
+    def stage_complete(self) -> bool:
+        """Whether the stage's outputs exist and fit the config (default: the output exists)."""
+        return super().complete()
+
+    def run(self):
+        """Fail at once with the damaged output's message, else ``run_stage()``."""
+        if getattr(self, "_damaged", None):
+            raise DamagedOutput(self._damaged)
+        self.run_stage()
+
+    def run_stage(self) -> None:
+        """Do the stage's work (each task defines it)."""
+        raise NotImplementedError(type(self).__name__)
 
     def stage_paths(self) -> list[Path]:
         """Everything this stage wrote (what a forced re-run removes); by default its output."""

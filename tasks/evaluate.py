@@ -23,7 +23,7 @@ class Evaluate(ConfigTask):
     def stage_paths(self):
         return [self.layout.evaluate_dir]
 
-    def run(self):
+    def run_stage(self):
         from pipeline.evaluate_stage import evaluate_stage
 
         self.set_status_message("decoding the test split")

@@ -30,7 +30,7 @@ class Export(ConfigTask):
         found = self.layout.find_export() or self.layout.export_destination(None)
         return luigi.LocalTarget(str(found.metadata))
 
-    def complete(self):
+    def stage_complete(self):
         found = self.layout.find_export()
         if found is None:
             return False
@@ -46,7 +46,7 @@ class Export(ConfigTask):
         found = self.layout.find_export()
         return [found.root] if found else []
 
-    def run(self):
+    def run_stage(self):
         from pipeline.export import export_stage
 
         def status(message: str, percent: float) -> None:
@@ -76,7 +76,7 @@ class Transcribe(ConfigTask):
     def output(self):
         return luigi.LocalTarget(str(self._export().transcript(self.audio, self.layout.export_fingerprint)))
 
-    def run(self):
+    def run_stage(self):
         from pipeline.transcribe import transcribe_stage
 
         self.set_status_message(f"transcribing {self.audio}")

@@ -24,7 +24,7 @@ class FeaturesSplit(ConfigTask):
         return [self.layout.features_cache(self.split), self.layout.rejects_report(self.split),
                 self.layout.features_parts(self.split)]
 
-    def run(self):
+    def run_stage(self):
         progress = Progress(self, total=1, unit="file", description=f"features {self.split}")
 
         def report(done, total, rejected, seconds):

@@ -17,13 +17,13 @@ class LanguageModel(ConfigTask):
     def stage_paths(self):
         return [self.layout.lm.root]
 
-    def complete(self):
+    def stage_complete(self):
         from pipeline.lm import lm_intact
 
         # A changed or truncated LM file (size or modification time) makes the stage run again.
         return self.layout.lm.report.is_file() and lm_intact(self.layout)
 
-    def run(self):
+    def run_stage(self):
         from pipeline.lm import build_language_model
 
         def status(message: str, percent: float) -> None:
@@ -49,7 +49,7 @@ class TuneDecoder(ConfigTask):
     def stage_paths(self):
         return [self.layout.tune_dir]
 
-    def run(self):
+    def run_stage(self):
         from pipeline.tuning import tune_decoder
 
         def trial(done: int, total: int, best: dict) -> None:

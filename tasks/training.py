@@ -33,11 +33,11 @@ class Train(ConfigTask):
     def stage_paths(self):
         return [self.layout.train_run.root]
 
-    def complete(self):
+    def stage_complete(self):
         report = self.layout.train_run.report
         return report.is_file() and training_done(self.cfg.training.epochs, read_report(report, TrainReport))
 
-    def run(self):
+    def run_stage(self):
         distribution = self.cfg.distribution
         if distribution.local_workers and "TF_CONFIG" not in os.environ:
             self._run_local_workers()

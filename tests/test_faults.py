@@ -104,3 +104,347 @@ def test_sigkill_at_a_checkpoint_resumes_to_the_same_weights(mode, uninterrupted
     step, digest = resumed.stdout.split("RESULT")[1].split()
     assert int(step) == clean_step
     assert digest == clean_digest
+
+
+# -- a finished small pipeline that the tests below damage (each restores what it broke) ---------------
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A small config whose Export (Train, LanguageModel on the way) has run; returns (path, config)."""
+    import luigi
+    from tasks import Export
+    from tests.conftest import small_config_text
+    root = tmp_path_factory.mktemp("finished")
+    base = root / "base.yaml"
+    base.write_text(small_config_text(root / "work", limit_train=16))
+    path = root / "finished.yaml"
+    path.write_text("extends: base.yaml\ndecoder:\n  lm_builder: python\n")
+    assert luigi.build([Export(config=str(path))], local_scheduler=True, log_level="WARNING")
+    return path, load_config(path)
+
+
+@pytest.fixture
+def restore_files():
+    """Back up files a test damages; put them back afterwards (the ``finished`` pipeline is shared)."""
+    saved = {}
+
+    def backup(*paths):
+        for path in paths:
+            saved[path] = (path.read_bytes(), os.stat(path).st_mtime_ns)
+
+    yield backup
+    for path, (data, mtime) in saved.items():
+        path.write_bytes(data)
+        os.utime(path, ns=(mtime, mtime))
+
+
+def _luigi(*args, timeout=180):
+    luigi_bin = ROOT / ".venv" / "bin" / "luigi"
+    return subprocess.run([str(luigi_bin) if luigi_bin.exists() else "luigi", "--module", "tasks", *args,
+                           "--local-scheduler"], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_damaged_train_report_fails_at_once_naming_it(finished, restore_files):
+    """Row 2: a truncated train_report.json made ``Evaluate`` wait forever; now the run ends, non-zero,
+    naming the file and the remedy."""
+    path, config = finished
+    report = Layout(config).train_run.report
+    restore_files(report)
+    report.write_text(report.read_text()[:40])
+    result = _luigi("Evaluate", "--config", str(path))
+    assert result.returncode != 0
+    assert f"{report}: damaged Train report" in result.stderr
+    assert "make rerun STAGE=Train" in result.stderr
+
+
+@pytest.mark.slow
+def test_damaged_feature_cache_is_refused_naming_it(finished, tmp_path):
+    """Row 5: 4 KB overwritten inside the features of a cache (same size) were trained on as NaNs; the
+    fletcher32 checksums now refuse the file, by name, in the reader and in training."""
+    import shutil
+    from pipeline.cache import CacheError, read_cache
+    from pipeline.trainer import Trainer
+    from pipeline.distribute import make_strategy
+    from native_client.alphabet import load_alphabet
+    _, config = finished
+    layout = Layout(config)
+    cache = tmp_path / "train.h5"
+    shutil.copyfile(layout.features_cache("train"), cache)
+    with h5py.File(cache, "r") as h5:
+        assert h5["features"].fletcher32
+        chunk = h5["features"].id.get_chunk_info(0)
+    with open(cache, "r+b") as handle:
+        handle.seek(chunk.byte_offset + min(1024, chunk.size // 4))
+        handle.write(np.full(1024, np.nan, np.float32).tobytes())
+    index = read_cache(cache, config.features)  # the index itself is intact
+    with pytest.raises(CacheError, match=f"{cache}: feature cache is damaged .*make rerun STAGE=Features"):
+        index.reader().batch(np.arange(len(index)))
+    trainer = Trainer(config, tmp_path / "run", index, None, load_alphabet(layout.alphabet),
+                      make_strategy(config.distribution))
+    with pytest.raises(CacheError, match=f"^{cache}: feature cache is damaged"):
+        trainer.fit()
+
+
+def test_non_finite_features_are_rejected_when_written(tmp_path):
+    """Row 5: features holding NaN never reach a cache."""
+    from pipeline.cache import CacheError, CacheWriter
+    from pipeline.config import FeaturesConfig
+    features = FeaturesConfig(numcep=2, nfilt=2)
+    with pytest.raises(CacheError, match="a.wav\\) has non-finite features"):
+        with CacheWriter(tmp_path / "c.h5", "fp", features, np.array([2]), [[1]], ["a"], ["a.wav"],
+                         np.array([0.1])) as writer:
+            writer.put(0, np.array([[0.0, np.nan], [1.0, 2.0]], np.float32))
+    assert not (tmp_path / "c.h5").exists()
+
+
+@pytest.mark.slow
+def test_edited_or_truncated_export_is_refused_naming_the_file(finished, restore_files, caplog):
+    """Rows 6 and 7: an edited metadata.json (flipped normalize, n_steps) or a truncated model.tflite was
+    used or failed with a TFLite traceback; the manifest now refuses each, by name, in the client and in
+    Export.complete()."""
+    from native_client import ExportError, Model
+    from tasks import Export
+    path, config = finished
+    export = Layout(config).find_export()
+    assert Export(config=str(path)).complete()
+    metadata, tflite = export.metadata, export.file("tflite")
+    restore_files(metadata, tflite)
+    raw = json.loads(metadata.read_text())
+    for key, value in (("features", {**raw["features"], "normalize": not raw["features"]["normalize"]}),
+                       ("n_steps", 8)):
+        metadata.write_text(json.dumps({**raw, key: value}))
+        with pytest.raises(ExportError, match=f"^{metadata}: .*(bytes|SHA-256).*make rerun STAGE=Export"):
+            Model(export.root)
+        assert not Export(config=str(path)).complete()
+    metadata.write_text(json.dumps(raw, indent=2) + "\n")
+    tflite.write_bytes(tflite.read_bytes()[:1000])
+    with pytest.raises(ExportError, match=f"^{tflite}: 1000 bytes, the manifest says"):
+        Model(export.root)
+    assert not Export(config=str(path)).complete()
+    assert any(str(tflite) in r.message for r in caplog.records)
+
+
+@pytest.mark.slow
+def test_damaged_language_model_is_named_before_decoding(finished, restore_files):
+    """Row 8: a truncated or garbled LM failed Evaluate after its greedy pass with KenLM's message; now
+    LanguageModel is incomplete (it is built again), a stage refuses it before its greedy pass, and the
+    client refuses the export's copy, each naming the file."""
+    from native_client import ExportError
+    from native_client.beam import beam_decoder_for_export
+    from native_client.metadata import load_metadata
+    from pipeline.decoding import LanguageModelDamaged
+    from pipeline.evaluate_stage import evaluate_stage
+    from tasks import LanguageModel
+    path, config = finished
+    layout = Layout(config)
+    lm = layout.lm.root / json.loads(layout.lm.report.read_text())["lm"]
+    restore_files(lm)
+    assert LanguageModel(config=str(path)).complete()
+    lm.write_bytes(lm.read_bytes()[:5000])
+    assert not LanguageModel(config=str(path)).complete()
+    with pytest.raises(LanguageModelDamaged, match=f"^{lm}: 5000 bytes.*make rerun STAGE=LanguageModel"):
+        evaluate_stage(layout)
+    export = layout.find_export()
+    exported_lm = export.root / load_metadata(export.root).decoder["lm"]
+    restore_files(exported_lm)
+    garbled = bytearray(exported_lm.read_bytes())
+    garbled[100:110] = b"##########"
+    exported_lm.write_bytes(bytes(garbled))
+    with pytest.raises(ExportError, match=f"^{exported_lm}: its SHA-256 differs"):
+        beam_decoder_for_export(load_metadata(export.root))
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+@pytest.mark.slow
+def test_export_is_never_missing_while_a_new_one_is_published(finished, tmp_path):
+    """Row 9: a kill between Export's two renames left no export; now old and new are exchanged in one
+    step (renameat2), so a reader polling the export never finds it missing, and the next Export removes
+    the staging and old directories of killed runs."""
+    import threading
+    from pipeline.export import export_stage
+    from pipeline.files import replace_directory
+    _, config = finished
+    layout = Layout(config)
+    export = layout.find_export().root
+    target = tmp_path / "export"
+    (target).mkdir()
+    (target / "metadata.json").write_text("0")
+    missing, stop = [], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            if not (target / "metadata.json").exists():
+                missing.append(1)
+
+    reader = threading.Thread(target=poll)
+    reader.start()
+    for round_ in range(300):
+        new = tmp_path / f".export.staging-{round_}"
+        new.mkdir()
+        (new / "metadata.json").write_text(str(round_))
+        replace_directory(new, target)
+    stop.set()
+    reader.join()
+    assert not missing and (target / "metadata.json").read_text() == "299"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+    dead = _dead_pid()
+    leftovers = [export.with_name(f".{export.name}.staging-{dead}"), export.with_name(f".{export.name}.old-{dead}")]
+    for leftover in leftovers:
+        leftover.mkdir()
+        (leftover / "model.tflite").write_bytes(b"partial")
+    export_stage(layout)
+    assert not any(leftover.exists() for leftover in leftovers)
+
+
+@pytest.mark.slow
+def test_damaged_latest_checkpoint_falls_back_to_the_one_before(finished, tmp_path, caplog):
+    """Row 10: with the latest checkpoint's data deleted, Train was stuck on a TensorFlow error; it now
+    restores the newest intact checkpoint, with a warning naming the damaged one."""
+    import logging
+    import shutil
+    import tensorflow as tf
+    from native_client.alphabet import load_alphabet
+    from pipeline.cache import read_cache
+    from pipeline.distribute import make_strategy
+    from pipeline.trainer import Trainer
+    _, config = finished
+    layout = Layout(config)
+    run = tmp_path / "run"
+    shutil.copytree(layout.train_run.root, run)
+    prefixes = tf.train.get_checkpoint_state(str(run / "checkpoints")).all_model_checkpoint_paths
+    assert len(prefixes) >= 2
+    latest = run / "checkpoints" / os.path.basename(prefixes[-1])
+    for data in run.glob(f"checkpoints/{latest.name}.data-*"):
+        data.unlink()
+    trainer = Trainer(config, run, read_cache(layout.features_cache("train"), config.features), None,
+                      load_alphabet(layout.alphabet), make_strategy(config.distribution))
+    with caplog.at_level(logging.WARNING):
+        restored = trainer.restore()
+    assert os.path.basename(restored) == os.path.basename(prefixes[-2])
+    assert any(f"{latest}: damaged checkpoint" in r.message for r in caplog.records)
+
+
+def test_impossible_learning_rates_are_refused(write_config):
+    """Row 11: ``training.learning_rate: .nan`` (or ``.inf``, or 0) passed the config check."""
+    from pipeline.config import ConfigError
+    for value in (".nan", ".inf", "-.inf", "0", "-0.001"):
+        path = write_config(f"training:\n  learning_rate: {value}\n")
+        with pytest.raises(ConfigError, match="training.learning_rate: expected a (finite number|value greater than 0)"):
+            load_config(path)
+
+
+@pytest.mark.slow
+def test_an_update_that_would_make_weights_non_finite_is_not_applied(finished, tmp_path, caplog):
+    """Row 11: a NaN learning rate applied NaN updates, then every checkpoint was NaN. An update that
+    would make a weight non-finite is now undone (here the rate overflows float32 to inf)."""
+    import dataclasses
+    import logging
+    from native_client.alphabet import load_alphabet
+    from pipeline.cache import read_cache
+    from pipeline.distribute import make_strategy
+    from pipeline.trainer import Trainer, TrainingError
+    _, config = finished
+    layout = Layout(config)
+    overflow = dataclasses.replace(config, training=dataclasses.replace(
+        config.training, learning_rate=1e39, max_nonfinite_batches=2))
+    trainer = Trainer(overflow, tmp_path / "run", read_cache(layout.features_cache("train"), config.features),
+                      None, load_alphabet(layout.alphabet), make_strategy(config.distribution))
+    before = [v.numpy().copy() for v in trainer.model.trainable_variables]
+    with caplog.at_level(logging.WARNING), pytest.raises(TrainingError, match="2 batches in a row"):
+        trainer.fit()
+    assert any("would make weights non-finite, so it was not applied" in r.message for r in caplog.records)
+    for old, variable in zip(before, trainer.model.trainable_variables):
+        assert np.array_equal(old, variable.numpy())
+
+
+def test_bom_and_duplicate_rows_in_a_manifest(tmp_path):
+    """Rows 12 and 13: a CSV with a UTF-8 byte-order mark was refused ("header lacks wav_filename"); the
+    same rows listed twice were kept twice. Duplicates are now rejected with reason ``duplicate``."""
+    from native_client.alphabet import load_alphabet
+    from pipeline.corpus import read_manifests
+    from tests.conftest import ALPHABET, SAMPLE
+    rows = (SAMPLE / "train.csv").read_text().splitlines()
+    manifest = tmp_path / "bom.csv"
+    audio = [line.split(",")[0] for line in rows[1:4]]
+    body = [f"{SAMPLE / 'train' / os.path.basename(a) if not os.path.isabs(a) else a}," + ",".join(line.split(",")[1:])
+            for a, line in zip(audio, rows[1:4])]
+    manifest.write_text("\ufeff" + rows[0] + "\n" + "\n".join(body + body[:2]) + "\n", encoding="utf-8")
+    samples, rejects = read_manifests([manifest], 0, load_alphabet(ALPHABET))
+    assert len(samples) == 3
+    assert [(r.reason, r.source) for r in rejects] == [("duplicate", f"{manifest}:5"), ("duplicate", f"{manifest}:6")]
+    assert rejects[0].detail == f"already listed at {manifest}:2"
+
+
+@pytest.mark.slow
+def test_leftovers_of_killed_runs_are_removed_by_the_next_run(finished, tmp_path):
+    """Row 14: ``.h5.<pid>.tmp``, ``ckpt-N_temp/``, staging and old export directories and logits scratch
+    files of killed runs stayed forever; the next run of their stage removes them (rows 9 covers Export)."""
+    from pipeline.featurize import build_split_cache
+    from pipeline.evaluate_stage import evaluate_stage
+    from pipeline.trainer import Trainer
+    from pipeline.cache import read_cache
+    from pipeline.distribute import make_strategy
+    from native_client.alphabet import load_alphabet
+    _, config = finished
+    layout = Layout(config)
+    dead = _dead_pid()
+    cache = layout.features_cache("dev")
+    features_tmp = cache.with_name(f".{cache.name}.{dead}.tmp")
+    features_tmp.write_bytes(b"partial")
+    build_split_cache(layout, "dev")
+    assert not features_tmp.exists()
+
+    temp_checkpoint = layout.train_run.checkpoints / "ckpt-999_temp"
+    temp_checkpoint.mkdir()
+    (temp_checkpoint / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"partial")
+    report_tmp = layout.train_run.report.with_name(f".{layout.train_run.report.name}.{dead}.tmp")
+    report_tmp.write_text("{")
+    Trainer(config, layout.train_run.root, read_cache(layout.features_cache("train"), config.features), None,
+            load_alphabet(layout.alphabet), make_strategy(config.distribution))
+    assert not temp_checkpoint.exists() and not report_tmp.exists()
+    assert list(layout.train_run.checkpoints.glob("ckpt-*.index"))  # the real checkpoints stay
+
+    out = tmp_path / "evaluate"
+    out.mkdir()
+    scratch = Layout.logits_scratch(out).with_name(f".logits-{dead}.h5")
+    scratch.write_bytes(b"partial")
+    evaluate_stage(layout, out_dir=out, beam=False)
+    assert not scratch.exists()
+
+
+@pytest.mark.slow
+def test_a_long_recording_is_transcribed_in_bounded_memory(finished, tmp_path):
+    """Row 15: one-shot transcription held the whole file's features and windows (~80 MB per audio
+    minute, 3.4 GB for this file with the LM); it now streams the file in blocks and beam-decodes it in
+    segments cut at pauses. A 30-minute file may need at most 150 MB more than a 10-second one: only the
+    logits (0.7 MB per minute) and the frames normalisation needs (0.6 MB per minute) grow with the
+    audio, held in up to three copies while they are joined and normalised (~4 MB per minute); measured
+    about 100 MB."""
+    import soundfile
+    from tests.conftest import SAMPLE
+    _, config = finished
+    export = Layout(config).find_export().root
+    clip, rate = soundfile.read(SAMPLE / "test" / "00003.flac", dtype="int16")
+    short, long_ = tmp_path / "short.wav", tmp_path / "long.wav"
+    soundfile.write(short, np.tile(clip, int(np.ceil(10 * rate / len(clip))))[:10 * rate], rate)
+    with soundfile.SoundFile(long_, "w", rate, 1, subtype="PCM_16") as sink:
+        written = 0
+        while written < 30 * 60 * rate:
+            sink.write(clip)
+            written += len(clip)
+    peaks = {}
+    for name, audio in (("short", short), ("long", long_)):
+        process = subprocess.Popen([sys.executable, "-m", "native_client", "--model", str(export), "--audio",
+                                    str(audio), "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _, _, usage = os.wait4(process.pid, 0)
+        out, err = process.stdout.read().decode(), process.stderr.read().decode()
+        assert json.loads(out)["duration_s"] > (1700 if name == "long" else 9), err[-2000:]
+        peaks[name] = usage.ru_maxrss / 1024
+    assert peaks["long"] - peaks["short"] < 150, peaks
