@@ -1,8 +1,11 @@
 """Benchmark of the Features stage against a plain single-process python_speech_features loop.
 
 Both run in this process on the same corpus (default: the sample train
-split). Prints both rates and their ratio; the last line is one JSON object
-with keys baseline_audio_s_per_s, stage_audio_s_per_s, ratio.
+split). Prints both rates and their ratio, then what the cache's fletcher32
+checksums cost: the split's features written and read back (batch-sized reads)
+with and without the filter, in this process. The last line is one JSON object
+with keys baseline_audio_s_per_s, stage_audio_s_per_s, ratio,
+checksum_write_ratio and checksum_read_ratio (time with checksums / without).
 
     python bench/features.py [--config configs/sample.yaml] [--split train] [--workers 2]
 """
@@ -15,10 +18,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import h5py
+import numpy as np
 import soundfile
 from python_speech_features import mfcc
 
 from native_client.alphabet import load_alphabet
+from pipeline.cache import CHUNK_FRAMES
 from pipeline.config_loader import load_config
 from pipeline.corpus import read_manifests
 from pipeline.layout import Layout
@@ -34,6 +40,40 @@ def baseline(paths: list[str], numcep: int) -> tuple[float, float]:
         mfcc(signal, samplerate=rate, numcep=numcep)
         audio += len(signal) / rate
     return audio, time.perf_counter() - started
+
+
+def _timed_copy(features: np.ndarray, path: Path, checksums: bool, repeats: int) -> tuple[float, float]:
+    """Write ``features`` as the cache does (chunks of CHUNK_FRAMES), then read it in 16-utterance-sized
+    slices; best (write, read) seconds of ``repeats``."""
+    writes, reads = [], []
+    step = 16 * 600  # frames of a batch of 16 six-second utterances
+    for _ in range(repeats):
+        path.unlink(missing_ok=True)
+        started = time.perf_counter()
+        with h5py.File(path, "w") as h5:
+            data = h5.create_dataset("features", shape=features.shape, dtype=np.float32,
+                                     chunks=(min(len(features), CHUNK_FRAMES), features.shape[1]), fletcher32=checksums)
+            for start in range(0, len(features), CHUNK_FRAMES):
+                data[start:start + CHUNK_FRAMES] = features[start:start + CHUNK_FRAMES]
+        writes.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        with h5py.File(path, "r") as h5:
+            for start in range(0, len(features), step):
+                h5["features"][start:start + step]
+        reads.append(time.perf_counter() - started)
+    return min(writes), min(reads)
+
+
+def checksum_cost(cache: Path, scratch: Path, repeats: int = 5) -> tuple[float, float]:
+    """(write, read) time with fletcher32 over the time without, on the features of ``cache``."""
+    with h5py.File(cache, "r") as h5:
+        features = h5["features"][...]
+    plain = _timed_copy(features, scratch / "plain.h5", False, repeats)
+    checked = _timed_copy(features, scratch / "checked.h5", True, repeats)
+    megabytes = features.nbytes / 2**20
+    print(f"{megabytes:.1f} MB of features: read {megabytes / plain[1]:.0f} MB/s without checksums, "
+          f"{megabytes / checked[1]:.0f} MB/s with", file=sys.stderr)
+    return checked[0] / plain[0], checked[1] / plain[1]
 
 
 def main(argv=None) -> int:
@@ -52,14 +92,18 @@ def main(argv=None) -> int:
         started = time.perf_counter()
         summary = build_split_cache(Layout(config), args.split)
         stage_wall = time.perf_counter() - started
+        write_ratio, read_ratio = checksum_cost(Layout(config).features_cache(args.split), Path(work))
     base_rate = audio / base_wall
     stage_rate = summary.audio_seconds / stage_wall
     print(f"{len(samples)} files, {audio / 60:.1f} min of audio", file=sys.stderr)
     print(f"baseline (1 process, no output): {base_rate:.0f} audio s per s ({base_wall:.2f} s)", file=sys.stderr)
     print(f"Features stage ({args.workers} workers, HDF5 written): {stage_rate:.0f} audio s per s ({stage_wall:.2f} s)",
           file=sys.stderr)
+    print(f"fletcher32 checksums: write x{write_ratio:.3f}, batch reads x{read_ratio:.3f} the time without",
+          file=sys.stderr)
     print(json.dumps({"baseline_audio_s_per_s": round(base_rate, 1), "stage_audio_s_per_s": round(stage_rate, 1),
-                      "ratio": round(stage_rate / base_rate, 3)}))
+                      "ratio": round(stage_rate / base_rate, 3), "checksum_write_ratio": round(write_ratio, 3),
+                      "checksum_read_ratio": round(read_ratio, 3)}))
     return 0
 
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from pipeline.config import Config
 from pipeline.files import remove_leftovers
-from pipeline.layout import LEFTOVER_PATTERNS, TrainRun
+from pipeline.layout import CHECKPOINT_PREFIX, LEFTOVER_PATTERNS, TrainRun
 from pipeline.model import LAYER_NAMES, build_model
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,20 @@ def remove_checkpoint_leftovers(run: TrainRun) -> list[Path]:
         log.info("Removed %d leftovers of an interrupted checkpoint write: %s", len(removed),
                  ", ".join(str(p) for p in removed))
     return removed
+
+
+def checkpoints_on_disk(directory: Path) -> list[str]:
+    """Checkpoint prefixes found by their index files, newest first: what a run can still resume from
+    when TensorFlow's ``checkpoint`` state file is missing or damaged (TensorFlow then lists none)."""
+    found = []
+    for index in Path(directory).glob(f"{CHECKPOINT_PREFIX}-*.index"):
+        number = index.name[len(CHECKPOINT_PREFIX) + 1:-len(".index")]
+        if number.isdigit():
+            found.append((int(number), str(index.with_suffix(""))))
+    if found:
+        log.warning("%s: the checkpoint state file lists no checkpoint; resuming from the %d found on disk",
+                    directory, len(found))
+    return [prefix for _, prefix in sorted(found, reverse=True)]
 
 
 def resolve_checkpoint(path: str | Path) -> str:
@@ -139,6 +153,10 @@ def load_trained_model(config: Config, checkpoint: str | Path, n_input: int, n_c
     directory or a Train run directory, whose best-dev checkpoint is taken)."""
     prefix = resolve_checkpoint(checkpoint)
     model = build_model(config.model, n_input, n_classes)
-    check_geometry(prefix, model, checkpoint)
-    tf.train.Checkpoint(weights=named_weights(model)).read(prefix).expect_partial()
+    try:
+        check_geometry(prefix, model, checkpoint)
+        tf.train.Checkpoint(weights=named_weights(model)).read(prefix).expect_partial()
+    except (tf.errors.OpError, ValueError) as error:
+        raise CheckpointMismatchError(f"{prefix}: damaged checkpoint ({str(error).splitlines()[0][:200]}); "
+                                      f"make rerun STAGE=Train to train again") from None
     return model

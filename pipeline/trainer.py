@@ -22,7 +22,8 @@ import tensorflow as tf
 
 from native_client.alphabet import Alphabet
 from pipeline.cache import CacheIndex, damage_in
-from pipeline.checkpoints import check_geometry, named_weights, remove_checkpoint_leftovers, rng_states, warm_start
+from pipeline.checkpoints import (check_geometry, checkpoints_on_disk, named_weights, remove_checkpoint_leftovers,
+                                  rng_states, warm_start)
 from pipeline.config import Config
 from pipeline.ctc import ctc_loss, sparse_labels_supported
 from pipeline.dataset import SplitReader, batch_plan, train_dataset
@@ -211,7 +212,7 @@ class Trainer:
 
     def restore(self) -> Optional[str]:
         """Restore the latest checkpoint (or warm-start from ``training.init_from``); returns what was loaded."""
-        candidates = list(reversed(self.manager.checkpoints))  # newest first
+        candidates = list(reversed(self.manager.checkpoints)) or checkpoints_on_disk(self.run.checkpoints)
         for prefix in candidates:
             try:
                 check_geometry(prefix, self.model, self.run.checkpoints)

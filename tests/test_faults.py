@@ -119,7 +119,12 @@ def finished(tmp_path_factory):
     base.write_text(small_config_text(root / "work", limit_train=16))
     path = root / "finished.yaml"
     path.write_text("extends: base.yaml\ndecoder:\n  lm_builder: python\n")
-    assert luigi.build([Export(config=str(path))], local_scheduler=True, log_level="WARNING")
+    settings = luigi.configuration.get_config()
+    settings.set("worker", "force_multiprocessing", "false")  # see tasks_in_process: no fork under TensorFlow
+    try:
+        assert luigi.build([Export(config=str(path))], local_scheduler=True, log_level="WARNING")
+    finally:
+        settings.set("worker", "force_multiprocessing", "true")
     return path, load_config(path)
 
 
@@ -448,3 +453,72 @@ def test_a_long_recording_is_transcribed_in_bounded_memory(finished, tmp_path):
         assert json.loads(out)["duration_s"] > (1700 if name == "long" else 9), err[-2000:]
         peaks[name] = usage.ru_maxrss / 1024
     assert peaks["long"] - peaks["short"] < 150, peaks
+
+
+@pytest.mark.slow
+def test_lost_checkpoint_state_file_still_resumes(finished, tmp_path, caplog):
+    """Row 10: a missing or damaged ``checkpoint`` state file made TensorFlow list no checkpoint, so a rerun
+    would have trained from the start; the checkpoints found on disk are used, with a warning."""
+    import logging
+    import shutil
+    import tensorflow as tf
+    from native_client.alphabet import load_alphabet
+    from pipeline.cache import read_cache
+    from pipeline.distribute import make_strategy
+    from pipeline.trainer import Trainer
+    _, config = finished
+    layout = Layout(config)
+    run = tmp_path / "run"
+    shutil.copytree(layout.train_run.root, run)
+    newest = tf.train.latest_checkpoint(str(run / "checkpoints"))
+    (run / "checkpoints" / "checkpoint").write_text("garbage {{{")
+    trainer = Trainer(config, run, read_cache(layout.features_cache("train"), config.features), None,
+                      load_alphabet(layout.alphabet), make_strategy(config.distribution))
+    with caplog.at_level(logging.WARNING):
+        assert trainer.restore() == newest
+    assert any("lists no checkpoint; resuming from the" in r.message for r in caplog.records)
+
+
+def test_a_damaged_feature_shard_part_is_recomputed(write_config, tmp_path, caplog):
+    """Row 4: a truncated shard part failed every rerun with ``BadZipFile`` and no path; it is now removed
+    with a warning naming it and computed again."""
+    import logging
+    from pipeline.featurize import _process_shard, build_split_cache
+    from tests.conftest import ALPHABET, SAMPLE
+    path = write_config(f"""
+        paths:
+          work_dir: {tmp_path / 'work'}
+          alphabet: {ALPHABET}
+        data:
+          train_files: [{SAMPLE / 'train.csv'}]
+          limit_train: 40
+        features:
+          workers: 1
+    """)
+    config = load_config(path)
+    layout = Layout(config)
+    parts = layout.features_parts("train")
+    parts.mkdir(parents=True)
+    from pipeline.corpus import read_manifests
+    from native_client.alphabet import load_alphabet
+    samples, _ = read_manifests(config.split_files("train"), 40, load_alphabet(ALPHABET))
+    part = layout.features_part(parts, 0)
+    _process_shard(str(part), [(s.audio_path, 1) for s in samples[:32]], config.features, 0.0)
+    part.write_bytes(part.read_bytes()[:200])
+    with caplog.at_level(logging.WARNING):
+        summary = build_split_cache(layout, "train")
+    assert summary.kept == 40
+    assert any(f"{part}: damaged feature shard" in r.message for r in caplog.records)
+
+
+def test_a_diverging_loss_warns_once(caplog):
+    """Deliverable 6: a loss 100x its first value warns once."""
+    import logging
+    from pipeline.trainer import Trainer
+    trainer = Trainer.__new__(Trainer)
+    trainer._first_loss, trainer._warned_growth = None, False
+    with caplog.at_level(logging.WARNING):
+        for step, loss in enumerate([2.0, 50.0, 201.0, 500.0, 900.0], 1):
+            trainer._watch_loss(step, loss)
+    warnings = [r.message for r in caplog.records if "over 100x the first loss" in r.message]
+    assert len(warnings) == 1 and warnings[0].startswith("Step 3: loss 201")
