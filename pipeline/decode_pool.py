@@ -16,7 +16,7 @@ import os
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -67,15 +67,21 @@ class DecodePool:
                 initargs=(tuple(alphabet.labels), str(lm_path), vars(settings).copy(),
                           list(vocabulary) if vocabulary is not None else None))
 
-    def decode(self, logits: Iterable[np.ndarray], weights: Weights = None) -> list[str]:
-        """Transcripts of every ``[time, classes]`` array in ``logits``, in order.
+    def decode(self, logits: Iterable[np.ndarray], weights: Weights = None,
+               on_done: Callable[[int], None] = lambda count: None) -> list[str]:
+        """Transcripts of every ``[time, classes]`` array in ``logits``, in order; ``on_done(count)`` is
+        told how many are decoded as they come back.
 
         ``logits`` may be a generator (read from disk, or produced by a model):
         at most a few chunks per worker are in flight at once.
         """
         if self._pool is None:
             decoder = _decoder_for(self._local, self._local_cache, weights)
-            return [decoder.decode(item) for item in logits]
+            texts = []
+            for item in logits:
+                texts.append(decoder.decode(item))
+                on_done(len(texts))
+            return texts
         texts: list[str] = []
         in_flight: deque[Future] = deque()
         chunk: list[np.ndarray] = []
@@ -86,10 +92,12 @@ class DecodePool:
                 chunk = []
                 if len(in_flight) >= 4 * self.workers:
                     texts.extend(in_flight.popleft().result())
+                    on_done(len(texts))
         if chunk:
             in_flight.append(self._pool.submit(_decode_in_worker, chunk, weights))
         while in_flight:
             texts.extend(in_flight.popleft().result())
+            on_done(len(texts))
         return texts
 
     def close(self) -> None:

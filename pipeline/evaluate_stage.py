@@ -5,7 +5,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from native_client.alphabet import load_alphabet
 from pipeline.cache import read_cache
@@ -23,11 +23,13 @@ log = logging.getLogger(__name__)
 
 
 def evaluate_stage(layout: Layout, out_dir: Optional[Path] = None, checkpoint: Optional[str | Path] = None,
-                   beam: Optional[bool] = None) -> EvaluationReport:
+                   beam: Optional[bool] = None,
+                   on_progress: Callable[[str, int, int], None] = lambda phase, done, total: None) -> EvaluationReport:
     """Test-set WER, CER and loss of the best-dev checkpoint (or ``checkpoint``), greedy and (``beam``)
     with beam search and the LM as ``wer_lm``/``cer_lm``; ``beam=None`` uses the LM when the
     LanguageModel stage has run. Writes ``evaluation.json`` and ``evaluation.txt`` into ``out_dir``
-    (default: the fingerprinted Evaluate directory)."""
+    (default: the fingerprinted Evaluate directory). ``on_progress(phase, done, total)`` follows the
+    greedy pass and the beam decoding, utterance by utterance."""
     config = layout.config
     out_dir = Path(out_dir or layout.evaluate_dir)
     alphabet = load_alphabet(layout.alphabet)
@@ -38,17 +40,27 @@ def evaluate_stage(layout: Layout, out_dir: Optional[Path] = None, checkpoint: O
         verify_lm_files(layout, deep=True)  # before the greedy pass, not after it
     remove_leftovers(out_dir, LEFTOVER_PATTERNS)
     model = load_trained_model(config, checkpoint, test_data.n_input, alphabet.n_classes)
-    with LogitsStore(layout.logits_scratch(out_dir), len(test_data), alphabet.n_classes) as logits:
+    total = len(test_data)
+    with LogitsStore(layout.logits_scratch(out_dir), total, alphabet.n_classes) as logits:
+        done = [0]
+
+        def keep(index, sample_logits):
+            logits.put(index, sample_logits)
+            done[0] += 1
+            on_progress("greedy", done[0], total)
+
         results = run_split(model, test_data, alphabet, config.training.dev_batch_size, config.model.n_context,
-                            on_logits=logits.put, max_batch_frames=config.training.max_batch_frames)
-        report, text = _report(layout, alphabet, results, logits, checkpoint, beam)
+                            on_logits=keep, max_batch_frames=config.training.max_batch_frames)
+        report, text = _report(layout, alphabet, results, logits, checkpoint, beam,
+                               lambda count: on_progress("beam + LM", count, total))
     log.info("%s", text)
     write_text_atomic(layout.evaluation_text(out_dir), text + "\n")
     write_report(layout.evaluation_report(out_dir), report)
     return report
 
 
-def _report(layout: Layout, alphabet, results: list, logits: LogitsStore, checkpoint, beam: Optional[bool]):
+def _report(layout: Layout, alphabet, results: list, logits: LogitsStore, checkpoint, beam: Optional[bool],
+            on_done: Callable[[int], None]):
     """The evaluation report and its text: greedy figures, and beam + LM ones when asked."""
     config = layout.config
     rates = corpus_rates(results)
@@ -60,7 +72,7 @@ def _report(layout: Layout, alphabet, results: list, logits: LogitsStore, checkp
         settings = beam_settings(layout)
         started = time.time()
         with decode_pool(layout, alphabet, settings) as pool:
-            beam_results = rescore(results, pool.decode(logits))
+            beam_results = rescore(results, pool.decode(logits, on_done=on_done))
         beam_rates = corpus_rates(beam_results)
         beam_samples = best_and_worst(beam_results, config.training.report_count)
         report = dataclasses.replace(

@@ -130,5 +130,6 @@ def export_stage(layout: Layout, checkpoint: Optional[str | Path] = None,
     except BaseException:
         shutil.rmtree(staging.root, ignore_errors=True)
         raise
+    on_status(f"exported to {destination.root}", 100)
     log.info("Exported %s (step %s) to %s", prefix, metadata.global_step, destination.root)
     return destination

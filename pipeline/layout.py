@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -30,8 +31,8 @@ from pipeline.config import APP_NAME, Config
 from pipeline.kenlm_tools import find_tools
 
 SPLITS = ("train", "dev", "test")
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_ALPHABET = PROJECT_ROOT / "data" / "alphabet.txt"
+# English letters, space and apostrophe; package data (the checkout's data/alphabet.txt links to it).
+DEFAULT_ALPHABET = Path(__file__).resolve().parent / "resources" / "alphabet.txt"
 DIGEST_BLOCK = 1 << 20
 
 # Stage directories under the work directory.
@@ -239,6 +240,10 @@ class Layout:
             return Path(self.config.paths.work_dir)
         return Path(BaseDirectory.xdg_data_home) / APP_NAME
 
+    def run_log(self, task: str) -> Path:
+        """A new log file for one ``deepspeech-train`` run of ``task``: ``<work_dir>/logs/<time>-<task>-<pid>.log``."""
+        return self.work_dir / "logs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{task}-{os.getpid()}.log"
+
     @functools.cached_property
     def export_root(self) -> Path:
         """Where Export writes (``paths.export_dir``, default ``<work_dir>/export``)."""
@@ -248,7 +253,7 @@ class Layout:
 
     @functools.cached_property
     def alphabet(self) -> Path:
-        """The alphabet file (``paths.alphabet``, default the project's ``data/alphabet.txt``)."""
+        """The alphabet file (``paths.alphabet``, default the packaged English one, ``data/alphabet.txt``)."""
         if self.config.paths.alphabet:
             return Path(self.config.paths.alphabet)
         return DEFAULT_ALPHABET

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from pathlib import Path
 
 import luigi
 from tqdm import tqdm
 
+from native_client.quiet import import_tensorflow_quietly
 from pipeline.config import Config
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
@@ -16,16 +18,18 @@ from pipeline.layout import Layout
 log = logging.getLogger("luigi-interface")
 
 
-class DamagedOutput(RuntimeError):
-    """A stage output that ``complete()`` found damaged; the message names the file and the remedy."""
+class StageError(RuntimeError):
+    """What ``complete()`` found wrong (a damaged output, a bad config); the message names the file or
+    key and the remedy."""
 
 
-def _damaged_output_errors() -> tuple:
+def _unusable_errors() -> tuple:
     from native_client.metadata import ExportError
     from pipeline.cache import CacheError
+    from pipeline.config import ConfigError
     from pipeline.decoding import LanguageModelDamaged
     from pipeline.reports import ReportError
-    return (ReportError, CacheError, ExportError, LanguageModelDamaged)
+    return (ReportError, CacheError, ExportError, LanguageModelDamaged, ConfigError)
 
 
 class ConfigTask(luigi.Task):
@@ -44,14 +48,15 @@ class ConfigTask(luigi.Task):
         return Layout(self.cfg)
 
     def complete(self) -> bool:
-        """``stage_complete()``; a damaged output it meets (a report, cache, export or LM file) is logged
-        as one line naming the file and makes the task run, and fail at once with that line, instead of
-        raising here (a raising ``complete()`` left Luigi's worker waiting forever on its dependents)."""
+        """``stage_complete()``; a damaged output it meets (a report, cache, export or LM file) or a bad
+        config is logged as one line naming the file or key and makes the task run, and fail at once with
+        that line, instead of raising here (a raising ``complete()`` left Luigi's worker waiting forever
+        on its dependents)."""
         try:
             return self.stage_complete()
-        except _damaged_output_errors() as error:
+        except _unusable_errors() as error:
             log.error("%s", error)
-            self._damaged = str(error)
+            self._unusable = str(error)
             return False
 
     def stage_complete(self) -> bool:
@@ -59,9 +64,11 @@ class ConfigTask(luigi.Task):
         return super().complete()
 
     def run(self):
-        """Fail at once with the damaged output's message, else ``run_stage()``."""
-        if getattr(self, "_damaged", None):
-            raise DamagedOutput(self._damaged)
+        """Fail at once with what ``complete()`` found wrong, else ``run_stage()`` (TensorFlow quiet)."""
+        if getattr(self, "_unusable", None):
+            raise StageError(self._unusable)
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import_tensorflow_quietly()
         self.run_stage()
 
     def run_stage(self) -> None:
@@ -93,6 +100,10 @@ class Progress:
             total = self.bar.total or 1
             self.task.set_progress_percentage(round(100.0 * done / total if percent is None else percent, 1))
             self.task.set_status_message(message)
+
+    def percent(self, message: str, percent: float) -> None:
+        """A stage's ``on_status(message, percent)``: a bar of 100 steps, the UI told at every status."""
+        self.update(round(percent), message, percent, force=True)
 
     def close(self) -> None:
         """Close the terminal bar."""

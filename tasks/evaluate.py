@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import luigi
 
-from tasks.base import ConfigTask
+from tasks.base import ConfigTask, Progress
 from tasks.features import FeaturesSplit
 from tasks.language_model import decoder_requirements
 from tasks.training import Train
@@ -26,8 +26,18 @@ class Evaluate(ConfigTask):
     def run_stage(self):
         from pipeline.evaluate_stage import evaluate_stage
 
-        self.set_status_message("decoding the test split")
-        report = evaluate_stage(self.layout, beam=True)
+        progress = Progress(self, total=1, unit="utt", description="evaluate")
+
+        def on_progress(phase: str, done: int, total: int) -> None:
+            # The greedy pass is the first half, the beam decoding the second.
+            progress.bar.total = 2 * total
+            offset = total if phase != "greedy" else 0
+            progress.update(offset + done, f"{phase}: {done}/{total} test utterances")
+
+        try:
+            report = evaluate_stage(self.layout, beam=True, on_progress=on_progress)
+        finally:
+            progress.close()
         self.set_progress_percentage(100)
         summary = (f"greedy WER {report.wer:.4f} CER {report.cer:.4f}; "
                    f"beam+LM WER {report.wer_lm:.4f} CER {report.cer_lm:.4f}; loss {report.loss:.3f}")

@@ -10,7 +10,7 @@ log = logging.getLogger("luigi-interface")
 
 from native_client.metadata import ExportError, verify_manifest
 from pipeline.layout import ExportFiles, file_digest
-from tasks.base import ConfigTask
+from tasks.base import ConfigTask, Progress
 from tasks.language_model import decoder_requirements
 from tasks.training import Train
 
@@ -49,11 +49,11 @@ class Export(ConfigTask):
     def run_stage(self):
         from pipeline.export import export_stage
 
-        def status(message: str, percent: float) -> None:
-            self.set_status_message(message)
-            self.set_progress_percentage(percent)
-
-        destination = export_stage(self.layout, on_status=status, with_lm=True)
+        progress = Progress(self, total=100, unit="%", description="export")
+        try:
+            destination = export_stage(self.layout, on_status=progress.percent, with_lm=True)
+        finally:
+            progress.close()
         self.set_progress_percentage(100)
         self.set_status_message(f"exported to {destination.root}")
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import luigi
 
-from tasks.base import ConfigTask
+from tasks.base import ConfigTask, Progress
 from tasks.features import FeaturesSplit
 from tasks.training import Train
 
@@ -26,11 +26,11 @@ class LanguageModel(ConfigTask):
     def run_stage(self):
         from pipeline.lm import build_language_model
 
-        def status(message: str, percent: float) -> None:
-            self.set_status_message(message)
-            self.set_progress_percentage(percent)
-
-        report = build_language_model(self.layout, on_status=status)
+        progress = Progress(self, total=100, unit="%", description="language model")
+        try:
+            report = build_language_model(self.layout, on_status=progress.percent)
+        finally:
+            progress.close()
         self.set_progress_percentage(100)
         self.set_status_message(f"{report.sentences} sentences, vocabulary {report.vocabulary}, "
                                 f"n-grams {report.ngrams or 'from lm_path'}")
@@ -52,12 +52,16 @@ class TuneDecoder(ConfigTask):
     def run_stage(self):
         from pipeline.tuning import tune_decoder
 
-        def trial(done: int, total: int, best: dict) -> None:
-            self.set_progress_percentage(round(100 * done / total, 1))
-            self.set_status_message(f"trial {done}/{total}: best alpha {best['lm_alpha']:.2f}, "
-                                    f"beta {best['lm_beta']:.2f}, dev WER {best['wer']:.4f}")
+        progress = Progress(self, total=self.cfg.decoder.tune_trials, unit="trial", description="tune decoder")
 
-        tune_decoder(self.layout, on_trial=trial)
+        def trial(done: int, total: int, best: dict) -> None:
+            progress.update(done, f"trial {done}/{total}: best alpha {best['lm_alpha']:.2f}, "
+                                  f"beta {best['lm_beta']:.2f}, dev WER {best['wer']:.4f}", force=True)
+
+        try:
+            tune_decoder(self.layout, on_trial=trial)
+        finally:
+            progress.close()
 
 
 def decoder_requirements(task: ConfigTask) -> dict:
