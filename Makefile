@@ -8,16 +8,26 @@ SCHEDULER ?= local
 STAGE ?= Train
 SCHEDULER_FLAG := $(if $(filter local,$(SCHEDULER)),--local-scheduler,)
 PYTEST_ARGS ?=
+# GPU=1: TensorFlow with CUDA (the `gpu` extra) instead of the CPU build, in a venv of its own kind.
+GPU ?=
+TF_EXTRA := $(if $(GPU),gpu,cpu)
 
 .PHONY: setup kenlm train rerun test test-fast scheduler bench lint clean
 
-setup: $(VENV)/.installed
+## The venv in .venv with everything (TensorFlow's CPU build; GPU=1: the CUDA build, in a fresh venv).
+setup: $(VENV)/.installed-$(TF_EXTRA)
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed-$(TF_EXTRA): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or set PYTHON=..."; exit 1; }
+	@# tensorflow-cpu and tensorflow share the tensorflow/ package: never install one over the other.
+	@have=$$(cat $(VENV)/.tensorflow 2>/dev/null || { test -x $(BIN)/pip && { $(BIN)/pip show -q tensorflow-cpu >/dev/null 2>&1 && echo cpu || \
+	  { $(BIN)/pip show -q tensorflow >/dev/null 2>&1 && echo gpu; }; }; }); \
+	if [ -n "$$have" ] && [ "$$have" != "$(TF_EXTRA)" ]; then \
+	  echo "$(VENV) holds the $$have build of TensorFlow; remove it (rm -rf $(VENV)) to install the $(TF_EXTRA) one"; exit 1; fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,$(TF_EXTRA)]'
+	echo $(TF_EXTRA) > $(VENV)/.tensorflow
 	touch $@
 
 ## KenLM's own lmplz, build_binary, filter and query, compiled from the pinned kenlm sdist into .venv/bin
@@ -38,8 +48,8 @@ $(BIN)/lmplz: | setup
 
 ## Run the whole DAG on CONFIG (default: the embedded sample corpus), then transcribe CLIP.
 train: setup
-	$(BIN)/luigi --module tasks Evaluate --config $(CONFIG) $(SCHEDULER_FLAG)
-	$(BIN)/luigi --module tasks Transcribe --config $(CONFIG) --audio $(CLIP) $(SCHEDULER_FLAG)
+	$(BIN)/deepspeech-train Evaluate --config $(CONFIG) $(SCHEDULER_FLAG)
+	$(BIN)/deepspeech-train Transcribe --config $(CONFIG) --audio $(CLIP) $(SCHEDULER_FLAG)
 
 ## Force STAGE (a task name) to run again with its dependents, e.g. make rerun STAGE=Train; earlier stages are kept.
 rerun: setup

@@ -1,33 +1,87 @@
-"""Command line: ``python -m native_client --model <export dir> --audio <wav> [--audio ...] [--json]``."""
+"""Command line, compatible with DeepSpeech's client:
+
+    deepspeech-transcribe --model <export dir | model.tflite | output_graph.pb> --audio a.wav [--audio ...]
+        [--scorer lm.binary | --no-scorer] [--beam_width N] [--lm_alpha A] [--lm_beta B]
+        [--candidate_transcripts N] [--extended] [--json] [--no-resample] [--version]
+
+(also ``python -m native_client``). Hyphen and underscore spellings of the options are both accepted.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from native_client.audio import AudioError
-from native_client.metadata import METADATA_NAME, ExportError
-from native_client.beam import beam_decoder_for_export
-from native_client.model import open_model
-from native_client.runtime import BACKENDS
+from native_client.metadata import FORMAT_VERSION, METADATA_NAME, ExportError
+
+BACKEND_OF_SUFFIX = {".tflite": "tflite", ".pb": "frozen_graph"}
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        package = version("luigi-deepspeech")
+    except Exception:  # not installed as a distribution (run from a checkout)
+        package = "unknown"
+    return f"deepspeech-transcribe {package} (export format {FORMAT_VERSION})"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The CLI's arguments."""
-    parser = argparse.ArgumentParser(prog="python -m native_client", description="Transcribe audio files with an exported model.")
-    parser.add_argument("--model", required=True, help=f"export directory (holds {METADATA_NAME}, or numbered versions of it)")
+    parser = argparse.ArgumentParser(prog="deepspeech-transcribe", description="Transcribe audio files with an exported model.")
+    parser.add_argument("--model", required=True,
+                        help=f"export directory (holds {METADATA_NAME}, or numbered versions of it), or its model.tflite, "
+                             f"output_graph.pb or saved_model/")
     parser.add_argument("--audio", required=True, action="append", help="audio file (WAV, FLAC, ...); repeat for several")
-    parser.add_argument("--json", action="store_true", help="one JSON object per file: audio, text, duration_s, processing_s, rtf")
-    parser.add_argument("--backend", choices=BACKENDS, default="tflite", help="model runtime (default: tflite)")
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON object per file: audio, text, duration_s, processing_s, rtf, transcripts "
+                             "(confidence and words with start_time and duration)")
+    parser.add_argument("--extended", action="store_true", help="after the text, one line per word: start, duration, word")
+    parser.add_argument("--candidate_transcripts", "--candidate-transcripts", type=int, default=1, metavar="N",
+                        help="how many transcripts to report with --json (beam search; default 1)")
+    parser.add_argument("--backend", choices=("tflite", "saved_model", "frozen_graph"),
+                        help="model runtime (default: from --model's file, else tflite)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for the model (default: 1)")
     parser.add_argument("--scorer", help="language model (ARPA or KenLM binary) instead of the export's own")
-    parser.add_argument("--no-scorer", action="store_true", help="greedy decoding, no language model")
-    parser.add_argument("--beam-width", type=int, help="beam width (default: the export's decoder settings)")
-    parser.add_argument("--lm-alpha", type=float, help="LM weight (default: the export's, tuned when it was tuned)")
-    parser.add_argument("--lm-beta", type=float, help="word insertion score (default: the export's)")
-    parser.add_argument("--resample", action="store_true",
-                        help="resample audio whose rate differs from the model's (default: refuse such files)")
+    parser.add_argument("--no-scorer", "--no_scorer", action="store_true", help="greedy decoding, no language model")
+    parser.add_argument("--beam_width", "--beam-width", type=int, help="beam width (default: the export's decoder settings)")
+    parser.add_argument("--lm_alpha", "--lm-alpha", type=float, help="LM weight (default: the export's, tuned when it was tuned)")
+    parser.add_argument("--lm_beta", "--lm-beta", type=float, help="word insertion score (default: the export's)")
+    parser.add_argument("--no-resample", "--no_resample", action="store_true",
+                        help="refuse audio at another sample rate (default: resample it, with a warning)")
+    parser.add_argument("--resample", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old scripts
+    parser.add_argument("--version", action="version", version=_version())
     return parser.parse_args(argv)
+
+
+def model_location(model: str, backend: str | None) -> tuple[Path, str]:
+    """(export directory, backend) for ``--model``: a directory, or a model file inside an export."""
+    path = Path(model)
+    if path.is_file():
+        if path.suffix not in BACKEND_OF_SUFFIX:
+            raise ExportError(f"{path}: not a model file (expected an export directory, a .tflite or a .pb)")
+        implied = BACKEND_OF_SUFFIX[path.suffix]
+    elif path.is_dir() and not (path / METADATA_NAME).is_file() and (path.parent / METADATA_NAME).is_file():
+        implied, path = "saved_model", path  # <export>/saved_model
+    elif not path.exists():
+        raise ExportError(f"{path}: no such export directory or model file")
+    else:
+        return path, backend or "tflite"
+    if backend and backend != implied:
+        raise ExportError(f"{model}: a {implied} model, but --backend {backend} was given")
+    return path.parent, implied
+
+
+def _print(result, args, several: bool) -> None:
+    if args.json:
+        print(json.dumps(result.to_dict()), flush=True)
+        return
+    print(result.text if not several else f"{result.audio}: {result.text}", flush=True)
+    if args.extended:
+        for word in result.candidates[0].words if result.candidates else ():
+            print(f"  {word.start_time:8.2f} {word.duration:6.2f}  {word.word}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -36,25 +90,33 @@ def main(argv=None) -> int:
     if args.scorer and args.no_scorer:
         print("error: --scorer and --no-scorer contradict each other", file=sys.stderr)
         return 2
+    if args.candidate_transcripts < 1:
+        print("error: --candidate_transcripts must be at least 1", file=sys.stderr)
+        return 2
+    from native_client.beam import beam_decoder_for_export
+    from native_client.model import open_model
+
     overrides = {"beam_width": args.beam_width, "lm_alpha": args.lm_alpha, "lm_beta": args.lm_beta}
     factory = None if args.no_scorer else (lambda metadata: beam_decoder_for_export(metadata, args.scorer, overrides))
     try:
-        model = open_model(args.model, backend=args.backend, threads=args.threads, decoder_factory=factory)
+        directory, backend = model_location(args.model, args.backend)
+        model = open_model(directory, backend=backend, threads=args.threads, decoder_factory=factory)
     except (ExportError, ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     failed = 0
     for path in args.audio:
+        def warn(rate: int, path=path) -> None:
+            print(f"warning: {path}: sample rate {rate} Hz, resampling to the model's {model.sample_rate} Hz "
+                  f"(accuracy may suffer; --no-resample refuses such files)", file=sys.stderr, flush=True)
         try:
-            result = model.transcribe_file(path, convert_rate=args.resample)
+            result = model.transcribe_file(path, convert_rate=not args.no_resample,
+                                           candidates=args.candidate_transcripts, on_resample=warn)
         except AudioError as error:
             print(f"error: {error}", file=sys.stderr)
             failed += 1
             continue
-        if args.json:
-            print(json.dumps(result.to_dict()), flush=True)
-        else:
-            print(result.text if len(args.audio) == 1 else f"{path}: {result.text}", flush=True)
+        _print(result, args, len(args.audio) > 1)
     return 1 if failed else 0
 
 

@@ -18,6 +18,20 @@ class AudioError(ValueError):
         self.reason = reason
 
 
+def _info(path: str | Path):
+    """soundfile's header information; AudioError for a missing, empty or undecodable file."""
+    path = Path(path)
+    if not path.exists():
+        raise AudioError("missing_file", f"{path}: no such file")
+    if path.is_file() and path.stat().st_size == 0:
+        raise AudioError("empty_audio", f"{path}: empty file (0 bytes)")
+    try:
+        return soundfile.info(str(path))
+    except (RuntimeError, soundfile.LibsndfileError, TypeError, ValueError) as error:
+        raise AudioError("unreadable_audio", f"{path}: cannot decode audio: not a sound file libsndfile reads "
+                                             f"(WAV, FLAC, OGG, ...): {error}") from error
+
+
 def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
     """Read a sound file as int16 samples ``[frames, channels]`` and its sample rate.
 
@@ -68,14 +82,14 @@ def load_checked(path: str | Path, sample_rate: int, *, convert_rate: bool = Fal
 
 
 def stream_for_model(path: str | Path, sample_rate: int, convert_rate: bool = False,
-                     block_seconds: float = 10.0) -> Iterator[np.ndarray]:
+                     block_seconds: float = 10.0, on_resample=None) -> Iterator[np.ndarray]:
     """``load_for_model`` in blocks of ``block_seconds`` (int16 mono), so that a long recording is never
-    in memory whole; the same checks and errors. Resampling (``convert_rate``) reads the whole file."""
-    try:
-        info = soundfile.info(str(path))
-    except (RuntimeError, soundfile.LibsndfileError, TypeError, ValueError) as error:
-        raise AudioError("unreadable_audio", f"{path}: cannot decode audio: {error}") from error
+    in memory whole; the same checks and errors. Resampling (``convert_rate``) reads the whole file,
+    after calling ``on_resample(rate)``."""
+    info = _info(path)
     if info.frames == 0 or info.samplerate != sample_rate:
+        if info.frames and convert_rate and on_resample is not None:
+            on_resample(info.samplerate)
         yield load_for_model(path, sample_rate, convert_rate)
         return
     try:
@@ -90,4 +104,4 @@ def load_for_model(path: str | Path, sample_rate: int, convert_rate: bool = Fals
     """Read ``path`` for a model trained at ``sample_rate``: channels are averaged; another rate is
     refused with AudioError("wrong_sample_rate") unless ``convert_rate``, which resamples."""
     return load_checked(path, sample_rate, convert_rate=convert_rate,
-                        convert_hint="pass --resample to convert it; accuracy may suffer")
+                        convert_hint="without --no-resample the client resamples it; accuracy may suffer")

@@ -21,6 +21,8 @@ import numpy as np
 
 from native_client.alphabet import Alphabet
 from native_client.arpa import arpa_unigrams, is_arpa
+from native_client.decoding import log_softmax
+from native_client.transcripts import Candidate, word_timings
 from native_client.metadata import METADATA_NAME, verify_manifest
 
 SPACE_TOKEN = "|"
@@ -65,13 +67,6 @@ def pause_segments(logits: np.ndarray, quiet: Sequence[int], max_frames: int) ->
         start = best_cut
     segments.append((start, total))
     return segments
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax in float32, C-contiguous (what the decoder reads)."""
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    out = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-    return np.ascontiguousarray(out, dtype=np.float32)
 
 
 class BeamDecoder:
@@ -153,24 +148,53 @@ class BeamDecoder:
         """The best transcript of ``logits`` ``[time, classes]``. Longer than ``SEGMENT_FRAMES``, the
         logits are cut at pauses and the segments decoded one after another: the decoder keeps state for
         every frame (about 19 KB each at beam 1024), which a two-hour recording would not fit."""
-        segments = [self._decode_segment(logits[start:stop])
+        segments = [self._search(logits[start:stop])
                     for start, stop in pause_segments(logits, (self.blank, self.space), SEGMENT_FRAMES)]
-        return " ".join(text for text in segments if text)
+        return " ".join(self._text(results[0]) for results in segments if results and self._text(results[0]))
 
-    def _decode_segment(self, logits: np.ndarray) -> str:
+    def candidates(self, logits: np.ndarray, count: int, seconds_per_frame: float) -> list[Candidate]:
+        """Up to ``count`` distinct transcripts, best first, with confidence (the decoder's score) and word
+        timings from each one's frame path. An input cut into segments (see ``decode``) has one candidate."""
+        segments = pause_segments(logits, (self.blank, self.space), SEGMENT_FRAMES)
+        if len(segments) == 1:
+            return self._candidates(logits, count, seconds_per_frame, 0) or [Candidate("", 0.0, ())]
+        best = [found[0] for start, stop in segments
+                if (found := self._candidates(logits[start:stop], 1, seconds_per_frame, start))]
+        return [Candidate(" ".join(c.text for c in best if c.text), sum(c.confidence for c in best),
+                          tuple(w for c in best for w in c.words))]
+
+    def _candidates(self, logits: np.ndarray, count: int, seconds_per_frame: float,
+                    first_frame: int) -> list[Candidate]:
+        found, seen = [], set()
+        for result in self._search(logits):
+            text = self._text(result)
+            if text in seen:
+                continue
+            seen.add(text)
+            path = list(result.tokens)[1:len(logits) + 1]  # the decoder pads one token before the frames
+            found.append(Candidate(text, float(result.score),
+                                   word_timings(path, self.alphabet, seconds_per_frame, first_frame)))
+            if len(found) == count:
+                break
+        return found
+
+    def _text(self, result) -> str:
+        if self.word_dict is not None:
+            return " ".join(self.word_dict.get_entry(w) for w in result.words if w >= 0)
+        labels = [t for t, _ in itertools.groupby(result.tokens) if 0 <= t != self.blank]
+        return " ".join(self.alphabet.decode(labels).split())
+
+    def _search(self, logits: np.ndarray) -> list:
+        """The decoder's hypotheses for ``logits`` (one segment), best first."""
         if len(logits) == 0:
-            return ""
+            return []
         emissions = log_softmax(np.asarray(logits, dtype=np.float32))
         if self.word_dict is not None:
             # One extra frame that is certainly a space ends the last word (see the trie spellings).
             closing = np.full((1, emissions.shape[1]), -1e4, np.float32)
             closing[0, self.space] = 0.0
             emissions = np.ascontiguousarray(np.concatenate([emissions, closing]))
-        best = self.decoder.decode(emissions.ctypes.data, emissions.shape[0], emissions.shape[1])[0]
-        if self.word_dict is not None:
-            return " ".join(self.word_dict.get_entry(w) for w in best.words if w >= 0)
-        labels = [t for t, _ in itertools.groupby(best.tokens) if 0 <= t != self.blank]
-        return " ".join(self.alphabet.decode(labels).split())
+        return self.decoder.decode(emissions.ctypes.data, emissions.shape[0], emissions.shape[1])
 
 
 def beam_decoder_for_export(metadata, scorer: Optional[str | Path] = None, overrides: Optional[dict] = None):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -24,6 +24,7 @@ class Transcript:
     text: str
     duration_s: float
     processing_s: float
+    candidates: tuple = ()  # Candidate transcripts (text, confidence, word timings), best first
 
     @property
     def rtf(self) -> float:
@@ -31,8 +32,11 @@ class Transcript:
         return self.processing_s / self.duration_s if self.duration_s else float("nan")
 
     def to_dict(self) -> dict:
-        """The JSON form the CLI prints."""
-        return {**asdict(self), "rtf": round(self.rtf, 4)}
+        """The JSON form the CLI prints: audio, text, duration_s, processing_s, rtf, and ``transcripts``
+        (confidence and word timings of each candidate, DeepSpeech's ``--json``)."""
+        return {"audio": self.audio, "text": self.text, "duration_s": self.duration_s,
+                "processing_s": self.processing_s, "rtf": round(self.rtf, 4),
+                "transcripts": [c.to_dict() for c in self.candidates]}
 
 
 class Model:
@@ -69,19 +73,22 @@ class Model:
         """Transcript of a whole utterance of int16 mono samples at ``sample_rate``."""
         return self.decoder.decode(self.logits(samples))
 
-    def transcribe_file(self, path: str | Path, convert_rate: bool = False) -> Transcript:
-        """Read, check and transcribe one audio file; ``convert_rate`` resamples another rate.
+    def transcribe_file(self, path: str | Path, convert_rate: bool = False, candidates: int = 1,
+                        on_resample=None) -> Transcript:
+        """Read, check and transcribe one audio file; ``convert_rate`` resamples another rate (and calls
+        ``on_resample(rate)`` first). ``candidates``: how many transcripts to keep (beam search), each
+        with its confidence and word timings.
 
         The file is read in blocks and fed through a stream (features and model windows computed block
         by block), so memory stays bounded for long recordings; the transcript equals ``transcribe``'s.
         ``processing_s`` includes reading the file."""
         started = time.perf_counter()
         stream = self.create_stream()
-        for block in stream_for_model(path, self.sample_rate, convert_rate):
+        for block in stream_for_model(path, self.sample_rate, convert_rate, on_resample=on_resample):
             stream.feed_audio(block)
-        text = stream.finish()
-        return Transcript(audio=str(path), text=text, duration_s=stream.samples / self.sample_rate,
-                          processing_s=time.perf_counter() - started)
+        found = self.decoder.candidates(stream.flush(), candidates, self.metadata.features.winstep)
+        return Transcript(audio=str(path), text=found[0].text, duration_s=stream.samples / self.sample_rate,
+                          processing_s=time.perf_counter() - started, candidates=tuple(found))
 
 
 def open_model(export_dir: str | Path, backend: str = "tflite", threads: int = 1,

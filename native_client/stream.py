@@ -102,10 +102,14 @@ class Stream:
         """Transcript of the audio so far (the intermediate decoder; greedy unless configured)."""
         return self.intermediate_decoder.decode(self.logits())
 
-    def finish(self) -> str:
-        """Flush the last (zero-padded) frames and return the final transcript."""
+    def flush(self) -> np.ndarray:
+        """End the utterance: run the last (zero-padded) frames; returns the logits of the whole of it."""
         if self._finished:
-            raise RuntimeError("finish called twice")
+            raise RuntimeError("the stream is already finished")
         self._add_frames(self._mfcc.finish(), final=True)
         self._finished = True
-        return self.decoder.decode(self.logits())
+        return self.logits()
+
+    def finish(self) -> str:
+        """Flush the last (zero-padded) frames and return the final transcript."""
+        return self.decoder.decode(self.flush())

@@ -78,6 +78,16 @@ def build_features(config, splits=("train", "dev", "test")) -> None:
             build_split_cache(Layout(config), split)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def luigi_leaves_logging_to_pytest():
+    """Tasks built in this process must not install luigi.cfg's logging handlers: they would hold the
+    stream pytest captures for one test and write to it after it is closed."""
+    import luigi
+
+    luigi.configuration.get_config().set("core", "no_configure_logging", "true")
+    yield
+
+
 @pytest.fixture
 def tasks_in_process():
     """luigi.cfg runs each task in a forked process; this pytest process has TensorFlow running, which

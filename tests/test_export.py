@@ -192,15 +192,54 @@ def test_cli_prints_json_without_luigi_or_training_code(trained, tmp_path):
         sys.exit(code)
     """)
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert run.returncode == 1, run.stderr  # the 8 kHz file is refused, the other transcribed
-    assert "8000 Hz" in run.stderr and "--resample" in run.stderr
+    assert run.returncode == 0, run.stderr  # the 8 kHz file is resampled, with a warning (as DeepSpeech)
+    assert f"warning: {low}: sample rate 8000 Hz, resampling to the model's 16000 Hz" in run.stderr
     lines = run.stdout.strip().splitlines()
     record = json.loads(lines[0])
-    assert set(record) == {"audio", "text", "duration_s", "processing_s", "rtf"} and record["duration_s"] > 1
+    assert set(record) == {"audio", "text", "duration_s", "processing_s", "rtf", "transcripts"}
+    assert record["duration_s"] > 1 and record["transcripts"][0]["text"] == record["text"]
     assert lines[-1] == "LEAKED []"
-    resampled = subprocess.run([sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(low), "--resample"],
-                               capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert resampled.returncode == 0, resampled.stderr
+    refused = subprocess.run([sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(low),
+                              "--no-resample"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert refused.returncode == 1
+    assert f"{low}: sample rate 8000 Hz, expected 16000 Hz (without --no-resample" in refused.stderr
+
+
+def test_deepspeech_style_client_options_and_word_timings(trained, tmp_path):
+    """DeepSpeech's flags: --model as a .tflite file, underscore options, --candidate_transcripts, --json
+    with words (start_time, duration) from the best path, --extended, --version, clear audio errors."""
+    _, export = trained
+    command = [sys.executable, "-m", "native_client", "--model", str(export / "model.tflite"), "--audio", str(CLIPS[2]),
+               "--json", "--beam_width", "64", "--lm_alpha", "0.5", "--lm_beta", "1.0", "--candidate_transcripts", "3"]
+    run = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 0, run.stderr
+    record = json.loads(run.stdout)
+    candidates = record["transcripts"]
+    assert 1 <= len(candidates) <= 3 and len({c["text"] for c in candidates}) == len(candidates)
+    assert candidates[0]["text"] == record["text"]  # (this tiny model's text may be empty: see the next test)
+    assert [c["confidence"] for c in candidates] == sorted((c["confidence"] for c in candidates), reverse=True)
+    words = candidates[0]["words"]
+    assert " ".join(w["word"] for w in words) == record["text"]
+    assert all(w["duration"] > 0 for w in words)
+    starts = [w["start_time"] for w in words]
+    assert starts == sorted(starts)
+    assert not words or starts[-1] + words[-1]["duration"] <= record["duration_s"] + 0.02
+    extended = subprocess.run([sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(CLIPS[2]),
+                               "--no_scorer", "--extended"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    lines = extended.stdout.splitlines()
+    assert extended.returncode == 0 and len(lines) == 1 + len(lines[0].split()) if lines else extended.returncode == 0
+    version = subprocess.run([sys.executable, "-m", "native_client", "--version"], capture_output=True, text=True, cwd=ROOT)
+    assert version.returncode == 0 and "deepspeech-transcribe" in version.stdout and "export format 1" in version.stdout
+    empty, garbage = tmp_path / "empty.wav", tmp_path / "garbage.wav"
+    empty.write_bytes(b"")
+    garbage.write_text("not audio")
+    errors = subprocess.run([sys.executable, "-m", "native_client", "--model", str(export), "--no-scorer", "--audio",
+                             str(tmp_path / "missing.wav"), "--audio", str(empty), "--audio", str(garbage)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert errors.returncode == 1
+    assert f"error: {tmp_path / 'missing.wav'}: no such file" in errors.stderr
+    assert f"error: {empty}: empty file (0 bytes)" in errors.stderr
+    assert f"error: {garbage}: cannot decode audio: not a sound file libsndfile reads" in errors.stderr
 
 
 def test_export_is_atomic_and_versioned(trained, tmp_path, monkeypatch):
@@ -244,3 +283,31 @@ def test_transcribe_task_runs_export_and_prints_reference(tmp_path, capsys):
     assert not Transcribe(config=str(changed), audio=str(clip)).complete()
     assert luigi.build([Transcribe(config=str(changed), audio=str(clip))], local_scheduler=True)
     assert load_metadata(Layout(load_config(changed)).export_root).decoder["beam_width"] == 9
+
+
+def test_word_timings_come_from_the_frames_of_the_best_path(tmp_path):
+    """Greedy and beam search report each word's first frame and length (10 ms frames), and up to N
+    distinct candidates, best first."""
+    from native_client.alphabet import load_alphabet
+    from native_client.beam import BeamDecoder, BeamSettings
+    from native_client.decoding import GreedyDecoder
+    from pipeline.kneser_ney import estimate, write_arpa
+    from tests.conftest import ALPHABET
+    alphabet = load_alphabet(ALPHABET)
+    blank = alphabet.blank_index
+    path = [blank] + [alphabet.labels.index(c) for c in "hhi"] + [blank, alphabet.labels.index(" ")] + \
+        [alphabet.labels.index(c) for c in "youu"] + [blank]
+    logits = np.full((len(path), alphabet.n_classes), -10.0, np.float32)
+    logits[np.arange(len(path)), path] = 10.0
+    expected = [("hi", 0.01, 0.03), ("you", 0.06, 0.04)]
+    greedy = GreedyDecoder(alphabet).candidates(logits, 3, 0.01)
+    assert len(greedy) == 1 and greedy[0].text == "hi you"
+    assert [(w.word, round(w.start_time, 3), round(w.duration, 3)) for w in greedy[0].words] == expected
+    arpa = tmp_path / "lm.arpa"
+    write_arpa(estimate([s.split() for s in ["hi you", "you hi", "hi", "you"]], 2), arpa)
+    beam = BeamDecoder(alphabet, arpa, BeamSettings(beam_width=16, lm_alpha=0.5, lm_beta=0.0), ["hi", "you"])
+    found = beam.candidates(logits, 3, 0.01)
+    assert found[0].text == "hi you" == beam.decode(logits)
+    assert [(w.word, round(w.start_time, 3), round(w.duration, 3)) for w in found[0].words] == expected
+    assert len({c.text for c in found}) == len(found) <= 3
+    assert [c.confidence for c in found] == sorted((c.confidence for c in found), reverse=True)
