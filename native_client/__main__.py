@@ -32,8 +32,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The CLI's arguments."""
     parser = argparse.ArgumentParser(prog="deepspeech-transcribe", description="Transcribe audio files with an exported model.")
     parser.add_argument("--model", required=True,
-                        help=f"export directory (holds {METADATA_NAME}, or numbered versions of it), or its model.tflite, "
-                             f"output_graph.pb or saved_model/")
+                        help=f"export directory (holds {METADATA_NAME}, or numbered versions of it), or one of its "
+                             f"model files (.tflite, .pb, saved_model/)")
     parser.add_argument("--audio", required=True, action="append", help="audio file (WAV, FLAC, ...); repeat for several")
     parser.add_argument("--json", action="store_true",
                         help="one JSON object per file: audio, text, duration_s, processing_s, rtf, transcripts "
