@@ -111,6 +111,8 @@ class TrainingConfig:
     init_from: Optional[str] = _opt(None, "Warm start from this checkpoint directory or export (weights only).", path=True)
     drop_source_layers: int = _opt(0, "With init_from: re-initialise this many last layers (new alphabet).", minimum=0, maximum=6)
     shuffle_seed: int = _opt(1234, "Seed of the per-epoch batch order.")
+    precision: Literal["float32", "mixed_bfloat16", "mixed_float16"] = _opt("float32", "Keras mixed-precision policy of the training step: variables and checkpoints stay float32 (a run can switch and resume), the CTC loss and softmax are float32, mixed_float16 scales the loss; the export is float32.", fingerprint=False)
+    jit_compile: bool = _opt(False, "Compile the training step with XLA.", fingerprint=False)
     max_batch_frames: int = _opt(0, "Cap on the frames of one tower's batch (batch size x longest utterance); a batch over it is split into smaller steps. 0 = off.", minimum=0)
 
 
@@ -171,6 +173,36 @@ class DecoderConfig:
 
 
 @dataclass(frozen=True)
+class AugmentConfig:
+    """Data augmentation of the training split (never dev or test). Feature-level keys act on the cached
+    features inside tf.data, per batch (in the Train fingerprint when any is on); audio-level keys make
+    extra cached copies of the training utterances (in the train Features fingerprint when any is on)."""
+
+    freq_masks: int = _opt(0, "SpecAugment: frequency masks per utterance (0 = none).", minimum=0, fingerprint=False)
+    freq_mask_max: int = _opt(4, "SpecAugment: the widest frequency mask, in feature coefficients.", minimum=1, fingerprint=False)
+    time_masks: int = _opt(0, "SpecAugment: time masks per utterance (0 = none).", minimum=0, fingerprint=False)
+    time_mask_max: int = _opt(40, "SpecAugment: the widest time mask, in frames (10 ms each).", minimum=1, fingerprint=False)
+    time_mask_fraction: float = _opt(0.1, "SpecAugment: a time mask covers at most this fraction of its utterance.", minimum=0.0, maximum=1.0, exclusive_min=True, fingerprint=False)
+    feature_noise_std: float = _opt(0.0, "Gaussian noise of this standard deviation added to the features (0 = none).", minimum=0.0, fingerprint=False)
+    seed: int = _opt(2024, "Seed of every augmentation draw (with the epoch and step, or the utterance and copy).", fingerprint=False)
+    speed_factors: tuple[float, ...] = _opt((), "Audio: one extra copy of every training utterance per factor, resampled to play that much faster (e.g. [0.9, 1.1]).", minimum=0.5, maximum=2.0, fingerprint=False)
+    audio_copies: int = _opt(0, "Audio: extra copies at the original speed (with gain_db and noise_dir).", minimum=0, fingerprint=False)
+    gain_db: float = _opt(0.0, "Audio: each copy's volume changes by a random gain within +-gain_db decibels.", minimum=0.0, fingerprint=False)
+    noise_dir: Optional[str] = _opt(None, "Audio: a folder of noise recordings (WAV/FLAC at the sample rate); a random one is mixed into each copy.", path=True, fingerprint=False)
+    noise_snr_db: tuple[float, ...] = _opt((10.0, 30.0), "Audio: the range [low, high] of the signal-to-noise ratio of mixed noise, in dB.", fingerprint=False)
+
+    @property
+    def features_on(self) -> bool:
+        """Whether any feature-level augmentation is on."""
+        return bool(self.freq_masks or self.time_masks or self.feature_noise_std)
+
+    @property
+    def copies(self) -> int:
+        """Extra cached copies of each training utterance (audio-level augmentation)."""
+        return len(self.speed_factors) + self.audio_copies
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration; ``source`` is the file it came from."""
 
@@ -183,6 +215,7 @@ class Config:
     distribution: DistributionConfig = DistributionConfig()
     export: ExportConfig = ExportConfig()
     decoder: DecoderConfig = DecoderConfig()
+    augment: AugmentConfig = AugmentConfig()
     source: str = "<defaults>"
 
     def split_files(self, split: str) -> tuple[str, ...]:
@@ -197,6 +230,13 @@ class Config:
 def validate_config(config: Config) -> None:
     """Checks that involve more than one key; raises ConfigError naming the file and the key."""
     src = config.source
+    augment = config.augment
+    if any(not 0.5 <= f <= 2.0 for f in augment.speed_factors):
+        raise ConfigError(f"{src}: augment.speed_factors: expected factors between 0.5 and 2.0, got {list(augment.speed_factors)}")
+    if len(augment.noise_snr_db) != 2 or augment.noise_snr_db[0] > augment.noise_snr_db[1]:
+        raise ConfigError(f"{src}: augment.noise_snr_db: expected [low, high] with low <= high, got {list(augment.noise_snr_db)}")
+    if (augment.gain_db or augment.noise_dir) and not augment.copies:
+        raise ConfigError(f"{src}: augment.gain_db / augment.noise_dir act on copies: set augment.speed_factors or augment.audio_copies")
     if config.features.numcep > config.features.nfilt:
         raise ConfigError(f"{src}: features.numcep: expected at most features.nfilt ({config.features.nfilt}), got {config.features.numcep}")
     if config.features.winstep > config.features.winlen:

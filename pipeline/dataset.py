@@ -14,11 +14,14 @@ features are read from the cache file when tf.data makes the batch.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
+from pipeline.augment import augment_features, batch_seed
 from pipeline.cache import CacheIndex, damage_in
+from pipeline.config import AugmentConfig
 from pipeline.model import make_windows
 
 PARALLEL_BATCHES = 2   # batches read and windowed at once
@@ -116,11 +119,16 @@ def _sliced(flat, starts, sizes) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices((starts, sizes)).map(lambda start, size: flat[start:start + size])
 
 
-def _batches(reader: SplitReader, indices: tf.data.Dataset, n_context: int) -> tf.data.Dataset:
-    """Batches (windows, lengths, labels, label lengths, indices) of a dataset of sample-index arrays, in order."""
+def _batches(reader: SplitReader, indices: tf.data.Dataset, n_context: int,
+             augment: Optional[AugmentConfig] = None) -> tf.data.Dataset:
+    """Batches (windows, lengths, labels, label lengths, indices) of a dataset of sample-index arrays, in order.
+    With ``augment`` (training), elements are (indices, epoch, step, tower) and the features are augmented
+    with draws seeded by those before the windows are made."""
 
-    def make(batch):
+    def make(batch, *position):
         features, lengths, labels, label_lengths, batch = reader.gather(batch)
+        if augment is not None:
+            features = augment_features(features, lengths, augment, batch_seed(augment.seed, *position))
         return make_windows(features, n_context), lengths, labels, label_lengths, batch
 
     # Fixed, small buffers: AUTOTUNE grows them towards half the machine's RAM when the model is the
@@ -130,32 +138,40 @@ def _batches(reader: SplitReader, indices: tf.data.Dataset, n_context: int) -> t
 
 def train_dataset(reader: SplitReader, plan: list[np.ndarray], n_replicas: int, replica_offset: int,
                   local_replicas: int, first_epoch: int, start_step: int, end_epoch: int, seed: int,
-                  n_context: int) -> tf.data.Dataset:
+                  n_context: int, augment: Optional[AugmentConfig] = None) -> tf.data.Dataset:
     """The per-replica batches of the local towers for epochs ``first_epoch`` (from ``start_step``) to ``end_epoch`` - 1.
 
     Elements come in step order and, within a step, in local replica order
     (what ``distribute_datasets_from_function`` hands to the towers). One
     dataset spans all epochs, so one iterator serves the whole run; each
     epoch's order is computed when tf.data reaches it, so memory holds one
-    epoch's indices, not the run's.
+    epoch's indices, not the run's. With ``augment`` (feature-level augmentation on), each tower's batch
+    is augmented from a seed of (epoch, step in the epoch, tower).
     """
 
-    def epoch_elements(epoch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def epoch_elements(epoch) -> tuple[np.ndarray, ...]:
         epoch = int(epoch)
-        pieces = []
-        for batch in epoch_batches(plan, epoch, seed)[start_step if epoch == first_epoch else 0:]:
+        first = start_step if epoch == first_epoch else 0
+        pieces, steps, towers = [], [], []
+        for step, batch in enumerate(epoch_batches(plan, epoch, seed)[first:], first):
             share = len(batch) // n_replicas
-            pieces.extend(batch[(replica_offset + r) * share:(replica_offset + r + 1) * share]
-                          for r in range(local_replicas))
-        return _flat(pieces)
+            for r in range(local_replicas):
+                pieces.append(batch[(replica_offset + r) * share:(replica_offset + r + 1) * share])
+                steps.append(step)
+                towers.append(replica_offset + r)
+        return (*_flat(pieces), np.array(steps, np.int64), np.array(towers, np.int64))
 
     def one_epoch(epoch):
-        flat, starts, sizes = tf.numpy_function(epoch_elements, [epoch], (tf.int32, tf.int64, tf.int64),
-                                                stateful=False)
-        return _sliced(tf.ensure_shape(flat, [None]), tf.ensure_shape(starts, [None]), tf.ensure_shape(sizes, [None]))
+        flat, starts, sizes, steps, towers = (
+            tf.ensure_shape(t, [None]) for t in tf.numpy_function(
+                epoch_elements, [epoch], (tf.int32, tf.int64, tf.int64, tf.int64, tf.int64), stateful=False))
+        if augment is None:
+            return _sliced(flat, starts, sizes)
+        return tf.data.Dataset.from_tensor_slices((starts, sizes, steps, towers)).map(
+            lambda start, size, step, tower: (flat[start:start + size], epoch, step, tower))
 
     epochs = tf.data.Dataset.range(first_epoch, end_epoch)
-    return _batches(reader, epochs.flat_map(one_epoch), n_context)
+    return _batches(reader, epochs.flat_map(one_epoch), n_context, augment)
 
 
 def eval_dataset(reader: SplitReader, batch_size: int, n_context: int, max_batch_frames: int = 0) -> tf.data.Dataset:

@@ -22,7 +22,15 @@ class DistributionError(RuntimeError):
 
 
 def configure_devices(config: DistributionConfig) -> None:
-    """Split the CPU into ``cpu_devices`` logical devices; must run before TensorFlow initialises its devices."""
+    """Let every GPU's memory grow as needed, and split the CPU into ``cpu_devices`` logical devices;
+    must run before TensorFlow initialises its devices."""
+    for gpu in tf.config.list_physical_devices("GPU"):
+        # Taking all GPU memory up front leaves none to cuDNN's workspace: DeepSpeech's
+        # "Failed to get convolution algorithm" (#2211).
+        try:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError:  # devices already initialised (a second call in one process)
+            pass
     if config.cpu_devices <= 1:
         return
     cpu = tf.config.list_physical_devices("CPU")[0]

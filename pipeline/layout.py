@@ -34,6 +34,9 @@ SPLITS = ("train", "dev", "test")
 # English letters, space and apostrophe; package data (the checkout's data/alphabet.txt links to it).
 DEFAULT_ALPHABET = Path(__file__).resolve().parent / "resources" / "alphabet.txt"
 DIGEST_BLOCK = 1 << 20
+# augment keys that act in the training step (the Train fingerprint carries them when one is on)
+FEATURE_AUGMENTATION = ("freq_masks", "freq_mask_max", "time_masks", "time_mask_max", "time_mask_fraction",
+                        "feature_noise_std", "seed")
 
 # Stage directories under the work directory.
 FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR, EXPORT_DIR = (
@@ -270,6 +273,7 @@ class Layout:
                 "limit": config.split_limit(split),
                 "max_duration_s": config.data.max_duration_s,
                 "alphabet": file_digest(self.alphabet),
+                **({"augment": self._audio_augmentation()} if split == "train" and config.augment.copies else {}),
             })
         return self._features_fingerprints[split]
 
@@ -286,7 +290,17 @@ class Layout:
             "distribution": _section_settings(config.distribution),
             "init_from": file_digest(init_from) if init_from and Path(init_from).is_file() else init_from,
             "features": [self.features_fingerprint("train"), self.features_fingerprint("dev")],
+            **({"augment": {key: getattr(config.augment, key) for key in FEATURE_AUGMENTATION}}
+               if config.augment.features_on else {}),
         })
+
+    def _audio_augmentation(self) -> dict:
+        """The audio-level augmentation settings (and the noise files' digests) of the train Features."""
+        augment = self.config.augment
+        noise = sorted(Path(augment.noise_dir).iterdir()) if augment.noise_dir and Path(augment.noise_dir).is_dir() else []
+        return {"speed_factors": list(augment.speed_factors), "audio_copies": augment.audio_copies,
+                "gain_db": augment.gain_db, "seed": augment.seed, "noise_snr_db": list(augment.noise_snr_db),
+                "noise": [[p.name, file_digest(p)] for p in noise if p.is_file()]}
 
     @functools.cached_property
     def lm_builder(self) -> str:

@@ -33,8 +33,8 @@ class AcousticModel(keras.Model):
     ``[batch, time, n_classes]`` logits; ``stream_step`` runs the same layers on a chunk with
     the LSTM state carried in and out."""
 
-    def __init__(self, config: ModelConfig, n_input: int, n_classes: int, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, config: ModelConfig, n_input: int, n_classes: int, precision: str = "float32", **kwargs):
+        super().__init__(dtype=precision, **kwargs)
         self.model_config = config
         self.n_input = n_input
         self.n_classes = n_classes
@@ -45,7 +45,7 @@ class AcousticModel(keras.Model):
 
         def dense(name, units, index, activation=True):
             return keras.layers.Dense(
-                units, name=name,
+                units, name=name, dtype=precision,
                 activation=(lambda x: tf.minimum(tf.nn.relu(x), clip)) if activation else None,
                 kernel_initializer=keras.initializers.GlorotUniform(seed=seed + index),
                 bias_initializer="zeros")
@@ -54,13 +54,16 @@ class AcousticModel(keras.Model):
         self.layer_1 = dense("layer_1", hidden, 1)
         self.layer_2 = dense("layer_2", hidden, 2)
         self.layer_3 = dense("layer_3", hidden, 3)
+        # Keras runs this LSTM with cuDNN on a GPU because it keeps the defaults cuDNN requires:
+        # activation tanh, recurrent_activation sigmoid, recurrent_dropout 0, unroll False, use_bias True
+        # (tests/test_model.py asserts them). Do not change them without giving up the fast kernel.
         self.lstm = keras.layers.LSTM(
-            hidden, name="lstm", return_sequences=True, return_state=True, unit_forget_bias=True,
+            hidden, name="lstm", return_sequences=True, return_state=True, unit_forget_bias=True, dtype=precision,
             kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 4),
             recurrent_initializer=keras.initializers.GlorotUniform(seed=seed + 5))
         self.layer_5 = dense("layer_5", hidden, 6)
         self.layer_6 = dense("layer_6", n_classes, 7, activation=False)
-        self.dropouts = [keras.layers.Dropout(rate, seed=seed + 10 + i) for i, rate in enumerate(rates)]
+        self.dropouts = [keras.layers.Dropout(rate, seed=seed + 10 + i, dtype=precision) for i, rate in enumerate(rates)]
 
     def _stack(self, windows, h, c, training):
         batch = tf.shape(windows)[0]
@@ -77,22 +80,23 @@ class AcousticModel(keras.Model):
 
     def zero_state(self, batch) -> tuple[tf.Tensor, tf.Tensor]:
         """The LSTM state at the start of an utterance."""
-        zeros = tf.zeros([batch, self.model_config.n_hidden])
+        zeros = tf.zeros([batch, self.model_config.n_hidden], dtype=self.compute_dtype)
         return zeros, zeros
 
     def call(self, windows, training=False):
         """Full-sequence logits ``[batch, time, n_classes]`` from windows ``[batch, time, window, n_input]``."""
         h, c = self.zero_state(tf.shape(windows)[0])
         logits, _, _ = self._stack(windows, h, c, training)
-        return logits
+        return tf.cast(logits, tf.float32)  # softmax and CTC in float32 whatever the precision
 
     def stream_step(self, windows, state_h, state_c):
         """One streaming chunk: returns (logits, new state_h, new state_c); inference only."""
         return self._stack(windows, state_h, state_c, training=False)
 
 
-def build_model(config: ModelConfig, n_input: int, n_classes: int) -> AcousticModel:
-    """Create the model and its weights (deterministic for a given ``random_seed``)."""
-    model = AcousticModel(config, n_input, n_classes)
+def build_model(config: ModelConfig, n_input: int, n_classes: int, precision: str = "float32") -> AcousticModel:
+    """Create the model and its weights (deterministic for a given ``random_seed``). ``precision`` is a
+    Keras dtype policy (``mixed_bfloat16``, ``mixed_float16``): the variables stay float32 whatever it is."""
+    model = AcousticModel(config, n_input, n_classes, precision)
     model(tf.zeros([1, 1, 2 * config.n_context + 1, n_input]))
     return model

@@ -109,15 +109,23 @@ class Trainer:
         self.scratch = None if role.is_chief else writes.root
         training = config.training
         with strategy.scope():
-            self.model = build_model(config.model, train_data.n_input, alphabet.n_classes)
+            self.model = build_model(config.model, train_data.n_input, alphabet.n_classes, training.precision)
             self.optimizer = keras.optimizers.Adam(learning_rate=training.learning_rate, beta_1=training.beta1,
                                                    beta_2=training.beta2, epsilon=training.epsilon)
             self.optimizer.build(self.model.trainable_variables)
+            # float16 needs loss scaling; the checkpoint keeps the inner Adam (the same keys in every
+            # precision, so a run can switch) and the scale beside it.
+            self.step_optimizer = (keras.optimizers.LossScaleOptimizer(self.optimizer)
+                                   if training.precision == "mixed_float16" else self.optimizer)
+            self.step_optimizer.build(self.model.trainable_variables)
+        loss_scale = ({"scale": self.step_optimizer.dynamic_scale, "counter": self.step_optimizer.step_counter}
+                      if self.step_optimizer is not self.optimizer else {})
         self.state = _State()
         # Everything a step depends on: weights, optimizer slots and step, dropout RNG state, data
         # position, learning-rate factor and history; so a resumed run is bit-identical.
         self.checkpoint = tf.train.Checkpoint(weights=named_weights(self.model), rng=rng_states(self.model),
-                                              optimizer=self.optimizer, **self.state.variables())
+                                              optimizer=self.optimizer, loss_scale=loss_scale,
+                                              **self.state.variables())
         self.manager = tf.train.CheckpointManager(self.checkpoint, str(writes.checkpoints),
                                                   max_to_keep=training.max_to_keep, checkpoint_name=CHECKPOINT_PREFIX)
         self.best_manager = tf.train.CheckpointManager(self.checkpoint, str(writes.best), max_to_keep=1,
@@ -136,14 +144,33 @@ class Trainer:
 
     # -- the step ------------------------------------------------------------------------------
     def _make_train_step(self):
-        model, optimizer, towers = self.model, self.optimizer, self.towers
+        model, optimizer, towers = self.model, self.step_optimizer, self.towers
+        scaled_loss = optimizer is not self.optimizer
+        jit = self.config.training.jit_compile
         blank, clip = self.alphabet.blank_index, self.config.training.clip_grad_norm
         guard = self.config.training.revert_nonfinite_updates
-        sparse = sparse_labels_supported()
+        # XLA has no kernel for the sparse-label CTC op: with jit_compile the dense-label loss is used.
+        sparse = sparse_labels_supported() and not jit
+
+        def gradients(windows, lengths, labels, label_lengths):
+            """(the tower's share of the loss, its gradients): forward and backward, one XLA cluster with
+            jit_compile."""
+            with tf.GradientTape() as tape:
+                logits = model(windows, training=True)  # [batch, time, classes], float32
+                per_sample = ctc_loss(labels, label_lengths, logits, lengths, blank, sparse)
+                # The step's global batch: every tower gets as many utterances (max_batch_frames may
+                # make a step smaller than training.batch_size).
+                step_batch = tf.cast(tf.shape(lengths)[0] * towers, per_sample.dtype)
+                scaled = tf.reduce_sum(per_sample) / step_batch
+                backward = optimizer.scale_loss(scaled) if scaled_loss else scaled
+            return scaled, tape.gradient(backward, model.trainable_variables)
+
+        if jit:
+            gradients = tf.function(gradients, jit_compile=True)
 
         # Shadow copies of every variable a step changes: an update that would make a weight non-finite
         # is undone (costs one copy of weights + optimizer slots in memory and a copy per step).
-        guarded = list(model.trainable_variables) + list(optimizer.variables)
+        guarded = list(model.trainable_variables) + list(self.optimizer.variables)
         with self.strategy.scope():
             shadows = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="shadow")
                        for v in guarded] if guard else []
@@ -167,20 +194,17 @@ class Trainer:
             return tf.cond(distribution.experimental_local_results(finite)[0], apply, lambda: tf.constant(False))
 
         def replica_step(windows, lengths, labels, label_lengths, indices):
-            with tf.GradientTape() as tape:
-                logits = model(windows, training=True)  # [batch, time, classes]
-                per_sample = ctc_loss(labels, label_lengths, logits, lengths, blank, sparse)
-                # The step's global batch: every tower gets as many utterances (max_batch_frames may
-                # make a step smaller than training.batch_size).
-                step_batch = tf.cast(tf.shape(lengths)[0] * towers, per_sample.dtype)
-                scaled = tf.reduce_sum(per_sample) / step_batch
-            grads = tape.gradient(scaled, model.trainable_variables)
+            scaled, grads = gradients(windows, lengths, labels, label_lengths)
             context = tf.distribute.get_replica_context()
             reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads + [scaled])
             grads, loss = reduced[:-1], reduced[-1]
-            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in reduced])
+            # With loss scaling, the LossScaleOptimizer skips steps whose gradients overflowed (and lowers
+            # the scale); only the loss decides here.
+            checked = [loss] if scaled_loss else reduced
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in checked])
             if clip > 0:
-                grads, _ = tf.clip_by_global_norm(grads, clip)
+                # Scaled gradients are clipped at the scaled norm: the same as clipping the true ones.
+                grads, _ = tf.clip_by_global_norm(grads, clip * (optimizer.dynamic_scale if scaled_loss else 1.0))
             # The optimizer all-reduces (sums) again: hand it each tower's share of the global gradient.
             grads = [g / towers for g in grads]
             applied = context.merge_call(apply_if_finite, args=(finite, grads))
@@ -264,11 +288,12 @@ class Trainer:
     def _distributed_batches(self, epoch: int, start_step: int, end_epoch: int):
         reader, plan, towers = self._train_reader, self.plan, self.towers
         seed, n_context = self.config.training.shuffle_seed, self.config.model.n_context
+        augment = self.config.augment if self.config.augment.features_on else None
 
         def dataset_fn(context: tf.distribute.InputContext):
             local = context.num_replicas_in_sync // context.num_input_pipelines
             return train_dataset(reader, plan, towers, context.input_pipeline_id * local, local, epoch, start_step,
-                                 end_epoch, seed, n_context)
+                                 end_epoch, seed, n_context, augment)
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 

@@ -58,6 +58,10 @@ training:
   epochs: 2
   batch_size: 2
   checkpoint_secs: 1
+augment:
+  freq_masks: 2
+  time_masks: 2
+  feature_noise_std: 0.1
 """
 
 
@@ -87,8 +91,9 @@ def uninterrupted(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["after", "during"])
 def test_sigkill_at_a_checkpoint_resumes_to_the_same_weights(mode, uninterrupted, small_config):
-    """Row 3: SIGKILL after a checkpoint, or inside a checkpoint write, then a rerun; with dropout on, the
-    final weights' SHA-256 equals the uninterrupted run's (dropout RNG state is checkpointed)."""
+    """Row 3: SIGKILL after a checkpoint, or inside a checkpoint write, then a rerun; with dropout and
+    feature augmentation on, the final weights' SHA-256 equals the uninterrupted run's (dropout RNG state
+    is checkpointed; augmentation is seeded by epoch and step)."""
     clean_step, clean_digest, script = uninterrupted
     path = small_config(f"{mode}.yaml", limit_train=40, extra=_DROPOUT)
     config = load_config(path)

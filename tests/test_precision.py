@@ -1,0 +1,73 @@
+"""Mixed precision and the GPU rules: bfloat16 trains and resumes in float32, the export is float32,
+the LSTM keeps the arguments of the cuDNN kernel."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from pipeline.config_loader import load_config
+from pipeline.layout import Layout
+from pipeline.model import build_model
+from tests.conftest import SAMPLE, build_features
+
+
+@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16", "mixed_float16"])
+def test_the_lstm_keeps_the_cudnn_arguments_and_variables_stay_float32(small_config, precision):
+    config = load_config(small_config())
+    model = build_model(config.model, 26, 29, precision)
+    lstm = model.lstm
+    # What Keras requires to run an LSTM with cuDNN on a GPU.
+    assert lstm.cell.activation is tf.keras.activations.tanh or lstm.cell.activation.__name__ == "tanh"
+    assert lstm.cell.recurrent_activation.__name__ == "sigmoid"
+    assert lstm.cell.recurrent_dropout == 0 and lstm.unroll is False and lstm.cell.use_bias is True
+    assert {v.dtype for v in model.weights} == {"float32"}
+    windows = tf.zeros([1, 5, 2 * config.model.n_context + 1, 26])
+    assert model(windows).dtype == tf.float32  # logits (and so softmax and CTC) in float32
+
+
+@pytest.mark.slow
+def test_bfloat16_trains_resumes_in_float32_and_exports_float32_logits(small_config, caplog):
+    import logging
+    from native_client import Model
+    from native_client.audio import load_for_model
+    from native_client.features import context_windows, mfcc_features
+    from pipeline.checkpoints import load_trained_model
+    from pipeline.export import export_stage
+    from pipeline.train_stage import train_stage
+    extra = "training:\n  epochs: {epochs}\n  learning_rate: 0.003\n  precision: {precision}\n"
+    mixed = load_config(small_config("mixed.yaml", n_hidden=48, extra=extra.format(epochs=4, precision="mixed_bfloat16")))
+    build_features(mixed)
+    report = train_stage(Layout(mixed))
+    losses = [e["train_loss"] for e in report.train_losses]
+    assert losses[-1] < losses[0], losses
+    reader = tf.train.load_checkpoint(report.latest_checkpoint)
+    dtypes = reader.get_variable_to_dtype_map()
+    assert {dtypes[k] for k in dtypes if k.startswith("weights/")} == {tf.float32}
+
+    single = load_config(small_config("single.yaml", n_hidden=48, extra=extra.format(epochs=6, precision="float32")))
+    assert Layout(single).train_run.root == Layout(mixed).train_run.root  # precision is not in the fingerprint
+    with caplog.at_level(logging.INFO):
+        resumed = train_stage(Layout(single))
+    assert any("Restored" in r.message and "epoch 4" in r.message for r in caplog.records)
+    assert resumed.epochs_completed == 6 and resumed.global_step > report.global_step
+
+    export = export_stage(Layout(mixed)).root
+    samples = load_for_model(SAMPLE / "test" / "00002.flac", 16000)
+    model = Model(export)
+    checkpoint = load_trained_model(mixed, Layout(mixed).train_run.best, 26, 29)
+    features = mfcc_features(samples, model.metadata.features)
+    reference = checkpoint(context_windows(features, mixed.model.n_context)[None]).numpy()[0]
+    np.testing.assert_allclose(model.logits(samples), reference, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_jit_compiled_training_step_trains(small_config):
+    """training.jit_compile: forward and backward as one XLA cluster (with the dense-label CTC loss)."""
+    from pipeline.train_stage import train_stage
+    config = load_config(small_config("jit.yaml", n_hidden=48,
+                                      extra="training:\n  epochs: 3\n  learning_rate: 0.003\n  jit_compile: true\n"))
+    build_features(config)
+    report = train_stage(Layout(config))
+    losses = [e["train_loss"] for e in report.train_losses]
+    assert losses[-1] < losses[0] and not report.skipped_batches, losses
