@@ -9,6 +9,7 @@ reused. The parts are merged into the cache at the end and then removed.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -28,8 +29,9 @@ from native_client.alphabet import load_alphabet
 from native_client.audio import AudioError, load_checked
 from native_client.features import FeatureSettings, mfcc_features
 from pipeline.cache import CacheWriter, cache_summary
-from pipeline.config import FeaturesConfig
-from pipeline.corpus import Reject, check_reject_fraction, read_manifests, write_rejects
+from pipeline.audio_augment import apply_variant, noise_files, variants
+from pipeline.config import AugmentConfig, FeaturesConfig
+from pipeline.corpus import Reject, Sample, check_reject_fraction, read_manifests, write_rejects
 from pipeline.features import ctc_min_frames, feature_settings
 from pipeline.files import atomic_path, remove_leftovers
 from pipeline.layout import LEFTOVER_PATTERNS, Layout
@@ -60,14 +62,15 @@ class FeaturesSummary:
     reasons: dict = field(default_factory=dict)
 
 
-def _process_shard(part: str, jobs: list[tuple[str, int]], features: FeaturesConfig,
+def _process_shard(part: str, jobs: list[tuple], features: FeaturesConfig,
                    max_duration_s: float) -> tuple[int, int, float]:
     """Compute one shard and save it as ``part`` (atomically); returns (count, rejected, audio seconds).
 
+    A job is (audio path, minimum frames[, Variant]): a variant makes an augmented copy of the audio.
     Audio longer than ``max_duration_s`` (when not 0) is rejected as ``too_long``."""
     utterances, lengths, durations, reasons, details = [], [], [], [], []
     settings: FeatureSettings = feature_settings(features)
-    for audio_path, min_frames in jobs:
+    for audio_path, min_frames, *variant in jobs:
         reason = detail = ""
         mfcc = np.zeros((0, features.numcep), np.float32)
         duration = 0.0
@@ -76,6 +79,8 @@ def _process_shard(part: str, jobs: list[tuple[str, int]], features: FeaturesCon
                                    downmix=features.downmix,
                                    convert_hint="set features.resample: true to convert",
                                    downmix_hint="set features.downmix: true to average them")
+            if variant and variant[0] is not None:
+                samples = apply_variant(samples, variant[0], features.sample_rate)
             duration = len(samples) / features.sample_rate
             if max_duration_s and duration > max_duration_s:
                 raise AudioError("too_long", f"{audio_path}: {duration:.2f} s of audio, more than "
@@ -153,6 +158,24 @@ def build_split_cache(layout: Layout, split: str, progress: Optional[ProgressFn]
         return _build_split_cache(layout, split, progress)
 
 
+def _with_copies(samples: list[Sample], augment: AugmentConfig) -> tuple[list[Sample], list[tuple]]:
+    """The training samples followed, each, by its augmented copies (``augment.speed_factors``,
+    ``audio_copies``), and for every entry (the audio file to read, its Variant or None). A copy's path in
+    the cache and its rejects source carry the copy's description."""
+    if not augment.copies:
+        return samples, [(s.audio_path, None) for s in samples]
+    noises = noise_files(augment)
+    expanded, sources = [], []
+    for row, sample in enumerate(samples):
+        expanded.append(sample)
+        sources.append((sample.audio_path, None))
+        for variant in variants(augment, row, noises):
+            expanded.append(dataclasses.replace(sample, audio_path=f"{sample.audio_path}#{variant.copy}",
+                                                source=f"{sample.source} ({variant.describe()})"))
+            sources.append((sample.audio_path, variant))
+    return expanded, sources
+
+
 def _existing_summary(split: str, cache: Path, report: Path) -> FeaturesSummary:
     summary = cache_summary(cache)
     reasons = Counter(row["reason"] for row in csv.DictReader(open(report, newline="", encoding="utf-8"))) if report.is_file() else {}
@@ -164,6 +187,7 @@ def _build_split_cache(layout: Layout, split: str, progress: Optional[ProgressFn
     config = layout.config
     alphabet = load_alphabet(layout.alphabet)
     samples, rejects = read_manifests(config.split_files(split), config.split_limit(split), alphabet)
+    samples, audio_sources = _with_copies(samples, config.augment if split == "train" else AugmentConfig())
     cache = layout.features_cache(split)
     parts_dir = layout.features_parts(split)
     parts_dir.mkdir(parents=True, exist_ok=True)
@@ -186,7 +210,12 @@ def _build_split_cache(layout: Layout, split: str, progress: Optional[ProgressFn
 
     workers = config.features.workers or os.cpu_count() or 1
     max_duration = config.data.max_duration_s
-    jobs = {index: [(s.audio_path, ctc_min_frames(s.labels)) for s in shards[index]] for index in todo}
+
+    def job(position: int, sample: Sample) -> tuple:
+        path, variant = audio_sources[position]
+        return path, ctc_min_frames(sample.labels), variant
+
+    jobs = {index: [job(index * SHARD_SIZE + k, s) for k, s in enumerate(shards[index])] for index in todo}
     if workers == 1 or len(todo) <= 1:
         for index in todo:
             count, bad, secs = _process_shard(str(part_paths[index]), jobs[index], config.features, max_duration)

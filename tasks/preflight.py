@@ -30,6 +30,8 @@ def input_paths(config: Config) -> list[tuple[str, str]]:
         paths.append(("decoder.lm_path", config.decoder.lm_path))
     if config.training.init_from:
         paths.append(("training.init_from", config.training.init_from))
+    if config.augment.noise_dir:
+        paths.append(("augment.noise_dir", config.augment.noise_dir))
     return paths
 
 
