@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC_AUGMENT = {"freq_masks": 2, "freq_mask_max": 3, "time_masks": 2, "time_mask_max": 20, "time_mask_fraction": 0.1}
-RUNS = {"no augmentation": {}, "SpecAugment masks": SPEC_AUGMENT,
+RUNS = {"no augmentation": {"speed_factors": []}, "SpecAugment masks": {**SPEC_AUGMENT, "speed_factors": []},
         "speed copies 0.9 and 1.1": {"speed_factors": [0.9, 1.1]}}
 
 

@@ -85,7 +85,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as work:
-        config = load_config(args.config, {"paths": {"work_dir": work}, "features": {"workers": args.workers}})
+        # Without augmented copies: the baseline reads each manifest row once.
+        config = load_config(args.config, {"paths": {"work_dir": work}, "features": {"workers": args.workers},
+                                           "augment": {"speed_factors": []}})
         samples, _ = read_manifests(config.split_files(args.split), config.split_limit(args.split),
                                     load_alphabet(Layout(config).alphabet))
         audio, base_wall = baseline([s.audio_path for s in samples], config.features.numcep)

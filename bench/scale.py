@@ -111,7 +111,8 @@ def _config(manifest: Path, work: Path):
         "features": {"workers": 2},
         "model": {"n_hidden": 128},
         "training": {"batch_size": 8, "dev_batch_size": 16, "validation_epochs": 0, "checkpoint_secs": 100000},
-        "decoder": {"lm_include_train": False, "beam_width": 8, "workers": 2}})
+        "decoder": {"lm_include_train": False, "beam_width": 8, "workers": 2},
+        "augment": {"speed_factors": []}})  # measure the corpus as given, without augmented copies
 
 
 def stage_features(manifest: Path, work: Path, steps: int) -> dict:

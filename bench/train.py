@@ -142,7 +142,7 @@ def en_mfu(config, data, alphabet, run_dir, steps: int) -> tuple[float, float]:
                          paths=[data.paths[i] for i in order], durations=data.durations[order])
     big = load_config(ROOT / "configs" / "sample.yaml", {
         "paths": {"work_dir": str(run_dir)}, "model": {"n_hidden": en.model.n_hidden, "dropout_rate": 0.05},
-        "training": {"epochs": 2, "validation_epochs": 0, "checkpoint_secs": 100000}})
+        "training": {"epochs": 2, "validation_epochs": 0, "checkpoint_secs": 100000}, "augment": {"speed_factors": []}})
     rate = trainer_rate(big, subset, alphabet, run_dir / "en")
     frames_per_audio_second = 1.0 / big.features.winstep
     window = (2 * big.model.n_context + 1) * big.features.numcep
@@ -159,7 +159,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as work:
         config = load_config(ROOT / "configs" / "sample.yaml", {
             "paths": {"work_dir": work}, "data": {"limit_train": args.samples},
-            "training": {"epochs": 2, "validation_epochs": 0, "checkpoint_secs": 100000}})
+            "training": {"epochs": 2, "validation_epochs": 0, "checkpoint_secs": 100000}, "augment": {"speed_factors": []}})
         layout = Layout(config)
         build_split_cache(layout, "train")
         alphabet = load_alphabet(layout.alphabet)

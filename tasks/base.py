@@ -36,6 +36,8 @@ class ConfigTask(luigi.Task):
     """A task driven by one YAML config file."""
 
     config = luigi.Parameter(description="Path of the YAML config file (see configs/).")
+    # Stages that load TensorFlow have it imported first with its start-up chatter filtered.
+    needs_tensorflow = False
 
     @functools.cached_property
     def cfg(self) -> Config:
@@ -67,8 +69,9 @@ class ConfigTask(luigi.Task):
         """Fail at once with what ``complete()`` found wrong, else ``run_stage()`` (TensorFlow quiet)."""
         if getattr(self, "_unusable", None):
             raise StageError(self._unusable)
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        import_tensorflow_quietly()
+        if self.needs_tensorflow:
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+            import_tensorflow_quietly()
         self.run_stage()
 
     def run_stage(self) -> None:

@@ -13,6 +13,8 @@ class Evaluate(ConfigTask):
     """Test-set report of the best-dev checkpoint, greedy and with beam search + LM:
     ``evaluation.json`` (wer, cer, wer_lm, cer_lm, loss, samples) and ``evaluation.txt``."""
 
+    needs_tensorflow = True
+
     def requires(self):
         return {"train": Train(config=self.config), "test": FeaturesSplit(config=self.config, split="test"),
                 **decoder_requirements(self)}

@@ -23,6 +23,8 @@ class Export(ConfigTask):
     config's export fingerprint, so a changed model or export setting exports again.
     """
 
+    needs_tensorflow = True
+
     def requires(self):
         return {"train": Train(config=self.config), **decoder_requirements(self)}
 
@@ -64,6 +66,8 @@ class Transcribe(ConfigTask):
     Prints the transcript (and the reference when a manifest of the config lists
     the file) and writes it as JSON into the export's transcripts folder.
     """
+
+    needs_tensorflow = True
 
     audio = luigi.Parameter(description="The audio file to transcribe.")
 

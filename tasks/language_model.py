@@ -39,6 +39,8 @@ class LanguageModel(ConfigTask):
 class TuneDecoder(ConfigTask):
     """Search lm_alpha/lm_beta on the dev set (``decoder.tune_trials`` Optuna trials); writes ``tune.json``."""
 
+    needs_tensorflow = True
+
     def requires(self):
         return {"train": Train(config=self.config), "lm": LanguageModel(config=self.config),
                 "dev": FeaturesSplit(config=self.config, split="dev")}

@@ -23,6 +23,8 @@ class Train(ConfigTask):
     ``training.epochs`` continues the same run.
     """
 
+    needs_tensorflow = True
+
     def requires(self):
         return {"train": FeaturesSplit(config=self.config, split="train"),
                 "dev": FeaturesSplit(config=self.config, split="dev")}

@@ -50,6 +50,8 @@ def small_config_text(work_dir: Path, limit_train: int = 16, limit_dev: int = 8,
           report_count: 2
         early_stop:
           rule: "off"
+        augment:
+          speed_factors: []
     """)
 
 

@@ -168,7 +168,8 @@ if __name__ == "__main__":
 
 
 def test_killed_run_resumes_and_matches_an_uninterrupted_run(write_config, tmp_path):
-    base = f"extends: {ROOT / 'configs' / 'sample.yaml'}\ndata:\n  limit_train: 320\nfeatures:\n  workers: 1\n"
+    base = (f"extends: {ROOT / 'configs' / 'sample.yaml'}\ndata:\n  limit_train: 320\nfeatures:\n  workers: 1\n"
+            f"augment:\n  speed_factors: []\n")
     killed = write_config(base + f"paths:\n  work_dir: {tmp_path / 'killed'}\n", "killed.yaml")
     clean = write_config(base + f"paths:\n  work_dir: {tmp_path / 'clean'}\n", "clean.yaml")
     config = load_config(killed)
