@@ -7,6 +7,7 @@ each evaluated on the sample test split and on clips spoken by voices the sample
 Prints a Markdown table; the last line is one JSON object {name: {split: {wer, cer, wer_lm, cer_lm}}}.
 Trains three times (the speed copies triple the epoch): about 25 minutes on 2 cores. Run it alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,15 +17,24 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SPEC_AUGMENT = {"freq_masks": 2, "freq_mask_max": 3, "time_masks": 2, "time_mask_max": 20, "time_mask_fraction": 0.1}
-RUNS = {"no augmentation": {"speed_factors": []}, "SpecAugment masks": {**SPEC_AUGMENT, "speed_factors": []},
-        "speed copies 0.9 and 1.1": {"speed_factors": [0.9, 1.1]}}
+SPEC_AUGMENT = {
+    "freq_masks": 2,
+    "freq_mask_max": 3,
+    "time_masks": 2,
+    "time_mask_max": 20,
+    "time_mask_fraction": 0.1,
+}
+RUNS = {
+    "no augmentation": {"speed_factors": []},
+    "SpecAugment masks": {**SPEC_AUGMENT, "speed_factors": []},
+    "speed copies 0.9 and 1.1": {"speed_factors": [0.9, 1.1]},
+}
 
 
 def _evaluate(config, out_dir: Path) -> dict:
-    from pipeline.evaluate_stage import evaluate_stage
-    from pipeline.featurize import build_split_cache
     from pipeline.layout import Layout
+    from pipeline.stages.evaluate import evaluate_stage
+    from pipeline.stages.features import build_split_cache
 
     layout = Layout(config)
     build_split_cache(layout, "test")
@@ -35,10 +45,10 @@ def _evaluate(config, out_dir: Path) -> dict:
 def run(name: str, augment: dict, config_path: str, work: Path) -> dict:
     """Train ``config_path`` with ``augment`` in ``work``; its figures on the sample and unseen test sets."""
     from pipeline.config_loader import load_config
-    from pipeline.featurize import build_split_cache
     from pipeline.layout import Layout
-    from pipeline.lm import build_language_model
-    from pipeline.train_stage import train_stage
+    from pipeline.stages.features import build_split_cache
+    from pipeline.stages.language_model import build_language_model
+    from pipeline.stages.train import train_stage
 
     overrides = {"paths": {"work_dir": str(work)}, "augment": augment}
     config = load_config(config_path, overrides)
@@ -47,10 +57,14 @@ def run(name: str, augment: dict, config_path: str, work: Path) -> dict:
         build_split_cache(layout, split)
     train_stage(layout)
     build_language_model(layout)
-    unseen = load_config(config_path, {**overrides, "data": {"test_files": [str(ROOT / "data" / "unseen" / "unseen.csv")]}})
+    unseen = load_config(
+        config_path, {**overrides, "data": {"test_files": [str(ROOT / "data" / "unseen" / "unseen.csv")]}}
+    )
     slug = name.replace(" ", "-")
-    return {"sample test": _evaluate(config, work / "bench" / slug / "sample"),
-            "unseen voices": _evaluate(unseen, work / "bench" / slug / "unseen")}
+    return {
+        "sample test": _evaluate(config, work / "bench" / slug / "sample"),
+        "unseen voices": _evaluate(unseen, work / "bench" / slug / "unseen"),
+    }
 
 
 def main(argv=None) -> int:
@@ -65,7 +79,9 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|")
     for name, sets in figures.items():
         for split, f in sets.items():
-            print(f"| {name} | {split} | {f['wer']:.3f} | {f['cer']:.3f} | {f['wer_lm']:.3f} | {f['cer_lm']:.3f} |")
+            print(
+                f"| {name} | {split} | {f['wer']:.3f} | {f['cer']:.3f} | {f['wer_lm']:.3f} | {f['cer_lm']:.3f} |"
+            )
     print(json.dumps(figures))
     return 0
 

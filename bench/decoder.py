@@ -10,6 +10,7 @@ Both decoders get one core. Last line: one JSON object
 
     python bench/decoder.py [--export DIR] [--beams 16 64 256 1024]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,7 +46,7 @@ def word_error_rate(references: list[str], hypotheses: list[str]) -> float:
     """Corpus WER."""
     from rapidfuzz.distance import Levenshtein
 
-    errors = sum(Levenshtein.distance(r.split(), h.split()) for r, h in zip(references, hypotheses))
+    errors = sum(Levenshtein.distance(r.split(), h.split()) for r, h in zip(references, hypotheses, strict=False))
     return errors / sum(len(r.split()) for r in references)
 
 
@@ -54,7 +55,7 @@ def lm_load_times(alphabet, lm: Path, settings, vocabulary) -> dict:
     binary (the one made from the other with build_binary when KenLM's tools are installed)."""
     from native_client.arpa import is_arpa
     from native_client.beam import BeamDecoder
-    from pipeline.kenlm_tools import build_binary, find_tools
+    from pipeline.lm.kenlm_tools import build_binary, find_tools
 
     def timed(path: Path) -> float:
         started = time.perf_counter()
@@ -96,45 +97,77 @@ def main(argv=None) -> int:
         return 2
     rows = list(csv.DictReader(open(ROOT / "data" / "sample" / "test.csv")))
     references = [row["transcript"] for row in rows]
-    logits = [model.logits(load_for_model(ROOT / "data" / "sample" / row["wav_filename"], 16000)) for row in rows]
+    logits = [
+        model.logits(load_for_model(ROOT / "data" / "sample" / row["wav_filename"], 16000)) for row in rows
+    ]
     log_probs = [log_softmax(l) for l in logits]
     greedy_wer = word_error_rate(references, [model.greedy.decode(l) for l in logits])
     settings = BeamSettings.from_dict(model.metadata.decoder)
     lm = export / model.metadata.decoder["lm"]
     vocabulary = (export / model.metadata.decoder["vocabulary"]).read_text().split()
-    print(f"{len(rows)} utterances, LM {lm.name}, alpha {settings.lm_alpha:.3f}, beta {settings.lm_beta:.3f}; "
-          f"greedy WER {greedy_wer:.4f}", flush=True)
+    print(
+        f"{len(rows)} utterances, LM {lm.name}, alpha {settings.lm_alpha:.3f}, beta {settings.lm_beta:.3f}; "
+        f"greedy WER {greedy_wer:.4f}",
+        flush=True,
+    )
 
     load_times = lm_load_times(model.metadata.alphabet, lm, settings, vocabulary)
     print(f"decoder set-up (KenLM load + lexicon trie): {load_times}", flush=True)
     flashlight = {}
     for beam in args.beams:
-        decoder = BeamDecoder(model.metadata.alphabet, lm, dataclasses.replace(settings, beam_width=beam), vocabulary)
+        decoder = BeamDecoder(
+            model.metadata.alphabet, lm, dataclasses.replace(settings, beam_width=beam), vocabulary
+        )
         decoder.decode(logits[0])
         started = time.perf_counter()
         texts = [decoder.decode(l) for l in logits]
         flashlight[beam] = (time.perf_counter() - started, word_error_rate(references, texts))
-        print(f"flashlight beam {beam}: {flashlight[beam][0]:.2f} s, WER {flashlight[beam][1]:.4f}", flush=True)
+        print(
+            f"flashlight beam {beam}: {flashlight[beam][0]:.2f} s, WER {flashlight[beam][1]:.4f}", flush=True
+        )
 
     python = ensure_bench_venv()
     with tempfile.TemporaryDirectory() as tmp:
-        np.savez(Path(tmp) / "inputs.npz", count=len(log_probs), **{f"u{i}": lp for i, lp in enumerate(log_probs)})
+        np.savez(
+            Path(tmp) / "inputs.npz", count=len(log_probs), **{f"u{i}": lp for i, lp in enumerate(log_probs)}
+        )
         labels = list(model.metadata.alphabet.labels) + [""]
-        (Path(tmp) / "settings.json").write_text(json.dumps({
-            "labels": labels, "lm": str(lm), "unigrams": vocabulary, "alpha": settings.lm_alpha,
-            "beta": settings.lm_beta, "beams": args.beams}))
-        run = subprocess.run([str(python),  # inherits this process's one-CPU affinity
-                              str(ROOT / "bench" / "pyctcdecode_runner.py"), str(Path(tmp) / "inputs.npz"),
-                              str(Path(tmp) / "settings.json")], capture_output=True, text=True, check=True)
+        (Path(tmp) / "settings.json").write_text(
+            json.dumps(
+                {
+                    "labels": labels,
+                    "lm": str(lm),
+                    "unigrams": vocabulary,
+                    "alpha": settings.lm_alpha,
+                    "beta": settings.lm_beta,
+                    "beams": args.beams,
+                }
+            )
+        )
+        run = subprocess.run(
+            [
+                str(python),  # inherits this process's one-CPU affinity
+                str(ROOT / "bench" / "pyctcdecode_runner.py"),
+                str(Path(tmp) / "inputs.npz"),
+                str(Path(tmp) / "settings.json"),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     theirs = json.loads(run.stdout.strip().splitlines()[-1])
     table = {}
     for beam in args.beams:
         seconds, wer = flashlight[beam]
         other = theirs[str(beam)]
         other_wer = word_error_rate(references, other["texts"])
-        table[str(beam)] = {"flashlight_s": round(seconds, 3), "pyctcdecode_s": round(other["seconds"], 3),
-                            "speedup": round(other["seconds"] / seconds, 2), "flashlight_wer": round(wer, 4),
-                            "pyctcdecode_wer": round(other_wer, 4)}
+        table[str(beam)] = {
+            "flashlight_s": round(seconds, 3),
+            "pyctcdecode_s": round(other["seconds"], 3),
+            "speedup": round(other["seconds"] / seconds, 2),
+            "flashlight_wer": round(wer, 4),
+            "pyctcdecode_wer": round(other_wer, 4),
+        }
         print(f"beam {beam}: {table[str(beam)]}", flush=True)
     print(json.dumps({"beams": table, "greedy_wer": round(greedy_wer, 4), "lm_load_s": load_times}))
     return 0

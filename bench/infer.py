@@ -12,6 +12,7 @@ stream_step_p50_ms, stream_step_p95_ms (en int8 TFLite, one n_steps call).
 
     python bench/infer.py [--clips 12] [--steps 300]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,14 +32,19 @@ def export_untrained(config_path: Path, out: Path, quantize: bool) -> Path:
     """Export an untrained model of ``config_path``'s geometry with the real Export code."""
     import tensorflow as tf
 
-    from pipeline.checkpoints import named_weights
     from pipeline.config_loader import load_config
-    from pipeline.export import export_stage
     from pipeline.layout import Layout
-    from pipeline.model import build_model
+    from pipeline.model.checkpoints import named_weights
+    from pipeline.model.deepspeech import build_model
+    from pipeline.stages.export import export_stage
 
-    config = load_config(config_path, {"paths": {"work_dir": str(out / "work"), "export_dir": str(out / "exported-model")},
-                                       "export": {"quantize": quantize}})
+    config = load_config(
+        config_path,
+        {
+            "paths": {"work_dir": str(out / "work"), "export_dir": str(out / "exported-model")},
+            "export": {"quantize": quantize},
+        },
+    )
     model = build_model(config.model, config.features.numcep, 29)
     prefix = tf.train.Checkpoint(weights=named_weights(model)).write(str(out / "ckpt" / "untrained"))
     return export_stage(Layout(config), checkpoint=prefix).root
@@ -57,7 +63,9 @@ def step_latency(model, steps: int) -> tuple[float, float]:
     """p50 and p95 in ms of one streaming call (n_steps windows, state carried)."""
     metadata = model.metadata
     rng = np.random.default_rng(0)
-    windows = rng.standard_normal((1, metadata.n_steps, 2 * metadata.n_context + 1, metadata.n_input)).astype(np.float32)
+    windows = rng.standard_normal((1, metadata.n_steps, 2 * metadata.n_context + 1, metadata.n_input)).astype(
+        np.float32
+    )
     h, c = model.runner.zero_state()
     times = []
     for i in range(steps + 5):
@@ -90,8 +98,12 @@ def main(argv=None) -> int:
         en_float = export_untrained(ROOT / "configs" / "en.yaml", tmp / "en_float", quantize=False)
         en_int8 = export_untrained(ROOT / "configs" / "en.yaml", tmp / "en_int8", quantize=True)
         print(f"{len(clips)} clips, {audio_s:.1f} s of audio; one CPU, one thread", flush=True)
-        runs = {"rtf_sample_tflite": (sample, "tflite"), "rtf_en_tflite": (en_int8, "tflite"),
-                "rtf_en_tflite_float": (en_float, "tflite"), "rtf_en_savedmodel": (en_float, "saved_model")}
+        runs = {
+            "rtf_sample_tflite": (sample, "tflite"),
+            "rtf_en_tflite": (en_int8, "tflite"),
+            "rtf_en_tflite_float": (en_float, "tflite"),
+            "rtf_en_savedmodel": (en_float, "saved_model"),
+        }
         models = {}
         for key, (export, backend) in runs.items():
             models[key] = Model(export, backend=backend, threads=1)
@@ -100,8 +112,13 @@ def main(argv=None) -> int:
         p50, p95 = step_latency(models["rtf_en_tflite"], args.steps)
         figures["stream_step_p50_ms"], figures["stream_step_p95_ms"] = round(p50, 2), round(p95, 2)
         f50, f95 = step_latency(models["rtf_en_tflite_float"], args.steps)
-        figures["stream_step_float_p50_ms"], figures["stream_step_float_p95_ms"] = round(f50, 2), round(f95, 2)
-        figures["en_tflite_speedup_vs_savedmodel"] = round(figures["rtf_en_savedmodel"] / figures["rtf_en_tflite"], 2)
+        figures["stream_step_float_p50_ms"], figures["stream_step_float_p95_ms"] = (
+            round(f50, 2),
+            round(f95, 2),
+        )
+        figures["en_tflite_speedup_vs_savedmodel"] = round(
+            figures["rtf_en_savedmodel"] / figures["rtf_en_tflite"], 2
+        )
         figures["en_tflite_mb"] = round(ExportFiles(en_int8).file("tflite").stat().st_size / 1e6, 1)
         figures["en_tflite_float_mb"] = round(ExportFiles(en_float).file("tflite").stat().st_size / 1e6, 1)
     print(json.dumps(figures))

@@ -12,6 +12,7 @@ child process; its peak RSS is the child's ``ru_maxrss`` (lmplz included).
 The Python estimator is skipped where its measured ~600 bytes per n-gram
 would pass ``--python-limit-gb``. The last line is one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 
 from measured_child import run_measured
+
 from pipeline.layout import LMFiles
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +45,11 @@ def make_text(cache_dir: Path, million_words: float) -> Path:
     path = cache_dir / f"lm-text-{million_words:g}M.txt"
     if path.exists():
         return path
-    lines = [line.split() for line in open(ROOT / "data" / "sample" / "lm_corpus.txt", encoding="utf-8") if line.strip()]
+    lines = [
+        line.split()
+        for line in open(ROOT / "data" / "sample" / "lm_corpus.txt", encoding="utf-8")
+        if line.strip()
+    ]
     per_copy = sum(len(l) for l in lines)
     copies = max(1, round(million_words * 1e6 / per_copy))
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -59,25 +65,32 @@ def make_text(cache_dir: Path, million_words: float) -> Path:
 
 def build_kenlm(text: Path, order: int, memory: str, work: Path) -> dict:
     """lmplz then build_binary (quantised as the pipeline's default); in a child process."""
-    from pipeline.kenlm_tools import build_binary, find_tools, run_lmplz
+    from pipeline.lm.kenlm_tools import build_binary, find_tools, run_lmplz
 
     tools = find_tools()
     files = LMFiles(work)
     arpa, binary, log = files.word_arpa, files.word_binary, files.build_log
     started = time.perf_counter()
     with open(text, encoding="utf-8") as lines:
-        run_lmplz(tools["lmplz"], (line.rstrip("\n") for line in lines), arpa, order, memory, work / "sort", (), log)
+        run_lmplz(
+            tools["lmplz"], (line.rstrip("\n") for line in lines), arpa, order, memory, work / "sort", (), log
+        )
     estimated = time.perf_counter()
     build_binary(tools["build_binary"], arpa, binary, 8, log)
     from native_client.arpa import arpa_counts
-    return {"lmplz_s": estimated - started, "build_binary_s": time.perf_counter() - estimated,
-            "ngrams": sum(arpa_counts(arpa).values()), "arpa_mb": arpa.stat().st_size / 1e6,
-            "binary_mb": binary.stat().st_size / 1e6}
+
+    return {
+        "lmplz_s": estimated - started,
+        "build_binary_s": time.perf_counter() - estimated,
+        "ngrams": sum(arpa_counts(arpa).values()),
+        "arpa_mb": arpa.stat().st_size / 1e6,
+        "binary_mb": binary.stat().st_size / 1e6,
+    }
 
 
 def build_python(text: Path, order: int, memory: str, work: Path) -> dict:
     """The built-in estimator and its ARPA writer; in a child process."""
-    from pipeline.kneser_ney import estimate, write_arpa
+    from pipeline.lm.kneser_ney import estimate, write_arpa
 
     started = time.perf_counter()
     with open(text, encoding="utf-8") as lines:
@@ -98,13 +111,30 @@ def load_times(work: Path) -> dict:
     return {"arpa_load_s": times[0], "binary_load_s": times[1]}
 
 
-CHILDREN = {"kenlm": build_kenlm, "python": build_python, "load": lambda text, order, memory, work: load_times(work)}
+CHILDREN = {
+    "kenlm": build_kenlm,
+    "python": build_python,
+    "load": lambda text, order, memory, work: load_times(work),
+}
 
 
 def child(kind: str, text: Path, order: int, memory: str, work: Path) -> tuple[dict, float]:
     """Run one measurement in a child process; (its result, its peak RSS in MiB)."""
-    return run_measured([__file__, "--child", kind, "--text", str(text), "--order", str(order), "--memory", memory,
-                         "--work", str(work)])
+    return run_measured(
+        [
+            __file__,
+            "--child",
+            kind,
+            "--text",
+            str(text),
+            "--order",
+            str(order),
+            "--memory",
+            memory,
+            "--work",
+            str(work),
+        ]
+    )
 
 
 def main(argv=None) -> int:
@@ -124,10 +154,13 @@ def main(argv=None) -> int:
         print(json.dumps(CHILDREN[args.child](args.text, args.order, args.memory, args.work)), flush=True)
         return 0
 
-    from pipeline.kenlm_tools import find_tools
+    from pipeline.lm.kenlm_tools import find_tools
 
     if find_tools() is None:
-        print("bench/lm.py needs KenLM's lmplz, build_binary and filter: run `make kenlm` first", file=sys.stderr)
+        print(
+            "bench/lm.py needs KenLM's lmplz, build_binary and filter: run `make kenlm` first",
+            file=sys.stderr,
+        )
         return 2
     rows = []
     for words in args.words:
@@ -138,11 +171,17 @@ def main(argv=None) -> int:
                 work = Path(work)
                 kenlm, kenlm_rss = child("kenlm", text, order, args.memory, work)
                 loads, _ = child("load", text, order, args.memory, work)
-                row = {"million_words": round(count / 1e6, 2), "order": order, "ngrams": kenlm["ngrams"],
-                       "kenlm_s": round(kenlm["lmplz_s"] + kenlm["build_binary_s"], 1),
-                       "kenlm_peak_rss_mb": round(kenlm_rss, 1), "arpa_mb": round(kenlm["arpa_mb"], 1),
-                       "binary_mb": round(kenlm["binary_mb"], 1), "arpa_load_s": round(loads["arpa_load_s"], 2),
-                       "binary_load_s": round(loads["binary_load_s"], 3)}
+                row = {
+                    "million_words": round(count / 1e6, 2),
+                    "order": order,
+                    "ngrams": kenlm["ngrams"],
+                    "kenlm_s": round(kenlm["lmplz_s"] + kenlm["build_binary_s"], 1),
+                    "kenlm_peak_rss_mb": round(kenlm_rss, 1),
+                    "arpa_mb": round(kenlm["arpa_mb"], 1),
+                    "binary_mb": round(kenlm["binary_mb"], 1),
+                    "arpa_load_s": round(loads["arpa_load_s"], 2),
+                    "binary_load_s": round(loads["binary_load_s"], 3),
+                }
                 if kenlm["ngrams"] * PYTHON_BYTES_PER_NGRAM / 1e9 <= args.python_limit_gb:
                     python, python_rss = child("python", text, order, args.memory, work)
                     row.update(python_s=round(python["seconds"], 1), python_peak_rss_mb=round(python_rss, 1))

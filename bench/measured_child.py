@@ -1,4 +1,5 @@
 """Running one benchmark measurement in a child process: its JSON result and its peak RSS."""
+
 from __future__ import annotations
 
 import json

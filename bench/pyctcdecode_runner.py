@@ -1,7 +1,8 @@
 """Run inside pyctcdecode's own venv by bench/decoder.py: decode saved log-probs, print timings and texts as JSON.
 
-    python pyctcdecode_runner.py <inputs.npz> <settings.json>
+python pyctcdecode_runner.py <inputs.npz> <settings.json>
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,13 @@ def main(npz_path: str, settings_path: str) -> None:
     settings = json.loads(open(settings_path).read())
     data = np.load(npz_path)
     utterances = [data[f"u{i}"] for i in range(int(data["count"]))]
-    decoder = build_ctcdecoder(settings["labels"], kenlm_model_path=settings["lm"], unigrams=settings["unigrams"],
-                               alpha=settings["alpha"], beta=settings["beta"])
+    decoder = build_ctcdecoder(
+        settings["labels"],
+        kenlm_model_path=settings["lm"],
+        unigrams=settings["unigrams"],
+        alpha=settings["alpha"],
+        beta=settings["beta"],
+    )
     decoder.decode(utterances[0], beam_width=4)  # load everything before timing
     out = {}
     for beam in settings["beams"]:

@@ -14,6 +14,7 @@ workers), a fixed number of Train steps (a small model, batch 8), and one
 Evaluate over the whole corpus (greedy, then beam 8 with the sample LM, in
 ``decoder.workers`` processes). The last line is one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,7 +49,7 @@ def _perturbed(index: int, clips: list[tuple[np.ndarray, str]]) -> tuple[np.ndar
     factor = int(round(100 * rng.uniform(0.9, 1.1)))
     signal = resample_poly(signal, 100, factor)  # factor > 100: faster and higher
     signal *= rng.uniform(0.5, 1.4)
-    power = np.mean(signal ** 2) + 1e-9
+    power = np.mean(signal**2) + 1e-9
     signal += rng.normal(0.0, np.sqrt(power / 10 ** (rng.uniform(15, 40) / 10)), len(signal))
     return np.clip(np.round(signal), -32768, 32767).astype(np.int16), " ".join(text for _, text in chosen)
 
@@ -57,7 +58,9 @@ def _write_range(folder: Path, start: int, stop: int) -> list[tuple[str, int, st
     import soundfile
 
     rows = list(csv.DictReader(open(SAMPLE / "train.csv", encoding="utf-8")))
-    clips = [(soundfile.read(str(SAMPLE / r["wav_filename"]), dtype="int16")[0], r["transcript"]) for r in rows]
+    clips = [
+        (soundfile.read(str(SAMPLE / r["wav_filename"]), dtype="int16")[0], r["transcript"]) for r in rows
+    ]
     out = []
     for index in range(start, stop):
         path = folder / f"{index:06d}.wav"
@@ -105,20 +108,29 @@ def make_corpus(cache_dir: Path, hours: list[float]) -> dict[float, Path]:
 def _config(manifest: Path, work: Path):
     from pipeline.config_loader import load_config
 
-    return load_config(ROOT / "configs" / "sample.yaml", {
-        "paths": {"work_dir": str(work)},
-        "data": {"train_files": [str(manifest)], "dev_files": [], "test_files": [str(manifest)]},
-        "features": {"workers": 2},
-        "model": {"n_hidden": 128},
-        "training": {"batch_size": 8, "dev_batch_size": 16, "validation_epochs": 0, "checkpoint_secs": 100000},
-        "decoder": {"lm_include_train": False, "beam_width": 8, "workers": 2},
-        "augment": {"speed_factors": []}})  # measure the corpus as given, without augmented copies
+    return load_config(
+        ROOT / "configs" / "sample.yaml",
+        {
+            "paths": {"work_dir": str(work)},
+            "data": {"train_files": [str(manifest)], "dev_files": [], "test_files": [str(manifest)]},
+            "features": {"workers": 2},
+            "model": {"n_hidden": 128},
+            "training": {
+                "batch_size": 8,
+                "dev_batch_size": 16,
+                "validation_epochs": 0,
+                "checkpoint_secs": 100000,
+            },
+            "decoder": {"lm_include_train": False, "beam_width": 8, "workers": 2},
+            "augment": {"speed_factors": []},
+        },
+    )  # measure the corpus as given, without augmented copies
 
 
 def stage_features(manifest: Path, work: Path, steps: int) -> dict:
     """FeaturesSplit of the whole corpus."""
-    from pipeline.featurize import build_split_cache
     from pipeline.layout import Layout
+    from pipeline.stages.features import build_split_cache
 
     started = time.perf_counter()
     summary = build_split_cache(Layout(_config(manifest, work)), "train")
@@ -134,12 +146,12 @@ def stage_train(manifest: Path, work: Path, steps: int) -> dict:
     import tensorflow as tf
 
     from native_client.alphabet import load_alphabet
-    from pipeline.cache import read_cache
-    from pipeline.checkpoints import named_weights
-    from pipeline.dataset import epoch_batches
-    from pipeline.distribute import make_strategy
+    from pipeline.features.cache import read_cache
     from pipeline.layout import Layout
-    from pipeline.trainer import TrainHooks, Trainer
+    from pipeline.model.checkpoints import named_weights
+    from pipeline.train.dataset import epoch_batches
+    from pipeline.train.distribute import make_strategy
+    from pipeline.train.loop import Trainer, TrainHooks
 
     config = _config(manifest, work)
     layout = Layout(config)
@@ -151,8 +163,15 @@ def stage_train(manifest: Path, work: Path, steps: int) -> dict:
         if len(marks) == steps:
             raise _Enough
 
-    trainer = Trainer(config, work / "run", data, None, load_alphabet(layout.alphabet), make_strategy(config.distribution),
-                      hooks=TrainHooks(on_step=on_step))
+    trainer = Trainer(
+        config,
+        work / "run",
+        data,
+        None,
+        load_alphabet(layout.alphabet),
+        make_strategy(config.distribution),
+        hooks=TrainHooks(on_step=on_step),
+    )
     try:
         trainer.fit()
     except _Enough:
@@ -168,9 +187,9 @@ def stage_train(manifest: Path, work: Path, steps: int) -> dict:
 
 def stage_evaluate(manifest: Path, work: Path, steps: int) -> dict:
     """Evaluate over the whole corpus: greedy, and beam + LM in ``decoder.workers`` processes."""
-    from pipeline.evaluate_stage import evaluate_stage
     from pipeline.layout import Layout
-    from pipeline.lm import build_language_model
+    from pipeline.stages.evaluate import evaluate_stage
+    from pipeline.stages.language_model import build_language_model
 
     layout = Layout(_config(manifest, work))
     test = layout.features_cache("test")
@@ -180,9 +199,14 @@ def stage_evaluate(manifest: Path, work: Path, steps: int) -> dict:
     started = time.perf_counter()
     report = evaluate_stage(layout, checkpoint=work / "weights" / "ckpt", beam=True)
     seconds = time.perf_counter() - started
-    from pipeline.cache import cache_summary
-    return {"audio_s": cache_summary(test)["audio_seconds"], "seconds": seconds, "samples": report.samples_count,
-            "decode_lm_s": report.decode_lm_s}
+    from pipeline.features.cache import cache_summary
+
+    return {
+        "audio_s": cache_summary(test)["audio_seconds"],
+        "seconds": seconds,
+        "samples": report.samples_count,
+        "decode_lm_s": report.decode_lm_s,
+    }
 
 
 STAGES = {"features": stage_features, "train": stage_train, "evaluate": stage_evaluate}
@@ -190,15 +214,29 @@ STAGES = {"features": stage_features, "train": stage_train, "evaluate": stage_ev
 
 def run_child(stage: str, manifest: Path, work: Path, steps: int) -> tuple[dict, float]:
     """Run one stage in a child process; (its result, its peak RSS in MiB)."""
-    return run_measured([__file__, "--child", stage, "--manifest", str(manifest), "--work", str(work),
-                         "--train-steps", str(steps)], env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    return run_measured(
+        [
+            __file__,
+            "--child",
+            stage,
+            "--manifest",
+            str(manifest),
+            "--work",
+            str(work),
+            "--train-steps",
+            str(steps),
+        ],
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
 
 
 def _cpu() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
         fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-        return ", ".join(f"{k.strip()} {fields[k].strip()}" for k in ("Model name", "L2 cache", "L3 cache") if k in fields)
+        return ", ".join(
+            f"{k.strip()} {fields[k].strip()}" for k in ("Model name", "L2 cache", "L3 cache") if k in fields
+        )
     except OSError:
         return platform.processor()
 
@@ -220,9 +258,18 @@ def main(argv=None) -> int:
         return 0
 
     manifests = make_corpus(args.cache_dir, args.hours)
-    figures: dict[str, list] = {key: [] for key in (
-        "hours", "features_peak_rss_mb", "train_peak_rss_mb", "evaluate_peak_rss_mb", "features_audio_s_per_s",
-        "train_audio_s_per_s", "evaluate_audio_s_per_s")}
+    figures: dict[str, list] = {
+        key: []
+        for key in (
+            "hours",
+            "features_peak_rss_mb",
+            "train_peak_rss_mb",
+            "evaluate_peak_rss_mb",
+            "features_audio_s_per_s",
+            "train_audio_s_per_s",
+            "evaluate_audio_s_per_s",
+        )
+    }
     for size in sorted(args.hours):
         work = Path(tempfile.mkdtemp(prefix=f"scale-{size:g}h-", dir=args.cache_dir))
         try:
@@ -232,20 +279,28 @@ def main(argv=None) -> int:
                 figures[f"{stage}_audio_s_per_s"].append(round(result["audio_s"] / result["seconds"], 1))
                 if stage == "features":
                     figures["hours"].append(round(result["audio_s"] / 3600, 2))
-                print(f"{size:g} h: {stage}: peak RSS {rss:.0f} MiB, {result['audio_s'] / result['seconds']:.1f} "
-                      f"audio s/s ({result})", file=sys.stderr, flush=True)
+                print(
+                    f"{size:g} h: {stage}: peak RSS {rss:.0f} MiB, {result['audio_s'] / result['seconds']:.1f} "
+                    f"audio s/s ({result})",
+                    file=sys.stderr,
+                    flush=True,
+                )
         finally:
             shutil.rmtree(work, ignore_errors=True)
     hours = np.array(figures["hours"])
     for stage in ("features", "train", "evaluate"):
         rss = np.array(figures[f"{stage}_peak_rss_mb"])
         slope, intercept = np.polyfit(hours, rss, 1) if len(hours) > 1 else (0.0, rss[0])
-        figures[f"{stage}_rss_fit_mb"] = {"at_0h": round(float(intercept), 1), "per_hour": round(float(slope), 2),
-                                          "at_960h": round(float(intercept + 960 * slope), 1),
-                                          "at_5000h": round(float(intercept + 5000 * slope), 1)}
+        figures[f"{stage}_rss_fit_mb"] = {
+            "at_0h": round(float(intercept), 1),
+            "per_hour": round(float(slope), 2),
+            "at_960h": round(float(intercept + 960 * slope), 1),
+            "at_5000h": round(float(intercept + 5000 * slope), 1),
+        }
         figures[f"{stage}_rss_ratio_largest_vs_smallest"] = round(float(rss[-1] / rss[0]), 3)
     figures["train_speed_ratio_largest_vs_smallest"] = round(
-        figures["train_audio_s_per_s"][-1] / figures["train_audio_s_per_s"][0], 3)
+        figures["train_audio_s_per_s"][-1] / figures["train_audio_s_per_s"][0], 3
+    )
     figures["cpu"] = _cpu()
     print(json.dumps(figures))
     return 0

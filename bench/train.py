@@ -8,6 +8,7 @@ ratio_vs_keras, input_audio_s_per_s, input_ratio, en_mfu_percent.
 
     python bench/train.py [--samples 320] [--en-steps 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,16 +24,15 @@ import numpy as np
 import tensorflow as tf
 
 from native_client.alphabet import load_alphabet
-from pipeline.cache import read_cache
 from pipeline.config_loader import load_config
-from pipeline.cache import CacheIndex, FeatureReader
-from pipeline.ctc import ctc_loss
-from pipeline.dataset import SplitReader, batch_plan, train_dataset
-from pipeline.distribute import make_strategy
-from pipeline.featurize import build_split_cache
+from pipeline.features.cache import CacheIndex, FeatureReader, read_cache
 from pipeline.layout import Layout
-from pipeline.model import build_model
-from pipeline.trainer import TrainHooks, Trainer
+from pipeline.model.deepspeech import build_model
+from pipeline.stages.features import build_split_cache
+from pipeline.train.ctc import ctc_loss
+from pipeline.train.dataset import SplitReader, batch_plan, train_dataset
+from pipeline.train.distribute import make_strategy
+from pipeline.train.loop import Trainer, TrainHooks
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,8 +40,15 @@ ROOT = Path(__file__).resolve().parent.parent
 def trainer_rate(config, data, alphabet, run_dir) -> float:
     """Audio seconds per second of the project's trainer over its second epoch."""
     marks = []
-    trainer = Trainer(config, run_dir, data, None, alphabet, make_strategy(config.distribution),
-                      hooks=TrainHooks(on_epoch=lambda info: marks.append(time.perf_counter())))
+    trainer = Trainer(
+        config,
+        run_dir,
+        data,
+        None,
+        alphabet,
+        make_strategy(config.distribution),
+        hooks=TrainHooks(on_epoch=lambda info: marks.append(time.perf_counter())),
+    )
     trainer.fit()
     return float(data.durations.sum()) / (marks[1] - marks[0])
 
@@ -72,10 +79,13 @@ def keras_fit_rate(config, data, alphabet) -> float:
     model = _CTCModel(build_model(config.model, data.n_input, alphabet.n_classes), alphabet.blank_index)
     model.compile(optimizer=keras.optimizers.Adam(config.training.learning_rate))
     plan = batch_plan(data.lengths, config.training.batch_size, 1)
-    dataset = train_dataset(SplitReader(data), plan, 1, 0, 1, 0, 0, 1, config.training.shuffle_seed,
-                            config.model.n_context)
+    dataset = train_dataset(
+        SplitReader(data), plan, 1, 0, 1, 0, 0, 1, config.training.shuffle_seed, config.model.n_context
+    )
     marks = []
-    callback = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: marks.append(time.perf_counter()))
+    callback = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: marks.append(time.perf_counter())
+    )
     model.fit(dataset, epochs=2, verbose=0, callbacks=[callback])
     return float(data.durations.sum()) / (marks[1] - marks[0])
 
@@ -101,8 +111,9 @@ def input_rate(config, data, in_memory: bool = False) -> float:
     plan = batch_plan(data.lengths, config.training.batch_size, 1)
     best = 0.0
     for epoch in range(2):
-        dataset = train_dataset(reader, plan, 1, 0, 1, epoch, 0, epoch + 1, config.training.shuffle_seed,
-                                config.model.n_context)
+        dataset = train_dataset(
+            reader, plan, 1, 0, 1, epoch, 0, epoch + 1, config.training.shuffle_seed, config.model.n_context
+        )
         started = time.perf_counter()
         for batch in dataset:
             batch[0].numpy()
@@ -122,13 +133,19 @@ def matmul_flops() -> float:
         for _ in range(10):
             out = matmul(a, b)
         out.numpy()
-        best = max(best, 10 * 2 * 2048 ** 3 / (time.perf_counter() - started))
+        best = max(best, 10 * 2 * 2048**3 / (time.perf_counter() - started))
     return best
 
 
 def model_flops_per_frame(n_input_window: int, hidden: int, classes: int) -> float:
     """Forward + backward FLOPs of one time step (3x the forward multiply-adds x 2)."""
-    macs = n_input_window * hidden + 2 * hidden * hidden + 8 * hidden * hidden + hidden * hidden + hidden * classes
+    macs = (
+        n_input_window * hidden
+        + 2 * hidden * hidden
+        + 8 * hidden * hidden
+        + hidden * hidden
+        + hidden * classes
+    )
     return 3 * 2 * macs
 
 
@@ -136,17 +153,32 @@ def en_mfu(config, data, alphabet, run_dir, steps: int) -> tuple[float, float]:
     """(achieved FLOP/s, MFU percent) of the trainer at the en.yaml model size on a few steps."""
     en = load_config(ROOT / "configs" / "en.yaml")
     subset_size = config.training.batch_size * steps
-    order = np.argsort(data.lengths)[len(data.lengths) // 2:][:subset_size]
-    subset = CacheIndex(path=data.path, n_input=data.n_input, offsets=data.offsets[order], lengths=data.lengths[order],
-                         labels=[data.labels[i] for i in order], transcripts=[data.transcripts[i] for i in order],
-                         paths=[data.paths[i] for i in order], durations=data.durations[order])
-    big = load_config(ROOT / "configs" / "sample.yaml", {
-        "paths": {"work_dir": str(run_dir)}, "model": {"n_hidden": en.model.n_hidden, "dropout_rate": 0.05},
-        "training": {"epochs": 2, "validation_epochs": 0, "checkpoint_secs": 100000}, "augment": {"speed_factors": []}})
+    order = np.argsort(data.lengths)[len(data.lengths) // 2 :][:subset_size]
+    subset = CacheIndex(
+        path=data.path,
+        n_input=data.n_input,
+        offsets=data.offsets[order],
+        lengths=data.lengths[order],
+        labels=[data.labels[i] for i in order],
+        transcripts=[data.transcripts[i] for i in order],
+        paths=[data.paths[i] for i in order],
+        durations=data.durations[order],
+    )
+    big = load_config(
+        ROOT / "configs" / "sample.yaml",
+        {
+            "paths": {"work_dir": str(run_dir)},
+            "model": {"n_hidden": en.model.n_hidden, "dropout_rate": 0.05},
+            "training": {"epochs": 2, "validation_epochs": 0, "checkpoint_secs": 100000},
+            "augment": {"speed_factors": []},
+        },
+    )
     rate = trainer_rate(big, subset, alphabet, run_dir / "en")
     frames_per_audio_second = 1.0 / big.features.winstep
     window = (2 * big.model.n_context + 1) * big.features.numcep
-    achieved = rate * frames_per_audio_second * model_flops_per_frame(window, en.model.n_hidden, alphabet.n_classes)
+    achieved = (
+        rate * frames_per_audio_second * model_flops_per_frame(window, en.model.n_hidden, alphabet.n_classes)
+    )
     return achieved, 100.0 * achieved / matmul_flops()
 
 
@@ -157,9 +189,15 @@ def main(argv=None) -> int:
     parser.add_argument("--en-steps", type=int, default=3, help="steps per epoch for the en-size MFU run")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as work:
-        config = load_config(ROOT / "configs" / "sample.yaml", {
-            "paths": {"work_dir": work}, "data": {"limit_train": args.samples},
-            "training": {"epochs": 2, "validation_epochs": 0, "checkpoint_secs": 100000}, "augment": {"speed_factors": []}})
+        config = load_config(
+            ROOT / "configs" / "sample.yaml",
+            {
+                "paths": {"work_dir": work},
+                "data": {"limit_train": args.samples},
+                "training": {"epochs": 2, "validation_epochs": 0, "checkpoint_secs": 100000},
+                "augment": {"speed_factors": []},
+            },
+        )
         layout = Layout(config)
         build_split_cache(layout, "train")
         alphabet = load_alphabet(layout.alphabet)
@@ -169,13 +207,26 @@ def main(argv=None) -> int:
         feed = input_rate(config, data)
         feed_memory = input_rate(config, data, in_memory=True)
         achieved, mfu = en_mfu(config, data, alphabet, Path(work), args.en_steps)
-    print(f"trainer: {trainer:.1f} audio s/s; keras fit: {fit:.1f}; input alone: {feed:.0f} from disk, "
-          f"{feed_memory:.0f} from memory; "
-          f"en size: {achieved / 1e9:.1f} GFLOP/s = {mfu:.1f}% of measured matmul FLOP/s", file=sys.stderr)
-    print(json.dumps({"trainer_audio_s_per_s": round(trainer, 2), "keras_fit_audio_s_per_s": round(fit, 2),
-                      "ratio_vs_keras": round(trainer / fit, 3), "input_audio_s_per_s": round(feed, 1),
-                      "input_ratio": round(feed / trainer, 1), "input_memory_audio_s_per_s": round(feed_memory, 1),
-                      "input_disk_vs_memory": round(feed / feed_memory, 3), "en_mfu_percent": round(mfu, 2)}))
+    print(
+        f"trainer: {trainer:.1f} audio s/s; keras fit: {fit:.1f}; input alone: {feed:.0f} from disk, "
+        f"{feed_memory:.0f} from memory; "
+        f"en size: {achieved / 1e9:.1f} GFLOP/s = {mfu:.1f}% of measured matmul FLOP/s",
+        file=sys.stderr,
+    )
+    print(
+        json.dumps(
+            {
+                "trainer_audio_s_per_s": round(trainer, 2),
+                "keras_fit_audio_s_per_s": round(fit, 2),
+                "ratio_vs_keras": round(trainer / fit, 3),
+                "input_audio_s_per_s": round(feed, 1),
+                "input_ratio": round(feed / trainer, 1),
+                "input_memory_audio_s_per_s": round(feed_memory, 1),
+                "input_disk_vs_memory": round(feed / feed_memory, 3),
+                "en_mfu_percent": round(mfu, 2),
+            }
+        )
+    )
     return 0
 
 

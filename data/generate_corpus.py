@@ -13,6 +13,7 @@ output means nobody else needs them.
 
     python data/generate_corpus.py --out data/sample
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,33 +61,81 @@ def synthesise(job: tuple[str, str, str, int, int, int]) -> float:
     text, path, voice, rate, pitch, amplitude = job
     with tempfile.NamedTemporaryFile(suffix=".wav") as raw:
         subprocess.run(
-            ["espeak-ng", "-v", voice, "-s", str(rate), "-p", str(pitch), "-a", str(amplitude),
-             "-w", raw.name, text],
+            [
+                "espeak-ng",
+                "-v",
+                voice,
+                "-s",
+                str(rate),
+                "-p",
+                str(pitch),
+                "-a",
+                str(amplitude),
+                "-w",
+                raw.name,
+                text,
+            ],
             check=True,
         )
         subprocess.run(
-            ["sox", raw.name, "-r", "16000", "-c", "1", "-b", "16", "-C", "8", path,
-             "silence", "1", "0.02", "0.5%", "reverse", "silence", "1", "0.02", "0.5%", "reverse"],
+            [
+                "sox",
+                raw.name,
+                "-r",
+                "16000",
+                "-c",
+                "1",
+                "-b",
+                "16",
+                "-C",
+                "8",
+                path,
+                "silence",
+                "1",
+                "0.02",
+                "0.5%",
+                "reverse",
+                "silence",
+                "1",
+                "0.02",
+                "0.5%",
+                "reverse",
+            ],
             check=True,
         )
     out = subprocess.run(["soxi", "-D", path], check=True, capture_output=True, text=True).stdout
     return float(out)
 
 
-def make_split(out: Path, split: str, texts: list[str], rng: random.Random, pool: Pool,
-               target_seconds: float, batch: int = 64) -> list[str]:
+def make_split(
+    out: Path,
+    split: str,
+    texts: list[str],
+    rng: random.Random,
+    pool: Pool,
+    target_seconds: float,
+    batch: int = 64,
+) -> list[str]:
     """Synthesise ``texts`` in order until ``target_seconds`` of audio exist; write the CSV; return the texts used."""
     (out / split).mkdir(parents=True, exist_ok=True)
     rows, total, used = [], 0.0, []
     position = 0
     while total < target_seconds and position < len(texts):
-        chunk = texts[position:position + batch]
+        chunk = texts[position : position + batch]
         jobs = []
         for offset, text in enumerate(chunk):
             name = f"{split}/{position + offset:05d}.flac"
-            jobs.append((text, str(out / name), rng.choice(VOICES), rng.randint(145, 195),
-                         rng.randint(30, 70), rng.randint(18, 32)))
-        for job, seconds in zip(jobs, pool.map(synthesise, jobs)):
+            jobs.append(
+                (
+                    text,
+                    str(out / name),
+                    rng.choice(VOICES),
+                    rng.randint(145, 195),
+                    rng.randint(30, 70),
+                    rng.randint(18, 32),
+                )
+            )
+        for job, seconds in zip(jobs, pool.map(synthesise, jobs), strict=False):
             if total >= target_seconds:
                 Path(job[1]).unlink()
                 continue
@@ -124,10 +173,13 @@ def main(argv: list[str] | None = None) -> int:
         used_dev = make_split(args.out, "dev", dev_texts, rng, pool, args.dev_minutes * 60)
         used_train = make_split(args.out, "train", rest, rng, pool, args.train_minutes * 60)
     held_out = set(test_texts) | set(dev_texts)
-    lm_texts = used_train + [t for t in rest[len(used_train):] if t not in held_out]
-    (args.out / "lm_corpus.txt").write_text("\n".join(lm_texts[:args.lm_sentences]) + "\n", encoding="utf-8")
-    print(f"lm corpus: {min(len(lm_texts), args.lm_sentences)} sentences; "
-          f"{len(used_test)} test, {len(used_dev)} dev, {len(used_train)} train", file=sys.stderr)
+    lm_texts = used_train + [t for t in rest[len(used_train) :] if t not in held_out]
+    (args.out / "lm_corpus.txt").write_text("\n".join(lm_texts[: args.lm_sentences]) + "\n", encoding="utf-8")
+    print(
+        f"lm corpus: {min(len(lm_texts), args.lm_sentences)} sentences; "
+        f"{len(used_test)} test, {len(used_dev)} dev, {len(used_train)} train",
+        file=sys.stderr,
+    )
     return 0
 
 

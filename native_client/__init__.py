@@ -9,6 +9,7 @@ Needs numpy, soundfile, scipy, python_speech_features and a TFLite interpreter
     stream = model.create_stream()
     stream.feed_audio(chunk); stream.intermediate_decode(); stream.finish()
 """
+
 from native_client.metadata import ExportError, load_metadata
 from native_client.model import Model, Transcript, open_model
 from native_client.stream import Stream

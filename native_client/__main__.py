@@ -6,6 +6,7 @@
 
 (also ``python -m native_client``). Hyphen and underscore spellings of the options are both accepted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,6 +23,7 @@ BACKEND_OF_SUFFIX = {".tflite": "tflite", ".pb": "frozen_graph"}
 def _version() -> str:
     try:
         from importlib.metadata import version
+
         package = version("luigi-deepspeech")
     except Exception:  # not installed as a distribution (run from a checkout)
         package = "unknown"
@@ -30,28 +32,66 @@ def _version() -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The CLI's arguments."""
-    parser = argparse.ArgumentParser(prog="deepspeech-transcribe", description="Transcribe audio files with an exported model.")
-    parser.add_argument("--model", required=True,
-                        help=f"export directory (holds {METADATA_NAME}, or numbered versions of it), or one of its "
-                             f"model files (.tflite, .pb, saved_model/)")
-    parser.add_argument("--audio", required=True, action="append", help="audio file (WAV, FLAC, ...); repeat for several")
-    parser.add_argument("--json", action="store_true",
-                        help="one JSON object per file: audio, text, duration_s, processing_s, rtf, transcripts "
-                             "(confidence and words with start_time and duration)")
-    parser.add_argument("--extended", action="store_true", help="after the text, one line per word: start, duration, word")
-    parser.add_argument("--candidate_transcripts", "--candidate-transcripts", type=int, default=1, metavar="N",
-                        help="how many transcripts to report with --json (beam search; default 1)")
-    parser.add_argument("--backend", choices=("tflite", "saved_model", "frozen_graph"),
-                        help="model runtime (default: from --model's file, else tflite)")
+    parser = argparse.ArgumentParser(
+        prog="deepspeech-transcribe", description="Transcribe audio files with an exported model."
+    )
+    parser.add_argument(
+        "--model",
+        required=True,
+        help=f"export directory (holds {METADATA_NAME}, or numbered versions of it), or one of its "
+        f"model files (.tflite, .pb, saved_model/)",
+    )
+    parser.add_argument(
+        "--audio", required=True, action="append", help="audio file (WAV, FLAC, ...); repeat for several"
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per file: audio, text, duration_s, processing_s, rtf, transcripts "
+        "(confidence and words with start_time and duration)",
+    )
+    parser.add_argument(
+        "--extended", action="store_true", help="after the text, one line per word: start, duration, word"
+    )
+    parser.add_argument(
+        "--candidate_transcripts",
+        "--candidate-transcripts",
+        type=int,
+        default=1,
+        metavar="N",
+        help="how many transcripts to report with --json (beam search; default 1)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("tflite", "saved_model", "frozen_graph"),
+        help="model runtime (default: from --model's file, else tflite)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for the model (default: 1)")
     parser.add_argument("--scorer", help="language model (ARPA or KenLM binary) instead of the export's own")
-    parser.add_argument("--no-scorer", "--no_scorer", action="store_true", help="greedy decoding, no language model")
-    parser.add_argument("--beam_width", "--beam-width", type=int, help="beam width (default: the export's decoder settings)")
-    parser.add_argument("--lm_alpha", "--lm-alpha", type=float, help="LM weight (default: the export's, tuned when it was tuned)")
-    parser.add_argument("--lm_beta", "--lm-beta", type=float, help="word insertion score (default: the export's)")
-    parser.add_argument("--no-resample", "--no_resample", action="store_true",
-                        help="refuse audio at another sample rate (default: resample it, with a warning)")
-    parser.add_argument("--resample", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old scripts
+    parser.add_argument(
+        "--no-scorer", "--no_scorer", action="store_true", help="greedy decoding, no language model"
+    )
+    parser.add_argument(
+        "--beam_width", "--beam-width", type=int, help="beam width (default: the export's decoder settings)"
+    )
+    parser.add_argument(
+        "--lm_alpha",
+        "--lm-alpha",
+        type=float,
+        help="LM weight (default: the export's, tuned when it was tuned)",
+    )
+    parser.add_argument(
+        "--lm_beta", "--lm-beta", type=float, help="word insertion score (default: the export's)"
+    )
+    parser.add_argument(
+        "--no-resample",
+        "--no_resample",
+        action="store_true",
+        help="refuse audio at another sample rate (default: resample it, with a warning)",
+    )
+    parser.add_argument(
+        "--resample", action="store_true", help=argparse.SUPPRESS
+    )  # the default now; kept for old scripts
     parser.add_argument("--version", action="version", version=_version())
     return parser.parse_args(argv)
 
@@ -97,7 +137,11 @@ def main(argv=None) -> int:
     from native_client.model import open_model
 
     overrides = {"beam_width": args.beam_width, "lm_alpha": args.lm_alpha, "lm_beta": args.lm_beta}
-    factory = None if args.no_scorer else (lambda metadata: beam_decoder_for_export(metadata, args.scorer, overrides))
+    factory = (
+        None
+        if args.no_scorer
+        else (lambda metadata: beam_decoder_for_export(metadata, args.scorer, overrides))
+    )
     try:
         directory, backend = model_location(args.model, args.backend)
         model = open_model(directory, backend=backend, threads=args.threads, decoder_factory=factory)
@@ -106,12 +150,22 @@ def main(argv=None) -> int:
         return 2
     failed = 0
     for path in args.audio:
+
         def warn(rate: int, path=path) -> None:
-            print(f"warning: {path}: sample rate {rate} Hz, resampling to the model's {model.sample_rate} Hz "
-                  f"(accuracy may suffer; --no-resample refuses such files)", file=sys.stderr, flush=True)
+            print(
+                f"warning: {path}: sample rate {rate} Hz, resampling to the model's {model.sample_rate} Hz "
+                f"(accuracy may suffer; --no-resample refuses such files)",
+                file=sys.stderr,
+                flush=True,
+            )
+
         try:
-            result = model.transcribe_file(path, convert_rate=not args.no_resample,
-                                           candidates=args.candidate_transcripts, on_resample=warn)
+            result = model.transcribe_file(
+                path,
+                convert_rate=not args.no_resample,
+                candidates=args.candidate_transcripts,
+                on_resample=warn,
+            )
         except AudioError as error:
             print(f"error: {error}", file=sys.stderr)
             failed += 1

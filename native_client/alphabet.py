@@ -4,6 +4,7 @@ File format (as DeepSpeech): one character per line; lines starting with
 ``#`` are comments; ``\\#`` stands for a literal ``#``. The CTC blank is not
 in the file: it is the extra last class, so ``n_classes == len(alphabet) + 1``.
 """
+
 from __future__ import annotations
 
 import re

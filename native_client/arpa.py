@@ -1,4 +1,5 @@
 """Reading the word list of an ARPA language model."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,7 +31,7 @@ def arpa_counts(path: str | Path) -> dict[str, int]:
         for line in handle:
             line = line.strip()
             if line.startswith("ngram "):
-                order, count = line[len("ngram "):].split("=")
+                order, count = line[len("ngram ") :].split("=")
                 counts[order.strip()] = int(count)
             elif line.startswith("\\1-grams:"):
                 break

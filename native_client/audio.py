@@ -1,9 +1,10 @@
 """Reading audio: WAV, FLAC and the other formats soundfile decodes, as int16 mono samples."""
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from math import gcd
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import soundfile
@@ -28,8 +29,10 @@ def _info(path: str | Path):
     try:
         return soundfile.info(str(path))
     except (RuntimeError, soundfile.LibsndfileError, TypeError, ValueError) as error:
-        raise AudioError("unreadable_audio", f"{path}: cannot decode audio: not a sound file libsndfile reads "
-                                             f"(WAV, FLAC, OGG, ...): {error}") from error
+        raise AudioError(
+            "unreadable_audio",
+            f"{path}: cannot decode audio: not a sound file libsndfile reads (WAV, FLAC, OGG, ...): {error}",
+        ) from error
 
 
 def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
@@ -60,8 +63,15 @@ def resample(samples: np.ndarray, rate: int, target_rate: int) -> np.ndarray:
     return np.clip(np.round(out), -32768, 32767).astype(np.int16)
 
 
-def load_checked(path: str | Path, sample_rate: int, *, convert_rate: bool = False, downmix: bool = True,
-                 convert_hint: str = "", downmix_hint: str = "") -> np.ndarray:
+def load_checked(
+    path: str | Path,
+    sample_rate: int,
+    *,
+    convert_rate: bool = False,
+    downmix: bool = True,
+    convert_hint: str = "",
+    downmix_hint: str = "",
+) -> np.ndarray:
     """Read ``path`` as int16 mono at ``sample_rate``: the one audio check of training and inference.
 
     Raises AudioError with reason ``unreadable_audio``, ``empty_audio``,
@@ -73,16 +83,27 @@ def load_checked(path: str | Path, sample_rate: int, *, convert_rate: bool = Fal
     if samples.shape[0] == 0:
         raise AudioError("empty_audio", f"{path}: no audio samples (header only)")
     if samples.shape[1] > 1 and not downmix:
-        raise AudioError("too_many_channels", f"{path}: {samples.shape[1]} channels, expected mono"
-                                              + (f" ({downmix_hint})" if downmix_hint else ""))
+        raise AudioError(
+            "too_many_channels",
+            f"{path}: {samples.shape[1]} channels, expected mono"
+            + (f" ({downmix_hint})" if downmix_hint else ""),
+        )
     if rate != sample_rate and not convert_rate:
-        raise AudioError("wrong_sample_rate", f"{path}: sample rate {rate} Hz, expected {sample_rate} Hz"
-                                              + (f" ({convert_hint})" if convert_hint else ""))
+        raise AudioError(
+            "wrong_sample_rate",
+            f"{path}: sample rate {rate} Hz, expected {sample_rate} Hz"
+            + (f" ({convert_hint})" if convert_hint else ""),
+        )
     return resample(to_mono(samples), rate, sample_rate)
 
 
-def stream_for_model(path: str | Path, sample_rate: int, convert_rate: bool = False,
-                     block_seconds: float = 10.0, on_resample=None) -> Iterator[np.ndarray]:
+def stream_for_model(
+    path: str | Path,
+    sample_rate: int,
+    convert_rate: bool = False,
+    block_seconds: float = 10.0,
+    on_resample=None,
+) -> Iterator[np.ndarray]:
     """``load_for_model`` in blocks of ``block_seconds`` (int16 mono), so that a long recording is never
     in memory whole; the same checks and errors. Resampling (``convert_rate``) reads the whole file,
     after calling ``on_resample(rate)``."""
@@ -93,8 +114,9 @@ def stream_for_model(path: str | Path, sample_rate: int, convert_rate: bool = Fa
         yield load_for_model(path, sample_rate, convert_rate)
         return
     try:
-        for block in soundfile.blocks(str(path), blocksize=max(1, int(block_seconds * info.samplerate)),
-                                      dtype="int16", always_2d=True):
+        for block in soundfile.blocks(
+            str(path), blocksize=max(1, int(block_seconds * info.samplerate)), dtype="int16", always_2d=True
+        ):
             yield to_mono(block)
     except (RuntimeError, soundfile.LibsndfileError, TypeError, ValueError) as error:
         raise AudioError("unreadable_audio", f"{path}: cannot decode audio: {error}") from error
@@ -103,5 +125,9 @@ def stream_for_model(path: str | Path, sample_rate: int, convert_rate: bool = Fa
 def load_for_model(path: str | Path, sample_rate: int, convert_rate: bool = False) -> np.ndarray:
     """Read ``path`` for a model trained at ``sample_rate``: channels are averaged; another rate is
     refused with AudioError("wrong_sample_rate") unless ``convert_rate``, which resamples."""
-    return load_checked(path, sample_rate, convert_rate=convert_rate,
-                        convert_hint="without --no-resample the client resamples it; accuracy may suffer")
+    return load_checked(
+        path,
+        sample_rate,
+        convert_rate=convert_rate,
+        convert_hint="without --no-resample the client resamples it; accuracy may suffer",
+    )

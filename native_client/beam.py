@@ -7,23 +7,24 @@ Two modes, as ``decoder.lexicon`` says:
 - lexicon-free: any spelling; a character n-gram LM scores every character
   (space written ``|``); ``lm_beta`` is the score per word boundary.
 """
+
 from __future__ import annotations
 
 import copy
 import dataclasses
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 
 from native_client.alphabet import Alphabet
 from native_client.arpa import arpa_unigrams, is_arpa
 from native_client.decoding import log_softmax
-from native_client.transcripts import Candidate, word_timings
 from native_client.metadata import METADATA_NAME, verify_manifest
+from native_client.transcripts import Candidate, word_timings
 
 SPACE_TOKEN = "|"
 UNK_WORD = "<unk>"
@@ -41,7 +42,7 @@ class BeamSettings:
     lexicon: bool = True
 
     @classmethod
-    def from_dict(cls, values: dict) -> "BeamSettings":
+    def from_dict(cls, values: dict) -> BeamSettings:
         """Settings from a mapping; unknown keys are ignored, missing ones keep their defaults."""
         return cls(**{name: values[name] for name in cls.__dataclass_fields__ if name in values})
 
@@ -74,8 +75,13 @@ class BeamDecoder:
 
     name = "beam+lm"
 
-    def __init__(self, alphabet: Alphabet, lm_path: str | Path, settings: BeamSettings,
-                 vocabulary: Optional[Sequence[str]] = None):
+    def __init__(
+        self,
+        alphabet: Alphabet,
+        lm_path: str | Path,
+        settings: BeamSettings,
+        vocabulary: Sequence[str] | None = None,
+    ):
         from flashlight.lib.text.decoder import SmearingMode, Trie
         from flashlight.lib.text.decoder.kenlm import KenLM
         from flashlight.lib.text.dictionary import Dictionary, create_word_dict
@@ -120,24 +126,49 @@ class BeamDecoder:
 
     def _make_decoder(self):
         """The flashlight decoder for ``self.settings`` over the loaded LM (and trie); cheap to make."""
-        from flashlight.lib.text.decoder import (CriterionType, LexiconDecoder, LexiconDecoderOptions,
-                                                 LexiconFreeDecoder, LexiconFreeDecoderOptions)
+        from flashlight.lib.text.decoder import (
+            CriterionType,
+            LexiconDecoder,
+            LexiconDecoderOptions,
+            LexiconFreeDecoder,
+            LexiconFreeDecoderOptions,
+        )
 
         settings = self.settings
         if self.word_dict is not None:
             options = LexiconDecoderOptions(
-                beam_size=settings.beam_width, beam_size_token=self.tokens_per_frame,
-                beam_threshold=settings.beam_threshold, lm_weight=settings.lm_alpha, word_score=settings.lm_beta,
-                unk_score=-math.inf, sil_score=0.0, log_add=False, criterion_type=CriterionType.CTC)
-            return LexiconDecoder(options, self.trie, self.lm, self.space, self.blank,
-                                  self.word_dict.get_index(UNK_WORD), [], False)
+                beam_size=settings.beam_width,
+                beam_size_token=self.tokens_per_frame,
+                beam_threshold=settings.beam_threshold,
+                lm_weight=settings.lm_alpha,
+                word_score=settings.lm_beta,
+                unk_score=-math.inf,
+                sil_score=0.0,
+                log_add=False,
+                criterion_type=CriterionType.CTC,
+            )
+            return LexiconDecoder(
+                options,
+                self.trie,
+                self.lm,
+                self.space,
+                self.blank,
+                self.word_dict.get_index(UNK_WORD),
+                [],
+                False,
+            )
         options = LexiconFreeDecoderOptions(
-            beam_size=settings.beam_width, beam_size_token=self.tokens_per_frame,
-            beam_threshold=settings.beam_threshold, lm_weight=settings.lm_alpha, sil_score=settings.lm_beta,
-            log_add=False, criterion_type=CriterionType.CTC)
+            beam_size=settings.beam_width,
+            beam_size_token=self.tokens_per_frame,
+            beam_threshold=settings.beam_threshold,
+            lm_weight=settings.lm_alpha,
+            sil_score=settings.lm_beta,
+            log_add=False,
+            criterion_type=CriterionType.CTC,
+        )
         return LexiconFreeDecoder(options, self.lm, self.space, self.blank, [])
 
-    def reweighted(self, lm_alpha: float, lm_beta: float) -> "BeamDecoder":
+    def reweighted(self, lm_alpha: float, lm_beta: float) -> BeamDecoder:
         """The same decoder with other LM weights, sharing the loaded LM and trie (no reloading)."""
         other = copy.copy(self)
         other.settings = dataclasses.replace(self.settings, lm_alpha=lm_alpha, lm_beta=lm_beta)
@@ -148,8 +179,10 @@ class BeamDecoder:
         """The best transcript of ``logits`` ``[time, classes]``. Longer than ``SEGMENT_FRAMES``, the
         logits are cut at pauses and the segments decoded one after another: the decoder keeps state for
         every frame (about 19 KB each at beam 1024), which a two-hour recording would not fit."""
-        segments = [self._search(logits[start:stop])
-                    for start, stop in pause_segments(logits, (self.blank, self.space), SEGMENT_FRAMES)]
+        segments = [
+            self._search(logits[start:stop])
+            for start, stop in pause_segments(logits, (self.blank, self.space), SEGMENT_FRAMES)
+        ]
         return " ".join(self._text(results[0]) for results in segments if results and self._text(results[0]))
 
     def candidates(self, logits: np.ndarray, count: int, seconds_per_frame: float) -> list[Candidate]:
@@ -158,22 +191,36 @@ class BeamDecoder:
         segments = pause_segments(logits, (self.blank, self.space), SEGMENT_FRAMES)
         if len(segments) == 1:
             return self._candidates(logits, count, seconds_per_frame, 0) or [Candidate("", 0.0, ())]
-        best = [found[0] for start, stop in segments
-                if (found := self._candidates(logits[start:stop], 1, seconds_per_frame, start))]
-        return [Candidate(" ".join(c.text for c in best if c.text), sum(c.confidence for c in best),
-                          tuple(w for c in best for w in c.words))]
+        best = [
+            found[0]
+            for start, stop in segments
+            if (found := self._candidates(logits[start:stop], 1, seconds_per_frame, start))
+        ]
+        return [
+            Candidate(
+                " ".join(c.text for c in best if c.text),
+                sum(c.confidence for c in best),
+                tuple(w for c in best for w in c.words),
+            )
+        ]
 
-    def _candidates(self, logits: np.ndarray, count: int, seconds_per_frame: float,
-                    first_frame: int) -> list[Candidate]:
+    def _candidates(
+        self, logits: np.ndarray, count: int, seconds_per_frame: float, first_frame: int
+    ) -> list[Candidate]:
         found, seen = [], set()
         for result in self._search(logits):
             text = self._text(result)
             if text in seen:
                 continue
             seen.add(text)
-            path = list(result.tokens)[1:len(logits) + 1]  # the decoder pads one token before the frames
-            found.append(Candidate(text, float(result.score),
-                                   word_timings(path, self.alphabet, seconds_per_frame, first_frame)))
+            path = list(result.tokens)[1 : len(logits) + 1]  # the decoder pads one token before the frames
+            found.append(
+                Candidate(
+                    text,
+                    float(result.score),
+                    word_timings(path, self.alphabet, seconds_per_frame, first_frame),
+                )
+            )
             if len(found) == count:
                 break
         return found
@@ -197,7 +244,7 @@ class BeamDecoder:
         return self.decoder.decode(emissions.ctypes.data, emissions.shape[0], emissions.shape[1])
 
 
-def beam_decoder_for_export(metadata, scorer: Optional[str | Path] = None, overrides: Optional[dict] = None):
+def beam_decoder_for_export(metadata, scorer: str | Path | None = None, overrides: dict | None = None):
     """The beam decoder an export describes (its LM and vocabulary), or with another ``scorer``;
     None when the export has no LM and no scorer is given."""
     decoder = dict(metadata.decoder or {})
@@ -208,8 +255,11 @@ def beam_decoder_for_export(metadata, scorer: Optional[str | Path] = None, overr
     if lm is None:
         return None
     if not scorer:
-        verify_manifest(metadata.directory, [decoder[key]] + ([decoder["vocabulary"]] if settings.lexicon
-                                                              and decoder.get("vocabulary") else []))
+        verify_manifest(
+            metadata.directory,
+            [decoder[key]]
+            + ([decoder["vocabulary"]] if settings.lexicon and decoder.get("vocabulary") else []),
+        )
     if not lm.is_file():
         raise FileNotFoundError(f"{lm}: language model file not found")
     vocabulary = None
@@ -220,6 +270,8 @@ def beam_decoder_for_export(metadata, scorer: Optional[str | Path] = None, overr
         elif vocab_file is not None and vocab_file.is_file():
             vocabulary = vocab_file.read_text(encoding="utf-8").split()
         else:
-            raise FileNotFoundError(f"{vocab_file or metadata.directory / METADATA_NAME}: vocabulary needed for "
-                                    f"lexicon decoding is missing" + ("" if vocab_file else " (no decoder.vocabulary entry)"))
+            raise FileNotFoundError(
+                f"{vocab_file or metadata.directory / METADATA_NAME}: vocabulary needed for "
+                f"lexicon decoding is missing" + ("" if vocab_file else " (no decoder.vocabulary entry)")
+            )
     return BeamDecoder(metadata.alphabet, lm, settings, vocabulary)

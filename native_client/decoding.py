@@ -1,5 +1,6 @@
 """Turning logits into text. Greedy (best path) decoding; the beam search with a language model
 lives in ``native_client.beam`` and offers the same ``decode(logits)`` method."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,7 +35,9 @@ class GreedyDecoder:
         of each frame's best log probability."""
         path = np.argmax(logits, axis=-1)
         confidence = float(np.sum(np.max(log_softmax(logits), axis=-1))) if len(logits) else 0.0
-        return [Candidate(self.decode(logits), confidence, word_timings(path, self.alphabet, seconds_per_frame))]
+        return [
+            Candidate(self.decode(logits), confidence, word_timings(path, self.alphabet, seconds_per_frame))
+        ]
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

@@ -1,8 +1,9 @@
 """MFCC features exactly as training computes them, for whole utterances and for streams.
 
-Training (``pipeline.features``) calls ``mfcc_features`` from here, so a
+Training (``pipeline.features.frontend``) calls ``mfcc_features`` from here, so a
 client cannot drift from the features its model was trained on.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,7 +29,7 @@ class FeatureSettings:
     normalize: bool
 
     @classmethod
-    def from_dict(cls, values: dict) -> "FeatureSettings":
+    def from_dict(cls, values: dict) -> FeatureSettings:
         """Settings from a mapping with (at least) these field names."""
         return cls(**{name: values[name] for name in cls.__dataclass_fields__})
 
@@ -48,9 +49,17 @@ class FeatureSettings:
 
 
 def _mfcc(signal: np.ndarray, settings: FeatureSettings, preemph: float) -> np.ndarray:
-    return mfcc(signal, samplerate=settings.sample_rate, winlen=settings.winlen, winstep=settings.winstep,
-                numcep=settings.numcep, nfilt=settings.nfilt, nfft=settings.nfft, preemph=preemph,
-                ceplifter=settings.ceplifter).astype(np.float32)
+    return mfcc(
+        signal,
+        samplerate=settings.sample_rate,
+        winlen=settings.winlen,
+        winstep=settings.winstep,
+        numcep=settings.numcep,
+        nfilt=settings.nfilt,
+        nfft=settings.nfft,
+        preemph=preemph,
+        ceplifter=settings.ceplifter,
+    ).astype(np.float32)
 
 
 def normalize_frames(frames: np.ndarray) -> np.ndarray:
@@ -81,7 +90,7 @@ class StreamingMfcc:
 
     def __init__(self, settings: FeatureSettings):
         self.settings = settings
-        self._previous = None       # last raw sample seen, for pre-emphasis
+        self._previous = None  # last raw sample seen, for pre-emphasis
         self._pending = np.zeros(0)  # emphasised samples from the start of the next frame on
         self._samples = 0
         self._frames = 0
@@ -108,7 +117,7 @@ class StreamingMfcc:
         if len(signal) < needed:
             signal = np.concatenate([signal, np.zeros(needed - len(signal))])
         frames = _mfcc(signal, self.settings, preemph=0.0)
-        self._pending = self._pending[n_frames * step:]
+        self._pending = self._pending[n_frames * step :]
         self._frames += n_frames
         return frames
 
@@ -146,7 +155,7 @@ def window_view(frames: np.ndarray, n_context: int) -> np.ndarray:
     zero-padded copy of the frames: the windows are not materialised (19x the frames' memory)."""
     time, n_input = frames.shape
     padded = np.zeros((time + 2 * n_context, n_input), dtype=np.float32)
-    padded[n_context:n_context + time] = frames
+    padded[n_context : n_context + time] = frames
     window = 2 * n_context + 1
     return np.lib.stride_tricks.sliding_window_view(padded, window, axis=0).transpose(0, 2, 1)[:time]
 

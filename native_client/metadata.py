@@ -1,4 +1,5 @@
 """The export's ``metadata.json``: what a client needs to reproduce training's input and output."""
+
 from __future__ import annotations
 
 import hashlib
@@ -15,8 +16,21 @@ METADATA_NAME = "metadata.json"
 MANIFEST_NAME = "manifest.json"
 FORMAT = "luigi-deepspeech-export"
 FORMAT_VERSION = 1
-REQUIRED_KEYS = ("format", "format_version", "model_version", "fingerprint", "features", "n_context",
-                 "n_input", "n_steps", "n_hidden", "n_classes", "alphabet", "files", "tensors")
+REQUIRED_KEYS = (
+    "format",
+    "format_version",
+    "model_version",
+    "fingerprint",
+    "features",
+    "n_context",
+    "n_input",
+    "n_steps",
+    "n_hidden",
+    "n_classes",
+    "alphabet",
+    "files",
+    "tensors",
+)
 
 
 class ExportError(ValueError):
@@ -64,7 +78,10 @@ def write_manifest(directory: Path) -> dict:
     directory = Path(directory)
     files = {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_NAME):
-        files[path.relative_to(directory).as_posix()] = {"sha256": sha256_file(path), "size": path.stat().st_size}
+        files[path.relative_to(directory).as_posix()] = {
+            "sha256": sha256_file(path),
+            "size": path.stat().st_size,
+        }
     (directory / MANIFEST_NAME).write_text(json.dumps({"files": files}, indent=1) + "\n", encoding="utf-8")
     return files
 
@@ -82,8 +99,16 @@ def verify_manifest(directory: Path, names=None, digest=sha256_file) -> None:
         raise ExportError(f"{manifest}: missing, so the export's files cannot be verified; {redo}") from None
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ExportError(f"{manifest}: unreadable ({error}); {redo}") from None
-    wanted = list(files) if names is None else [
-        name for name in files for prefix in names if name == prefix or name.startswith(prefix.rstrip("/") + "/")]
+    wanted = (
+        list(files)
+        if names is None
+        else [
+            name
+            for name in files
+            for prefix in names
+            if name == prefix or name.startswith(prefix.rstrip("/") + "/")
+        ]
+    )
     if names is not None and not wanted:
         raise ExportError(f"{manifest}: lists none of {', '.join(names)}; {redo}")
     for name in wanted:
@@ -99,8 +124,10 @@ def verify_manifest(directory: Path, names=None, digest=sha256_file) -> None:
 
 
 def _numbered_versions(directory: Path) -> list[Path]:
-    return sorted((p for p in directory.iterdir() if re.fullmatch(r"\d+", p.name) and (p / METADATA_NAME).is_file()),
-                  key=lambda p: int(p.name))
+    return sorted(
+        (p for p in directory.iterdir() if re.fullmatch(r"\d+", p.name) and (p / METADATA_NAME).is_file()),
+        key=lambda p: int(p.name),
+    )
 
 
 def resolve_export_dir(directory: str | Path) -> Path:
@@ -113,8 +140,10 @@ def resolve_export_dir(directory: str | Path) -> Path:
     versions = _numbered_versions(directory)
     if versions:
         return versions[-1]
-    raise ExportError(f"{directory}: no {METADATA_NAME} here or in a numbered version below it; "
-                      f"this is not a model export (create one with the Export task)")
+    raise ExportError(
+        f"{directory}: no {METADATA_NAME} here or in a numbered version below it; "
+        f"this is not a model export (create one with the Export task)"
+    )
 
 
 def parse_metadata(raw: dict, directory: Path) -> ExportMetadata:
@@ -126,22 +155,37 @@ def parse_metadata(raw: dict, directory: Path) -> ExportMetadata:
     if raw["format"] != FORMAT:
         raise ExportError(f"{source}: format is {raw['format']!r}, expected {FORMAT!r}")
     if raw["format_version"] > FORMAT_VERSION:
-        raise ExportError(f"{source}: format_version {raw['format_version']} is newer than this client "
-                          f"understands ({FORMAT_VERSION}); update the client")
+        raise ExportError(
+            f"{source}: format_version {raw['format_version']} is newer than this client "
+            f"understands ({FORMAT_VERSION}); update the client"
+        )
     try:
         features = FeatureSettings.from_dict(raw["features"])
     except KeyError as error:
         raise ExportError(f"{source}: features: missing key {error.args[0]!r}") from None
     alphabet = Alphabet(tuple(raw["alphabet"]))
     if alphabet.n_classes != raw["n_classes"]:
-        raise ExportError(f"{source}: alphabet has {alphabet.size} labels but n_classes is {raw['n_classes']} "
-                          f"(expected labels + 1 for the CTC blank)")
-    return ExportMetadata(directory=directory, model_version=int(raw["model_version"]), fingerprint=raw["fingerprint"],
-                          features=features, n_context=int(raw["n_context"]), n_input=int(raw["n_input"]),
-                          n_steps=int(raw["n_steps"]), n_hidden=int(raw["n_hidden"]), n_classes=int(raw["n_classes"]),
-                          alphabet=alphabet, files=dict(raw["files"]), tensors=dict(raw["tensors"]),
-                          tflite_quantized=bool(raw.get("tflite_quantized", False)),
-                          decoder=dict(raw.get("decoder") or {}), raw=raw)
+        raise ExportError(
+            f"{source}: alphabet has {alphabet.size} labels but n_classes is {raw['n_classes']} "
+            f"(expected labels + 1 for the CTC blank)"
+        )
+    return ExportMetadata(
+        directory=directory,
+        model_version=int(raw["model_version"]),
+        fingerprint=raw["fingerprint"],
+        features=features,
+        n_context=int(raw["n_context"]),
+        n_input=int(raw["n_input"]),
+        n_steps=int(raw["n_steps"]),
+        n_hidden=int(raw["n_hidden"]),
+        n_classes=int(raw["n_classes"]),
+        alphabet=alphabet,
+        files=dict(raw["files"]),
+        tensors=dict(raw["tensors"]),
+        tflite_quantized=bool(raw.get("tflite_quantized", False)),
+        decoder=dict(raw.get("decoder") or {}),
+        raw=raw,
+    )
 
 
 def load_metadata(directory: str | Path) -> ExportMetadata:

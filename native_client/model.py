@@ -1,10 +1,10 @@
 """A loaded export: one-shot transcription and streams."""
+
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -34,9 +34,14 @@ class Transcript:
     def to_dict(self) -> dict:
         """The JSON form the CLI prints: audio, text, duration_s, processing_s, rtf, and ``transcripts``
         (confidence and word timings of each candidate, DeepSpeech's ``--json``)."""
-        return {"audio": self.audio, "text": self.text, "duration_s": self.duration_s,
-                "processing_s": self.processing_s, "rtf": round(self.rtf, 4),
-                "transcripts": [c.to_dict() for c in self.candidates]}
+        return {
+            "audio": self.audio,
+            "text": self.text,
+            "duration_s": self.duration_s,
+            "processing_s": self.processing_s,
+            "rtf": round(self.rtf, 4),
+            "transcripts": [c.to_dict() for c in self.candidates],
+        }
 
 
 class Model:
@@ -48,8 +53,10 @@ class Model:
 
     def __init__(self, export_dir: str | Path, backend: str = "tflite", threads: int = 1, decoder=None):
         self.metadata: ExportMetadata = load_metadata(export_dir)
-        verify_manifest(self.metadata.directory, [self.metadata.files[backend]] if backend in self.metadata.files
-                        else None)
+        verify_manifest(
+            self.metadata.directory,
+            [self.metadata.files[backend]] if backend in self.metadata.files else None,
+        )
         self.runner = make_runner(self.metadata, backend, threads)
         self.greedy = GreedyDecoder(self.metadata.alphabet)
         self.decoder = decoder or self.greedy
@@ -73,8 +80,9 @@ class Model:
         """Transcript of a whole utterance of int16 mono samples at ``sample_rate``."""
         return self.decoder.decode(self.logits(samples))
 
-    def transcribe_file(self, path: str | Path, convert_rate: bool = False, candidates: int = 1,
-                        on_resample=None) -> Transcript:
+    def transcribe_file(
+        self, path: str | Path, convert_rate: bool = False, candidates: int = 1, on_resample=None
+    ) -> Transcript:
         """Read, check and transcribe one audio file; ``convert_rate`` resamples another rate (and calls
         ``on_resample(rate)`` first). ``candidates``: how many transcripts to keep (beam search), each
         with its confidence and word timings.
@@ -87,16 +95,22 @@ class Model:
         for block in stream_for_model(path, self.sample_rate, convert_rate, on_resample=on_resample):
             stream.feed_audio(block)
         found = self.decoder.candidates(stream.flush(), candidates, self.metadata.features.winstep)
-        return Transcript(audio=str(path), text=found[0].text, duration_s=stream.samples / self.sample_rate,
-                          processing_s=time.perf_counter() - started, candidates=tuple(found))
+        return Transcript(
+            audio=str(path),
+            text=found[0].text,
+            duration_s=stream.samples / self.sample_rate,
+            processing_s=time.perf_counter() - started,
+            candidates=tuple(found),
+        )
 
 
-def open_model(export_dir: str | Path, backend: str = "tflite", threads: int = 1,
-               decoder_factory=None) -> Model:
+def open_model(
+    export_dir: str | Path, backend: str = "tflite", threads: int = 1, decoder_factory=None
+) -> Model:
     """Load an export; ``decoder_factory(metadata)`` may build a decoder (e.g. beam search with the LM)."""
     model = Model(export_dir, backend, threads)
     if decoder_factory is not None:
-        decoder: Optional[object] = decoder_factory(model.metadata)
+        decoder: object | None = decoder_factory(model.metadata)
         if decoder is not None:
             model.decoder = decoder
     return model

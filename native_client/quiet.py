@@ -1,4 +1,5 @@
 """Keep TensorFlow's start-up chatter off the terminal."""
+
 from __future__ import annotations
 
 import os
@@ -7,8 +8,10 @@ import sys
 import tempfile
 
 # What TensorFlow 2.21 writes to stderr while it loads, before it reads TF_CPP_MIN_LOG_LEVEL.
-NOISE = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\) is called|[IW]\d{4} \d\d:\d\d:\d\d"
-                   r"|To enable the following instructions|INFO: Created TensorFlow Lite XNNPACK delegate)")
+NOISE = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called|[IW]\d{4} \d\d:\d\d:\d\d"
+    r"|To enable the following instructions|INFO: Created TensorFlow Lite XNNPACK delegate)"
+)
 
 
 def import_tensorflow_quietly() -> None:

@@ -3,6 +3,7 @@
 Each runner maps ``(windows [1, n_steps, window, n_input], state_h, state_c)`` to
 ``(logits [n_steps, n_classes], state_h, state_c)``. A reset is a zero state.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -58,9 +59,11 @@ class TFLiteRunner(StepRunner):
         interpreter.set_tensor(self._inputs[names["state_h"]], state_h)
         interpreter.set_tensor(self._inputs[names["state_c"]], state_c)
         interpreter.invoke()
-        return (interpreter.get_tensor(self._outputs[names["logits"]])[0],
-                interpreter.get_tensor(self._outputs[names["new_state_h"]]),
-                interpreter.get_tensor(self._outputs[names["new_state_c"]]))
+        return (
+            interpreter.get_tensor(self._outputs[names["logits"]])[0],
+            interpreter.get_tensor(self._outputs[names["new_state_h"]]),
+            interpreter.get_tensor(self._outputs[names["new_state_c"]]),
+        )
 
 
 class SavedModelRunner(StepRunner):
@@ -76,9 +79,18 @@ class SavedModelRunner(StepRunner):
 
     def step(self, windows, state_h, state_c):
         names = self.metadata.tensors
-        out = self.function(**{names["input"]: windows.astype(np.float32, copy=False),
-                               names["state_h"]: state_h, names["state_c"]: state_c})
-        return out[names["logits"]].numpy()[0], out[names["new_state_h"]].numpy(), out[names["new_state_c"]].numpy()
+        out = self.function(
+            **{
+                names["input"]: windows.astype(np.float32, copy=False),
+                names["state_h"]: state_h,
+                names["state_c"]: state_c,
+            }
+        )
+        return (
+            out[names["logits"]].numpy()[0],
+            out[names["new_state_h"]].numpy(),
+            out[names["new_state_c"]].numpy(),
+        )
 
 
 class FrozenGraphRunner(StepRunner):
@@ -97,11 +109,17 @@ class FrozenGraphRunner(StepRunner):
         graph = wrapped.graph
         self.function = wrapped.prune(
             [graph.as_graph_element(names["inputs"][key]) for key in ("input", "state_h", "state_c")],
-            [graph.as_graph_element(names["outputs"][key]) for key in ("logits", "new_state_h", "new_state_c")])
+            [
+                graph.as_graph_element(names["outputs"][key])
+                for key in ("logits", "new_state_h", "new_state_c")
+            ],
+        )
 
     def step(self, windows, state_h, state_c):
         tf = self._tf
-        logits, h, c = self.function(tf.constant(windows, tf.float32), tf.constant(state_h), tf.constant(state_c))
+        logits, h, c = self.function(
+            tf.constant(windows, tf.float32), tf.constant(state_h), tf.constant(state_c)
+        )
         return logits.numpy()[0], h.numpy(), c.numpy()
 
 

@@ -1,4 +1,5 @@
 """Streaming recognition: feed audio in chunks of any size, ask for a transcript at any time."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,7 +22,7 @@ def run_windows(runner: StepRunner, windows: np.ndarray, state):
     outputs = []
     for start in range(0, len(windows), n_steps):
         # Only this call's windows are materialised: ``windows`` may be a view of the frames.
-        chunk = np.ascontiguousarray(windows[start:start + n_steps])
+        chunk = np.ascontiguousarray(windows[start : start + n_steps])
         real = len(chunk)
         if real < n_steps:
             chunk = np.concatenate([chunk, np.zeros((n_steps - real,) + chunk.shape[1:], chunk.dtype)])
@@ -73,20 +74,28 @@ class Stream:
         context = self._n_context
         self._pending = np.concatenate([self._pending, frames])
         if final:
-            self._pending = np.concatenate([self._pending, np.zeros((context, self._pending.shape[1]), np.float32)])
+            self._pending = np.concatenate(
+                [self._pending, np.zeros((context, self._pending.shape[1]), np.float32)]
+            )
         ready = len(self._pending) - 2 * context
         if not final:
             ready -= ready % self.runner.metadata.n_steps
         if ready <= 0:
             return
         window = 2 * context + 1
-        windows = np.lib.stride_tricks.sliding_window_view(self._pending, window, axis=0).transpose(0, 2, 1)[:ready]
+        windows = np.lib.stride_tricks.sliding_window_view(self._pending, window, axis=0).transpose(0, 2, 1)[
+            :ready
+        ]
         logits, self._state = run_windows(self.runner, np.ascontiguousarray(windows), self._state)
         self._logits.append(logits)
         self._pending = self._pending[ready:]
 
     def _normalised_logits(self) -> np.ndarray:
-        frames = np.concatenate(self._all_frames) if self._all_frames else np.zeros((0, self.runner.metadata.n_input), np.float32)
+        frames = (
+            np.concatenate(self._all_frames)
+            if self._all_frames
+            else np.zeros((0, self.runner.metadata.n_input), np.float32)
+        )
         if len(frames) == 0:
             return np.zeros((0, self.runner.metadata.n_classes), np.float32)
         logits, _ = run_frames(self.runner, normalize_frames(frames))
@@ -96,7 +105,11 @@ class Stream:
         """Logits ``[time, n_classes]`` of the audio so far."""
         if self._normalize:
             return self._normalised_logits()
-        return np.concatenate(self._logits) if self._logits else np.zeros((0, self.runner.metadata.n_classes), np.float32)
+        return (
+            np.concatenate(self._logits)
+            if self._logits
+            else np.zeros((0, self.runner.metadata.n_classes), np.float32)
+        )
 
     def intermediate_decode(self) -> str:
         """Transcript of the audio so far (the intermediate decoder; greedy unless configured)."""

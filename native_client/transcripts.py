@@ -1,8 +1,9 @@
 """Candidate transcripts with word timings, as DeepSpeech's ``--extended``/``--json`` report them."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from native_client.alphabet import Alphabet
 
@@ -26,13 +27,19 @@ class Candidate:
 
     def to_dict(self) -> dict:
         """DeepSpeech's JSON form: confidence and words with start_time and duration."""
-        return {"text": self.text, "confidence": round(self.confidence, 4),
-                "words": [{"word": w.word, "start_time": round(w.start_time, 3), "duration": round(w.duration, 3)}
-                          for w in self.words]}
+        return {
+            "text": self.text,
+            "confidence": round(self.confidence, 4),
+            "words": [
+                {"word": w.word, "start_time": round(w.start_time, 3), "duration": round(w.duration, 3)}
+                for w in self.words
+            ],
+        }
 
 
-def word_timings(frame_labels: Sequence[int], alphabet: Alphabet, seconds_per_frame: float,
-                 first_frame: int = 0) -> tuple[WordTiming, ...]:
+def word_timings(
+    frame_labels: Sequence[int], alphabet: Alphabet, seconds_per_frame: float, first_frame: int = 0
+) -> tuple[WordTiming, ...]:
     """Words of a per-frame label path (CTC: repeats merged, blanks dropped, the space separates words).
     A word starts at the frame of its first letter and lasts until the last frame of its last letter."""
     blank, space = alphabet.blank_index, alphabet.labels.index(" ") if " " in alphabet.labels else -1
@@ -43,8 +50,13 @@ def word_timings(frame_labels: Sequence[int], alphabet: Alphabet, seconds_per_fr
 
     def close() -> None:
         if letters:
-            words.append(WordTiming("".join(letters), (first_frame + start) * seconds_per_frame,
-                                    (end - start + 1) * seconds_per_frame))
+            words.append(
+                WordTiming(
+                    "".join(letters),
+                    (first_frame + start) * seconds_per_frame,
+                    (end - start + 1) * seconds_per_frame,
+                )
+            )
             letters.clear()
 
     for frame, label in enumerate(frame_labels):

@@ -3,11 +3,12 @@
 Reading YAML into these (``extends:``, type checks, error messages) is
 ``pipeline.config_loader``; this module only says what a config is.
 """
+
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 APP_NAME = "luigi-deepspeech"
 
@@ -16,11 +17,25 @@ class ConfigError(ValueError):
     """A configuration file or value is invalid; the message is one line."""
 
 
-def _opt(default, doc: str, *, minimum=None, maximum=None, path: bool = False,
-         fingerprint: bool = True, exclusive_min: bool = False):
+def _opt(
+    default,
+    doc: str,
+    *,
+    minimum=None,
+    maximum=None,
+    path: bool = False,
+    fingerprint: bool = True,
+    exclusive_min: bool = False,
+):
     """A dataclass field with documentation and validation metadata."""
-    meta = {"doc": doc, "min": minimum, "max": maximum, "path": path,
-            "fingerprint": fingerprint, "exclusive_min": exclusive_min}
+    meta = {
+        "doc": doc,
+        "min": minimum,
+        "max": maximum,
+        "path": path,
+        "fingerprint": fingerprint,
+        "exclusive_min": exclusive_min,
+    }
     if isinstance(default, (list, dict)):
         raise TypeError("use tuples for sequence defaults")
     return field(default=default, metadata=meta)
@@ -30,23 +45,47 @@ def _opt(default, doc: str, *, minimum=None, maximum=None, path: bool = False,
 class PathsConfig:
     """Where inputs are and where every stage writes."""
 
-    work_dir: Optional[str] = _opt(None, "Directory for all stage outputs; default: <XDG data home>/luigi-deepspeech.", path=True, fingerprint=False)
-    export_dir: Optional[str] = _opt(None, "Where Export writes the deployable model; default <work_dir>/export.", path=True, fingerprint=False)
-    alphabet: Optional[str] = _opt(None, "Alphabet file, one character per line; default: the project's data/alphabet.txt.", path=True)
+    work_dir: str | None = _opt(
+        None,
+        "Directory for all stage outputs; default: <XDG data home>/luigi-deepspeech.",
+        path=True,
+        fingerprint=False,
+    )
+    export_dir: str | None = _opt(
+        None,
+        "Where Export writes the deployable model; default <work_dir>/export.",
+        path=True,
+        fingerprint=False,
+    )
+    alphabet: str | None = _opt(
+        None, "Alphabet file, one character per line; default: the project's data/alphabet.txt.", path=True
+    )
 
 
 @dataclass(frozen=True)
 class DataConfig:
     """The corpus: DeepSpeech CSV manifests per split."""
 
-    train_files: tuple[str, ...] = _opt((), "Training CSVs (wav_filename,wav_filesize,transcript).", path=True)
-    dev_files: tuple[str, ...] = _opt((), "Validation CSVs, used for dev loss, early stopping and best checkpoint.", path=True)
+    train_files: tuple[str, ...] = _opt(
+        (), "Training CSVs (wav_filename,wav_filesize,transcript).", path=True
+    )
+    dev_files: tuple[str, ...] = _opt(
+        (), "Validation CSVs, used for dev loss, early stopping and best checkpoint.", path=True
+    )
     test_files: tuple[str, ...] = _opt((), "Test CSVs, used by Evaluate.", path=True)
     limit_train: int = _opt(0, "Use at most this many training samples (0 = all).", minimum=0)
     limit_dev: int = _opt(0, "Use at most this many dev samples (0 = all).", minimum=0)
     limit_test: int = _opt(0, "Use at most this many test samples (0 = all).", minimum=0)
-    max_reject_fraction: float = _opt(0.05, "Fail a split when more than this fraction of its rows is rejected (checked after extraction; raising it reuses the extracted features).", minimum=0.0, maximum=1.0, fingerprint=False)
-    max_duration_s: float = _opt(0.0, "Reject utterances longer than this many seconds (reason too_long); 0 = no limit.", minimum=0.0)
+    max_reject_fraction: float = _opt(
+        0.05,
+        "Fail a split when more than this fraction of its rows is rejected (checked after extraction; raising it reuses the extracted features).",
+        minimum=0.0,
+        maximum=1.0,
+        fingerprint=False,
+    )
+    max_duration_s: float = _opt(
+        0.0, "Reject utterances longer than this many seconds (reason too_long); 0 = no limit.", minimum=0.0
+    )
 
 
 @dataclass(frozen=True)
@@ -74,12 +113,20 @@ class ModelConfig:
     n_hidden: int = _opt(2048, "Width of the dense layers and the LSTM.", minimum=1)
     n_context: int = _opt(9, "Context frames on each side of a time step.", minimum=0)
     relu_clip: float = _opt(20.0, "Clip of the clipped ReLU.", minimum=0.0, exclusive_min=True)
-    dropout_rate: float = _opt(0.05, "Dropout of layer 1 (and 2, 3, 6 unless set).", minimum=0.0, maximum=0.99)
-    dropout_rate2: Optional[float] = _opt(None, "Dropout of layer 2 (default: dropout_rate).", minimum=0.0, maximum=0.99)
-    dropout_rate3: Optional[float] = _opt(None, "Dropout of layer 3 (default: dropout_rate).", minimum=0.0, maximum=0.99)
+    dropout_rate: float = _opt(
+        0.05, "Dropout of layer 1 (and 2, 3, 6 unless set).", minimum=0.0, maximum=0.99
+    )
+    dropout_rate2: float | None = _opt(
+        None, "Dropout of layer 2 (default: dropout_rate).", minimum=0.0, maximum=0.99
+    )
+    dropout_rate3: float | None = _opt(
+        None, "Dropout of layer 3 (default: dropout_rate).", minimum=0.0, maximum=0.99
+    )
     dropout_rate4: float = _opt(0.0, "Dropout after the LSTM.", minimum=0.0, maximum=0.99)
     dropout_rate5: float = _opt(0.0, "Dropout of the LSTM input.", minimum=0.0, maximum=0.99)
-    dropout_rate6: Optional[float] = _opt(None, "Dropout of layer 5 (default: dropout_rate).", minimum=0.0, maximum=0.99)
+    dropout_rate6: float | None = _opt(
+        None, "Dropout of layer 5 (default: dropout_rate).", minimum=0.0, maximum=0.99
+    )
     random_seed: int = _opt(4567, "Seed for weight initialisation and data order.")
 
 
@@ -87,40 +134,80 @@ class ModelConfig:
 class TrainingConfig:
     """The training loop."""
 
-    epochs: int = _opt(75, "Target epoch count; negative: that many more epochs than the checkpoint has. Not in the Train fingerprint: raising it continues the same run.", fingerprint=False)
+    epochs: int = _opt(
+        75,
+        "Target epoch count; negative: that many more epochs than the checkpoint has. Not in the Train fingerprint: raising it continues the same run.",
+        fingerprint=False,
+    )
     batch_size: int = _opt(16, "Batch size per tower (global batch = batch_size x towers).", minimum=1)
-    global_batch_size: int = _opt(0, "If set: the global batch, split evenly over the towers (must divide); 0 = batch_size x towers.", minimum=0)
+    global_batch_size: int = _opt(
+        0,
+        "If set: the global batch, split evenly over the towers (must divide); 0 = batch_size x towers.",
+        minimum=0,
+    )
     dev_batch_size: int = _opt(16, "Batch size per tower for dev and test passes.", minimum=1)
     learning_rate: float = _opt(0.001, "Adam learning rate.", minimum=0.0, exclusive_min=True)
     beta1: float = _opt(0.9, "Adam beta1.", minimum=0.0, maximum=1.0)
     beta2: float = _opt(0.999, "Adam beta2.", minimum=0.0, maximum=1.0)
     epsilon: float = _opt(1e-8, "Adam epsilon.", minimum=0.0, exclusive_min=True)
     lr_decay: Literal["constant", "exponential"] = _opt("constant", "Learning-rate schedule.")
-    decay_rate: float = _opt(0.95, "Exponential decay factor per decay_steps.", minimum=0.0, maximum=1.0, exclusive_min=True)
+    decay_rate: float = _opt(
+        0.95, "Exponential decay factor per decay_steps.", minimum=0.0, maximum=1.0, exclusive_min=True
+    )
     decay_steps: int = _opt(1000, "Steps per decay_rate factor.", minimum=1)
-    halve_lr_on_plateau: bool = _opt(False, "Halve the learning rate when the dev loss is worse than the best so far.")
+    halve_lr_on_plateau: bool = _opt(
+        False, "Halve the learning rate when the dev loss is worse than the best so far."
+    )
     clip_grad_norm: float = _opt(0.0, "Clip gradients by global norm (0 = off).", minimum=0.0)
-    revert_nonfinite_updates: bool = _opt(True, "Undo an update that would make any weight non-finite (keeps one copy of the weights and optimizer slots).", fingerprint=False)
-    max_nonfinite_batches: int = _opt(10, "Stop after this many consecutive batches with a non-finite loss.", minimum=1)
-    checkpoint_secs: int = _opt(600, "Save a checkpoint at least this often (and at each epoch end).", minimum=1, fingerprint=False)
+    revert_nonfinite_updates: bool = _opt(
+        True,
+        "Undo an update that would make any weight non-finite (keeps one copy of the weights and optimizer slots).",
+        fingerprint=False,
+    )
+    max_nonfinite_batches: int = _opt(
+        10, "Stop after this many consecutive batches with a non-finite loss.", minimum=1
+    )
+    checkpoint_secs: int = _opt(
+        600, "Save a checkpoint at least this often (and at each epoch end).", minimum=1, fingerprint=False
+    )
     max_to_keep: int = _opt(5, "Latest checkpoints kept.", minimum=1, fingerprint=False)
     validation_epochs: int = _opt(1, "Validate every this many epochs (0 = never).", minimum=0)
     report_count: int = _opt(10, "Best and worst samples listed in reports.", minimum=0, fingerprint=False)
-    summary_secs: int = _opt(60, "Write histogram summaries at most this often.", minimum=1, fingerprint=False)
-    wer_log_pattern: Optional[str] = _opt(None, "A str.format pattern printed after each validation with epoch, wer, cer, loss.", fingerprint=False)
-    init_from: Optional[str] = _opt(None, "Warm start from this checkpoint directory or export (weights only).", path=True)
-    drop_source_layers: int = _opt(0, "With init_from: re-initialise this many last layers (new alphabet).", minimum=0, maximum=6)
+    summary_secs: int = _opt(
+        60, "Write histogram summaries at most this often.", minimum=1, fingerprint=False
+    )
+    wer_log_pattern: str | None = _opt(
+        None,
+        "A str.format pattern printed after each validation with epoch, wer, cer, loss.",
+        fingerprint=False,
+    )
+    init_from: str | None = _opt(
+        None, "Warm start from this checkpoint directory or export (weights only).", path=True
+    )
+    drop_source_layers: int = _opt(
+        0, "With init_from: re-initialise this many last layers (new alphabet).", minimum=0, maximum=6
+    )
     shuffle_seed: int = _opt(1234, "Seed of the per-epoch batch order.")
-    precision: Literal["float32", "mixed_bfloat16", "mixed_float16"] = _opt("float32", "Keras mixed-precision policy of the training step: variables and checkpoints stay float32 (a run can switch and resume), the CTC loss and softmax are float32, mixed_float16 scales the loss; the export is float32.", fingerprint=False)
+    precision: Literal["float32", "mixed_bfloat16", "mixed_float16"] = _opt(
+        "float32",
+        "Keras mixed-precision policy of the training step: variables and checkpoints stay float32 (a run can switch and resume), the CTC loss and softmax are float32, mixed_float16 scales the loss; the export is float32.",
+        fingerprint=False,
+    )
     jit_compile: bool = _opt(False, "Compile the training step with XLA.", fingerprint=False)
-    max_batch_frames: int = _opt(0, "Cap on the frames of one tower's batch (batch size x longest utterance); a batch over it is split into smaller steps. 0 = off.", minimum=0)
+    max_batch_frames: int = _opt(
+        0,
+        "Cap on the frames of one tower's batch (batch size x longest utterance); a batch over it is split into smaller steps. 0 = off.",
+        minimum=0,
+    )
 
 
 @dataclass(frozen=True)
 class EarlyStopConfig:
     """When to stop before the target epoch."""
 
-    rule: Literal["seed", "patience", "off"] = _opt("off", "seed: DeepSpeech's mean/std rule; patience: es_epochs without es_min_delta gain.")
+    rule: Literal["seed", "patience", "off"] = _opt(
+        "off", "seed: DeepSpeech's mean/std rule; patience: es_epochs without es_min_delta gain."
+    )
     earlystop_nsteps: int = _opt(4, "Seed rule: dev losses considered.", minimum=2)
     estop_mean_thresh: float = _opt(0.5, "Seed rule: |latest - mean| below this...", minimum=0.0)
     estop_std_thresh: float = _opt(0.5, "Seed rule: ...and std below this stops.", minimum=0.0)
@@ -132,10 +219,23 @@ class EarlyStopConfig:
 class DistributionConfig:
     """Devices and workers ("towers")."""
 
-    strategy: Literal["auto", "one_device", "mirrored", "multi_worker"] = _opt("auto", "auto: all local GPUs as towers, else the CPU.")
-    cpu_devices: int = _opt(0, "Split the CPU into this many logical devices (towers without GPUs; 0 = no split).", minimum=0)
-    local_workers: int = _opt(0, "With strategy multi_worker: the Train task starts this many worker processes on this machine (0: this process is one worker, TF_CONFIG says which).", minimum=0)
-    collective_timeout_s: float = _opt(120.0, "multi_worker: seconds a collective operation may wait for the other workers before failing.", minimum=1.0, fingerprint=False)
+    strategy: Literal["auto", "one_device", "mirrored", "multi_worker"] = _opt(
+        "auto", "auto: all local GPUs as towers, else the CPU."
+    )
+    cpu_devices: int = _opt(
+        0, "Split the CPU into this many logical devices (towers without GPUs; 0 = no split).", minimum=0
+    )
+    local_workers: int = _opt(
+        0,
+        "With strategy multi_worker: the Train task starts this many worker processes on this machine (0: this process is one worker, TF_CONFIG says which).",
+        minimum=0,
+    )
+    collective_timeout_s: float = _opt(
+        120.0,
+        "multi_worker: seconds a collective operation may wait for the other workers before failing.",
+        minimum=1.0,
+        fingerprint=False,
+    )
 
 
 @dataclass(frozen=True)
@@ -151,25 +251,69 @@ class ExportConfig:
 class DecoderConfig:
     """The language model and CTC beam search."""
 
-    lm_corpus_files: tuple[str, ...] = _opt((), "Text files the LanguageModel task learns from (never dev or test text).", path=True)
+    lm_corpus_files: tuple[str, ...] = _opt(
+        (), "Text files the LanguageModel task learns from (never dev or test text).", path=True
+    )
     lm_include_train: bool = _opt(True, "Add the training transcripts to the LM text.")
-    lm_order: int = _opt(3, "n-gram order of the word LM (KenLM as packaged here reads up to 6).", minimum=1, maximum=6)
-    char_lm_order: int = _opt(6, "n-gram order of the character LM used when lexicon is false (at most 6).", minimum=1, maximum=6)
-    lm_path: Optional[str] = _opt(None, "An existing ARPA or KenLM binary to use instead of building one.", path=True)
-    lm_builder: Literal["auto", "kenlm", "python"] = _opt("auto", "Who estimates the LM: kenlm (KenLM's lmplz + build_binary, see make kenlm), python (the built-in estimator, for small corpora), auto (kenlm when its tools are installed).", fingerprint=False)  # in the LanguageModel fingerprint (layout)
-    lm_memory: str = _opt("2G", "KenLM builder: memory for lmplz's sort (its -S: 2G, 500M, 50%); it spills to disk beyond.", fingerprint=False)
-    lm_prune: tuple[int, ...] = _opt((), "KenLM builder: lmplz --prune thresholds per order, e.g. [0, 0, 1] drops trigrams seen once (non-decreasing).", minimum=0, fingerprint=False)  # in the LanguageModel fingerprint (layout)
-    lm_top_k: int = _opt(0, "KenLM builder: keep only the LM's n-grams of the this-many most frequent words (0 = all), as DeepSpeech's generate_lm.py.", minimum=0, fingerprint=False)  # in the LanguageModel fingerprint (layout)
-    lm_quantize_bits: int = _opt(8, "KenLM builder: build_binary quantisation bits (-q, pointer compression -a 255), 0 = none.", minimum=0, maximum=16, fingerprint=False)  # in the LanguageModel fingerprint (layout)
+    lm_order: int = _opt(
+        3, "n-gram order of the word LM (KenLM as packaged here reads up to 6).", minimum=1, maximum=6
+    )
+    char_lm_order: int = _opt(
+        6, "n-gram order of the character LM used when lexicon is false (at most 6).", minimum=1, maximum=6
+    )
+    lm_path: str | None = _opt(
+        None, "An existing ARPA or KenLM binary to use instead of building one.", path=True
+    )
+    lm_builder: Literal["auto", "kenlm", "python"] = _opt(
+        "auto",
+        "Who estimates the LM: kenlm (KenLM's lmplz + build_binary, see make kenlm), python (the built-in estimator, for small corpora), auto (kenlm when its tools are installed).",
+        fingerprint=False,
+    )  # in the LanguageModel fingerprint (layout)
+    lm_memory: str = _opt(
+        "2G",
+        "KenLM builder: memory for lmplz's sort (its -S: 2G, 500M, 50%); it spills to disk beyond.",
+        fingerprint=False,
+    )
+    lm_prune: tuple[int, ...] = _opt(
+        (),
+        "KenLM builder: lmplz --prune thresholds per order, e.g. [0, 0, 1] drops trigrams seen once (non-decreasing).",
+        minimum=0,
+        fingerprint=False,
+    )  # in the LanguageModel fingerprint (layout)
+    lm_top_k: int = _opt(
+        0,
+        "KenLM builder: keep only the LM's n-grams of the this-many most frequent words (0 = all), as DeepSpeech's generate_lm.py.",
+        minimum=0,
+        fingerprint=False,
+    )  # in the LanguageModel fingerprint (layout)
+    lm_quantize_bits: int = _opt(
+        8,
+        "KenLM builder: build_binary quantisation bits (-q, pointer compression -a 255), 0 = none.",
+        minimum=0,
+        maximum=16,
+        fingerprint=False,
+    )  # in the LanguageModel fingerprint (layout)
     beam_width: int = _opt(256, "CTC beam width.", minimum=1)
-    beam_threshold: float = _opt(15.0, "Prune hypotheses whose score is this far below the best.", minimum=0.0)
-    beam_size_token: int = _opt(8, "Tokens (most likely first) tried per frame for each hypothesis; 0 = all.", minimum=0)
+    beam_threshold: float = _opt(
+        15.0, "Prune hypotheses whose score is this far below the best.", minimum=0.0
+    )
+    beam_size_token: int = _opt(
+        8, "Tokens (most likely first) tried per frame for each hypothesis; 0 = all.", minimum=0
+    )
     lm_alpha: float = _opt(1.5, "LM weight.")
     lm_beta: float = _opt(2.25, "Word insertion weight.")
-    lexicon: bool = _opt(True, "Lexicon decoding: words from the LM vocabulary, scored by the word LM. false: lexicon-free, any spelling, scored by a character LM.")
+    lexicon: bool = _opt(
+        True,
+        "Lexicon decoding: words from the LM vocabulary, scored by the word LM. false: lexicon-free, any spelling, scored by a character LM.",
+    )
     tune: bool = _opt(False, "Tune lm_alpha/lm_beta on the dev set.")
     tune_trials: int = _opt(30, "Trials of the alpha/beta search.", minimum=1)
-    workers: int = _opt(0, "Processes that beam-decode in Evaluate and TuneDecoder (0 = all cores).", minimum=0, fingerprint=False)
+    workers: int = _opt(
+        0,
+        "Processes that beam-decode in Evaluate and TuneDecoder (0 = all cores).",
+        minimum=0,
+        fingerprint=False,
+    )
 
 
 @dataclass(frozen=True)
@@ -178,18 +322,67 @@ class AugmentConfig:
     features inside tf.data, per batch (in the Train fingerprint when any is on); audio-level keys make
     extra cached copies of the training utterances (in the train Features fingerprint when any is on)."""
 
-    freq_masks: int = _opt(0, "SpecAugment: frequency masks per utterance (0 = none).", minimum=0, fingerprint=False)
-    freq_mask_max: int = _opt(4, "SpecAugment: the widest frequency mask, in feature coefficients.", minimum=1, fingerprint=False)
-    time_masks: int = _opt(0, "SpecAugment: time masks per utterance (0 = none).", minimum=0, fingerprint=False)
-    time_mask_max: int = _opt(40, "SpecAugment: the widest time mask, in frames (10 ms each).", minimum=1, fingerprint=False)
-    time_mask_fraction: float = _opt(0.1, "SpecAugment: a time mask covers at most this fraction of its utterance.", minimum=0.0, maximum=1.0, exclusive_min=True, fingerprint=False)
-    feature_noise_std: float = _opt(0.0, "Gaussian noise of this standard deviation added to the features (0 = none).", minimum=0.0, fingerprint=False)
-    seed: int = _opt(2024, "Seed of every augmentation draw (with the epoch and step, or the utterance and copy).", fingerprint=False)
-    speed_factors: tuple[float, ...] = _opt((), "Audio: one extra copy of every training utterance per factor, resampled to play that much faster (e.g. [0.9, 1.1]).", minimum=0.5, maximum=2.0, fingerprint=False)
-    audio_copies: int = _opt(0, "Audio: extra copies at the original speed (with gain_db and noise_dir).", minimum=0, fingerprint=False)
-    gain_db: float = _opt(0.0, "Audio: each copy's volume changes by a random gain within +-gain_db decibels.", minimum=0.0, fingerprint=False)
-    noise_dir: Optional[str] = _opt(None, "Audio: a folder of noise recordings (WAV/FLAC at the sample rate); a random one is mixed into each copy.", path=True, fingerprint=False)
-    noise_snr_db: tuple[float, ...] = _opt((10.0, 30.0), "Audio: the range [low, high] of the signal-to-noise ratio of mixed noise, in dB.", fingerprint=False)
+    freq_masks: int = _opt(
+        0, "SpecAugment: frequency masks per utterance (0 = none).", minimum=0, fingerprint=False
+    )
+    freq_mask_max: int = _opt(
+        4, "SpecAugment: the widest frequency mask, in feature coefficients.", minimum=1, fingerprint=False
+    )
+    time_masks: int = _opt(
+        0, "SpecAugment: time masks per utterance (0 = none).", minimum=0, fingerprint=False
+    )
+    time_mask_max: int = _opt(
+        40, "SpecAugment: the widest time mask, in frames (10 ms each).", minimum=1, fingerprint=False
+    )
+    time_mask_fraction: float = _opt(
+        0.1,
+        "SpecAugment: a time mask covers at most this fraction of its utterance.",
+        minimum=0.0,
+        maximum=1.0,
+        exclusive_min=True,
+        fingerprint=False,
+    )
+    feature_noise_std: float = _opt(
+        0.0,
+        "Gaussian noise of this standard deviation added to the features (0 = none).",
+        minimum=0.0,
+        fingerprint=False,
+    )
+    seed: int = _opt(
+        2024,
+        "Seed of every augmentation draw (with the epoch and step, or the utterance and copy).",
+        fingerprint=False,
+    )
+    speed_factors: tuple[float, ...] = _opt(
+        (),
+        "Audio: one extra copy of every training utterance per factor, resampled to play that much faster (e.g. [0.9, 1.1]).",
+        minimum=0.5,
+        maximum=2.0,
+        fingerprint=False,
+    )
+    audio_copies: int = _opt(
+        0,
+        "Audio: extra copies at the original speed (with gain_db and noise_dir).",
+        minimum=0,
+        fingerprint=False,
+    )
+    gain_db: float = _opt(
+        0.0,
+        "Audio: each copy's volume changes by a random gain within +-gain_db decibels.",
+        minimum=0.0,
+        fingerprint=False,
+    )
+    noise_dir: str | None = _opt(
+        None,
+        "Audio: a folder of noise recordings (WAV/FLAC at the sample rate); a random one is mixed into each copy.",
+        path=True,
+        fingerprint=False,
+    )
+    noise_snr_db: tuple[float, ...] = _opt(
+        (10.0, 30.0),
+        "Audio: the range [low, high] of the signal-to-noise ratio of mixed noise, in dB.",
+        fingerprint=False,
+    )
 
     @property
     def features_on(self) -> bool:
@@ -232,27 +425,48 @@ def validate_config(config: Config) -> None:
     src = config.source
     augment = config.augment
     if any(not 0.5 <= f <= 2.0 for f in augment.speed_factors):
-        raise ConfigError(f"{src}: augment.speed_factors: expected factors between 0.5 and 2.0, got {list(augment.speed_factors)}")
+        raise ConfigError(
+            f"{src}: augment.speed_factors: expected factors between 0.5 and 2.0, got {list(augment.speed_factors)}"
+        )
     if len(augment.noise_snr_db) != 2 or augment.noise_snr_db[0] > augment.noise_snr_db[1]:
-        raise ConfigError(f"{src}: augment.noise_snr_db: expected [low, high] with low <= high, got {list(augment.noise_snr_db)}")
+        raise ConfigError(
+            f"{src}: augment.noise_snr_db: expected [low, high] with low <= high, got {list(augment.noise_snr_db)}"
+        )
     if (augment.gain_db or augment.noise_dir) and not augment.copies:
-        raise ConfigError(f"{src}: augment.gain_db / augment.noise_dir act on copies: set augment.speed_factors or augment.audio_copies")
+        raise ConfigError(
+            f"{src}: augment.gain_db / augment.noise_dir act on copies: set augment.speed_factors or augment.audio_copies"
+        )
     if config.features.numcep > config.features.nfilt:
-        raise ConfigError(f"{src}: features.numcep: expected at most features.nfilt ({config.features.nfilt}), got {config.features.numcep}")
+        raise ConfigError(
+            f"{src}: features.numcep: expected at most features.nfilt ({config.features.nfilt}), got {config.features.numcep}"
+        )
     if config.features.winstep > config.features.winlen:
-        raise ConfigError(f"{src}: features.winstep: expected at most features.winlen ({config.features.winlen}), got {config.features.winstep}")
+        raise ConfigError(
+            f"{src}: features.winstep: expected at most features.winlen ({config.features.winlen}), got {config.features.winstep}"
+        )
     frame = int(round(config.features.winlen * config.features.sample_rate))
     if config.features.nfft < frame:
-        raise ConfigError(f"{src}: features.nfft: expected at least the window length in samples ({frame}), got {config.features.nfft}")
+        raise ConfigError(
+            f"{src}: features.nfft: expected at least the window length in samples ({frame}), got {config.features.nfft}"
+        )
     if config.training.epochs == 0:
         raise ConfigError(f"{src}: training.epochs: expected a non-zero integer, got 0")
     decoder = config.decoder
     if not re.fullmatch(r"\d+(\.\d+)?[%bBkKmMgGtT]?", decoder.lm_memory):
-        raise ConfigError(f"{src}: decoder.lm_memory: expected a size such as 2G, 500M or 50%, got {decoder.lm_memory!r}")
-    if decoder.lm_prune and (len(decoder.lm_prune) > decoder.lm_order or min(decoder.lm_prune) < 0
-                             or list(decoder.lm_prune) != sorted(decoder.lm_prune)):
-        raise ConfigError(f"{src}: decoder.lm_prune: expected at most decoder.lm_order ({decoder.lm_order}) "
-                          f"non-decreasing thresholds, got {list(decoder.lm_prune)}")
+        raise ConfigError(
+            f"{src}: decoder.lm_memory: expected a size such as 2G, 500M or 50%, got {decoder.lm_memory!r}"
+        )
+    if decoder.lm_prune and (
+        len(decoder.lm_prune) > decoder.lm_order
+        or min(decoder.lm_prune) < 0
+        or list(decoder.lm_prune) != sorted(decoder.lm_prune)
+    ):
+        raise ConfigError(
+            f"{src}: decoder.lm_prune: expected at most decoder.lm_order ({decoder.lm_order}) "
+            f"non-decreasing thresholds, got {list(decoder.lm_prune)}"
+        )
     if (decoder.lm_prune or decoder.lm_top_k) and decoder.lm_builder == "python":
-        raise ConfigError(f"{src}: decoder.lm_prune / decoder.lm_top_k need decoder.lm_builder kenlm or auto "
-                          f"(the Python estimator neither prunes nor filters)")
+        raise ConfigError(
+            f"{src}: decoder.lm_prune / decoder.lm_top_k need decoder.lm_builder kenlm or auto "
+            f"(the Python estimator neither prunes nor filters)"
+        )

@@ -5,10 +5,12 @@ overriding a subset) <- explicit overrides -> validate -> freeze. Paths in a
 file are relative to that file. Every error is one line naming the file, the
 key and what was expected. The schema itself is ``pipeline.config``.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
+import types
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -29,7 +31,7 @@ def _describe(tp) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if origin is typing.Union:
+    if origin in (typing.Union, types.UnionType):
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
         return _describe(inner[0]) + " or null"
     if origin is tuple:
@@ -41,7 +43,7 @@ def _coerce(value: Any, tp, where: str, base_dir: Path | None, is_path: bool):
     """Check ``value`` against type ``tp``; resolve relative paths against ``base_dir``."""
     origin = typing.get_origin(tp)
     bad = ConfigError(f"{where}: expected {_describe(tp)}, got {value!r}")
-    if origin is typing.Union:
+    if origin in (typing.Union, types.UnionType):
         if value is None:
             return None
         inner = [a for a in typing.get_args(tp) if a is not type(None)][0]
@@ -101,7 +103,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (line {key_node.start_mark.line + 1})", key_node.start_mark)
+                    None,
+                    None,
+                    f"duplicate key {key!r} (line {key_node.start_mark.line + 1})",
+                    key_node.start_mark,
+                )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 

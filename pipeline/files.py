@@ -1,5 +1,6 @@
 """Atomic file writes (beside the target under a temporary name, then renamed), atomic directory
 replacement, and removal of the temporaries killed runs left behind."""
+
 from __future__ import annotations
 
 import contextlib
@@ -10,8 +11,8 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,9 @@ def remove_leftovers(directory: Path, patterns: tuple[str, ...]) -> list[Path]:
         for pattern in patterns:
             match = re.fullmatch(pattern, entry.name)
             if match and not _alive(int(match.group("pid"))):
-                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
+                shutil.rmtree(
+                    entry, ignore_errors=True
+                ) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
                 removed.append(entry)
                 break
     if removed:

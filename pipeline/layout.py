@@ -11,6 +11,7 @@ digest is remembered for the life of the process, keyed on path, size and
 modification time: Luigi calls ``output()``/``complete()`` many times per run,
 and a multi-GB LM text must not be read each time.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,25 +23,37 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from xdg import BaseDirectory
 
 from native_client.metadata import METADATA_NAME
 from pipeline.config import APP_NAME, Config
-from pipeline.kenlm_tools import find_tools
+from pipeline.lm.kenlm_tools import find_tools
 
 SPLITS = ("train", "dev", "test")
 # English letters, space and apostrophe; package data (the checkout's data/alphabet.txt links to it).
 DEFAULT_ALPHABET = Path(__file__).resolve().parent / "resources" / "alphabet.txt"
 DIGEST_BLOCK = 1 << 20
 # augment keys that act in the training step (the Train fingerprint carries them when one is on)
-FEATURE_AUGMENTATION = ("freq_masks", "freq_mask_max", "time_masks", "time_mask_max", "time_mask_fraction",
-                        "feature_noise_std", "seed")
+FEATURE_AUGMENTATION = (
+    "freq_masks",
+    "freq_mask_max",
+    "time_masks",
+    "time_mask_max",
+    "time_mask_fraction",
+    "feature_noise_std",
+    "seed",
+)
 
 # Stage directories under the work directory.
 FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR, EXPORT_DIR = (
-    "features", "train", "lm", "tune", "evaluate", "export")
+    "features",
+    "train",
+    "lm",
+    "tune",
+    "evaluate",
+    "export",
+)
 
 # Checkpoint file prefixes (``ckpt-<step>``, ``best-<step>``).
 CHECKPOINT_PREFIX, BEST_PREFIX = "ckpt", "best"
@@ -48,11 +61,19 @@ CHECKPOINT_PREFIX, BEST_PREFIX = "ckpt", "best"
 WORD_ARPA, WORD_BINARY, CHAR_ARPA, VOCABULARY = "lm.arpa", "lm.binary", "chars.arpa", "vocab.txt"
 # Temporary names of killed runs' leftovers (group ``pid``: the writer): files.atomic_path's
 # ``.<name>.<pid>.tmp``, an export's staging and old directories, Evaluate's logits scratch file.
-LEFTOVER_PATTERNS = (r"\..+\.(?P<pid>\d+)\.tmp.*", r"\..+\.staging-(?P<pid>\d+)", r"\..+\.old-(?P<pid>\d+)",
-                     r"\.logits-(?P<pid>\d+)\.h5")
+LEFTOVER_PATTERNS = (
+    r"\..+\.(?P<pid>\d+)\.tmp.*",
+    r"\..+\.staging-(?P<pid>\d+)",
+    r"\..+\.old-(?P<pid>\d+)",
+    r"\.logits-(?P<pid>\d+)\.h5",
+)
 # File names inside an export; the client learns them from metadata.json ("files", "decoder").
-EXPORT_FILES = {"saved_model": "saved_model", "frozen_graph": "output_graph.pb", "tflite": "model.tflite",
-                "alphabet": "alphabet.txt"}
+EXPORT_FILES = {
+    "saved_model": "saved_model",
+    "frozen_graph": "output_graph.pb",
+    "tflite": "model.tflite",
+    "alphabet": "alphabet.txt",
+}
 
 
 def _hash_file(path: Path) -> str:
@@ -64,7 +85,7 @@ def _hash_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _remembered_digest(path: str, size: int, mtime_ns: int) -> str:
     # A pure memo: the key changes whenever the file does, so a remembered digest is never stale.
     return _hash_file(Path(path))
@@ -81,8 +102,11 @@ def file_digest(path: str | Path) -> str:
 
 def _section_settings(section) -> dict:
     """The fields of a config section that affect results (metadata ``fingerprint``)."""
-    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)
-            if f.metadata.get("fingerprint", True)}
+    return {
+        f.name: getattr(section, f.name)
+        for f in dataclasses.fields(section)
+        if f.metadata.get("fingerprint", True)
+    }
 
 
 def _hash(payload: dict) -> str:
@@ -130,7 +154,7 @@ class TrainRun:
         """The log file of local worker ``index``."""
         return self.logs / f"worker-{index}.log"
 
-    def worker_scratch(self, index: int) -> "TrainRun":
+    def worker_scratch(self, index: int) -> TrainRun:
         """Where a non-chief worker saves (MultiWorkerMirroredStrategy makes every worker save)."""
         return TrainRun(self.root / f".worker-{index}")
 
@@ -216,7 +240,7 @@ class ExportFiles:
         """The record of one audio file by the export of ``export_fingerprint``: the file's stem plus a hash
         of its resolved path and the fingerprint (so a changed export is never answered by an old record)."""
         audio = Path(audio).resolve()
-        key = hashlib.sha256(f"{audio}\n{export_fingerprint}".encode("utf-8")).hexdigest()[:10]
+        key = hashlib.sha256(f"{audio}\n{export_fingerprint}".encode()).hexdigest()[:10]
         return self.transcripts / f"{audio.stem}-{key}.json"
 
     def staging(self) -> Path:
@@ -266,15 +290,21 @@ class Layout:
         """Settings of Features for ``split``: feature settings, manifests (path and content), limit, alphabet."""
         if split not in self._features_fingerprints:
             config = self.config
-            self._features_fingerprints[split] = _hash({
-                "stage": "features",
-                "features": _section_settings(config.features),
-                "manifests": [[str(f), file_digest(f)] for f in config.split_files(split)],
-                "limit": config.split_limit(split),
-                "max_duration_s": config.data.max_duration_s,
-                "alphabet": file_digest(self.alphabet),
-                **({"augment": self._audio_augmentation()} if split == "train" and config.augment.copies else {}),
-            })
+            self._features_fingerprints[split] = _hash(
+                {
+                    "stage": "features",
+                    "features": _section_settings(config.features),
+                    "manifests": [[str(f), file_digest(f)] for f in config.split_files(split)],
+                    "limit": config.split_limit(split),
+                    "max_duration_s": config.data.max_duration_s,
+                    "alphabet": file_digest(self.alphabet),
+                    **(
+                        {"augment": self._audio_augmentation()}
+                        if split == "train" and config.augment.copies
+                        else {}
+                    ),
+                }
+            )
         return self._features_fingerprints[split]
 
     @functools.cached_property
@@ -282,25 +312,39 @@ class Layout:
         """Settings of Train: model, training, early stop, distribution, and the train/dev features."""
         config = self.config
         init_from = config.training.init_from
-        return _hash({
-            "stage": "train",
-            "model": _section_settings(config.model),
-            "training": _section_settings(config.training),
-            "early_stop": _section_settings(config.early_stop),
-            "distribution": _section_settings(config.distribution),
-            "init_from": file_digest(init_from) if init_from and Path(init_from).is_file() else init_from,
-            "features": [self.features_fingerprint("train"), self.features_fingerprint("dev")],
-            **({"augment": {key: getattr(config.augment, key) for key in FEATURE_AUGMENTATION}}
-               if config.augment.features_on else {}),
-        })
+        return _hash(
+            {
+                "stage": "train",
+                "model": _section_settings(config.model),
+                "training": _section_settings(config.training),
+                "early_stop": _section_settings(config.early_stop),
+                "distribution": _section_settings(config.distribution),
+                "init_from": file_digest(init_from) if init_from and Path(init_from).is_file() else init_from,
+                "features": [self.features_fingerprint("train"), self.features_fingerprint("dev")],
+                **(
+                    {"augment": {key: getattr(config.augment, key) for key in FEATURE_AUGMENTATION}}
+                    if config.augment.features_on
+                    else {}
+                ),
+            }
+        )
 
     def _audio_augmentation(self) -> dict:
         """The audio-level augmentation settings (and the noise files' digests) of the train Features."""
         augment = self.config.augment
-        noise = sorted(Path(augment.noise_dir).iterdir()) if augment.noise_dir and Path(augment.noise_dir).is_dir() else []
-        return {"speed_factors": list(augment.speed_factors), "audio_copies": augment.audio_copies,
-                "gain_db": augment.gain_db, "seed": augment.seed, "noise_snr_db": list(augment.noise_snr_db),
-                "noise": [[p.name, file_digest(p)] for p in noise if p.is_file()]}
+        noise = (
+            sorted(Path(augment.noise_dir).iterdir())
+            if augment.noise_dir and Path(augment.noise_dir).is_dir()
+            else []
+        )
+        return {
+            "speed_factors": list(augment.speed_factors),
+            "audio_copies": augment.audio_copies,
+            "gain_db": augment.gain_db,
+            "seed": augment.seed,
+            "noise_snr_db": list(augment.noise_snr_db),
+            "noise": [[p.name, file_digest(p)] for p in noise if p.is_file()],
+        }
 
     @functools.cached_property
     def lm_builder(self) -> str:
@@ -316,64 +360,92 @@ class Layout:
         """Settings of LanguageModel: order, corpus texts, alphabet, the train manifests when included,
         and (only for an LM built with KenLM's tools) the builder and its pruning, top-k and quantisation."""
         config, decoder = self.config, self.config.decoder
-        kenlm = ({"kenlm": {"prune": list(decoder.lm_prune), "top_k": decoder.lm_top_k,
-                            "quantize_bits": decoder.lm_quantize_bits}}
-                 if self.lm_builder == "kenlm" and not decoder.lm_path else {})
-        return _hash({**kenlm,
-            "stage": "lm",
-            "order": decoder.lm_order,
-            "lm_path": [decoder.lm_path, file_digest(decoder.lm_path)] if decoder.lm_path else None,
-            "corpus": [[str(f), file_digest(f)] for f in decoder.lm_corpus_files],
-            "train": ([[file_digest(f) for f in config.data.train_files], config.data.limit_train]
-                      if decoder.lm_include_train else None),
-            "alphabet": file_digest(self.alphabet),
-            "char_lm_order": None if decoder.lexicon else decoder.char_lm_order,
-        })
+        kenlm = (
+            {
+                "kenlm": {
+                    "prune": list(decoder.lm_prune),
+                    "top_k": decoder.lm_top_k,
+                    "quantize_bits": decoder.lm_quantize_bits,
+                }
+            }
+            if self.lm_builder == "kenlm" and not decoder.lm_path
+            else {}
+        )
+        return _hash(
+            {
+                **kenlm,
+                "stage": "lm",
+                "order": decoder.lm_order,
+                "lm_path": [decoder.lm_path, file_digest(decoder.lm_path)] if decoder.lm_path else None,
+                "corpus": [[str(f), file_digest(f)] for f in decoder.lm_corpus_files],
+                "train": (
+                    [[file_digest(f) for f in config.data.train_files], config.data.limit_train]
+                    if decoder.lm_include_train
+                    else None
+                ),
+                "alphabet": file_digest(self.alphabet),
+                "char_lm_order": None if decoder.lexicon else decoder.char_lm_order,
+            }
+        )
 
     @functools.cached_property
     def tune_fingerprint(self) -> str:
         """Settings of TuneDecoder: the trained model, the LM, the dev features and the search settings."""
         decoder = self.config.decoder
-        return _hash({
-            "stage": "tune",
-            "train": self.train_fingerprint,
-            "epochs": self.config.training.epochs,
-            "lm": self.lm_fingerprint,
-            "dev": self.features_fingerprint("dev"),
-            "search": [decoder.tune_trials, decoder.beam_width, decoder.beam_threshold, decoder.beam_size_token,
-                       decoder.lexicon],
-        })
+        return _hash(
+            {
+                "stage": "tune",
+                "train": self.train_fingerprint,
+                "epochs": self.config.training.epochs,
+                "lm": self.lm_fingerprint,
+                "dev": self.features_fingerprint("dev"),
+                "search": [
+                    decoder.tune_trials,
+                    decoder.beam_width,
+                    decoder.beam_threshold,
+                    decoder.beam_size_token,
+                    decoder.lexicon,
+                ],
+            }
+        )
 
     def _decoder_fingerprints(self) -> dict:
         """What decoding with the LM depends on: the LM, and the tuning run when tuning is on."""
-        return {"lm": self.lm_fingerprint, "tune": self.tune_fingerprint if self.config.decoder.tune else None}
+        return {
+            "lm": self.lm_fingerprint,
+            "tune": self.tune_fingerprint if self.config.decoder.tune else None,
+        }
 
     @functools.cached_property
     def evaluate_fingerprint(self) -> str:
         """Settings of Evaluate: the trained model, the test features and the decoder."""
-        return _hash({
-            "stage": "evaluate",
-            "train": self.train_fingerprint,
-            "epochs": self.config.training.epochs,
-            "test": self.features_fingerprint("test"),
-            "decoder": _section_settings(self.config.decoder),
-            "decoding": self._decoder_fingerprints(),
-        })
+        return _hash(
+            {
+                "stage": "evaluate",
+                "train": self.train_fingerprint,
+                "epochs": self.config.training.epochs,
+                "test": self.features_fingerprint("test"),
+                "decoder": _section_settings(self.config.decoder),
+                "decoding": self._decoder_fingerprints(),
+            }
+        )
 
     @functools.cached_property
     def export_fingerprint(self) -> str:
         """Settings of Export: the trained model (and its epochs), the export settings, features and alphabet."""
         config = self.config
-        return _hash({
-            "stage": "export",
-            "train": self.train_fingerprint,
-            "epochs": config.training.epochs,
-            "export": _section_settings(config.export),
-            "features": _section_settings(config.features),
-            "alphabet": file_digest(self.alphabet),
-            "decoder": _section_settings(config.decoder),
-            "decoding": self._decoder_fingerprints(),
-        })
+        return _hash(
+            {
+                "stage": "export",
+                "train": self.train_fingerprint,
+                "epochs": config.training.epochs,
+                "export": _section_settings(config.export),
+                "features": _section_settings(config.features),
+                "alphabet": file_digest(self.alphabet),
+                "decoder": _section_settings(config.decoder),
+                "decoding": self._decoder_fingerprints(),
+            }
+        )
 
     # -- Features ------------------------------------------------------------------------------
     def features_cache(self, split: str) -> Path:
@@ -437,24 +509,29 @@ class Layout:
         return Path(directory) / "evaluation.txt"
 
     # -- Export --------------------------------------------------------------------------------
-    def export_destination(self, version: Optional[int]) -> ExportFiles:
+    def export_destination(self, version: int | None) -> ExportFiles:
         """Where a new export goes: ``export_root`` itself, or its numbered ``version``."""
         return ExportFiles(self.export_root / str(version) if version is not None else self.export_root)
 
     def export_versions(self) -> list[int]:
         """The numbered versions under ``export_root``, highest first."""
         root = self.export_root
-        numbers = [int(p.name) for p in root.iterdir() if re.fullmatch(r"\d+", p.name)] if root.is_dir() else []
+        numbers = (
+            [int(p.name) for p in root.iterdir() if re.fullmatch(r"\d+", p.name)] if root.is_dir() else []
+        )
         return sorted(numbers, reverse=True)
 
-    def find_export(self) -> Optional[ExportFiles]:
+    def find_export(self) -> ExportFiles | None:
         """The export carrying this config's export fingerprint: ``export_root`` itself or its newest
         numbered version that matches; None when there is none."""
         candidates = [self.export_root, *(self.export_root / str(n) for n in self.export_versions())]
         for candidate in candidates:
             files = ExportFiles(candidate)
             try:
-                if json.loads(files.metadata.read_text(encoding="utf-8")).get("fingerprint") == self.export_fingerprint:
+                if (
+                    json.loads(files.metadata.read_text(encoding="utf-8")).get("fingerprint")
+                    == self.export_fingerprint
+                ):
                     return files
             except (OSError, ValueError):
                 continue

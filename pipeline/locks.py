@@ -1,4 +1,5 @@
 """Inter-process locks on stage outputs, so that two pipelines sharing a stage never write it at once."""
+
 from __future__ import annotations
 
 import contextlib

@@ -5,14 +5,16 @@ refuses a field it does not know and one it misses, so a renamed key fails
 loudly instead of turning into ``null`` downstream. A damaged or partial
 report gives one error naming the file and how to redo the stage.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
+import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Optional, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pipeline.files import write_json_atomic
 
@@ -37,9 +39,9 @@ class DevFigures:
 class StopRecord:
     """Why training ended: ``rule`` is the early-stop rule that stopped it, None when it reached its target."""
 
-    rule: Optional[str]
+    rule: str | None
     reason: str
-    epoch: Optional[int] = None
+    epoch: int | None = None
 
 
 @dataclass(frozen=True)
@@ -57,12 +59,12 @@ class TrainReport:
     global_batch_size: int
     train_losses: list
     validations: list
-    best_dev: Optional[DevFigures]
-    last_samples: Optional[dict]
+    best_dev: DevFigures | None
+    last_samples: dict | None
     stop: StopRecord
     skipped_batches: list
-    best_checkpoint: Optional[str]
-    latest_checkpoint: Optional[str]
+    best_checkpoint: str | None
+    latest_checkpoint: str | None
     wall_time_s_this_run: float
     weights_sha256: str = ""
     fingerprint: str = ""
@@ -90,13 +92,13 @@ class LMReport:
     sentences: int = 0
     empty_lines: int = 0
     train_transcripts: int = 0
-    ngrams: Optional[dict] = None
-    discounts: Optional[dict] = None
-    discount_fallback_orders: Optional[list] = None
-    char_lm: Optional[str] = None
+    ngrams: dict | None = None
+    discounts: dict | None = None
+    discount_fallback_orders: list | None = None
+    char_lm: str | None = None
     builder: str = "python"
     # {file name in the stage directory: {"size", "mtime_ns", "sha256"}} of what the stage wrote
-    files: Optional[dict] = None
+    files: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -136,12 +138,12 @@ class EvaluationReport:
     decoder: str
     samples: dict
     all_samples: list
-    wer_lm: Optional[float] = None
-    cer_lm: Optional[float] = None
-    decoder_lm: Optional[dict] = None
-    decode_lm_s: Optional[float] = None
-    samples_lm: Optional[dict] = None
-    all_samples_lm: Optional[list] = None
+    wer_lm: float | None = None
+    cer_lm: float | None = None
+    decoder_lm: dict | None = None
+    decode_lm_s: float | None = None
+    samples_lm: dict | None = None
+    all_samples_lm: list | None = None
 
 
 @dataclass(frozen=True)
@@ -158,8 +160,8 @@ class ExportRecord:
     train_fingerprint: str
     checkpoint: str
     config: str
-    global_step: Optional[int]
-    best_dev: Optional[DevFigures]
+    global_step: int | None
+    best_dev: DevFigures | None
     features: dict
     n_context: int
     n_input: int
@@ -170,15 +172,15 @@ class ExportRecord:
     files: dict
     tensors: dict
     tflite_quantized: bool
-    frozen_graph: Optional[dict] = None
-    decoder: Optional[dict] = None
+    frozen_graph: dict | None = None
+    decoder: dict | None = None
 
 
-def _dataclass_of(tp) -> Optional[type]:
+def _dataclass_of(tp) -> type | None:
     """The dataclass a field holds (directly or as Optional), else None."""
     if dataclasses.is_dataclass(tp):
         return tp
-    if typing.get_origin(tp) is typing.Union:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
         if len(inner) == 1 and dataclasses.is_dataclass(inner[0]):
             return inner[0]
@@ -191,17 +193,23 @@ def report_from_dict(cls: type[R], data: Any, where: str) -> R:
         raise ReportError(f"{where}: expected a JSON object, got {type(data).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
-    missing = [name for name, f in fields.items() if name not in data
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [
+        name
+        for name, f in fields.items()
+        if name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     if unknown or missing:
-        problems = ([f"unknown field(s) {', '.join(unknown)}"] if unknown else []) + \
-                   ([f"missing field(s) {', '.join(missing)}"] if missing else [])
+        problems = ([f"unknown field(s) {', '.join(unknown)}"] if unknown else []) + (
+            [f"missing field(s) {', '.join(missing)}"] if missing else []
+        )
         raise ReportError(f"{where}: not a {cls.__name__}: {'; '.join(problems)}")
     hints = typing.get_type_hints(cls)
     values = {}
     for name, value in data.items():
         nested = _dataclass_of(hints[name])
-        values[name] = report_from_dict(nested, value, f"{where}: {name}") if nested and value is not None else value
+        values[name] = (
+            report_from_dict(nested, value, f"{where}: {name}") if nested and value is not None else value
+        )
     return cls(**values)
 
 
@@ -222,8 +230,9 @@ def read_report(path: str | Path, cls: type[R]) -> R:
     except (OSError, UnicodeDecodeError) as error:
         raise ReportError(f"{path}: cannot read the {cls.STAGE} report ({error}); {redo}") from None
     except json.JSONDecodeError as error:
-        raise ReportError(f"{path}: damaged {cls.STAGE} report (not valid JSON: {error.msg} at line {error.lineno}); "
-                          f"{redo}") from None
+        raise ReportError(
+            f"{path}: damaged {cls.STAGE} report (not valid JSON: {error.msg} at line {error.lineno}); {redo}"
+        ) from None
     try:
         return report_from_dict(cls, data, str(path))
     except ReportError as error:

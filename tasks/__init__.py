@@ -1,8 +1,18 @@
 """Luigi tasks of the pipeline; ``luigi --module tasks <Task> --config <yaml>`` finds each of them."""
+
 from tasks.evaluate import Evaluate
 from tasks.export import Export, Transcribe
 from tasks.features import Features, FeaturesSplit
 from tasks.language_model import LanguageModel, TuneDecoder
 from tasks.training import Train
 
-__all__ = ["Features", "FeaturesSplit", "Train", "Evaluate", "Export", "Transcribe", "LanguageModel", "TuneDecoder"]
+__all__ = [
+    "Features",
+    "FeaturesSplit",
+    "Train",
+    "Evaluate",
+    "Export",
+    "Transcribe",
+    "LanguageModel",
+    "TuneDecoder",
+]

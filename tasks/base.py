@@ -1,4 +1,5 @@
 """What every task shares: the ``--config`` parameter and progress reporting."""
+
 from __future__ import annotations
 
 import functools
@@ -25,10 +26,11 @@ class StageError(RuntimeError):
 
 def _unusable_errors() -> tuple:
     from native_client.metadata import ExportError
-    from pipeline.cache import CacheError
     from pipeline.config import ConfigError
-    from pipeline.decoding import LanguageModelDamaged
+    from pipeline.features.cache import CacheError
+    from pipeline.lm.files import LanguageModelDamaged
     from pipeline.reports import ReportError
+
     return (ReportError, CacheError, ExportError, LanguageModelDamaged, ConfigError)
 
 

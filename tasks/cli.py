@@ -6,6 +6,7 @@ files and the scheduler before any task starts (one line and exit status 2 when
 one fails), quiet TensorFlow, and a log file of the run under
 ``<work_dir>/logs/``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,9 +16,20 @@ import warnings
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
-USAGE = ("deepspeech-train <Task> --config CONFIG [--local-scheduler] [other luigi options]\n"
-         "       deepspeech-train --template en   (print the full-size config template)")
-TASKS = ("Features", "FeaturesSplit", "Train", "LanguageModel", "TuneDecoder", "Evaluate", "Export", "Transcribe")
+USAGE = (
+    "deepspeech-train <Task> --config CONFIG [--local-scheduler] [other luigi options]\n"
+    "       deepspeech-train --template en   (print the full-size config template)"
+)
+TASKS = (
+    "Features",
+    "FeaturesSplit",
+    "Train",
+    "LanguageModel",
+    "TuneDecoder",
+    "Evaluate",
+    "Export",
+    "Transcribe",
+)
 
 
 def _options(argv: list[str]) -> argparse.Namespace:
@@ -52,6 +64,7 @@ def main(argv=None) -> int:
     debug = (options.log_level or "").upper() == "DEBUG"
     if "LUIGI_CONFIG_PATH" not in os.environ:
         import luigi.configuration  # already imported with this package: add the file to the loaded config
+
         os.environ["LUIGI_CONFIG_PATH"] = str(PACKAGE / "luigi.cfg")
         luigi.configuration.add_config_path(os.environ["LUIGI_CONFIG_PATH"])
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if debug else "2")
@@ -69,9 +82,12 @@ def main(argv=None) -> int:
         check_inputs(config)
         if not options.local_scheduler:
             import luigi.configuration
+
             settings = luigi.configuration.get_config()
-            check_scheduler(options.scheduler_host or settings.get("core", "scheduler_host", "127.0.0.1"),
-                            options.scheduler_port or settings.getint("core", "scheduler_port", 8082))
+            check_scheduler(
+                options.scheduler_host or settings.get("core", "scheduler_host", "127.0.0.1"),
+                options.scheduler_port or settings.getint("core", "scheduler_port", 8082),
+            )
     except (ConfigError, PreflightError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -86,7 +102,10 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore", category=UnconsumedParameterWarning)
     luigi_args = ["--module", "tasks", *argv]
     if not options.logging_conf_file:
-        luigi_args += ["--logging-conf-file", str(PACKAGE / ("logging-debug.ini" if debug else "logging.ini"))]
+        luigi_args += [
+            "--logging-conf-file",
+            str(PACKAGE / ("logging-debug.ini" if debug else "logging.ini")),
+        ]
     try:
         luigi.retcodes.run_with_retcodes(luigi_args)
     except SystemExit as done:

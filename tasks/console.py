@@ -1,4 +1,5 @@
 """What a person sees on the terminal: one line per error, the traceback only in the run's log file."""
+
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,5 @@
 """The Evaluate task."""
+
 from __future__ import annotations
 
 import luigi
@@ -16,8 +17,11 @@ class Evaluate(ConfigTask):
     needs_tensorflow = True
 
     def requires(self):
-        return {"train": Train(config=self.config), "test": FeaturesSplit(config=self.config, split="test"),
-                **decoder_requirements(self)}
+        return {
+            "train": Train(config=self.config),
+            "test": FeaturesSplit(config=self.config, split="test"),
+            **decoder_requirements(self),
+        }
 
     def output(self):
         return luigi.LocalTarget(str(self.layout.evaluation_report(self.layout.evaluate_dir)))
@@ -26,7 +30,7 @@ class Evaluate(ConfigTask):
         return [self.layout.evaluate_dir]
 
     def run_stage(self):
-        from pipeline.evaluate_stage import evaluate_stage
+        from pipeline.stages.evaluate import evaluate_stage
 
         progress = Progress(self, total=1, unit="utt", description="evaluate")
 
@@ -41,7 +45,9 @@ class Evaluate(ConfigTask):
         finally:
             progress.close()
         self.set_progress_percentage(100)
-        summary = (f"greedy WER {report.wer:.4f} CER {report.cer:.4f}; "
-                   f"beam+LM WER {report.wer_lm:.4f} CER {report.cer_lm:.4f}; loss {report.loss:.3f}")
+        summary = (
+            f"greedy WER {report.wer:.4f} CER {report.cer:.4f}; "
+            f"beam+LM WER {report.wer_lm:.4f} CER {report.cer_lm:.4f}; loss {report.loss:.3f}"
+        )
         self.set_status_message(summary)
         print(f"Test {summary} ({report.samples_count} samples) -> {self.output().path}")

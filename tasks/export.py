@@ -1,4 +1,5 @@
 """Export and one-shot Transcribe tasks."""
+
 from __future__ import annotations
 
 import logging
@@ -49,7 +50,7 @@ class Export(ConfigTask):
         return [found.root] if found else []
 
     def run_stage(self):
-        from pipeline.export import export_stage
+        from pipeline.stages.export import export_stage
 
         progress = Progress(self, total=100, unit="%", description="export")
         try:
@@ -81,7 +82,7 @@ class Transcribe(ConfigTask):
         return luigi.LocalTarget(str(self._export().transcript(self.audio, self.layout.export_fingerprint)))
 
     def run_stage(self):
-        from pipeline.transcribe import transcribe_stage
+        from pipeline.stages.transcribe import transcribe_stage
 
         self.set_status_message(f"transcribing {self.audio}")
         record = transcribe_stage(self.layout, self._export(), self.audio)
@@ -90,5 +91,7 @@ class Transcribe(ConfigTask):
             lines.append(f"reference:  {record['reference']}")
         lines.append(f"hypothesis: {record['text']}")
         print("\n".join(lines), flush=True)
-        self.set_status_message(f"{record['text']!r} ({record['duration_s']:.1f} s audio, RTF {record['rtf']:.3f})")
+        self.set_status_message(
+            f"{record['text']!r} ({record['duration_s']:.1f} s audio, RTF {record['rtf']:.3f})"
+        )
         self.set_progress_percentage(100)

@@ -1,12 +1,13 @@
 """Features: validated corpus -> HDF5 feature cache, one task per split."""
+
 from __future__ import annotations
 
 import logging
 
 import luigi
 
-from pipeline.featurize import build_split_cache
 from pipeline.layout import SPLITS
+from pipeline.stages.features import build_split_cache
 from tasks.base import ConfigTask, Progress
 
 log = logging.getLogger("luigi-interface")
@@ -21,26 +22,40 @@ class FeaturesSplit(ConfigTask):
         return luigi.LocalTarget(str(self.layout.features_cache(self.split)), format=luigi.format.Nop)
 
     def stage_paths(self):
-        return [self.layout.features_cache(self.split), self.layout.rejects_report(self.split),
-                self.layout.features_parts(self.split)]
+        return [
+            self.layout.features_cache(self.split),
+            self.layout.rejects_report(self.split),
+            self.layout.features_parts(self.split),
+        ]
 
     def run_stage(self):
         progress = Progress(self, total=1, unit="file", description=f"features {self.split}")
 
         def report(done, total, rejected, seconds):
             progress.bar.total = total
-            progress.update(done, f"{self.split}: {done}/{total} files, {rejected} rejected, "
-                                  f"{seconds / 3600:.2f} h audio", force=done == total)
+            progress.update(
+                done,
+                f"{self.split}: {done}/{total} files, {rejected} rejected, {seconds / 3600:.2f} h audio",
+                force=done == total,
+            )
 
         try:
             summary = build_split_cache(self.layout, self.split, report)
         finally:
             progress.close()
-        log.info("Features %s: %d kept, %d rejected %s, %.2f h audio; rejects report %s", self.split,
-                 summary.kept, summary.rejected, summary.reasons, summary.audio_seconds / 3600,
-                 summary.rejects_report)
-        self.set_status_message(f"{self.split}: {summary.kept} kept, {summary.rejected} rejected "
-                                f"{summary.reasons or ''}, {summary.audio_seconds / 3600:.2f} h audio")
+        log.info(
+            "Features %s: %d kept, %d rejected %s, %.2f h audio; rejects report %s",
+            self.split,
+            summary.kept,
+            summary.rejected,
+            summary.reasons,
+            summary.audio_seconds / 3600,
+            summary.rejects_report,
+        )
+        self.set_status_message(
+            f"{self.split}: {summary.kept} kept, {summary.rejected} rejected "
+            f"{summary.reasons or ''}, {summary.audio_seconds / 3600:.2f} h audio"
+        )
 
 
 class Features(luigi.WrapperTask):

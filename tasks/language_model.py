@@ -1,4 +1,5 @@
 """LanguageModel and TuneDecoder tasks."""
+
 from __future__ import annotations
 
 import luigi
@@ -18,13 +19,13 @@ class LanguageModel(ConfigTask):
         return [self.layout.lm.root]
 
     def stage_complete(self):
-        from pipeline.lm import lm_intact
+        from pipeline.stages.language_model import lm_intact
 
         # A changed or truncated LM file (size or modification time) makes the stage run again.
         return self.layout.lm.report.is_file() and lm_intact(self.layout)
 
     def run_stage(self):
-        from pipeline.lm import build_language_model
+        from pipeline.stages.language_model import build_language_model
 
         progress = Progress(self, total=100, unit="%", description="language model")
         try:
@@ -32,8 +33,10 @@ class LanguageModel(ConfigTask):
         finally:
             progress.close()
         self.set_progress_percentage(100)
-        self.set_status_message(f"{report.sentences} sentences, vocabulary {report.vocabulary}, "
-                                f"n-grams {report.ngrams or 'from lm_path'}")
+        self.set_status_message(
+            f"{report.sentences} sentences, vocabulary {report.vocabulary}, "
+            f"n-grams {report.ngrams or 'from lm_path'}"
+        )
 
 
 class TuneDecoder(ConfigTask):
@@ -42,8 +45,11 @@ class TuneDecoder(ConfigTask):
     needs_tensorflow = True
 
     def requires(self):
-        return {"train": Train(config=self.config), "lm": LanguageModel(config=self.config),
-                "dev": FeaturesSplit(config=self.config, split="dev")}
+        return {
+            "train": Train(config=self.config),
+            "lm": LanguageModel(config=self.config),
+            "dev": FeaturesSplit(config=self.config, split="dev"),
+        }
 
     def output(self):
         return luigi.LocalTarget(str(self.layout.tune_report))
@@ -52,13 +58,19 @@ class TuneDecoder(ConfigTask):
         return [self.layout.tune_dir]
 
     def run_stage(self):
-        from pipeline.tuning import tune_decoder
+        from pipeline.stages.tune import tune_decoder
 
-        progress = Progress(self, total=self.cfg.decoder.tune_trials, unit="trial", description="tune decoder")
+        progress = Progress(
+            self, total=self.cfg.decoder.tune_trials, unit="trial", description="tune decoder"
+        )
 
         def trial(done: int, total: int, best: dict) -> None:
-            progress.update(done, f"trial {done}/{total}: best alpha {best['lm_alpha']:.2f}, "
-                                  f"beta {best['lm_beta']:.2f}, dev WER {best['wer']:.4f}", force=True)
+            progress.update(
+                done,
+                f"trial {done}/{total}: best alpha {best['lm_alpha']:.2f}, "
+                f"beta {best['lm_beta']:.2f}, dev WER {best['wer']:.4f}",
+                force=True,
+            )
 
         try:
             tune_decoder(self.layout, on_trial=trial)

@@ -3,6 +3,7 @@
 Each failure is one line naming the file or key and what to do, so that a run
 never starts (and leaves nothing behind) when it could not finish.
 """
+
 from __future__ import annotations
 
 import socket
@@ -23,7 +24,9 @@ def _is_placeholder(path: str) -> bool:
 
 def input_paths(config: Config) -> list[tuple[str, str]]:
     """(config key, path) of every input file the config names."""
-    paths = [(f"data.{split}_files", p) for split in ("train", "dev", "test") for p in config.split_files(split)]
+    paths = [
+        (f"data.{split}_files", p) for split in ("train", "dev", "test") for p in config.split_files(split)
+    ]
     paths.append(("paths.alphabet", str(Layout(config).alphabet)))
     paths += [("decoder.lm_corpus_files", p) for p in config.decoder.lm_corpus_files]
     if config.decoder.lm_path:
@@ -39,9 +42,11 @@ def check_inputs(config: Config) -> None:
     """Raise PreflightError for the first missing input (a template's placeholder gets its own message)."""
     placeholders = sorted({key for key, path in input_paths(config) if _is_placeholder(path)})
     if placeholders:
-        raise PreflightError(f"{config.source}: {', '.join(placeholders)} still hold the template's placeholder "
-                             f"paths; copy the file (or write one with `extends:` it) and set "
-                             f"{', '.join(placeholders)} to your own files (DeepSpeech CSV manifests, LM text)")
+        raise PreflightError(
+            f"{config.source}: {', '.join(placeholders)} still hold the template's placeholder "
+            f"paths; copy the file (or write one with `extends:` it) and set "
+            f"{', '.join(placeholders)} to your own files (DeepSpeech CSV manifests, LM text)"
+        )
     for key, path in input_paths(config):
         if not Path(path).exists():
             raise PreflightError(f"{config.source}: {key}: {path} does not exist")
@@ -55,5 +60,7 @@ def check_scheduler(host: str, port: int, timeout_s: float = 3.0) -> None:
         with socket.create_connection((host, port), timeout=timeout_s):
             return
     except OSError as error:
-        raise PreflightError(f"no Luigi scheduler at {host}:{port} ({error.strerror or error}); start one with "
-                             f"`make scheduler` (or luigid), or pass --local-scheduler") from None
+        raise PreflightError(
+            f"no Luigi scheduler at {host}:{port} ({error.strerror or error}); start one with "
+            f"`make scheduler` (or luigid), or pass --local-scheduler"
+        ) from None

@@ -8,6 +8,7 @@ are left untouched; the DAG's roots (Evaluate and Export, plus TuneDecoder when
 tuning and Transcribe when ``--audio`` is given) are then run as usual, so the
 removed stages are rebuilt.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,16 @@ import luigi
 from tasks import Evaluate, Export, Features, FeaturesSplit, LanguageModel, Train, Transcribe, TuneDecoder
 
 log = logging.getLogger("luigi-interface")
-STAGES = {"Features": Features, "FeaturesSplit": FeaturesSplit, "Train": Train, "LanguageModel": LanguageModel,
-          "TuneDecoder": TuneDecoder, "Evaluate": Evaluate, "Export": Export, "Transcribe": Transcribe}
+STAGES = {
+    "Features": Features,
+    "FeaturesSplit": FeaturesSplit,
+    "Train": Train,
+    "LanguageModel": LanguageModel,
+    "TuneDecoder": TuneDecoder,
+    "Evaluate": Evaluate,
+    "Export": Export,
+    "Transcribe": Transcribe,
+}
 
 
 def dag(roots) -> dict:
@@ -45,7 +54,9 @@ def dependents(targets: set[str], tasks: dict) -> set[str]:
     while changed:
         changed = False
         for task_id, task in tasks.items():
-            if task_id not in result and any(dep.task_id in result for dep in luigi.task.flatten(task.requires())):
+            if task_id not in result and any(
+                dep.task_id in result for dep in luigi.task.flatten(task.requires())
+            ):
                 result.add(task_id)
                 changed = True
     return result
@@ -103,8 +114,11 @@ def main(argv=None) -> int:
             remove(Path(path))
     if args.dry_run:
         return 0
-    scheduler = {key: value for key, value in (("scheduler_host", args.scheduler_host),
-                                                ("scheduler_port", args.scheduler_port)) if value is not None}
+    scheduler = {
+        key: value
+        for key, value in (("scheduler_host", args.scheduler_host), ("scheduler_port", args.scheduler_port))
+        if value is not None
+    }
     ok = luigi.build(roots, local_scheduler=args.local_scheduler, **scheduler)
     return 0 if ok else 30
 

@@ -1,4 +1,5 @@
 """The Train task."""
+
 from __future__ import annotations
 
 import logging
@@ -7,8 +8,8 @@ import time
 
 import luigi
 
-from pipeline.epochs import training_done
 from pipeline.reports import TrainReport, read_report
+from pipeline.train.epochs import training_done
 from tasks.base import ConfigTask, Progress
 from tasks.features import FeaturesSplit
 
@@ -26,8 +27,10 @@ class Train(ConfigTask):
     needs_tensorflow = True
 
     def requires(self):
-        return {"train": FeaturesSplit(config=self.config, split="train"),
-                "dev": FeaturesSplit(config=self.config, split="dev")}
+        return {
+            "train": FeaturesSplit(config=self.config, split="train"),
+            "dev": FeaturesSplit(config=self.config, split="dev"),
+        }
 
     def output(self):
         return luigi.LocalTarget(str(self.layout.train_run.report))
@@ -47,50 +50,64 @@ class Train(ConfigTask):
         if distribution.strategy == "multi_worker" and "TF_CONFIG" in os.environ:
             self._run_cluster_worker()
             return
-        from pipeline.train_stage import train_stage
-        from pipeline.trainer import TrainHooks
+        from pipeline.stages.train import train_stage
+        from pipeline.train.loop import TrainHooks
 
         progress = _TrainProgress(self)
         try:
-            report = train_stage(self.layout, hooks=TrainHooks(on_step=progress.on_step,
-                                                               on_validation=progress.on_validation))
+            report = train_stage(
+                self.layout, hooks=TrainHooks(on_step=progress.on_step, on_validation=progress.on_validation)
+            )
         finally:
             progress.bar.close()
         self.set_progress_percentage(100)
-        self.set_status_message(f"done: {report.epochs_completed} epochs, {report.global_step} steps; "
-                                f"stop: {report.stop.reason}")
+        self.set_status_message(
+            f"done: {report.epochs_completed} epochs, {report.global_step} steps; stop: {report.stop.reason}"
+        )
 
     def _run_local_workers(self):
         """``distribution.local_workers`` worker processes on this machine (multi-worker all-reduce)."""
-        from pipeline.distribute import DistributionError
-        from pipeline.multiworker import launch_local_workers
+        from pipeline.train.distribute import DistributionError
+        from pipeline.train.multiworker import launch_local_workers
 
         distribution = self.cfg.distribution
         if distribution.strategy != "multi_worker":
-            raise DistributionError(f"{self.config}: distribution.local_workers needs distribution.strategy: multi_worker")
+            raise DistributionError(
+                f"{self.config}: distribution.local_workers needs distribution.strategy: multi_worker"
+            )
         run = self.layout.train_run
 
         def poll(last_line: str) -> None:
             self.set_status_message(f"{distribution.local_workers} workers; worker 0: {last_line[-200:]}")
 
-        launch_local_workers(self.config, distribution.local_workers, run.worker_log,
-                             grace_s=distribution.collective_timeout_s + 30, on_poll=poll)
+        launch_local_workers(
+            self.config,
+            distribution.local_workers,
+            run.worker_log,
+            grace_s=distribution.collective_timeout_s + 30,
+            on_poll=poll,
+        )
         report = read_report(run.report, TrainReport)
         self.set_progress_percentage(100)
-        self.set_status_message(f"done on {distribution.local_workers} workers: {report.epochs_completed} epochs, "
-                                f"{report.global_step} steps")
-
+        self.set_status_message(
+            f"done on {distribution.local_workers} workers: {report.epochs_completed} epochs, "
+            f"{report.global_step} steps"
+        )
 
     def _run_cluster_worker(self):
         """This machine's worker of a cluster described by ``TF_CONFIG``, in a child process that listens
         on this worker's own TF_CONFIG address only."""
-        from pipeline.distribute import cluster_role
-        from pipeline.multiworker import run_cluster_worker
+        from pipeline.train.distribute import cluster_role
+        from pipeline.train.multiworker import run_cluster_worker
 
         role = cluster_role()
-        run_cluster_worker(self.config, role.index, self.layout.train_run.worker_log,
-                           grace_s=self.cfg.distribution.collective_timeout_s + 30,
-                           on_poll=lambda line: self.set_status_message(f"worker {role.index}: {line[-200:]}"))
+        run_cluster_worker(
+            self.config,
+            role.index,
+            self.layout.train_run.worker_log,
+            grace_s=self.cfg.distribution.collective_timeout_s + 30,
+            on_poll=lambda line: self.set_status_message(f"worker {role.index}: {line[-200:]}"),
+        )
         if role.is_chief:
             report = read_report(self.layout.train_run.report, TrainReport)
             self.set_progress_percentage(100)
@@ -115,8 +132,11 @@ class _TrainProgress(Progress):
         self.bar.total = total
         rate = (done - self.first_done) / max(time.monotonic() - self.started, 1e-6)
         wer = f", dev WER {self.dev_wer:.3f}" if self.dev_wer is not None else ""
-        self.update(done, f"epoch {info['epoch'] + 1}/{info['target_epochs']}, step {info['step']}, "
-                          f"loss {info['loss']:.2f}{wer}, ETA {(total - done) / max(rate, 1e-6) / 60:.1f} min")
+        self.update(
+            done,
+            f"epoch {info['epoch'] + 1}/{info['target_epochs']}, step {info['step']}, "
+            f"loss {info['loss']:.2f}{wer}, ETA {(total - done) / max(rate, 1e-6) / 60:.1f} min",
+        )
 
     def on_validation(self, info: dict) -> None:
         """TrainHooks.on_validation."""

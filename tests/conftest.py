@@ -1,4 +1,5 @@
 """Shared fixtures: paths of the project and the sample corpus, small configs in a temp dir."""
+
 from __future__ import annotations
 
 import os
@@ -26,11 +27,12 @@ def write_config(tmp_path):
     return write
 
 
-def small_config_text(work_dir: Path, limit_train: int = 16, limit_dev: int = 8, limit_test: int = 8,
-                      n_hidden: int = 32) -> str:
+def small_config_text(
+    work_dir: Path, limit_train: int = 16, limit_dev: int = 8, limit_test: int = 8, n_hidden: int = 32
+) -> str:
     """YAML of a tiny config on the sample corpus."""
     return textwrap.dedent(f"""
-        extends: {ROOT / 'configs' / 'sample.yaml'}
+        extends: {ROOT / "configs" / "sample.yaml"}
         paths:
           work_dir: {work_dir}
         data:
@@ -73,7 +75,7 @@ def small_config(tmp_path):
 def build_features(config, splits=("train", "dev", "test")) -> None:
     """Build the feature caches a test needs (skipping those that exist)."""
     from pipeline.layout import Layout
-    from pipeline.featurize import build_split_cache
+    from pipeline.stages.features import build_split_cache
 
     for split in splits:
         if not Layout(config).features_cache(split).exists():

@@ -1,4 +1,5 @@
 """Builds small corpora on disk for tests: good rows from the sample corpus plus every kind of bad row."""
+
 from __future__ import annotations
 
 import csv
@@ -19,7 +20,9 @@ def sample_rows(split: str = "train", count: int = 4) -> list[tuple[Path, str]]:
     return [(SAMPLE / row["wav_filename"], row["transcript"]) for row in rows]
 
 
-def write_manifest(path: Path, rows: list[tuple[str, str]], header=("wav_filename", "wav_filesize", "transcript")) -> Path:
+def write_manifest(
+    path: Path, rows: list[tuple[str, str]], header=("wav_filename", "wav_filesize", "transcript")
+) -> Path:
     """Write a DeepSpeech CSV; rows are (file name relative to the CSV, transcript)."""
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
@@ -60,7 +63,11 @@ def bad_corpus(folder: Path) -> tuple[Path, dict[str, str]]:
     shutil.copy(sample_rows(count=1)[0][0], folder / "accents.flac")
     bad("accents.flac", "café naïve", "unknown_characters")
     soundfile.write(folder / "short.wav", speech[:1600], rate, subtype="PCM_16")
-    bad("short.wav", "this transcript is far too long for a tenth of a second of audio", "too_short_for_transcript")
+    bad(
+        "short.wav",
+        "this transcript is far too long for a tenth of a second of audio",
+        "too_short_for_transcript",
+    )
     shutil.copy(sample_rows(count=1)[0][0], folder / "silent_text.flac")
     bad("silent_text.flac", "   ", "empty_transcript")
     manifest = write_manifest(folder / "bad.csv", rows)

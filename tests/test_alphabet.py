@@ -1,8 +1,6 @@
-from pathlib import Path
-
 import pytest
 
-from native_client.alphabet import AlphabetError, Alphabet, load_alphabet, parse_alphabet
+from native_client.alphabet import Alphabet, AlphabetError, load_alphabet, parse_alphabet
 from tests.conftest import ALPHABET
 
 

@@ -1,24 +1,25 @@
 """Feature augmentation: seeded by (seed, epoch, step, tower), bounded as configured, training split only."""
-from __future__ import annotations
 
-import dataclasses
+from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
 
-from pipeline.augment import augment_features, batch_seed
-from pipeline.cache import read_cache
 from pipeline.config import AugmentConfig
 from pipeline.config_loader import load_config
-from pipeline.dataset import SplitReader, batch_plan, eval_dataset, train_dataset
+from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
+from pipeline.train.augment import augment_features, batch_seed
+from pipeline.train.dataset import SplitReader, batch_plan, eval_dataset, train_dataset
 from tests.conftest import build_features
 
 MASKS = AugmentConfig(freq_masks=2, freq_mask_max=5, time_masks=2, time_mask_max=30, time_mask_fraction=0.2)
 
 
 def _batch(rows=4, time=120, n_input=26):
-    features = tf.constant(np.random.RandomState(0).uniform(1.0, 2.0, (rows, time, n_input)).astype(np.float32))
+    features = tf.constant(
+        np.random.RandomState(0).uniform(1.0, 2.0, (rows, time, n_input)).astype(np.float32)
+    )
     lengths = tf.constant([120, 90, 60, 20], tf.int32)
     return features * tf.sequence_mask(lengths, time, dtype=tf.float32)[:, :, None], lengths
 
@@ -33,8 +34,8 @@ def test_masks_are_reproducible_from_the_position_and_bounded():
     original = features.numpy()
     for row, length in enumerate(lengths.numpy()):
         masked = (one[row, :length] == 0) & (original[row, :length] != 0)
-        frames = masked.all(axis=1)            # time-masked frames
-        coefficients = masked.all(axis=0)      # frequency-masked coefficients
+        frames = masked.all(axis=1)  # time-masked frames
+        coefficients = masked.all(axis=0)  # frequency-masked coefficients
         assert coefficients.sum() <= 2 * 5
         # each time mask covers at most min(30, 0.2 x length) frames; two masks at most twice that
         assert frames.sum() <= 2 * min(30, int(0.2 * length))
@@ -44,7 +45,9 @@ def test_masks_are_reproducible_from_the_position_and_bounded():
 
 def test_noise_touches_real_frames_only():
     features, lengths = _batch()
-    noisy = augment_features(features, lengths, AugmentConfig(feature_noise_std=0.5), batch_seed(1, 0, 0, 0)).numpy()
+    noisy = augment_features(
+        features, lengths, AugmentConfig(feature_noise_std=0.5), batch_seed(1, 0, 0, 0)
+    ).numpy()
     difference = noisy - features.numpy()
     assert abs(difference[0].std() - 0.5) < 0.05
     assert (difference[3, 20:] == 0).all()
@@ -58,17 +61,23 @@ def test_augmented_training_batches_resume_exactly_and_dev_batches_are_never_aug
     plan = batch_plan(index.lengths, 4, 1)
 
     def run(first_epoch, start_step, augment):
-        return [w.numpy() for w, *_ in train_dataset(reader, plan, 1, 0, 1, first_epoch, start_step, 2, 1234, 0, augment)]
+        return [
+            w.numpy()
+            for w, *_ in train_dataset(reader, plan, 1, 0, 1, first_epoch, start_step, 2, 1234, 0, augment)
+        ]
 
     plain, augmented = run(0, 0, None), run(0, 0, MASKS)
     assert len(plain) == len(augmented) == 2 * len(plan)
-    assert sum(not np.array_equal(a, b) for a, b in zip(plain, augmented)) > len(plan)
-    np.testing.assert_array_equal(np.concatenate([a.ravel() for a in run(0, 0, MASKS)]),
-                                  np.concatenate([a.ravel() for a in augmented]))
+    assert sum(not np.array_equal(a, b) for a, b in zip(plain, augmented, strict=False)) > len(plan)
+    np.testing.assert_array_equal(
+        np.concatenate([a.ravel() for a in run(0, 0, MASKS)]), np.concatenate([a.ravel() for a in augmented])
+    )
     resumed = run(1, 3, MASKS)  # a run resumed at epoch 1, step 3 sees the same augmented batches
-    for a, b in zip(resumed, augmented[len(plan) + 3:]):
+    for a, b in zip(resumed, augmented[len(plan) + 3 :], strict=False):
         np.testing.assert_array_equal(a, b)
     # dev and test batches come from eval_dataset, which has no augmentation at all
     for windows, lengths, _, _, indices in eval_dataset(reader, 4, 0):
         for row, i in enumerate(indices.numpy()):
-            np.testing.assert_array_equal(windows.numpy()[row, :lengths[row], 0], index.reader().utterance(i))
+            np.testing.assert_array_equal(
+                windows.numpy()[row, : lengths[row], 0], index.reader().utterance(i)
+            )

@@ -1,4 +1,5 @@
 """The commands a user types: deepspeech-train's checks and exit codes, and the installed wheel."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,14 @@ from tests.conftest import ROOT, SAMPLE
 
 
 def _train_command(*args, cwd: Path, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tasks.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "tasks.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 def _one_line(stderr: str) -> str:
@@ -29,14 +36,22 @@ def test_config_mistakes_are_one_line_before_anything_runs(tmp_path):
     and nothing written (no work directory, so no lock or partial output)."""
     work = tmp_path / "work"
     cases = {
-        "misspelt.yaml": (f"paths:\n  work_dir: {work}\ntraning:\n  epochs: 3\n",
-                          "misspelt.yaml: unknown section 'traning'"),
-        "wrong_type.yaml": (f"paths:\n  work_dir: {work}\nmodel:\n  n_hidden: big\n",
-                            "wrong_type.yaml: model.n_hidden: expected an integer, got 'big'"),
-        "template.yaml": (f"extends: {ROOT / 'configs' / 'en.yaml'}\npaths:\n  work_dir: {work}\n",
-                          "still hold the template's placeholder paths; copy the file"),
-        "missing.yaml": (f"paths:\n  work_dir: {work}\ndata:\n  train_files: [{tmp_path / 'nope.csv'}]\n",
-                         f"data.train_files: {tmp_path / 'nope.csv'} does not exist"),
+        "misspelt.yaml": (
+            f"paths:\n  work_dir: {work}\ntraning:\n  epochs: 3\n",
+            "misspelt.yaml: unknown section 'traning'",
+        ),
+        "wrong_type.yaml": (
+            f"paths:\n  work_dir: {work}\nmodel:\n  n_hidden: big\n",
+            "wrong_type.yaml: model.n_hidden: expected an integer, got 'big'",
+        ),
+        "template.yaml": (
+            f"extends: {ROOT / 'configs' / 'en.yaml'}\npaths:\n  work_dir: {work}\n",
+            "still hold the template's placeholder paths; copy the file",
+        ),
+        "missing.yaml": (
+            f"paths:\n  work_dir: {work}\ndata:\n  train_files: [{tmp_path / 'nope.csv'}]\n",
+            f"data.train_files: {tmp_path / 'nope.csv'} does not exist",
+        ),
     }
     for name, (text, expected) in cases.items():
         (tmp_path / name).write_text(text)
@@ -53,25 +68,58 @@ def test_no_scheduler_is_one_line_naming_the_fix(tmp_path):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # free once closed
     config = tmp_path / "ok.yaml"
-    config.write_text(f"paths:\n  work_dir: {tmp_path / 'work'}\ndata:\n  train_files: [{SAMPLE / 'train.csv'}]\n")
-    result = _train_command("FeaturesSplit", "--split", "train", "--config", str(config), "--scheduler-port",
-                            str(port), cwd=tmp_path)
+    config.write_text(
+        f"paths:\n  work_dir: {tmp_path / 'work'}\ndata:\n  train_files: [{SAMPLE / 'train.csv'}]\n"
+    )
+    result = _train_command(
+        "FeaturesSplit",
+        "--split",
+        "train",
+        "--config",
+        str(config),
+        "--scheduler-port",
+        str(port),
+        cwd=tmp_path,
+    )
     assert result.returncode == 2
     line = _one_line(result.stderr)
-    assert f"no Luigi scheduler at 127.0.0.1:{port}" in line and "make scheduler" in line and "--local-scheduler" in line
+    assert (
+        f"no Luigi scheduler at 127.0.0.1:{port}" in line
+        and "make scheduler" in line
+        and "--local-scheduler" in line
+    )
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """The project's wheel installed into a fresh target directory (its dependencies from this venv)."""
     root = tmp_path_factory.mktemp("wheel")
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                            str(root / "dist"), str(ROOT)], capture_output=True, text=True, timeout=600)
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(root / "dist"),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert build.returncode == 0, build.stderr[-2000:]
     wheel = next((root / "dist").glob("*.whl"))
     target = root / "site"
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
-                              str(wheel)], capture_output=True, text=True, timeout=600)
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert install.returncode == 0, install.stderr[-2000:]
     return target
 
@@ -82,22 +130,33 @@ def test_the_installed_commands_work_from_an_empty_directory(installed, tmp_path
     no checkout on the path): the DAG to Export on a tiny config, word timings from the .tflite, and a
     failing task's non-zero exit code from the packaged luigi.cfg's [retcode] table."""
     import os
+
     empty = tmp_path / "empty"
     empty.mkdir()
     env = {**os.environ, "PYTHONPATH": str(installed), "LUIGI_CONFIG_PATH": ""}
     env.pop("LUIGI_CONFIG_PATH")
-    where = subprocess.run([sys.executable, "-c", "import tasks, pipeline.layout as l; print(tasks.__file__); "
-                            "print(l.DEFAULT_ALPHABET)"], cwd=empty, env=env, capture_output=True, text=True)
+    where = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import tasks, pipeline.layout as l; print(tasks.__file__); print(l.DEFAULT_ALPHABET)",
+        ],
+        cwd=empty,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert where.stdout.splitlines()[0].startswith(str(installed)), where.stdout + where.stderr
     assert where.stdout.splitlines()[1].startswith(str(installed))  # the alphabet is package data
     config = tmp_path / "tiny.yaml"
-    config.write_text(textwrap.dedent(f"""
+    config.write_text(
+        textwrap.dedent(f"""
         paths:
-          work_dir: {tmp_path / 'work'}
+          work_dir: {tmp_path / "work"}
         data:
-          train_files: [{SAMPLE / 'train.csv'}]
-          dev_files: [{SAMPLE / 'dev.csv'}]
-          test_files: [{SAMPLE / 'test.csv'}]
+          train_files: [{SAMPLE / "train.csv"}]
+          dev_files: [{SAMPLE / "dev.csv"}]
+          test_files: [{SAMPLE / "test.csv"}]
           limit_train: 8
           limit_dev: 4
           limit_test: 4
@@ -107,21 +166,39 @@ def test_the_installed_commands_work_from_an_empty_directory(installed, tmp_path
           epochs: 1
           batch_size: 4
         decoder:
-          lm_corpus_files: [{SAMPLE / 'lm_corpus.txt'}]
+          lm_corpus_files: [{SAMPLE / "lm_corpus.txt"}]
           lm_builder: python
-    """))
+    """)
+    )
     train = installed / "bin" / "deepspeech-train"
-    run = subprocess.run([str(train), "Export", "--config", str(config), "--local-scheduler"], cwd=empty, env=env,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [str(train), "Export", "--config", str(config), "--local-scheduler"],
+        cwd=empty,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "Validation after epoch 1" in run.stderr and "Exported " in run.stderr
     assert run.stderr.count("DEBUG") == 0 and "I0000" not in run.stderr
     assert "log of this run: " + str(tmp_path / "work" / "logs") in run.stderr
     assert list(empty.iterdir()) == []
-    transcribe = subprocess.run([str(installed / "bin" / "deepspeech-transcribe"), "--model",
-                                 str(tmp_path / "work" / "export" / "model.tflite"), "--audio",
-                                 str(SAMPLE / "test" / "00001.flac"), "--json"],
-                                cwd=empty, env=env, capture_output=True, text=True, timeout=300)
+    transcribe = subprocess.run(
+        [
+            str(installed / "bin" / "deepspeech-transcribe"),
+            "--model",
+            str(tmp_path / "work" / "export" / "model.tflite"),
+            "--audio",
+            str(SAMPLE / "test" / "00001.flac"),
+            "--json",
+        ],
+        cwd=empty,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert transcribe.returncode == 0, transcribe.stderr[-2000:]
     record = json.loads(transcribe.stdout)
     assert "words" in record["transcripts"][0] and record["duration_s"] > 1
@@ -129,8 +206,14 @@ def test_the_installed_commands_work_from_an_empty_directory(installed, tmp_path
     broken.write_text("wav_filename,transcript\nx.wav,hello\n")
     failing = tmp_path / "failing.yaml"
     failing.write_text(f"extends: {config}\ndata:\n  train_files: [{broken}]\n")
-    failed = subprocess.run([str(train), "FeaturesSplit", "--split", "train", "--config", str(failing),
-                             "--local-scheduler"], cwd=empty, env=env, capture_output=True, text=True, timeout=300)
+    failed = subprocess.run(
+        [str(train), "FeaturesSplit", "--split", "train", "--config", str(failing), "--local-scheduler"],
+        cwd=empty,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert failed.returncode == 30, failed.stderr[-3000:]
     assert "header lacks column(s) wav_filesize" in failed.stderr
     assert "Traceback" not in failed.stderr

@@ -1,13 +1,12 @@
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from pipeline.layout import Layout
 from pipeline.config import ConfigError
 from pipeline.config_loader import config_to_dict, documented_keys, load_config
+from pipeline.layout import Layout
 from tests.conftest import ROOT
 
 
@@ -21,20 +20,26 @@ def test_sample_and_en_configs_load():
 
 def test_extends_overrides_a_subset_and_resolves_paths_per_file(write_config, tmp_path):
     (tmp_path / "sub").mkdir()
-    base = write_config("""
+    base = write_config(
+        """
         data:
           train_files: [corpus/train.csv]
         model:
           n_hidden: 128
           relu_clip: 10
-    """, "base.yaml")
-    child = write_config(f"""
+    """,
+        "base.yaml",
+    )
+    child = write_config(
+        """
         extends: ../base.yaml
         model:
           n_hidden: 64
         data:
           dev_files: dev.csv
-    """, "sub/child.yaml")
+    """,
+        "sub/child.yaml",
+    )
     config = load_config(child)
     assert config.model.n_hidden == 64
     assert config.model.relu_clip == 10.0
@@ -43,22 +48,28 @@ def test_extends_overrides_a_subset_and_resolves_paths_per_file(write_config, tm
     assert base.exists()
 
 
-@pytest.mark.parametrize("body, expected", [
-    ("model:\n  n_hiden: 5\n", r"model\.n_hiden: unknown key; expected one of n_hidden"),
-    ("modle:\n  n_hidden: 5\n", r"unknown section 'modle'"),
-    ("model:\n  n_hidden: many\n", r"model\.n_hidden: expected an integer, got 'many'"),
-    ("model:\n  n_hidden: 0\n", r"model\.n_hidden: expected a value at least 1, got 0"),
-    ("model:\n  dropout_rate: 1.5\n", r"model\.dropout_rate: expected a value at most 0\.99"),
-    ("training:\n  learning_rate: 0\n", r"training\.learning_rate: expected a value greater than 0"),
-    ("early_stop:\n  rule: sometimes\n", r"early_stop\.rule: expected one of 'seed', 'patience', 'off'"),
-    ("features:\n  resample: yes please\n", r"features\.resample: expected true or false"),
-    ("data:\n  train_files: 5\n", r"data\.train_files: expected a list of strings"),
-    ("features:\n  numcep: 40\n", r"features\.numcep: expected at most features\.nfilt"),
-    ("training:\n  epochs: 0\n", r"training\.epochs: expected a non-zero integer"),
-    ("model: [1, 2\n", r"invalid YAML"),
-    ("model:\n  n_hidden: 5\nmodel:\n  relu_clip: 3\n", r"config\.yaml:3: invalid YAML: duplicate key 'model'"),
-    ("extends: nowhere.yaml\n", r"extends: file .*nowhere\.yaml does not exist"),
-])
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ("model:\n  n_hiden: 5\n", r"model\.n_hiden: unknown key; expected one of n_hidden"),
+        ("modle:\n  n_hidden: 5\n", r"unknown section 'modle'"),
+        ("model:\n  n_hidden: many\n", r"model\.n_hidden: expected an integer, got 'many'"),
+        ("model:\n  n_hidden: 0\n", r"model\.n_hidden: expected a value at least 1, got 0"),
+        ("model:\n  dropout_rate: 1.5\n", r"model\.dropout_rate: expected a value at most 0\.99"),
+        ("training:\n  learning_rate: 0\n", r"training\.learning_rate: expected a value greater than 0"),
+        ("early_stop:\n  rule: sometimes\n", r"early_stop\.rule: expected one of 'seed', 'patience', 'off'"),
+        ("features:\n  resample: yes please\n", r"features\.resample: expected true or false"),
+        ("data:\n  train_files: 5\n", r"data\.train_files: expected a list of strings"),
+        ("features:\n  numcep: 40\n", r"features\.numcep: expected at most features\.nfilt"),
+        ("training:\n  epochs: 0\n", r"training\.epochs: expected a non-zero integer"),
+        ("model: [1, 2\n", r"invalid YAML"),
+        (
+            "model:\n  n_hidden: 5\nmodel:\n  relu_clip: 3\n",
+            r"config\.yaml:3: invalid YAML: duplicate key 'model'",
+        ),
+        ("extends: nowhere.yaml\n", r"extends: file .*nowhere\.yaml does not exist"),
+    ],
+)
 def test_bad_configs_fail_with_one_line_naming_file_and_key(write_config, body, expected):
     path = write_config(body)
     with pytest.raises(ConfigError, match=expected) as error:
@@ -78,9 +89,18 @@ def test_extends_cycle_is_reported(write_config):
 def test_misspelt_key_fails_fast_from_the_command_line(write_config):
     path = write_config("training:\n  epoch: 3\n")
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", "import sys; from pipeline.config_loader import load_config, ConfigError\n"
-                             "try:\n    load_config(sys.argv[1])\nexcept ConfigError as e:\n    print(e); sys.exit(2)",
-                             str(path)], capture_output=True, text=True, cwd=ROOT)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pipeline.config_loader import load_config, ConfigError\n"
+            "try:\n    load_config(sys.argv[1])\nexcept ConfigError as e:\n    print(e); sys.exit(2)",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     elapsed = time.monotonic() - started
     assert result.returncode == 2
     assert result.stdout.strip().count("\n") == 0

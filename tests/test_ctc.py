@@ -1,9 +1,10 @@
 """The CTC loss through TensorFlow's C++ kernel: the dense-label values where those are right, and no
 saturation on long utterances."""
+
 import numpy as np
 import tensorflow as tf
 
-from pipeline.ctc import ctc_loss
+from pipeline.train.ctc import ctc_loss
 
 
 def _batch(seed: int, time: int, labels: int, batch: int = 3, classes: int = 29):
@@ -23,7 +24,9 @@ def test_the_kernel_gives_the_dense_values_and_gradients():
         sparse = ctc_loss(labels, label_lengths, logits, lengths, 28, sparse=True)
     np.testing.assert_allclose(sparse.numpy(), dense.numpy(), rtol=1e-5)
     # float32 sums in another order: measured at most 6e-5 apart
-    np.testing.assert_allclose(tape.gradient(sparse, logits).numpy(), tape.gradient(dense, logits).numpy(), atol=1e-4)
+    np.testing.assert_allclose(
+        tape.gradient(sparse, logits).numpy(), tape.gradient(dense, logits).numpy(), atol=1e-4
+    )
 
 
 def test_long_utterances_do_not_saturate():

@@ -1,4 +1,5 @@
 """Reading batches from disk: the same batches as from memory, duration caps, and decoding in a pool."""
+
 from __future__ import annotations
 
 import h5py
@@ -6,10 +7,17 @@ import numpy as np
 import pytest
 
 from native_client.alphabet import load_alphabet
-from pipeline.cache import read_cache
 from pipeline.config_loader import load_config
-from pipeline.dataset import SplitReader, batch_plan, epoch_batches, eval_batches, eval_dataset, train_dataset
+from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
+from pipeline.train.dataset import (
+    SplitReader,
+    batch_plan,
+    epoch_batches,
+    eval_batches,
+    eval_dataset,
+    train_dataset,
+)
 from tests.conftest import build_features
 
 
@@ -18,7 +26,7 @@ def _in_memory_batch(frames: np.ndarray, index, batch: np.ndarray):
     lengths = index.lengths[batch]
     out = np.zeros((len(batch), lengths.max(), index.n_input), np.float32)
     for row, i in enumerate(batch):
-        out[row, :lengths[row]] = frames[index.offsets[i]:index.offsets[i] + lengths[row]]
+        out[row, : lengths[row]] = frames[index.offsets[i] : index.offsets[i] + lengths[row]]
     return out
 
 
@@ -33,16 +41,25 @@ def test_disk_batches_equal_in_memory_batches_and_resume_at_the_same_batch(small
     plan = batch_plan(index.lengths, 8, 2)
     # two towers: each step is two per-replica elements, in replica order
     elements = list(train_dataset(reader, plan, 2, 0, 2, 0, 0, 2, 1234, 0))
-    expected = [half for epoch in (0, 1) for batch in epoch_batches(plan, epoch, 1234) for half in (batch[:4], batch[4:])]
+    expected = [
+        half
+        for epoch in (0, 1)
+        for batch in epoch_batches(plan, epoch, 1234)
+        for half in (batch[:4], batch[4:])
+    ]
     assert len(elements) == len(expected) == 2 * 2 * len(plan)
-    for (windows, lengths, labels, label_lengths, indices), batch in zip(elements, expected):
+    for (windows, lengths, labels, label_lengths, indices), batch in zip(elements, expected, strict=False):
         np.testing.assert_array_equal(indices.numpy(), batch)
-        np.testing.assert_array_equal(windows.numpy()[:, :, 0], _in_memory_batch(frames, index, batch))  # n_context 0: one frame per window
+        np.testing.assert_array_equal(
+            windows.numpy()[:, :, 0], _in_memory_batch(frames, index, batch)
+        )  # n_context 0: one frame per window
         np.testing.assert_array_equal(lengths.numpy(), index.lengths[batch])
-        assert [list(l[:n]) for l, n in zip(labels.numpy(), label_lengths.numpy())] == [list(index.labels[i]) for i in batch]
+        assert [list(l[:n]) for l, n in zip(labels.numpy(), label_lengths.numpy(), strict=False)] == [
+            list(index.labels[i]) for i in batch
+        ]
     # a resumed run (epoch 1, step 2) continues with exactly the batches an uninterrupted one would see
     resumed = [e[4].numpy() for e in train_dataset(reader, plan, 2, 0, 2, 1, 2, 2, 1234, 0)]
-    assert [list(r) for r in resumed] == [list(b) for b in expected[2 * len(plan) + 4:]]
+    assert [list(r) for r in resumed] == [list(b) for b in expected[2 * len(plan) + 4 :]]
 
 
 def test_max_batch_frames_splits_long_batches_deterministically():
@@ -73,21 +90,26 @@ def test_eval_dataset_reads_every_utterance_once(small_config, cap):
 
 def test_a_decoder_pool_gives_the_sequential_transcripts(tmp_path):
     from native_client.beam import BeamDecoder, BeamSettings
-    from pipeline.decode_pool import DecodePool
+    from pipeline.decode.pool import DecodePool
     from tests.conftest import ALPHABET, SAMPLE
 
     alphabet = load_alphabet(ALPHABET)
     words = (SAMPLE / "lm_corpus.txt").read_text().split()[:3000]
     arpa = tmp_path / "lm.arpa"
-    from pipeline.kneser_ney import estimate, write_arpa
-    write_arpa(estimate([words[i:i + 12] for i in range(0, len(words), 12)], 2), arpa)
+    from pipeline.lm.kneser_ney import estimate, write_arpa
+
+    write_arpa(estimate([words[i : i + 12] for i in range(0, len(words), 12)], 2), arpa)
     vocabulary = sorted(set(words))
     rng = np.random.default_rng(1)
-    logits = [rng.normal(size=(int(n), alphabet.n_classes)).astype(np.float32) * 4 for n in rng.integers(20, 80, 10)]
+    logits = [
+        rng.normal(size=(int(n), alphabet.n_classes)).astype(np.float32) * 4 for n in rng.integers(20, 80, 10)
+    ]
     settings = BeamSettings(beam_width=8)
     sequential = BeamDecoder(alphabet, arpa, settings, vocabulary)
     with DecodePool(alphabet, arpa, settings, vocabulary, workers=2, chunk=3) as pool:
         assert pool.decode(iter(logits)) == [sequential.decode(l) for l in logits]
-        reweighted = BeamDecoder(alphabet, arpa, BeamSettings(beam_width=8, lm_alpha=0.3, lm_beta=4.0), vocabulary)
+        reweighted = BeamDecoder(
+            alphabet, arpa, BeamSettings(beam_width=8, lm_alpha=0.3, lm_beta=4.0), vocabulary
+        )
         assert pool.decode(logits, weights=(0.3, 4.0)) == [reweighted.decode(l) for l in logits]
         assert sequential.reweighted(0.3, 4.0).decode(logits[0]) == reweighted.decode(logits[0])

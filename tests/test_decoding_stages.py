@@ -1,4 +1,5 @@
 """LanguageModel, TuneDecoder, Evaluate with the LM, and the LM inside the export and the CLI."""
+
 from __future__ import annotations
 
 import json
@@ -14,9 +15,9 @@ from native_client import Model, load_metadata, open_model
 from native_client.beam import BeamDecoder, beam_decoder_for_export
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout, LMFiles
-from pipeline.kneser_ney import LanguageModelError
-from pipeline.lm import build_language_model
-from tasks import Evaluate, Export, LanguageModel, TuneDecoder
+from pipeline.lm.kneser_ney import LanguageModelError
+from pipeline.stages.language_model import build_language_model
+from tasks import Evaluate, Export, LanguageModel
 from tests.conftest import ROOT, SAMPLE
 
 pytestmark = pytest.mark.usefixtures("tasks_in_process")
@@ -28,33 +29,57 @@ def test_language_model_task_writes_an_arpa_kenlm_reads(small_config):
     config = load_config(path)
     directory = Layout(config).lm.root
     report = json.loads((directory / "lm_report.json").read_text())
-    assert report["corpus_lines"] == 20000 and report["train_transcripts"] == 10 and report["held_out_overlap"] == 0
+    assert (
+        report["corpus_lines"] == 20000
+        and report["train_transcripts"] == 10
+        and report["held_out_overlap"] == 0
+    )
     model = kenlm.Model(str(directory / "lm.arpa"))
-    assert model.order == 3 and report["ngrams"]["1"] == len(list((directory / "vocab.txt").read_text().split())) + 3
-    assert model.score("and he said unto them", bos=True, eos=True) > model.score("them unto said he and", bos=True, eos=True)
+    assert (
+        model.order == 3
+        and report["ngrams"]["1"] == len(list((directory / "vocab.txt").read_text().split())) + 3
+    )
+    assert model.score("and he said unto them", bos=True, eos=True) > model.score(
+        "them unto said he and", bos=True, eos=True
+    )
 
 
 def test_language_model_refuses_held_out_text_and_adopts_a_given_lm(small_config, tmp_path):
-    leaky = load_config(small_config("leaky.yaml", extra=f"decoder:\n  lm_corpus_files: [{SAMPLE / 'test.csv'}]\n"))
+    leaky = load_config(
+        small_config("leaky.yaml", extra=f"decoder:\n  lm_corpus_files: [{SAMPLE / 'test.csv'}]\n")
+    )
     with pytest.raises(LanguageModelError, match="test.csv is a dev/test manifest"):
         build_language_model(Layout(leaky), files=LMFiles(tmp_path / "leaky"))
     assert not (tmp_path / "leaky").exists() and not (tmp_path / "leaky.partial").exists()
     arpa = tmp_path / "mine.arpa"
-    arpa.write_text("\\data\\\nngram 1=4\n\n\\1-grams:\n-99\t<s>\t0\n-1\t</s>\n-1\t<unk>\n-0.5\tamen\n\n\\end\\\n")
-    given = load_config(small_config("given.yaml", extra=f"decoder:\n  lm_path: {arpa}\n  lm_include_train: false\n  lm_corpus_files: []\n"))
+    arpa.write_text(
+        "\\data\\\nngram 1=4\n\n\\1-grams:\n-99\t<s>\t0\n-1\t</s>\n-1\t<unk>\n-0.5\tamen\n\n\\end\\\n"
+    )
+    given = load_config(
+        small_config(
+            "given.yaml",
+            extra=f"decoder:\n  lm_path: {arpa}\n  lm_include_train: false\n  lm_corpus_files: []\n",
+        )
+    )
     report = build_language_model(Layout(given), files=LMFiles(tmp_path / "given"))
     assert report.lm == str(arpa) and (tmp_path / "given" / "vocab.txt").read_text() == "amen\n"
 
 
 def _tiny_pipeline(small_config, extra: str = ""):
-    return small_config(limit_train=16, limit_dev=6, limit_test=6, extra=textwrap.dedent("""
+    return small_config(
+        limit_train=16,
+        limit_dev=6,
+        limit_test=6,
+        extra=textwrap.dedent("""
         training:
           epochs: 2
           learning_rate: 0.003
         decoder:
           beam_width: 16
           tune_trials: 3
-    """) + textwrap.dedent(extra))
+    """)
+        + textwrap.dedent(extra),
+    )
 
 
 def test_tune_evaluate_and_export_use_the_lm(small_config, tmp_path):
@@ -68,10 +93,15 @@ def test_tune_evaluate_and_export_use_the_lm(small_config, tmp_path):
     assert best["wer"] == min(t["wer"] for t in tuned["trials"]) and 0 <= best["lm_alpha"] <= 5
     evaluation = json.loads((Layout(config).evaluate_dir / "evaluation.json").read_text())
     assert {"wer", "cer", "wer_lm", "cer_lm"} <= set(evaluation)
-    assert evaluation["decoder_lm"]["lm_alpha"] == best["lm_alpha"] and evaluation["decoder_lm"]["beam_width"] == 16
+    assert (
+        evaluation["decoder_lm"]["lm_alpha"] == best["lm_alpha"]
+        and evaluation["decoder_lm"]["beam_width"] == 16
+    )
     metadata = load_metadata(tmp_path / "export")
     assert metadata.decoder["lm_alpha"] == best["lm_alpha"] and metadata.decoder["tuned"] is True
-    assert (metadata.directory / metadata.decoder["lm"]).is_file() and (metadata.directory / "vocab.txt").is_file()
+    assert (metadata.directory / metadata.decoder["lm"]).is_file() and (
+        metadata.directory / "vocab.txt"
+    ).is_file()
     model = open_model(metadata.directory, decoder_factory=beam_decoder_for_export)
     assert isinstance(model.decoder, BeamDecoder) and model.decoder.settings.lm_alpha == best["lm_alpha"]
     assert isinstance(Model(metadata.directory).decoder, type(model.greedy))
@@ -89,10 +119,11 @@ def test_tune_evaluate_and_export_use_the_lm(small_config, tmp_path):
             assert "luigi" not in sys.modules and "pipeline" not in sys.modules
             sys.exit(code)
         """)
-        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        run = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120
+        )
         assert run.returncode == 0, run.stderr
         runs[" ".join(flag[:1])] = run.stdout.strip()
     # with the LM every word is a vocabulary word; greedy output has no such guarantee
     vocabulary = set((metadata.directory / "vocab.txt").read_text().split())
     assert set(runs[""].split()) <= vocabulary and set(runs["--scorer"].split()) <= vocabulary
-

@@ -3,23 +3,33 @@ import json
 import pytest
 
 from pipeline.config import DistributionConfig
-from pipeline.distribute import ClusterRole, DistributionError, cluster_role, make_strategy
+from pipeline.train.distribute import ClusterRole, DistributionError, cluster_role, make_strategy
 
 
 def test_cluster_role_from_tf_config(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     assert cluster_role() == ClusterRole(0, 1) and cluster_role().is_chief
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
-                                                "task": {"type": "worker", "index": 1}}))
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps(
+            {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 1}}
+        ),
+    )
     role = cluster_role()
     assert role == ClusterRole(1, 2) and not role.is_chief
 
 
-@pytest.mark.parametrize("raw, message", [
-    ("not json", "TF_CONFIG: expected"),
-    (json.dumps({"task": {"type": "worker", "index": 0}}), "TF_CONFIG: expected"),
-    (json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "ps", "index": 0}}), "task type 'ps' is not supported"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ("not json", "TF_CONFIG: expected"),
+        (json.dumps({"task": {"type": "worker", "index": 0}}), "TF_CONFIG: expected"),
+        (
+            json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "ps", "index": 0}}),
+            "task type 'ps' is not supported",
+        ),
+    ],
+)
 def test_bad_tf_config_is_explained(monkeypatch, raw, message):
     monkeypatch.setenv("TF_CONFIG", raw)
     with pytest.raises(DistributionError, match=message):

@@ -1,5 +1,5 @@
 from pipeline.config import EarlyStopConfig
-from pipeline.early_stop import patience_rule, seed_rule, should_stop
+from pipeline.train.early_stop import patience_rule, seed_rule, should_stop
 
 
 def test_seed_rule_needs_enough_losses():

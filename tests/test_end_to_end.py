@@ -2,6 +2,7 @@
 
 Run alone with ``pytest -m end_to_end``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,7 +18,7 @@ import pytest
 
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
-from pipeline.multiworker import free_ports
+from pipeline.train.multiworker import free_ports
 from tests.conftest import ROOT, SAMPLE
 
 pytestmark = [pytest.mark.end_to_end, pytest.mark.slow]
@@ -36,9 +37,22 @@ def luigid(tmp_path):
     """A luigid on a free port; yields the port."""
     port = free_ports(1)[0]
     (tmp_path / "luigid").mkdir()
-    process = subprocess.Popen([str(BIN / "luigid"), "--address", "127.0.0.1", "--port", str(port),
-                                "--state-path", str(tmp_path / "luigid" / "state.pickle"), "--logdir", str(tmp_path / "luigid")],
-                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # reads luigi.cfg
+    process = subprocess.Popen(
+        [
+            str(BIN / "luigid"),
+            "--address",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--state-path",
+            str(tmp_path / "luigid" / "state.pickle"),
+            "--logdir",
+            str(tmp_path / "luigid"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # reads luigi.cfg
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -57,17 +71,37 @@ def _digest(path: Path) -> str:
 
 
 def test_dag_to_transcribe_on_luigid_then_rerun_train_keeps_features(small_config, tmp_path, luigid):
-    path = small_config(limit_train=16, limit_dev=4, limit_test=4, extra=f"""
+    path = small_config(
+        limit_train=16,
+        limit_dev=4,
+        limit_test=4,
+        extra=f"""
 paths:
-  export_dir: {tmp_path / 'export'}
+  export_dir: {tmp_path / "export"}
 training:
   epochs: 2
 decoder:
   beam_width: 16
-""")
+""",
+    )
     scheduler = ["--scheduler-host", "127.0.0.1", "--scheduler-port", str(luigid)]
-    run = subprocess.run([str(BIN / "luigi"), "--module", "tasks", "Transcribe", "--config", str(path),
-                          "--audio", str(CLIP), *scheduler], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [
+            str(BIN / "luigi"),
+            "--module",
+            "tasks",
+            "Transcribe",
+            "--config",
+            str(path),
+            "--audio",
+            str(CLIP),
+            *scheduler,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "hypothesis: " in run.stdout
 
@@ -79,7 +113,10 @@ decoder:
     by_name = {task["name"]: task for task in done.values()}
     for name in ("Train", "Export", "LanguageModel", "Transcribe"):
         assert by_name[name]["progress_percentage"] == 100 and by_name[name]["status_message"], name
-    assert "epochs" in by_name["Train"]["status_message"] and "exported to" in by_name["Export"]["status_message"]
+    assert (
+        "epochs" in by_name["Train"]["status_message"]
+        and "exported to" in by_name["Export"]["status_message"]
+    )
     assert all("kept" in t["status_message"] for t in done.values() if t["name"] == "FeaturesSplit")
 
     config = load_config(path)
@@ -87,10 +124,28 @@ decoder:
     before = (features.stat().st_mtime_ns, _digest(features))
     report = Layout(config).train_run.root / "train_report.json"
     report_before = report.stat().st_mtime_ns
-    rerun = subprocess.run([sys.executable, "-m", "tasks.rerun", "Train", "--config", str(path), "--audio", str(CLIP),
-                            *scheduler], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    rerun = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tasks.rerun",
+            "Train",
+            "--config",
+            str(path),
+            "--audio",
+            str(CLIP),
+            *scheduler,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert f"removing {Layout(config).train_run.root}" in rerun.stdout and "removing " + str(features) not in rerun.stdout
+    assert (
+        f"removing {Layout(config).train_run.root}" in rerun.stdout
+        and "removing " + str(features) not in rerun.stdout
+    )
     assert (features.stat().st_mtime_ns, _digest(features)) == before
     assert report.stat().st_mtime_ns != report_before
     assert json.loads(report.read_text())["global_step"] == 8

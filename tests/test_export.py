@@ -1,4 +1,5 @@
 """Export and the native client: parity of the exported forms, streaming, metadata, CLI, tasks."""
+
 from __future__ import annotations
 
 import json
@@ -16,12 +17,12 @@ from native_client import ExportError, Model, load_metadata
 from native_client.audio import load_for_model
 from native_client.features import context_windows, mfcc_features
 from native_client.metadata import write_manifest
-from pipeline.checkpoints import load_trained_model
 from pipeline.config_loader import load_config
-from pipeline.export import export_stage
 from pipeline.layout import Layout
+from pipeline.model.checkpoints import load_trained_model
 from pipeline.reports import TrainReport, read_report
-from pipeline.train_stage import train_stage
+from pipeline.stages.export import export_stage
+from pipeline.stages.train import train_stage
 from tasks import Export, Transcribe
 from tests.conftest import ROOT, SAMPLE, build_features, small_config_text
 
@@ -31,9 +32,12 @@ CLIPS = [SAMPLE / "test" / f"{i:05d}.flac" for i in range(6)]
 def _trained_config(directory: Path, normalize: bool, epochs: int = 2, train: bool = True) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     base = directory / "base.yaml"
-    base.write_text(small_config_text(directory / "work", limit_train=16, limit_dev=4, limit_test=8, n_hidden=48))
+    base.write_text(
+        small_config_text(directory / "work", limit_train=16, limit_dev=4, limit_test=8, n_hidden=48)
+    )
     path = directory / "config.yaml"
-    path.write_text(textwrap.dedent(f"""
+    path.write_text(
+        textwrap.dedent(f"""
         extends: base.yaml
         features:
           normalize: {str(normalize).lower()}
@@ -41,8 +45,9 @@ def _trained_config(directory: Path, normalize: bool, epochs: int = 2, train: bo
           epochs: {epochs}
           learning_rate: 0.003
         paths:
-          export_dir: {directory / 'export'}
-    """))
+          export_dir: {directory / "export"}
+    """)
+    )
     config = load_config(path)
     if not train:
         return path
@@ -75,8 +80,16 @@ def _checkpoint_logits(config, samples):
 
 def test_all_exported_forms_give_the_checkpoint_logits(trained):
     config, export = trained
-    assert {p.name for p in export.iterdir()} >= {"metadata.json", "saved_model", "output_graph.pb", "model.tflite", "alphabet.txt"}
-    models = {backend: Model(export, backend=backend) for backend in ("tflite", "saved_model", "frozen_graph")}
+    assert {p.name for p in export.iterdir()} >= {
+        "metadata.json",
+        "saved_model",
+        "output_graph.pb",
+        "model.tflite",
+        "alphabet.txt",
+    }
+    models = {
+        backend: Model(export, backend=backend) for backend in ("tflite", "saved_model", "frozen_graph")
+    }
     import tensorflow as tf
 
     utterance = tf.saved_model.load(str(export / "saved_model")).signatures["utterance"]
@@ -93,8 +106,13 @@ def test_all_exported_forms_give_the_checkpoint_logits(trained):
 
 def test_quantised_tflite_agrees_with_float(trained, tmp_path):
     config, export = trained
-    quantized_config = config.__class__(**{**config.__dict__, "export": config.export.__class__(quantize=True),
-                                           "paths": config.paths.__class__(**{**config.paths.__dict__, "export_dir": str(tmp_path / "q")})})
+    quantized_config = config.__class__(
+        **{
+            **config.__dict__,
+            "export": config.export.__class__(quantize=True),
+            "paths": config.paths.__class__(**{**config.paths.__dict__, "export_dir": str(tmp_path / "q")}),
+        }
+    )
     quantized = export_stage(Layout(quantized_config), checkpoint=Layout(config).train_run.best).root
     assert (quantized / "model.tflite").stat().st_size < 0.4 * (export / "model.tflite").stat().st_size
     assert load_metadata(quantized).tflite_quantized
@@ -120,7 +138,7 @@ def test_stream_in_odd_chunks_equals_one_shot(fixture, request):
         stream = model.create_stream()
         intermediate = None
         for start in range(0, len(samples), chunk):
-            stream.feed_audio(samples[start:start + chunk])
+            stream.feed_audio(samples[start : start + chunk])
             if intermediate is None and start + chunk >= len(samples) // 2:
                 intermediate = stream.intermediate_decode()
         assert stream.finish() == expected, chunk
@@ -139,7 +157,9 @@ def test_metadata_round_trip(trained):
     metadata = load_metadata(export)
     assert metadata.fingerprint == Layout(config).export_fingerprint
     assert metadata.features.numcep == config.features.numcep and metadata.features.normalize is True
-    assert metadata.features.winstep == config.features.winstep and metadata.n_context == config.model.n_context
+    assert (
+        metadata.features.winstep == config.features.winstep and metadata.n_context == config.model.n_context
+    )
     assert metadata.n_steps == config.export.n_steps and metadata.n_hidden == 48
     assert "".join(metadata.alphabet.labels) == " abcdefghijklmnopqrstuvwxyz'"
     import tensorflow as tf
@@ -154,8 +174,12 @@ def test_export_metadata_carries_the_best_dev_figures_of_its_train_run(trained):
     train = read_report(Layout(config).train_run.report, TrainReport)
     raw = json.loads((export / "metadata.json").read_text())
     assert train.best_dev is not None
-    assert raw["best_dev"] == {"epoch": train.best_dev.epoch, "dev_loss": train.best_dev.dev_loss,
-                               "wer": train.best_dev.wer, "cer": train.best_dev.cer}
+    assert raw["best_dev"] == {
+        "epoch": train.best_dev.epoch,
+        "dev_loss": train.best_dev.dev_loss,
+        "wer": train.best_dev.wer,
+        "cer": train.best_dev.cer,
+    }
     assert raw["global_step"] == train.global_step
 
 
@@ -171,7 +195,9 @@ def test_client_refuses_an_export_without_metadata(trained, tmp_path):
     raw = json.loads((export / "metadata.json").read_text())
     del raw["features"]
     (broken / "metadata.json").write_text(json.dumps(raw))
-    with pytest.raises(ExportError, match=r"broken/manifest.json: missing, so the export's files cannot be verified"):
+    with pytest.raises(
+        ExportError, match=r"broken/manifest.json: missing, so the export's files cannot be verified"
+    ):
         Model(broken)
     write_manifest(broken)  # a consistent but incomplete export: the key check names the key
     with pytest.raises(ExportError, match=r"broken/metadata.json: missing keys: features"):
@@ -191,7 +217,9 @@ def test_cli_prints_json_without_luigi_or_training_code(trained, tmp_path):
         print("LEAKED", leaked)
         sys.exit(code)
     """)
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert run.returncode == 0, run.stderr  # the 8 kHz file is resampled, with a warning (as DeepSpeech)
     assert f"warning: {low}: sample rate 8000 Hz, resampling to the model's 16000 Hz" in run.stderr
     lines = run.stdout.strip().splitlines()
@@ -199,8 +227,13 @@ def test_cli_prints_json_without_luigi_or_training_code(trained, tmp_path):
     assert set(record) == {"audio", "text", "duration_s", "processing_s", "rtf", "transcripts"}
     assert record["duration_s"] > 1 and record["transcripts"][0]["text"] == record["text"]
     assert lines[-1] == "LEAKED []"
-    refused = subprocess.run([sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(low),
-                              "--no-resample"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    refused = subprocess.run(
+        [sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(low), "--no-resample"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert refused.returncode == 1
     assert f"{low}: sample rate 8000 Hz, expected 16000 Hz (without --no-resample" in refused.stderr
 
@@ -209,33 +242,93 @@ def test_deepspeech_style_client_options_and_word_timings(trained, tmp_path):
     """DeepSpeech's flags: --model as a .tflite file, underscore options, --candidate_transcripts, --json
     with words (start_time, duration) from the best path, --extended, --version, clear audio errors."""
     _, export = trained
-    command = [sys.executable, "-m", "native_client", "--model", str(export / "model.tflite"), "--audio", str(CLIPS[2]),
-               "--json", "--beam_width", "64", "--lm_alpha", "0.5", "--lm_beta", "1.0", "--candidate_transcripts", "3"]
+    command = [
+        sys.executable,
+        "-m",
+        "native_client",
+        "--model",
+        str(export / "model.tflite"),
+        "--audio",
+        str(CLIPS[2]),
+        "--json",
+        "--beam_width",
+        "64",
+        "--lm_alpha",
+        "0.5",
+        "--lm_beta",
+        "1.0",
+        "--candidate_transcripts",
+        "3",
+    ]
     run = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert run.returncode == 0, run.stderr
     record = json.loads(run.stdout)
     candidates = record["transcripts"]
     assert 1 <= len(candidates) <= 3 and len({c["text"] for c in candidates}) == len(candidates)
     assert candidates[0]["text"] == record["text"]  # (this tiny model's text may be empty: see the next test)
-    assert [c["confidence"] for c in candidates] == sorted((c["confidence"] for c in candidates), reverse=True)
+    assert [c["confidence"] for c in candidates] == sorted(
+        (c["confidence"] for c in candidates), reverse=True
+    )
     words = candidates[0]["words"]
     assert " ".join(w["word"] for w in words) == record["text"]
     assert all(w["duration"] > 0 for w in words)
     starts = [w["start_time"] for w in words]
     assert starts == sorted(starts)
     assert not words or starts[-1] + words[-1]["duration"] <= record["duration_s"] + 0.02
-    extended = subprocess.run([sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(CLIPS[2]),
-                               "--no_scorer", "--extended"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    extended = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "native_client",
+            "--model",
+            str(export),
+            "--audio",
+            str(CLIPS[2]),
+            "--no_scorer",
+            "--extended",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     lines = extended.stdout.splitlines()
-    assert extended.returncode == 0 and len(lines) == 1 + len(lines[0].split()) if lines else extended.returncode == 0
-    version = subprocess.run([sys.executable, "-m", "native_client", "--version"], capture_output=True, text=True, cwd=ROOT)
-    assert version.returncode == 0 and "deepspeech-transcribe" in version.stdout and "export format 1" in version.stdout
+    assert (
+        extended.returncode == 0 and len(lines) == 1 + len(lines[0].split())
+        if lines
+        else extended.returncode == 0
+    )
+    version = subprocess.run(
+        [sys.executable, "-m", "native_client", "--version"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert (
+        version.returncode == 0
+        and "deepspeech-transcribe" in version.stdout
+        and "export format 1" in version.stdout
+    )
     empty, garbage = tmp_path / "empty.wav", tmp_path / "garbage.wav"
     empty.write_bytes(b"")
     garbage.write_text("not audio")
-    errors = subprocess.run([sys.executable, "-m", "native_client", "--model", str(export), "--no-scorer", "--audio",
-                             str(tmp_path / "missing.wav"), "--audio", str(empty), "--audio", str(garbage)],
-                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+    errors = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "native_client",
+            "--model",
+            str(export),
+            "--no-scorer",
+            "--audio",
+            str(tmp_path / "missing.wav"),
+            "--audio",
+            str(empty),
+            "--audio",
+            str(garbage),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert errors.returncode == 1
     assert f"error: {tmp_path / 'missing.wav'}: no such file" in errors.stderr
     assert f"error: {empty}: empty file (0 bytes)" in errors.stderr
@@ -245,7 +338,7 @@ def test_deepspeech_style_client_options_and_word_timings(trained, tmp_path):
 def test_export_is_atomic_and_versioned(trained, tmp_path, monkeypatch):
     config, export = trained
     before = (export / "metadata.json").read_text()
-    import pipeline.export as export_module
+    import pipeline.stages.export as export_module
 
     def crash(*args, **kwargs):
         raise RuntimeError("converter died")
@@ -257,8 +350,13 @@ def test_export_is_atomic_and_versioned(trained, tmp_path, monkeypatch):
     assert not [p for p in export.parent.iterdir() if p.name.startswith(".")]
     monkeypatch.undo()
 
-    versioned = config.__class__(**{**config.__dict__, "export": config.export.__class__(versioned=True),
-                                    "paths": config.paths.__class__(**{**config.paths.__dict__, "export_dir": str(tmp_path / "v")})})
+    versioned = config.__class__(
+        **{
+            **config.__dict__,
+            "export": config.export.__class__(versioned=True),
+            "paths": config.paths.__class__(**{**config.paths.__dict__, "export_dir": str(tmp_path / "v")}),
+        }
+    )
     first = export_stage(Layout(versioned)).root
     second = export_stage(Layout(versioned)).root
     assert (first.name, second.name) == ("1", "2")
@@ -272,7 +370,9 @@ def test_transcribe_task_runs_export_and_prints_reference(tmp_path, capsys):
     assert luigi.build([Transcribe(config=str(path), audio=str(clip))], local_scheduler=True)
     assert Export(config=str(path)).complete()
     out = capsys.readouterr().out
-    reference = [line for line in (SAMPLE / "test.csv").read_text().splitlines() if line.startswith("test/00002.flac")][0].split(",")[2]
+    reference = [
+        line for line in (SAMPLE / "test.csv").read_text().splitlines() if line.startswith("test/00002.flac")
+    ][0].split(",")[2]
     assert f"reference:  {reference}" in out and "hypothesis: " in out
     record = json.loads(Path(Transcribe(config=str(path), audio=str(clip)).output().path).read_text())
     assert record["reference"] == reference and record["model_version"] == 1
@@ -291,12 +391,18 @@ def test_word_timings_come_from_the_frames_of_the_best_path(tmp_path):
     from native_client.alphabet import load_alphabet
     from native_client.beam import BeamDecoder, BeamSettings
     from native_client.decoding import GreedyDecoder
-    from pipeline.kneser_ney import estimate, write_arpa
+    from pipeline.lm.kneser_ney import estimate, write_arpa
     from tests.conftest import ALPHABET
+
     alphabet = load_alphabet(ALPHABET)
     blank = alphabet.blank_index
-    path = [blank] + [alphabet.labels.index(c) for c in "hhi"] + [blank, alphabet.labels.index(" ")] + \
-        [alphabet.labels.index(c) for c in "youu"] + [blank]
+    path = (
+        [blank]
+        + [alphabet.labels.index(c) for c in "hhi"]
+        + [blank, alphabet.labels.index(" ")]
+        + [alphabet.labels.index(c) for c in "youu"]
+        + [blank]
+    )
     logits = np.full((len(path), alphabet.n_classes), -10.0, np.float32)
     logits[np.arange(len(path)), path] = 10.0
     expected = [("hi", 0.01, 0.03), ("you", 0.06, 0.04)]

@@ -1,5 +1,6 @@
 """Fault injection: kills, damaged outputs and odd inputs, each answered by a named error, a fallback or
 an exact recovery (issue 15's table; the row numbers are in each test's docstring)."""
+
 import json
 import os
 import signal
@@ -13,7 +14,6 @@ import pytest
 
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
-from pipeline.reports import TrainReport, read_report
 from tests.conftest import ROOT, build_features
 
 # A training child that SIGKILLs itself at a chosen checkpoint save: after it ("after") or in the middle of
@@ -24,8 +24,8 @@ _KILLED_TRAIN = textwrap.dedent("""
     from tensorflow.python.checkpoint import checkpoint_management
     from pipeline.config_loader import load_config
     from pipeline.layout import Layout
-    from pipeline.train_stage import train_stage
-    from pipeline.trainer import Trainer
+    from pipeline.stages.train import train_stage
+    from pipeline.train.loop import Trainer
 
     mode, at = os.environ.get("KILL_MODE"), int(os.environ.get("KILL_AT_SAVE", "0"))
     saves = {"n": 0}
@@ -66,14 +66,21 @@ augment:
 
 
 def _train_child(script, config_path, env=None, timeout=400):
-    return subprocess.run([sys.executable, str(script), str(config_path)], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(script), str(config_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """Digest of a run with dropout that was never interrupted (the reference for exact resume)."""
     from tests.conftest import small_config_text
+
     root = tmp_path_factory.mktemp("clean")
     base = root / "base.yaml"
     base.write_text(small_config_text(root / "work", limit_train=40))
@@ -113,12 +120,15 @@ def test_sigkill_at_a_checkpoint_resumes_to_the_same_weights(mode, uninterrupted
 
 # -- a finished small pipeline that the tests below damage (each restores what it broke) ---------------
 
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A small config whose Export (Train, LanguageModel on the way) has run; returns (path, config)."""
     import luigi
+
     from tasks import Export
     from tests.conftest import small_config_text
+
     root = tmp_path_factory.mktemp("finished")
     base = root / "base.yaml"
     base.write_text(small_config_text(root / "work", limit_train=16))
@@ -150,8 +160,13 @@ def restore_files():
 
 def _luigi(*args, timeout=180):
     luigi_bin = ROOT / ".venv" / "bin" / "luigi"
-    return subprocess.run([str(luigi_bin) if luigi_bin.exists() else "luigi", "--module", "tasks", *args,
-                           "--local-scheduler"], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [str(luigi_bin) if luigi_bin.exists() else "luigi", "--module", "tasks", *args, "--local-scheduler"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.slow
@@ -173,10 +188,12 @@ def test_damaged_feature_cache_is_refused_naming_it(finished, tmp_path):
     """Row 5: 4 KB overwritten inside the features of a cache (same size) were trained on as NaNs; the
     fletcher32 checksums now refuse the file, by name, in the reader and in training."""
     import shutil
-    from pipeline.cache import CacheError, read_cache
-    from pipeline.trainer import Trainer
-    from pipeline.distribute import make_strategy
+
     from native_client.alphabet import load_alphabet
+    from pipeline.features.cache import CacheError, read_cache
+    from pipeline.train.distribute import make_strategy
+    from pipeline.train.loop import Trainer
+
     _, config = finished
     layout = Layout(config)
     cache = tmp_path / "train.h5"
@@ -190,20 +207,28 @@ def test_damaged_feature_cache_is_refused_naming_it(finished, tmp_path):
     index = read_cache(cache, config.features)  # the index itself is intact
     with pytest.raises(CacheError, match=f"{cache}: feature cache is damaged .*make rerun STAGE=Features"):
         index.reader().batch(np.arange(len(index)))
-    trainer = Trainer(config, tmp_path / "run", index, None, load_alphabet(layout.alphabet),
-                      make_strategy(config.distribution))
+    trainer = Trainer(
+        config,
+        tmp_path / "run",
+        index,
+        None,
+        load_alphabet(layout.alphabet),
+        make_strategy(config.distribution),
+    )
     with pytest.raises(CacheError, match=f"^{cache}: feature cache is damaged"):
         trainer.fit()
 
 
 def test_non_finite_features_are_rejected_when_written(tmp_path):
     """Row 5: features holding NaN never reach a cache."""
-    from pipeline.cache import CacheError, CacheWriter
     from pipeline.config import FeaturesConfig
+    from pipeline.features.cache import CacheError, CacheWriter
+
     features = FeaturesConfig(numcep=2, nfilt=2)
     with pytest.raises(CacheError, match="a.wav\\) has non-finite features"):
-        with CacheWriter(tmp_path / "c.h5", "fp", features, np.array([2]), [[1]], ["a"], ["a.wav"],
-                         np.array([0.1])) as writer:
+        with CacheWriter(
+            tmp_path / "c.h5", "fp", features, np.array([2]), [[1]], ["a"], ["a.wav"], np.array([0.1])
+        ) as writer:
             writer.put(0, np.array([[0.0, np.nan], [1.0, 2.0]], np.float32))
     assert not (tmp_path / "c.h5").exists()
 
@@ -215,14 +240,17 @@ def test_edited_or_truncated_export_is_refused_naming_the_file(finished, restore
     Export.complete()."""
     from native_client import ExportError, Model
     from tasks import Export
+
     path, config = finished
     export = Layout(config).find_export()
     assert Export(config=str(path)).complete()
     metadata, tflite = export.metadata, export.file("tflite")
     restore_files(metadata, tflite)
     raw = json.loads(metadata.read_text())
-    for key, value in (("features", {**raw["features"], "normalize": not raw["features"]["normalize"]}),
-                       ("n_steps", 8)):
+    for key, value in (
+        ("features", {**raw["features"], "normalize": not raw["features"]["normalize"]}),
+        ("n_steps", 8),
+    ):
         metadata.write_text(json.dumps({**raw, key: value}))
         with pytest.raises(ExportError, match=f"^{metadata}: .*(bytes|SHA-256).*make rerun STAGE=Export"):
             Model(export.root)
@@ -243,9 +271,10 @@ def test_damaged_language_model_is_named_before_decoding(finished, restore_files
     from native_client import ExportError
     from native_client.beam import beam_decoder_for_export
     from native_client.metadata import load_metadata
-    from pipeline.decoding import LanguageModelDamaged
-    from pipeline.evaluate_stage import evaluate_stage
+    from pipeline.lm.files import LanguageModelDamaged
+    from pipeline.stages.evaluate import evaluate_stage
     from tasks import LanguageModel
+
     path, config = finished
     layout = Layout(config)
     lm = layout.lm.root / json.loads(layout.lm.report.read_text())["lm"]
@@ -277,8 +306,10 @@ def test_export_is_never_missing_while_a_new_one_is_published(finished, tmp_path
     step (renameat2), so a reader polling the export never finds it missing, and the next Export removes
     the staging and old directories of killed runs."""
     import threading
-    from pipeline.export import export_stage
+
     from pipeline.files import replace_directory
+    from pipeline.stages.export import export_stage
+
     _, config = finished
     layout = Layout(config)
     export = layout.find_export().root
@@ -305,7 +336,10 @@ def test_export_is_never_missing_while_a_new_one_is_published(finished, tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
 
     dead = _dead_pid()
-    leftovers = [export.with_name(f".{export.name}.staging-{dead}"), export.with_name(f".{export.name}.old-{dead}")]
+    leftovers = [
+        export.with_name(f".{export.name}.staging-{dead}"),
+        export.with_name(f".{export.name}.old-{dead}"),
+    ]
     for leftover in leftovers:
         leftover.mkdir()
         (leftover / "model.tflite").write_bytes(b"partial")
@@ -319,11 +353,14 @@ def test_damaged_latest_checkpoint_falls_back_to_the_one_before(finished, tmp_pa
     restores the newest intact checkpoint, with a warning naming the damaged one."""
     import logging
     import shutil
+
     import tensorflow as tf
+
     from native_client.alphabet import load_alphabet
-    from pipeline.cache import read_cache
-    from pipeline.distribute import make_strategy
-    from pipeline.trainer import Trainer
+    from pipeline.features.cache import read_cache
+    from pipeline.train.distribute import make_strategy
+    from pipeline.train.loop import Trainer
+
     _, config = finished
     layout = Layout(config)
     run = tmp_path / "run"
@@ -333,8 +370,14 @@ def test_damaged_latest_checkpoint_falls_back_to_the_one_before(finished, tmp_pa
     latest = run / "checkpoints" / os.path.basename(prefixes[-1])
     for data in run.glob(f"checkpoints/{latest.name}.data-*"):
         data.unlink()
-    trainer = Trainer(config, run, read_cache(layout.features_cache("train"), config.features), None,
-                      load_alphabet(layout.alphabet), make_strategy(config.distribution))
+    trainer = Trainer(
+        config,
+        run,
+        read_cache(layout.features_cache("train"), config.features),
+        None,
+        load_alphabet(layout.alphabet),
+        make_strategy(config.distribution),
+    )
     with caplog.at_level(logging.WARNING):
         restored = trainer.restore()
     assert os.path.basename(restored) == os.path.basename(prefixes[-2])
@@ -344,9 +387,12 @@ def test_damaged_latest_checkpoint_falls_back_to_the_one_before(finished, tmp_pa
 def test_impossible_learning_rates_are_refused(write_config):
     """Row 11: ``training.learning_rate: .nan`` (or ``.inf``, or 0) passed the config check."""
     from pipeline.config import ConfigError
+
     for value in (".nan", ".inf", "-.inf", "0", "-0.001"):
         path = write_config(f"training:\n  learning_rate: {value}\n")
-        with pytest.raises(ConfigError, match="training.learning_rate: expected a (finite number|value greater than 0)"):
+        with pytest.raises(
+            ConfigError, match="training.learning_rate: expected a (finite number|value greater than 0)"
+        ):
             load_config(path)
 
 
@@ -356,21 +402,30 @@ def test_an_update_that_would_make_weights_non_finite_is_not_applied(finished, t
     would make a weight non-finite is now undone (here the rate overflows float32 to inf)."""
     import dataclasses
     import logging
+
     from native_client.alphabet import load_alphabet
-    from pipeline.cache import read_cache
-    from pipeline.distribute import make_strategy
-    from pipeline.trainer import Trainer, TrainingError
+    from pipeline.features.cache import read_cache
+    from pipeline.train.distribute import make_strategy
+    from pipeline.train.loop import Trainer, TrainingError
+
     _, config = finished
     layout = Layout(config)
-    overflow = dataclasses.replace(config, training=dataclasses.replace(
-        config.training, learning_rate=1e39, max_nonfinite_batches=2))
-    trainer = Trainer(overflow, tmp_path / "run", read_cache(layout.features_cache("train"), config.features),
-                      None, load_alphabet(layout.alphabet), make_strategy(config.distribution))
+    overflow = dataclasses.replace(
+        config, training=dataclasses.replace(config.training, learning_rate=1e39, max_nonfinite_batches=2)
+    )
+    trainer = Trainer(
+        overflow,
+        tmp_path / "run",
+        read_cache(layout.features_cache("train"), config.features),
+        None,
+        load_alphabet(layout.alphabet),
+        make_strategy(config.distribution),
+    )
     before = [v.numpy().copy() for v in trainer.model.trainable_variables]
     with caplog.at_level(logging.WARNING), pytest.raises(TrainingError, match="2 batches in a row"):
         trainer.fit()
     assert any("would make weights non-finite, so it was not applied" in r.message for r in caplog.records)
-    for old, variable in zip(before, trainer.model.trainable_variables):
+    for old, variable in zip(before, trainer.model.trainable_variables, strict=False):
         assert np.array_equal(old, variable.numpy())
 
 
@@ -378,17 +433,24 @@ def test_bom_and_duplicate_rows_in_a_manifest(tmp_path):
     """Rows 12 and 13: a CSV with a UTF-8 byte-order mark was refused ("header lacks wav_filename"); the
     same rows listed twice were kept twice. Duplicates are now rejected with reason ``duplicate``."""
     from native_client.alphabet import load_alphabet
-    from pipeline.corpus import read_manifests
+    from pipeline.data.manifests import read_manifests
     from tests.conftest import ALPHABET, SAMPLE
+
     rows = (SAMPLE / "train.csv").read_text().splitlines()
     manifest = tmp_path / "bom.csv"
     audio = [line.split(",")[0] for line in rows[1:4]]
-    body = [f"{SAMPLE / 'train' / os.path.basename(a) if not os.path.isabs(a) else a}," + ",".join(line.split(",")[1:])
-            for a, line in zip(audio, rows[1:4])]
+    body = [
+        f"{SAMPLE / 'train' / os.path.basename(a) if not os.path.isabs(a) else a},"
+        + ",".join(line.split(",")[1:])
+        for a, line in zip(audio, rows[1:4], strict=False)
+    ]
     manifest.write_text("\ufeff" + rows[0] + "\n" + "\n".join(body + body[:2]) + "\n", encoding="utf-8")
     samples, rejects = read_manifests([manifest], 0, load_alphabet(ALPHABET))
     assert len(samples) == 3
-    assert [(r.reason, r.source) for r in rejects] == [("duplicate", f"{manifest}:5"), ("duplicate", f"{manifest}:6")]
+    assert [(r.reason, r.source) for r in rejects] == [
+        ("duplicate", f"{manifest}:5"),
+        ("duplicate", f"{manifest}:6"),
+    ]
     assert rejects[0].detail == f"already listed at {manifest}:2"
 
 
@@ -396,12 +458,13 @@ def test_bom_and_duplicate_rows_in_a_manifest(tmp_path):
 def test_leftovers_of_killed_runs_are_removed_by_the_next_run(finished, tmp_path):
     """Row 14: ``.h5.<pid>.tmp``, ``ckpt-N_temp/``, staging and old export directories and logits scratch
     files of killed runs stayed forever; the next run of their stage removes them (rows 9 covers Export)."""
-    from pipeline.featurize import build_split_cache
-    from pipeline.evaluate_stage import evaluate_stage
-    from pipeline.trainer import Trainer
-    from pipeline.cache import read_cache
-    from pipeline.distribute import make_strategy
     from native_client.alphabet import load_alphabet
+    from pipeline.features.cache import read_cache
+    from pipeline.stages.evaluate import evaluate_stage
+    from pipeline.stages.features import build_split_cache
+    from pipeline.train.distribute import make_strategy
+    from pipeline.train.loop import Trainer
+
     _, config = finished
     layout = Layout(config)
     dead = _dead_pid()
@@ -416,8 +479,14 @@ def test_leftovers_of_killed_runs_are_removed_by_the_next_run(finished, tmp_path
     (temp_checkpoint / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"partial")
     report_tmp = layout.train_run.report.with_name(f".{layout.train_run.report.name}.{dead}.tmp")
     report_tmp.write_text("{")
-    Trainer(config, layout.train_run.root, read_cache(layout.features_cache("train"), config.features), None,
-            load_alphabet(layout.alphabet), make_strategy(config.distribution))
+    Trainer(
+        config,
+        layout.train_run.root,
+        read_cache(layout.features_cache("train"), config.features),
+        None,
+        load_alphabet(layout.alphabet),
+        make_strategy(config.distribution),
+    )
     assert not temp_checkpoint.exists() and not report_tmp.exists()
     assert list(layout.train_run.checkpoints.glob("ckpt-*.index"))  # the real checkpoints stay
 
@@ -438,12 +507,14 @@ def test_a_long_recording_is_transcribed_in_bounded_memory(finished, tmp_path):
     audio, held in up to three copies while they are joined and normalised (~4 MB per minute); measured
     about 100 MB."""
     import soundfile
+
     from tests.conftest import SAMPLE
+
     _, config = finished
     export = Layout(config).find_export().root
     clip, rate = soundfile.read(SAMPLE / "test" / "00003.flac", dtype="int16")
     short, long_ = tmp_path / "short.wav", tmp_path / "long.wav"
-    soundfile.write(short, np.tile(clip, int(np.ceil(10 * rate / len(clip))))[:10 * rate], rate)
+    soundfile.write(short, np.tile(clip, int(np.ceil(10 * rate / len(clip))))[: 10 * rate], rate)
     with soundfile.SoundFile(long_, "w", rate, 1, subtype="PCM_16") as sink:
         written = 0
         while written < 30 * 60 * rate:
@@ -451,8 +522,12 @@ def test_a_long_recording_is_transcribed_in_bounded_memory(finished, tmp_path):
             written += len(clip)
     peaks = {}
     for name, audio in (("short", short), ("long", long_)):
-        process = subprocess.Popen([sys.executable, "-m", "native_client", "--model", str(export), "--audio",
-                                    str(audio), "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(audio), "--json"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         _, _, usage = os.wait4(process.pid, 0)
         out, err = process.stdout.read().decode(), process.stderr.read().decode()
         assert json.loads(out)["duration_s"] > (1700 if name == "long" else 9), err[-2000:]
@@ -466,19 +541,28 @@ def test_lost_checkpoint_state_file_still_resumes(finished, tmp_path, caplog):
     would have trained from the start; the checkpoints found on disk are used, with a warning."""
     import logging
     import shutil
+
     import tensorflow as tf
+
     from native_client.alphabet import load_alphabet
-    from pipeline.cache import read_cache
-    from pipeline.distribute import make_strategy
-    from pipeline.trainer import Trainer
+    from pipeline.features.cache import read_cache
+    from pipeline.train.distribute import make_strategy
+    from pipeline.train.loop import Trainer
+
     _, config = finished
     layout = Layout(config)
     run = tmp_path / "run"
     shutil.copytree(layout.train_run.root, run)
     newest = tf.train.latest_checkpoint(str(run / "checkpoints"))
     (run / "checkpoints" / "checkpoint").write_text("garbage {{{")
-    trainer = Trainer(config, run, read_cache(layout.features_cache("train"), config.features), None,
-                      load_alphabet(layout.alphabet), make_strategy(config.distribution))
+    trainer = Trainer(
+        config,
+        run,
+        read_cache(layout.features_cache("train"), config.features),
+        None,
+        load_alphabet(layout.alphabet),
+        make_strategy(config.distribution),
+    )
     with caplog.at_level(logging.WARNING):
         assert trainer.restore() == newest
     assert any("lists no checkpoint; resuming from the" in r.message for r in caplog.records)
@@ -488,14 +572,16 @@ def test_a_damaged_feature_shard_part_is_recomputed(write_config, tmp_path, capl
     """Row 4: a truncated shard part failed every rerun with ``BadZipFile`` and no path; it is now removed
     with a warning naming it and computed again."""
     import logging
-    from pipeline.featurize import _process_shard, build_split_cache
+
+    from pipeline.stages.features import _process_shard, build_split_cache
     from tests.conftest import ALPHABET, SAMPLE
+
     path = write_config(f"""
         paths:
-          work_dir: {tmp_path / 'work'}
+          work_dir: {tmp_path / "work"}
           alphabet: {ALPHABET}
         data:
-          train_files: [{SAMPLE / 'train.csv'}]
+          train_files: [{SAMPLE / "train.csv"}]
           limit_train: 40
         features:
           workers: 1
@@ -504,8 +590,9 @@ def test_a_damaged_feature_shard_part_is_recomputed(write_config, tmp_path, capl
     layout = Layout(config)
     parts = layout.features_parts("train")
     parts.mkdir(parents=True)
-    from pipeline.corpus import read_manifests
     from native_client.alphabet import load_alphabet
+    from pipeline.data.manifests import read_manifests
+
     samples, _ = read_manifests(config.split_files("train"), 40, load_alphabet(ALPHABET))
     part = layout.features_part(parts, 0)
     _process_shard(str(part), [(s.audio_path, 1) for s in samples[:32]], config.features, 0.0)
@@ -519,7 +606,9 @@ def test_a_damaged_feature_shard_part_is_recomputed(write_config, tmp_path, capl
 def test_a_diverging_loss_warns_once(caplog):
     """Deliverable 6: a loss 100x its first value warns once."""
     import logging
-    from pipeline.trainer import Trainer
+
+    from pipeline.train.loop import Trainer
+
     trainer = Trainer.__new__(Trainer)
     trainer._first_loss, trainer._warned_growth = None, False
     with caplog.at_level(logging.WARNING):

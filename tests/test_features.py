@@ -13,27 +13,29 @@ import soundfile
 from python_speech_features import mfcc
 
 from native_client.alphabet import load_alphabet
-from pipeline.cache import CacheError, check_settings, read_cache
 from pipeline.config import FeaturesConfig
 from pipeline.config_loader import load_config
-from pipeline.corpus import CorpusError, read_manifests
-from pipeline.featurize import build_split_cache
-from pipeline.features import context_windows, ctc_min_frames
+from pipeline.data.manifests import CorpusError, read_manifests
+from pipeline.features.cache import CacheError, check_settings, read_cache
+from pipeline.features.frontend import context_windows, ctc_min_frames
 from pipeline.layout import Layout
+from pipeline.stages.features import build_split_cache
 from tests.conftest import ALPHABET, ROOT, SAMPLE
 from tests.corpus_factory import bad_corpus, sample_rows, write_manifest
 
 
 def _config(write_config, tmp_path, manifest, extra=""):
-    return load_config(write_config(f"""
+    return load_config(
+        write_config(f"""
         paths:
-          work_dir: {tmp_path / 'work'}
+          work_dir: {tmp_path / "work"}
           alphabet: {ALPHABET}
         data:
           train_files: [{manifest}]
           max_reject_fraction: 1.0
         {extra}
-    """))
+    """)
+    )
 
 
 def test_bad_corpus_rejects_exactly_the_bad_rows(write_config, tmp_path):
@@ -53,7 +55,9 @@ def test_bad_corpus_rejects_exactly_the_bad_rows(write_config, tmp_path):
 
 def test_resample_and_downmix_keep_those_rows(write_config, tmp_path):
     manifest, expected = bad_corpus(tmp_path / "corpus")
-    config = _config(write_config, tmp_path, manifest, "features:\n          resample: true\n          downmix: true")
+    config = _config(
+        write_config, tmp_path, manifest, "features:\n          resample: true\n          downmix: true"
+    )
     summary = build_split_cache(Layout(config), "train")
     assert summary.kept == 5
     assert "wrong_sample_rate" not in summary.reasons and "too_many_channels" not in summary.reasons
@@ -62,8 +66,12 @@ def test_resample_and_downmix_keep_those_rows(write_config, tmp_path):
 def test_too_many_rejects_fail_naming_split_and_reasons(write_config, tmp_path):
     manifest, _ = bad_corpus(tmp_path / "corpus")
     config = _config(write_config, tmp_path, manifest, "")
-    config = load_config(write_config(Path(config.source).read_text().replace("max_reject_fraction: 1.0",
-                                                                                "max_reject_fraction: 0.05"), "strict.yaml"))
+    config = load_config(
+        write_config(
+            Path(config.source).read_text().replace("max_reject_fraction: 1.0", "max_reject_fraction: 0.05"),
+            "strict.yaml",
+        )
+    )
     with pytest.raises(CorpusError, match=r"split 'train': 9 of 12 rows rejected .*top reasons: ") as error:
         build_split_cache(Layout(config), "train")
     assert "rejects.csv" in str(error.value)
@@ -72,12 +80,16 @@ def test_too_many_rejects_fail_naming_split_and_reasons(write_config, tmp_path):
 
 
 def test_raising_max_reject_fraction_reuses_the_extracted_shards(write_config, tmp_path, monkeypatch, caplog):
-    import pipeline.featurize as featurize
+    import pipeline.stages.features as featurize
 
     manifest, _ = bad_corpus(tmp_path / "corpus")
     lenient = _config(write_config, tmp_path, manifest, "")
-    strict = load_config(write_config(Path(lenient.source).read_text().replace("max_reject_fraction: 1.0",
-                                                                                "max_reject_fraction: 0.05"), "strict.yaml"))
+    strict = load_config(
+        write_config(
+            Path(lenient.source).read_text().replace("max_reject_fraction: 1.0", "max_reject_fraction: 0.05"),
+            "strict.yaml",
+        )
+    )
     assert Layout(strict).features_fingerprint("train") == Layout(lenient).features_fingerprint("train")
     with pytest.raises(CorpusError):
         build_split_cache(Layout(strict), "train")
@@ -86,7 +98,9 @@ def test_raising_max_reject_fraction_reuses_the_extracted_shards(write_config, t
     parts[0].write_bytes(parts[0].read_bytes()[:100])  # a damaged shard is recomputed, with a warning
     computed = []
     real = featurize._process_shard
-    monkeypatch.setattr(featurize, "_process_shard", lambda part, *args: computed.append(part) or real(part, *args))
+    monkeypatch.setattr(
+        featurize, "_process_shard", lambda part, *args: computed.append(part) or real(part, *args)
+    )
     summary = build_split_cache(Layout(lenient), "train")
     assert summary.kept == 3 and computed == [str(parts[0])]
     assert any(str(parts[0]) in r.message and "damaged" in r.message for r in caplog.records)
@@ -140,7 +154,9 @@ def test_changed_feature_setting_makes_reader_refuse_old_cache(write_config, tmp
     config = _config(write_config, tmp_path, manifest)
     summary = build_split_cache(Layout(config), "train")
     changed = FeaturesConfig(numcep=13, winlen=0.032)
-    with pytest.raises(CacheError, match=r"numcep: cache 26 vs config 13.*winlen: cache 0\.025 vs config 0\.032"):
+    with pytest.raises(
+        CacheError, match=r"numcep: cache 26 vs config 13.*winlen: cache 0\.025 vs config 0\.032"
+    ):
         check_settings(Path(summary.cache), changed)
     with pytest.raises(CacheError, match="does not exist"):
         read_cache(tmp_path / "nothing.h5", changed)
@@ -160,7 +176,7 @@ def test_context_windows_and_ctc_minimum():
 _KILLABLE = """
 import sys
 from pipeline.config_loader import load_config
-from pipeline.featurize import build_split_cache
+from pipeline.stages.features import build_split_cache
 from pipeline.layout import Layout
 if __name__ == "__main__":
     build_split_cache(Layout(load_config(sys.argv[1])), "train")
@@ -168,8 +184,10 @@ if __name__ == "__main__":
 
 
 def test_killed_run_resumes_and_matches_an_uninterrupted_run(write_config, tmp_path):
-    base = (f"extends: {ROOT / 'configs' / 'sample.yaml'}\ndata:\n  limit_train: 320\nfeatures:\n  workers: 1\n"
-            f"augment:\n  speed_factors: []\n")
+    base = (
+        f"extends: {ROOT / 'configs' / 'sample.yaml'}\ndata:\n  limit_train: 320\nfeatures:\n  workers: 1\n"
+        f"augment:\n  speed_factors: []\n"
+    )
     killed = write_config(base + f"paths:\n  work_dir: {tmp_path / 'killed'}\n", "killed.yaml")
     clean = write_config(base + f"paths:\n  work_dir: {tmp_path / 'clean'}\n", "clean.yaml")
     config = load_config(killed)

@@ -1,4 +1,5 @@
 """The one map of the work directory: fingerprints, paths, and what answering complete() costs."""
+
 from __future__ import annotations
 
 import ast
@@ -15,12 +16,31 @@ from tests.conftest import ROOT, SAMPLE
 
 # Names of stage files and folders: only pipeline/layout.py may spell them (native_client/metadata.py
 # defines the client's metadata.json, the one name a client must know before it has read anything).
-STAGE_FILES = ("train_report.json", "lm_report.json", "tune.json", "evaluation.json", "evaluation.txt",
-               "metadata.json", "lm.arpa", "lm.binary", "chars.arpa", "vocab.txt", "model.tflite",
-               "output_graph.pb", ".rejects.csv", ".parts", "config.yaml", "worker-", ".partial", ".staging")
+STAGE_FILES = (
+    "train_report.json",
+    "lm_report.json",
+    "tune.json",
+    "evaluation.json",
+    "evaluation.txt",
+    "metadata.json",
+    "lm.arpa",
+    "lm.binary",
+    "chars.arpa",
+    "vocab.txt",
+    "model.tflite",
+    "output_graph.pb",
+    ".rejects.csv",
+    ".parts",
+    "config.yaml",
+    "worker-",
+    ".partial",
+    ".staging",
+)
 # Stage folders, spelt as a path component (``x / "best"``).
-STAGE_FOLDERS = re.compile(r'/\s*f?"(features|train|lm|tune|evaluate|export|checkpoints|best|summaries|logs|'
-                           r'transcripts|saved_model)"')
+STAGE_FOLDERS = re.compile(
+    r'/\s*f?"(features|train|lm|tune|evaluate|export|checkpoints|best|summaries|logs|'
+    r'transcripts|saved_model)"'
+)
 
 
 def _string_literals(path: Path):
@@ -45,10 +65,15 @@ def test_no_stage_file_name_is_spelt_outside_the_layout_module():
             if path in allowed:
                 continue
             for line, text in _string_literals(path):
-                offences += [f"{path.relative_to(ROOT)}:{line}: {name!r} in {text!r}" for name in STAGE_FILES
-                             if name in text]
-            offences += [f"{path.relative_to(ROOT)}: path component {m.group(0)!r}"
-                         for m in STAGE_FOLDERS.finditer(path.read_text())]
+                offences += [
+                    f"{path.relative_to(ROOT)}:{line}: {name!r} in {text!r}"
+                    for name in STAGE_FILES
+                    if name in text
+                ]
+            offences += [
+                f"{path.relative_to(ROOT)}: path component {m.group(0)!r}"
+                for m in STAGE_FOLDERS.finditer(path.read_text())
+            ]
     assert not offences, "\n".join(offences)
 
 
@@ -59,13 +84,22 @@ def test_fingerprints_of_existing_work_directories_are_kept():
     # LanguageModel fingerprint is the one the code before the layout object computed.
     # lm_builder python: what auto means where KenLM's tools are not installed (where they are, the LM
     # fingerprint also carries the KenLM settings, so such LMs get their own directory).
-    config = config_from_dict({"model": {"n_hidden": 100}, "decoder": {"tune": True, "lm_order": 4, "lm_builder": "python"},
-                               "export": {"quantize": True}})
+    config = config_from_dict(
+        {
+            "model": {"n_hidden": 100},
+            "decoder": {"tune": True, "lm_order": 4, "lm_builder": "python"},
+            "export": {"quantize": True},
+        }
+    )
     layout = Layout(config)
     assert [layout.features_fingerprint(split) for split in SPLITS] == ["e3ab06054032"] * 3
-    assert (layout.train_fingerprint, layout.lm_fingerprint, layout.tune_fingerprint, layout.evaluate_fingerprint,
-            layout.export_fingerprint) == ("b4392f2789e1", "2f671f491414", "732524655f1e", "f1b2b77cf0be",
-                                           "2693f63e1b92")
+    assert (
+        layout.train_fingerprint,
+        layout.lm_fingerprint,
+        layout.tune_fingerprint,
+        layout.evaluate_fingerprint,
+        layout.export_fingerprint,
+    ) == ("b4392f2789e1", "2f671f491414", "732524655f1e", "f1b2b77cf0be", "2693f63e1b92")
 
 
 def test_an_lm_built_with_kenlm_has_its_own_fingerprint():
@@ -80,9 +114,16 @@ def test_paths_come_from_one_place(write_config, tmp_path):
     config = load_config(write_config(f"paths:\n  work_dir: {tmp_path / 'w'}\n"))
     layout = Layout(config)
     assert layout.export_root == tmp_path / "w" / "export"
-    assert layout.train_run.report.parent == layout.train_run.root == tmp_path / "w" / "train" / layout.train_fingerprint
+    assert (
+        layout.train_run.report.parent
+        == layout.train_run.root
+        == tmp_path / "w" / "train" / layout.train_fingerprint
+    )
     assert layout.rejects_report("dev").parent == layout.features_cache("dev").parent
-    assert layout.lm.report.parent == layout.lm.root and layout.lm.staging.name == layout.lm.root.name + ".partial"
+    assert (
+        layout.lm.report.parent == layout.lm.root
+        and layout.lm.staging.name == layout.lm.root.name + ".partial"
+    )
     assert layout.train_run.worker_scratch(1).checkpoints.parent.parent == layout.train_run.root
 
 
@@ -104,9 +145,9 @@ def test_complete_on_the_whole_dag_reads_a_1_gb_lm_text_at_most_once(write_confi
     with open(big, "wb") as handle:  # sparse: 1 GB of text-to-be without using the disk
         handle.truncate(1 << 30)
     path = write_config(f"""
-        extends: {ROOT / 'configs' / 'sample.yaml'}
+        extends: {ROOT / "configs" / "sample.yaml"}
         paths:
-          work_dir: {tmp_path / 'work'}
+          work_dir: {tmp_path / "work"}
         decoder:
           lm_corpus_files: [{big}]
           tune: true
@@ -120,8 +161,12 @@ def test_complete_on_the_whole_dag_reads_a_1_gb_lm_text_at_most_once(write_confi
 
     monkeypatch.setattr(layout_module, "_hash_file", counting)
     layout_module._remembered_digest.cache_clear()
-    roots = [Evaluate(config=str(path)), Export(config=str(path)), TuneDecoder(config=str(path)),
-             Transcribe(config=str(path), audio=str(SAMPLE / "test" / "00001.flac"))]
+    roots = [
+        Evaluate(config=str(path)),
+        Export(config=str(path)),
+        TuneDecoder(config=str(path)),
+        Transcribe(config=str(path), audio=str(SAMPLE / "test" / "00001.flac")),
+    ]
     for _ in range(2):
         tasks = dag(roots)
         assert len(tasks) == 9  # 3 feature splits, Train, LM, Tune, Evaluate, Export, Transcribe

@@ -1,4 +1,5 @@
 """The Kneser-Ney estimator, its ARPA in KenLM, and the beam search decoder."""
+
 from __future__ import annotations
 
 import math
@@ -8,13 +9,12 @@ import kenlm
 import numpy as np
 import pytest
 
-from native_client.alphabet import Alphabet
+from native_client.alphabet import Alphabet, load_alphabet
 from native_client.beam import BeamDecoder, BeamSettings
 from native_client.decoding import best_path
-from pipeline.kneser_ney import BOS, UNK, estimate, write_arpa
-from pipeline.lm import char_tokens
+from pipeline.lm.kneser_ney import BOS, UNK, estimate, write_arpa
+from pipeline.lm.text import char_tokens
 from tests.conftest import ALPHABET, SAMPLE
-from native_client.alphabet import load_alphabet
 
 TOY = [["a", "b"], ["a", "b"], ["b"]]
 
@@ -63,7 +63,9 @@ def test_kenlm_reads_the_arpa_and_agrees(tmp_path):
     held_out = [line.split() for line in (SAMPLE / "lm_corpus.txt").read_text().splitlines()[5000:5050]]
     shuffled = [rng.sample(s, len(s)) for s in sentences[:50]]
     for words in sentences[:50] + held_out + shuffled + [["zebra", "unknown", "words"]]:
-        assert loaded.score(" ".join(words), bos=True, eos=True) == pytest.approx(model.sentence_log10(words), abs=2e-5)
+        assert loaded.score(" ".join(words), bos=True, eos=True) == pytest.approx(
+            model.sentence_log10(words), abs=2e-5
+        )
 
 
 def _logits(text: str, alphabet: Alphabet, confusions: dict | None = None, sharp: float = 10.0) -> np.ndarray:
@@ -100,8 +102,12 @@ def test_strong_lm_fixes_an_ambiguous_greedy_output(models, lexicon):
     alphabet = load_alphabet(ALPHABET)
     logits = _logits("the cat sat", alphabet, confusions={4: ("k", 0.5)}, sharp=4.0)
     assert best_path(logits, alphabet) == "the kat sat"
-    decoder = BeamDecoder(alphabet, words if lexicon else chars,
-                          BeamSettings(beam_width=64, lm_alpha=2.0, lm_beta=0.0, lexicon=lexicon), vocabulary)
+    decoder = BeamDecoder(
+        alphabet,
+        words if lexicon else chars,
+        BeamSettings(beam_width=64, lm_alpha=2.0, lm_beta=0.0, lexicon=lexicon),
+        vocabulary,
+    )
     assert decoder.decode(logits) == "the cat sat"
 
 
@@ -109,8 +115,12 @@ def test_strong_lm_fixes_an_ambiguous_greedy_output(models, lexicon):
 def test_no_lm_weight_equals_greedy_on_clear_logits(models, lexicon):
     words, chars, vocabulary = models
     alphabet = load_alphabet(ALPHABET)
-    decoder = BeamDecoder(alphabet, words if lexicon else chars,
-                          BeamSettings(beam_width=16, lm_alpha=0.0, lm_beta=0.0, lexicon=lexicon), vocabulary)
+    decoder = BeamDecoder(
+        alphabet,
+        words if lexicon else chars,
+        BeamSettings(beam_width=16, lm_alpha=0.0, lm_beta=0.0, lexicon=lexicon),
+        vocabulary,
+    )
     for text in ["the dog ate the cat", "a mat", "cat on the mat sat"]:
         logits = _logits(text, alphabet)
         assert decoder.decode(logits) == best_path(logits, alphabet) == text

@@ -1,4 +1,5 @@
 """Multi-worker training: two real worker processes on 127.0.0.1, each with its own TF_CONFIG."""
+
 from __future__ import annotations
 
 import json
@@ -9,18 +10,23 @@ from pathlib import Path
 
 import pytest
 
+import pipeline.train.multiworker as multiworker
 from pipeline.config_loader import load_config
-from pipeline.distribute import DistributionError
 from pipeline.layout import Layout, TrainRun
-import pipeline.multiworker as multiworker
-from pipeline.multiworker import wait_for_workers
+from pipeline.train.distribute import DistributionError
+from pipeline.train.multiworker import wait_for_workers
 from tests.conftest import build_features
 
 pytestmark = pytest.mark.slow
 
 
 def _config(small_config, name: str, epochs: int, extra: str = "") -> Path:
-    return small_config(name, limit_train=16, limit_dev=4, limit_test=4, extra=f"""
+    return small_config(
+        name,
+        limit_train=16,
+        limit_dev=4,
+        limit_test=4,
+        extra=f"""
 distribution:
   strategy: multi_worker
   collective_timeout_s: 20
@@ -29,13 +35,15 @@ training:
   batch_size: 4
   validation_epochs: 1000
   checkpoint_secs: 1
-""" + extra)
+"""
+        + extra,
+    )
 
 
 @pytest.fixture(autouse=True)
 def no_orphans(monkeypatch):
     """Kill any worker a test started and left running (a failed assertion must not leave training on)."""
-    import pipeline.multiworker as multiworker
+    import pipeline.train.multiworker as multiworker
 
     started = []
     real = multiworker.start_workers
@@ -78,7 +86,7 @@ def _socket_inodes(pid: int) -> set[str]:
 
 def _address(hex_address: str) -> str:
     """A /proc/net/tcp{,6} address (little-endian 32-bit words) as text."""
-    words = [bytes.fromhex(hex_address[i:i + 8])[::-1] for i in range(0, len(hex_address), 8)]
+    words = [bytes.fromhex(hex_address[i : i + 8])[::-1] for i in range(0, len(hex_address), 8)]
     raw = b"".join(words)
     return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
 
@@ -117,7 +125,9 @@ def test_two_workers_end_with_identical_weights(small_config, tmp_path):
     run_dir = Layout(config).train_run.root
     assert list((run_dir / "checkpoints").glob("ckpt-*.index")) and (run_dir / "train_report.json").is_file()
     assert not list(run_dir.glob(".worker-*"))  # the other worker's scratch saves are gone
-    assert json.loads((run_dir / "train_report.json").read_text())["weights_sha256"] == chief["weights_sha256"]
+    assert (
+        json.loads((run_dir / "train_report.json").read_text())["weights_sha256"] == chief["weights_sha256"]
+    )
 
 
 def test_killed_worker_stops_the_other_and_a_restart_resumes(small_config, tmp_path):
@@ -129,7 +139,9 @@ def test_killed_worker_stops_the_other_and_a_restart_resumes(small_config, tmp_p
     workers = multiworker.start_workers(path, 2, logs)
     deadline = time.monotonic() + 300
     while not list((run_dir / "checkpoints").glob("ckpt-*.index")):
-        assert time.monotonic() < deadline and all(w.poll() is None for w in workers), logs(0).read_text()[-2000:]
+        assert time.monotonic() < deadline and all(w.poll() is None for w in workers), logs(0).read_text()[
+            -2000:
+        ]
         time.sleep(0.5)
     time.sleep(2)
     workers[1].kill()
@@ -146,7 +158,10 @@ def test_killed_worker_stops_the_other_and_a_restart_resumes(small_config, tmp_p
     restored = [line for line in logs2(0).read_text().splitlines() if "Restored" in line]
     assert restored and "Restored" in logs2(1).read_text()
     assert int(restored[0].split("step ")[1].split()[0].rstrip(",")) > 0
-    assert chief["global_step"] == other["global_step"] == 80 and chief["weights_sha256"] == other["weights_sha256"]
+    assert (
+        chief["global_step"] == other["global_step"] == 80
+        and chief["weights_sha256"] == other["weights_sha256"]
+    )
 
 
 @pytest.mark.usefixtures("tasks_in_process")
@@ -156,10 +171,17 @@ def test_train_task_launches_local_workers(small_config):
     from tasks import Train
 
     path = _config(small_config, "local.yaml", epochs=1)
-    path.write_text(path.read_text().replace("  collective_timeout_s: 20\n", "  collective_timeout_s: 20\n  local_workers: 2\n"))
+    path.write_text(
+        path.read_text().replace(
+            "  collective_timeout_s: 20\n", "  collective_timeout_s: 20\n  local_workers: 2\n"
+        )
+    )
     assert luigi.build([Train(config=str(path))], local_scheduler=True)
     config = load_config(path)
     run_dir = Layout(config).train_run.root
     report = json.loads((run_dir / "train_report.json").read_text())
-    assert report["global_step"] == 2 and sorted(p.name for p in (run_dir / "logs").iterdir()) == ["worker-0.log", "worker-1.log"]
+    assert report["global_step"] == 2 and sorted(p.name for p in (run_dir / "logs").iterdir()) == [
+        "worker-0.log",
+        "worker-1.log",
+    ]
     assert _result(run_dir / "logs" / "worker-1.log")["weights_sha256"] == report["weights_sha256"]

@@ -1,5 +1,6 @@
 """Mixed precision and the GPU rules: bfloat16 trains and resumes in float32, the export is float32,
 the LSTM keeps the arguments of the cuDNN kernel."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +9,7 @@ import tensorflow as tf
 
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
-from pipeline.model import build_model
+from pipeline.model.deepspeech import build_model
 from tests.conftest import SAMPLE, build_features
 
 
@@ -29,14 +30,18 @@ def test_the_lstm_keeps_the_cudnn_arguments_and_variables_stay_float32(small_con
 @pytest.mark.slow
 def test_bfloat16_trains_resumes_in_float32_and_exports_float32_logits(small_config, caplog):
     import logging
+
     from native_client import Model
     from native_client.audio import load_for_model
     from native_client.features import context_windows, mfcc_features
-    from pipeline.checkpoints import load_trained_model
-    from pipeline.export import export_stage
-    from pipeline.train_stage import train_stage
+    from pipeline.model.checkpoints import load_trained_model
+    from pipeline.stages.export import export_stage
+    from pipeline.stages.train import train_stage
+
     extra = "training:\n  epochs: {epochs}\n  learning_rate: 0.003\n  precision: {precision}\n"
-    mixed = load_config(small_config("mixed.yaml", n_hidden=48, extra=extra.format(epochs=4, precision="mixed_bfloat16")))
+    mixed = load_config(
+        small_config("mixed.yaml", n_hidden=48, extra=extra.format(epochs=4, precision="mixed_bfloat16"))
+    )
     build_features(mixed)
     report = train_stage(Layout(mixed))
     losses = [e["train_loss"] for e in report.train_losses]
@@ -45,8 +50,12 @@ def test_bfloat16_trains_resumes_in_float32_and_exports_float32_logits(small_con
     dtypes = reader.get_variable_to_dtype_map()
     assert {dtypes[k] for k in dtypes if k.startswith("weights/")} == {tf.float32}
 
-    single = load_config(small_config("single.yaml", n_hidden=48, extra=extra.format(epochs=6, precision="float32")))
-    assert Layout(single).train_run.root == Layout(mixed).train_run.root  # precision is not in the fingerprint
+    single = load_config(
+        small_config("single.yaml", n_hidden=48, extra=extra.format(epochs=6, precision="float32"))
+    )
+    assert (
+        Layout(single).train_run.root == Layout(mixed).train_run.root
+    )  # precision is not in the fingerprint
     with caplog.at_level(logging.INFO):
         resumed = train_stage(Layout(single))
     assert any("Restored" in r.message and "epoch 4" in r.message for r in caplog.records)
@@ -64,9 +73,15 @@ def test_bfloat16_trains_resumes_in_float32_and_exports_float32_logits(small_con
 @pytest.mark.slow
 def test_jit_compiled_training_step_trains(small_config):
     """training.jit_compile: forward and backward as one XLA cluster (with the dense-label CTC loss)."""
-    from pipeline.train_stage import train_stage
-    config = load_config(small_config("jit.yaml", n_hidden=48,
-                                      extra="training:\n  epochs: 3\n  learning_rate: 0.003\n  jit_compile: true\n"))
+    from pipeline.stages.train import train_stage
+
+    config = load_config(
+        small_config(
+            "jit.yaml",
+            n_hidden=48,
+            extra="training:\n  epochs: 3\n  learning_rate: 0.003\n  jit_compile: true\n",
+        )
+    )
     build_features(config)
     report = train_stage(Layout(config))
     losses = [e["train_loss"] for e in report.train_losses]

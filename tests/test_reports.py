@@ -1,4 +1,5 @@
 """Typed stage reports: one reader and one writer, loud on a renamed field or a damaged file."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -6,17 +7,38 @@ import json
 
 import pytest
 
-from pipeline.epochs import epoch_target, training_done
-from pipeline.reports import (DevFigures, ExportRecord, LMReport, ReportError, StopRecord, TrainReport, read_report,
-                              write_report)
+from pipeline.reports import (
+    DevFigures,
+    ExportRecord,
+    LMReport,
+    ReportError,
+    StopRecord,
+    TrainReport,
+    read_report,
+    write_report,
+)
+from pipeline.train.epochs import epoch_target, training_done
 
 
 def _train_report(**changes) -> TrainReport:
-    report = TrainReport(epochs_completed=3, target_epochs=3, global_step=30, steps_per_epoch=10, towers=1,
-                         batch_size_per_tower=4, global_batch_size=4, train_losses=[], validations=[],
-                         best_dev=DevFigures(epoch=2, dev_loss=1.5, wer=0.4, cer=0.2), last_samples=None,
-                         stop=StopRecord(rule=None, reason="reached the target of 3 epochs"), skipped_batches=[],
-                         best_checkpoint="best-20", latest_checkpoint="ckpt-30", wall_time_s_this_run=1.0)
+    report = TrainReport(
+        epochs_completed=3,
+        target_epochs=3,
+        global_step=30,
+        steps_per_epoch=10,
+        towers=1,
+        batch_size_per_tower=4,
+        global_batch_size=4,
+        train_losses=[],
+        validations=[],
+        best_dev=DevFigures(epoch=2, dev_loss=1.5, wer=0.4, cer=0.2),
+        last_samples=None,
+        stop=StopRecord(rule=None, reason="reached the target of 3 epochs"),
+        skipped_batches=[],
+        best_checkpoint="best-20",
+        latest_checkpoint="ckpt-30",
+        wall_time_s_this_run=1.0,
+    )
     return dataclasses.replace(report, **changes)
 
 
@@ -33,8 +55,11 @@ def test_a_renamed_field_fails_instead_of_reading_as_null(tmp_path):
     data = json.loads(path.read_text())
     data["best"] = data.pop("best_dev")
     path.write_text(json.dumps(data))
-    with pytest.raises(ReportError, match=r"train_report\.json: not a TrainReport: unknown field\(s\) best; "
-                                          r"missing field\(s\) best_dev"):
+    with pytest.raises(
+        ReportError,
+        match=r"train_report\.json: not a TrainReport: unknown field\(s\) best; "
+        r"missing field\(s\) best_dev",
+    ):
         read_report(path, TrainReport)
     data.pop("best")
     data["best_dev"] = {"epoch": 1, "loss": 2.0, "wer": 0.5, "cer": 0.3}
@@ -62,10 +87,10 @@ def test_the_export_record_holds_every_key_the_client_requires():
 
 def test_the_epoch_target_rule():
     assert epoch_target(10, 4, 0) == 10 and epoch_target(10, 4, 6) == 10
-    assert epoch_target(-2, 4, 0) == 6          # two more than the checkpoint has
-    assert epoch_target(-2, 5, 6) == 6          # a restarted "-2 more" run keeps its target
+    assert epoch_target(-2, 4, 0) == 6  # two more than the checkpoint has
+    assert epoch_target(-2, 5, 6) == 6  # a restarted "-2 more" run keeps its target
     assert training_done(3, _train_report())
     assert not training_done(5, _train_report())
-    assert training_done(-2, _train_report())   # the "-2 more" run that wrote the report has finished
+    assert training_done(-2, _train_report())  # the "-2 more" run that wrote the report has finished
     assert not training_done(-2, _train_report(epochs_completed=2))
     assert training_done(9, _train_report(stop=StopRecord(rule="patience", reason="no gain", epoch=3)))

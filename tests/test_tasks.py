@@ -1,4 +1,5 @@
 """The Luigi tasks, run for real with a local scheduler."""
+
 import json
 import subprocess
 import sys
@@ -13,7 +14,6 @@ from pipeline.layout import Layout
 from tasks import Evaluate, Features, FeaturesSplit, Train
 from tests.conftest import ROOT
 
-
 pytestmark = pytest.mark.usefixtures("tasks_in_process")
 
 
@@ -27,7 +27,13 @@ def test_features_task_is_not_recomputed_and_moves_with_numcep(small_config):
     assert luigi.build([Features(config=str(path))], local_scheduler=True)
     assert cache.stat().st_mtime_ns == stamp
 
-    changed = small_config("numcep.yaml", limit_train=6, limit_dev=3, limit_test=3, extra="features:\n  numcep: 13\n  nfilt: 26\n")
+    changed = small_config(
+        "numcep.yaml",
+        limit_train=6,
+        limit_dev=3,
+        limit_test=3,
+        extra="features:\n  numcep: 13\n  nfilt: 26\n",
+    )
     assert not FeaturesSplit(config=str(changed), split="train").complete()
     assert luigi.build([FeaturesSplit(config=str(changed), split="train")], local_scheduler=True)
     assert Layout(load_config(changed)).features_cache("train") != cache
@@ -42,7 +48,9 @@ def test_evaluate_runs_the_dag_and_train_is_complete_only_with_its_report(small_
     assert {"wer", "cer", "loss", "samples"} <= set(evaluation)
     report = Layout(config).train_run.root / "train_report.json"
     assert Train(config=str(path)).complete()
-    more = small_config("more.yaml", limit_train=8, limit_dev=4, limit_test=4, extra="training:\n  epochs: 2\n")
+    more = small_config(
+        "more.yaml", limit_train=8, limit_dev=4, limit_test=4, extra="training:\n  epochs: 2\n"
+    )
     assert Layout(load_config(more)).train_run.root == Layout(config).train_run.root
     assert not Train(config=str(more)).complete()
     report.unlink()
@@ -54,13 +62,27 @@ def test_luigi_command_line_exits_non_zero_on_a_failed_task(write_config, tmp_pa
     manifest.write_text("wav_filename,transcript\nx.wav,hello\n")
     path = write_config(f"""
         paths:
-          work_dir: {tmp_path / 'work'}
+          work_dir: {tmp_path / "work"}
         data:
           train_files: [{manifest}]
     """)
-    result = subprocess.run([str(ROOT / ".venv" / "bin" / "luigi") if (ROOT / ".venv" / "bin" / "luigi").exists() else "luigi",
-                             "--module", "tasks", "FeaturesSplit", "--split", "train", "--config", str(path),
-                             "--local-scheduler"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            str(ROOT / ".venv" / "bin" / "luigi") if (ROOT / ".venv" / "bin" / "luigi").exists() else "luigi",
+            "--module",
+            "tasks",
+            "FeaturesSplit",
+            "--split",
+            "train",
+            "--config",
+            str(path),
+            "--local-scheduler",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 30, result.stdout[-2000:] + result.stderr[-2000:]
     assert "header lacks column(s) wav_filesize" in result.stderr
 
@@ -68,17 +90,44 @@ def test_luigi_command_line_exits_non_zero_on_a_failed_task(write_config, tmp_pa
 @pytest.mark.slow
 def test_two_pipelines_at_once_share_features_and_keep_their_own_training(small_config):
     first = small_config("a.yaml", limit_train=8, limit_dev=4, limit_test=4, extra="training:\n  epochs: 1\n")
-    second = small_config("b.yaml", limit_train=8, limit_dev=4, limit_test=4, extra="training:\n  epochs: 1\nmodel:\n  n_hidden: 24\n")
-    runs = [subprocess.Popen([str(Path(sys.executable).parent / "luigi"), "--module", "tasks", "Train", "--config", str(p),
-                              "--local-scheduler"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for p in (first, second)]
+    second = small_config(
+        "b.yaml",
+        limit_train=8,
+        limit_dev=4,
+        limit_test=4,
+        extra="training:\n  epochs: 1\nmodel:\n  n_hidden: 24\n",
+    )
+    runs = [
+        subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "luigi"),
+                "--module",
+                "tasks",
+                "Train",
+                "--config",
+                str(p),
+                "--local-scheduler",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for p in (first, second)
+    ]
     outputs = [run.communicate(timeout=600)[0] for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
     a, b = load_config(first), load_config(second)
     assert Layout(a).features_cache("train") == Layout(b).features_cache("train")
-    assert sorted(p.name.split("-")[0] for p in Layout(a).features_cache("train").parent.glob("*.h5")) == ["dev", "train"]
+    assert sorted(p.name.split("-")[0] for p in Layout(a).features_cache("train").parent.glob("*.h5")) == [
+        "dev",
+        "train",
+    ]
     assert Layout(a).train_run.root != Layout(b).train_run.root
     for config, hidden in ((a, 32), (b, 24)):
         report = json.loads((Layout(config).train_run.root / "train_report.json").read_text())
         assert report["epochs_completed"] == 1
-        assert yaml.safe_load((Layout(config).train_run.root / "config.yaml").read_text())["model"]["n_hidden"] == hidden
+        assert (
+            yaml.safe_load((Layout(config).train_run.root / "config.yaml").read_text())["model"]["n_hidden"]
+            == hidden
+        )

@@ -1,7 +1,8 @@
 """Training for real on small slices of the sample corpus."""
+
 import json
-import shutil
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,17 +14,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipeline.layout import Layout
 from native_client.alphabet import load_alphabet
-from pipeline.cache import read_cache
-from pipeline.checkpoints import CheckpointMismatchError, named_weights
 from pipeline.config_loader import load_config
-from pipeline.distribute import make_strategy
-from pipeline.model import build_model, make_windows
+from pipeline.features.cache import read_cache
+from pipeline.layout import Layout
+from pipeline.model.checkpoints import CheckpointMismatchError, named_weights
+from pipeline.model.deepspeech import build_model, make_windows
 from pipeline.reports import TrainReport, read_report
-from pipeline.trainer import Trainer, TrainingError, global_batch_size
-from pipeline.evaluate_stage import evaluate_stage
-from pipeline.train_stage import train_stage
+from pipeline.stages.evaluate import evaluate_stage
+from pipeline.stages.train import train_stage
+from pipeline.train.distribute import make_strategy
+from pipeline.train.loop import Trainer, TrainingError, global_batch_size
 from tests.conftest import ROOT, build_features
 
 
@@ -35,11 +36,15 @@ def _trainer(config, run_dir, train=None):
 
 
 def test_loss_falls_and_report_is_complete(small_config, tmp_path):
-    config = load_config(small_config(limit_train=16, extra="training:\n  epochs: 4\n  learning_rate: 0.003\n"))
+    config = load_config(
+        small_config(limit_train=16, extra="training:\n  epochs: 4\n  learning_rate: 0.003\n")
+    )
     build_features(config)
     report = train_stage(Layout(config))
     losses = [e["train_loss"] for e in report.train_losses]
-    assert len(losses) == 4 and all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < 0.9 * losses[0]
+    assert (
+        len(losses) == 4 and all(b < a for a, b in zip(losses, losses[1:], strict=False)) and losses[-1] < 0.9 * losses[0]
+    )
     assert report.global_step == 16 and report.epochs_completed == 4
     assert report.stop.rule is None and "target of 4 epochs" in report.stop.reason
     run_dir = Layout(config).train_run.root
@@ -53,7 +58,11 @@ def test_loss_falls_and_report_is_complete(small_config, tmp_path):
 
 @pytest.mark.slow
 def test_five_utterances_are_learned(small_config):
-    config = load_config(small_config(limit_train=5, n_hidden=128, extra=textwrap.dedent("""
+    config = load_config(
+        small_config(
+            limit_train=5,
+            n_hidden=128,
+            extra=textwrap.dedent("""
         data:
           dev_files: [../data/sample/train.csv]
           limit_dev: 5
@@ -62,7 +71,9 @@ def test_five_utterances_are_learned(small_config):
           batch_size: 5
           learning_rate: 0.003
           validation_epochs: 50
-    """).replace("../data", str(ROOT / "data"))))
+    """).replace("../data", str(ROOT / "data")),
+        )
+    )
     build_features(config, ("train", "dev"))
     report = train_stage(Layout(config))
     assert report.validations[-1]["cer"] < 0.1, report.validations
@@ -80,10 +91,10 @@ def test_global_batch_must_split_over_towers(small_config):
 _TOWERS = """
 import sys, numpy as np, tensorflow as tf
 from pipeline.config_loader import load_config
-from pipeline.distribute import configure_devices
+from pipeline.train.distribute import configure_devices
 from pipeline.layout import Layout
-from pipeline.train_stage import train_stage
-from pipeline.checkpoints import resolve_checkpoint
+from pipeline.stages.train import train_stage
+from pipeline.model.checkpoints import resolve_checkpoint
 one, two = load_config(sys.argv[1]), load_config(sys.argv[2])
 configure_devices(two.distribution)
 weights = []
@@ -101,14 +112,21 @@ print("MAXDIFF", diff, len(weights[0]))
 def test_two_towers_give_the_same_update_as_one_device(small_config, tmp_path):
     common = "training:\n  epochs: 1\n  global_batch_size: 8\n"
     one = small_config("one.yaml", limit_train=8, extra=common + "distribution:\n  strategy: one_device\n")
-    two = small_config("two.yaml", limit_train=8, extra=common + "distribution:\n  strategy: mirrored\n  cpu_devices: 2\n")
+    two = small_config(
+        "two.yaml", limit_train=8, extra=common + "distribution:\n  strategy: mirrored\n  cpu_devices: 2\n"
+    )
     config_one, config_two = load_config(one), load_config(two)
     assert Layout(config_one).train_run.root != Layout(config_two).train_run.root
     build_features(config_one)
     script = tmp_path / "towers.py"
     script.write_text(_TOWERS)
-    result = subprocess.run([sys.executable, str(script), str(one), str(two)], capture_output=True, text=True,
-                            cwd=ROOT, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(script), str(one), str(two)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     line = [l for l in result.stdout.splitlines() if l.startswith("MAXDIFF")][0]
     diff, count = float(line.split()[1]), int(line.split()[2])
@@ -121,7 +139,7 @@ import sys, logging
 logging.basicConfig(level=logging.INFO)
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
-from pipeline.train_stage import train_stage
+from pipeline.stages.train import train_stage
 if __name__ == "__main__":
     report = train_stage(Layout(load_config(sys.argv[1])))
     print("FINAL_STEP", report.global_step)
@@ -136,14 +154,21 @@ def test_sigkill_mid_epoch_resumes_from_checkpoint(small_config, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(_KILLABLE_TRAIN)
     checkpoints = Layout(config).train_run.root / "checkpoints"
-    process = subprocess.Popen([sys.executable, str(script), str(killed)], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [sys.executable, str(script), str(killed)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 240
     step = 0
     while time.monotonic() < deadline and process.poll() is None:
         latest = tf.train.latest_checkpoint(str(checkpoints))
         if latest:
-            step = int(tf.train.load_checkpoint(latest).get_tensor("step_in_epoch/.ATTRIBUTES/VARIABLE_VALUE"))
+            step = int(
+                tf.train.load_checkpoint(latest).get_tensor("step_in_epoch/.ATTRIBUTES/VARIABLE_VALUE")
+            )
             if 0 < step:
                 break
         time.sleep(0.2)
@@ -152,8 +177,9 @@ def test_sigkill_mid_epoch_resumes_from_checkpoint(small_config, tmp_path):
     assert step > 0, "no mid-epoch checkpoint was written before the kill"
     assert not (Layout(config).train_run.root / "train_report.json").exists()
 
-    result = subprocess.run([sys.executable, str(script), str(killed)], cwd=ROOT, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(script), str(killed)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     restored = [l for l in result.stderr.splitlines() if "Restored" in l]
     assert restored and " step 0 " not in restored[0], restored
@@ -161,8 +187,11 @@ def test_sigkill_mid_epoch_resumes_from_checkpoint(small_config, tmp_path):
     report = read_report(Layout(config).train_run.report, TrainReport)
     assert report.global_step == 40 and report.epochs_completed == 2
     # Exact resume: the same weights, bit for bit, as a run that was never interrupted.
-    clean = load_config(small_config("clean.yaml", limit_train=40,
-                                     extra=extra + f"paths:\n  work_dir: {tmp_path / 'clean'}\n"))
+    clean = load_config(
+        small_config(
+            "clean.yaml", limit_train=40, extra=extra + f"paths:\n  work_dir: {tmp_path / 'clean'}\n"
+        )
+    )
     build_features(clean)
     assert train_stage(Layout(clean)).weights_sha256 == report.weights_sha256
 
@@ -172,7 +201,9 @@ def test_changed_geometry_names_directory_and_variables(small_config):
     build_features(config)
     run_dir = Layout(config).train_run.root
     train_stage(Layout(config))
-    wider = load_config(small_config("wide.yaml", limit_train=4, n_hidden=24, extra="training:\n  epochs: 1\n"))
+    wider = load_config(
+        small_config("wide.yaml", limit_train=4, n_hidden=24, extra="training:\n  epochs: 1\n")
+    )
     trainer = _trainer(wider, run_dir)
     with pytest.raises(CheckpointMismatchError) as error:
         trainer.restore()
@@ -191,12 +222,16 @@ def _poisoned(cache, config, copy, start: int, stop: int):
 
 
 def test_non_finite_batches_are_skipped_and_logged(small_config, caplog, tmp_path):
-    config = load_config(small_config(limit_train=8, extra="training:\n  epochs: 1\n  batch_size: 1\n  validation_epochs: 0\n"))
+    config = load_config(
+        small_config(limit_train=8, extra="training:\n  epochs: 1\n  batch_size: 1\n  validation_epochs: 0\n")
+    )
     build_features(config)
     cache = Layout(config).features_cache("train")
     train = read_cache(cache, config.features)
     poisoned = int(np.argmax(train.lengths))
-    train = _poisoned(cache, config, tmp_path / "poisoned.h5", train.offsets[poisoned], train.offsets[poisoned] + 5)
+    train = _poisoned(
+        cache, config, tmp_path / "poisoned.h5", train.offsets[poisoned], train.offsets[poisoned] + 5
+    )
     trainer = _trainer(config, Layout(config).train_run.root, train)
     report = trainer.fit()
     assert len(report.skipped_batches) == 1
@@ -207,7 +242,13 @@ def test_non_finite_batches_are_skipped_and_logged(small_config, caplog, tmp_pat
         assert np.all(np.isfinite(weight.numpy()))
 
     train = _poisoned(cache, config, tmp_path / "all-nan.h5", 0, int(train.lengths.sum()))
-    config = load_config(small_config("bad.yaml", limit_train=8, extra="training:\n  epochs: 1\n  batch_size: 1\n  max_nonfinite_batches: 3\n  validation_epochs: 0\n  shuffle_seed: 5\n"))
+    config = load_config(
+        small_config(
+            "bad.yaml",
+            limit_train=8,
+            extra="training:\n  epochs: 1\n  batch_size: 1\n  max_nonfinite_batches: 3\n  validation_epochs: 0\n  shuffle_seed: 5\n",
+        )
+    )
     trainer = _trainer(config, Layout(config).work_dir / "all-bad", train)
     with pytest.raises(TrainingError, match="3 batches in a row had a non-finite loss"):
         trainer.fit()
@@ -222,16 +263,20 @@ def test_streaming_and_full_sequence_logits_agree(small_config):
     h, c = model.zero_state(1)
     chunks = []
     for start in range(0, 53, 16):
-        logits, h, c = model.stream_step(windows[:, start:start + 16], h, c)
+        logits, h, c = model.stream_step(windows[:, start : start + 16], h, c)
         chunks.append(logits.numpy())
     np.testing.assert_allclose(np.concatenate(chunks, axis=1), full, rtol=1e-5, atol=1e-5)
 
 
 def test_more_epochs_continue_the_same_run(small_config):
-    config = load_config(small_config(limit_train=8, extra="training:\n  epochs: 1\n  validation_epochs: 0\n"))
+    config = load_config(
+        small_config(limit_train=8, extra="training:\n  epochs: 1\n  validation_epochs: 0\n")
+    )
     build_features(config)
     assert train_stage(Layout(config)).global_step == 2
-    more = load_config(small_config("more.yaml", limit_train=8, extra="training:\n  epochs: -2\n  validation_epochs: 0\n"))
+    more = load_config(
+        small_config("more.yaml", limit_train=8, extra="training:\n  epochs: -2\n  validation_epochs: 0\n")
+    )
     assert Layout(more).train_run.root == Layout(config).train_run.root
     report = train_stage(Layout(more))
     assert report.epochs_completed == 3 and report.global_step == 6
@@ -242,7 +287,12 @@ def test_warm_start_copies_weights_and_can_drop_the_last_layers(small_config):
     build_features(config)
     source = train_stage(Layout(config))
     reader = tf.train.load_checkpoint(source.best_checkpoint)
-    warm = load_config(small_config("warm.yaml", limit_train=4, n_hidden=16, extra=textwrap.dedent(f"""
+    warm = load_config(
+        small_config(
+            "warm.yaml",
+            limit_train=4,
+            n_hidden=16,
+            extra=textwrap.dedent(f"""
         training:
           epochs: 1
           learning_rate: 0.000001
@@ -250,11 +300,17 @@ def test_warm_start_copies_weights_and_can_drop_the_last_layers(small_config):
           drop_source_layers: 1
         model:
           random_seed: 99
-    """)))
+    """),
+        )
+    )
     assert Layout(warm).train_run.root != Layout(config).train_run.root
     trainer = _trainer(warm, Layout(warm).train_run.root)
     assert trainer.restore() == str(Layout(config).train_run.root)
     weights = {name: v.numpy() for name, v in named_weights(trainer.model).items()}
-    np.testing.assert_array_equal(weights["layer_1.kernel"], reader.get_tensor("weights/layer_1..kernel/.ATTRIBUTES/VARIABLE_VALUE"))
-    assert not np.allclose(weights["layer_6.kernel"], reader.get_tensor("weights/layer_6..kernel/.ATTRIBUTES/VARIABLE_VALUE"))
+    np.testing.assert_array_equal(
+        weights["layer_1.kernel"], reader.get_tensor("weights/layer_1..kernel/.ATTRIBUTES/VARIABLE_VALUE")
+    )
+    assert not np.allclose(
+        weights["layer_6.kernel"], reader.get_tensor("weights/layer_6..kernel/.ATTRIBUTES/VARIABLE_VALUE")
+    )
     assert int(trainer.optimizer.iterations.numpy()) == 0

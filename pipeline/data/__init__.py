@@ -1,0 +1,1 @@
+"""Corpus data: DeepSpeech CSV manifests, corpus importers (one module each), text normalisation."""

@@ -1,0 +1,1 @@
+"""Decoding with the language model: settings (tuned or configured) and the multi-process pool."""

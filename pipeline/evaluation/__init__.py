@@ -1,0 +1,1 @@
+"""Running a model over a split, WER/CER scoring, logits kept on disk."""

@@ -1,0 +1,97 @@
+"""WER/CER, greedy CTC decoding of logits, and best/worst sample reports."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from rapidfuzz.distance import Levenshtein
+
+from native_client.alphabet import Alphabet
+from native_client.decoding import best_path
+
+
+@dataclass
+class SampleResult:
+    """One utterance: reference, hypothesis, its loss and error counts."""
+
+    path: str
+    reference: str
+    hypothesis: str
+    loss: float
+    word_errors: int
+    words: int
+    char_errors: int
+    chars: int
+
+    @property
+    def wer(self) -> float:
+        """Word error rate of this sample."""
+        return self.word_errors / max(self.words, 1)
+
+    @property
+    def cer(self) -> float:
+        """Character error rate of this sample."""
+        return self.char_errors / max(self.chars, 1)
+
+    def to_dict(self) -> dict:
+        """Plain data for JSON reports."""
+        return {**asdict(self), "wer": self.wer, "cer": self.cer}
+
+
+def greedy_decode(logits: np.ndarray, length: int, alphabet: Alphabet) -> str:
+    """Best path over ``logits[:length]`` ``[time, classes]`` (``native_client.decoding.best_path``)."""
+    return best_path(logits[:length], alphabet)
+
+
+def score_sample(path: str, reference: str, hypothesis: str, loss: float) -> SampleResult:
+    """Word and character edit distances of ``hypothesis`` against ``reference``."""
+    ref_words, hyp_words = reference.split(), hypothesis.split()
+    return SampleResult(
+        path=path,
+        reference=reference,
+        hypothesis=hypothesis,
+        loss=float(loss),
+        word_errors=Levenshtein.distance(ref_words, hyp_words),
+        words=len(ref_words),
+        char_errors=Levenshtein.distance(reference, hypothesis),
+        chars=len(reference),
+    )
+
+
+def corpus_rates(results: list[SampleResult]) -> dict:
+    """Corpus-level WER and CER (total errors over total reference length) and mean loss."""
+    words = sum(r.words for r in results)
+    chars = sum(r.chars for r in results)
+    losses = [r.loss for r in results if np.isfinite(r.loss)]
+    return {
+        "wer": sum(r.word_errors for r in results) / max(words, 1),
+        "cer": sum(r.char_errors for r in results) / max(chars, 1),
+        "loss": float(np.mean(losses)) if losses else float("nan"),
+        "samples_count": len(results),
+    }
+
+
+def best_and_worst(results: list[SampleResult], count: int) -> dict:
+    """The ``count`` best and worst samples by WER (ties broken by loss), as plain data."""
+    ranked = sorted(results, key=lambda r: (r.wer, r.loss))
+    return {
+        "best": [r.to_dict() for r in ranked[:count]],
+        "worst": [r.to_dict() for r in ranked[::-1][:count]],
+    }
+
+
+def format_report(title: str, rates: dict, samples: dict) -> str:
+    """A human-readable report: the rates and the best/worst samples (reference vs decoded)."""
+    lines = [
+        f"{title}: WER {rates['wer']:.4f}, CER {rates['cer']:.4f}, loss {rates['loss']:.4f} "
+        f"({rates['samples_count']} samples)"
+    ]
+    for kind in ("best", "worst"):
+        if samples.get(kind):
+            lines.append(f"-- {kind} samples --")
+        for s in samples.get(kind, []):
+            lines.append(f"WER {s['wer']:.3f} CER {s['cer']:.3f} loss {s['loss']:.2f}  {s['path']}")
+            lines.append(f"  src: {s['reference']}")
+            lines.append(f"  res: {s['hypothesis']}")
+    return "\n".join(lines)

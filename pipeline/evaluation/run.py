@@ -1,0 +1,63 @@
+"""Running a model over a cached split: per-sample CTC loss and greedy transcripts, logits handed on as they come."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from native_client.alphabet import Alphabet
+from pipeline.evaluation.metrics import SampleResult, greedy_decode, score_sample
+from pipeline.features.cache import CacheIndex
+from pipeline.train.ctc import ctc_loss, sparse_labels_supported
+from pipeline.train.dataset import SplitReader, checked, eval_dataset
+
+# on_logits(sample index, logits [time, classes])
+LogitsSink = Callable[[int, np.ndarray], None]
+
+
+def make_forward(model, blank_index: int):
+    """A compiled function: windows, lengths, labels, label lengths -> (logits ``[b, t, classes]``, per-sample loss)."""
+    sparse = sparse_labels_supported()
+
+    @tf.function(reduce_retracing=True)
+    def forward(windows, lengths, labels, label_lengths):
+        logits = model(windows, training=False)
+        return logits, ctc_loss(labels, label_lengths, logits, lengths, blank_index, sparse)
+
+    return forward
+
+
+def run_split(
+    model,
+    data: CacheIndex,
+    alphabet: Alphabet,
+    batch_size: int,
+    n_context: int,
+    forward=None,
+    on_logits: LogitsSink | None = None,
+    reader: SplitReader | None = None,
+    max_batch_frames: int = 0,
+) -> list[SampleResult]:
+    """Every sample of ``data`` through ``model``; results in the cache's sample order.
+
+    ``on_logits``, when given, receives each sample's logits as its batch is
+    done (for decoders), so no caller has to hold a split's logits in memory.
+    """
+    forward = forward or make_forward(model, alphabet.blank_index)
+    results: list[SampleResult | None] = [None] * len(data)
+    reader = reader or SplitReader(data)
+    for windows, lengths, labels, label_lengths, indices in checked(
+        eval_dataset(reader, batch_size, n_context, max_batch_frames)
+    ):
+        logits, loss = forward(windows, lengths, labels, label_lengths)
+        logits, loss, lengths = logits.numpy(), loss.numpy(), lengths.numpy()
+        for row, index in enumerate(indices.numpy()):
+            hypothesis = greedy_decode(logits[row], lengths[row], alphabet)
+            results[int(index)] = score_sample(
+                data.paths[index], data.transcripts[index], hypothesis, float(loss[row])
+            )
+            if on_logits is not None:
+                on_logits(int(index), logits[row, : lengths[row]])
+    return results

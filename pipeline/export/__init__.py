@@ -1,0 +1,1 @@
+"""Writing exports: the inference graph, SavedModel, frozen graph, TFLite."""

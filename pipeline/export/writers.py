@@ -1,0 +1,91 @@
+"""The files of an export: metadata, frozen graph, TFLite flatbuffer, and the language model copied in."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from pathlib import Path
+
+import tensorflow as tf
+from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+from native_client.alphabet import Alphabet
+from native_client.arpa import is_arpa
+from native_client.metadata import FORMAT, FORMAT_VERSION
+from pipeline.decode.settings import beam_settings
+from pipeline.export.inference_graph import SIGNATURE, TENSORS, InferenceGraph
+from pipeline.features.frontend import feature_settings
+from pipeline.layout import EXPORT_FILES, WORD_ARPA, WORD_BINARY, ExportFiles, Layout
+from pipeline.lm.files import read_lm_report, verify_lm_files
+from pipeline.reports import ExportRecord, TrainReport, read_report
+
+
+def build_metadata(
+    layout: Layout, alphabet: Alphabet, checkpoint: str, model_version: int, n_input: int
+) -> ExportRecord:
+    """The metadata a client needs: features, geometry, alphabet, versions, fingerprints, and the
+    best-dev figures and step of the Train run it comes from (None when an explicitly given checkpoint
+    has no Train report, e.g. an untrained model in a benchmark)."""
+    config = layout.config
+    report = layout.train_run.report
+    train = read_report(report, TrainReport) if report.is_file() else None
+    return ExportRecord(
+        format=FORMAT,
+        format_version=FORMAT_VERSION,
+        model_version=model_version,
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        fingerprint=layout.export_fingerprint,
+        train_fingerprint=layout.train_fingerprint,
+        checkpoint=checkpoint,
+        config=config.source,
+        global_step=train and train.global_step,
+        best_dev=train and train.best_dev,
+        features=feature_settings(config.features).to_dict(),
+        n_context=config.model.n_context,
+        n_input=n_input,
+        n_steps=config.export.n_steps,
+        n_hidden=config.model.n_hidden,
+        n_classes=alphabet.n_classes,
+        alphabet=list(alphabet.labels),
+        files=dict(EXPORT_FILES),
+        tensors=dict(TENSORS),
+        tflite_quantized=config.export.quantize,
+    )
+
+
+def write_frozen_graph(graph: InferenceGraph, path: Path) -> dict:
+    """Freeze the streaming step (variables folded into constants) to ``path``; returns its tensor names."""
+    concrete = graph.stream.get_concrete_function()
+    frozen = convert_variables_to_constants_v2(concrete)
+    path.write_bytes(frozen.graph.as_graph_def().SerializeToString())
+    inputs = dict(zip(("input", "state_h", "state_c"), (t.name for t in frozen.inputs), strict=False))
+    # Outputs come flattened in the sorted-key order of the function's returned dict.
+    by_name = dict(zip(sorted(concrete.structured_outputs), (t.name for t in frozen.outputs), strict=False))
+    outputs = {key: by_name[TENSORS[key]] for key in ("logits", "new_state_h", "new_state_c")}
+    return {"inputs": inputs, "outputs": outputs}
+
+
+def write_tflite(saved_model: Path, path: Path, quantize: bool) -> None:
+    """Convert the SavedModel's streaming signature to TFLite, dynamic-range int8 when ``quantize``."""
+    converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model), signature_keys=[SIGNATURE])
+    if quantize:
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    path.write_bytes(converter.convert())
+
+
+def copy_language_model(layout: Layout, staging: ExportFiles) -> dict:
+    """Copy the LanguageModel stage's LM files into the export; returns the metadata ``decoder`` entry."""
+    verify_lm_files(layout, deep=True)
+    report = read_lm_report(layout)
+    lm = layout.lm
+    entry = {**dataclasses.asdict(beam_settings(layout)), "tuned": layout.config.decoder.tune}
+    word_lm = lm.resolve(report.lm)
+    entry["lm"] = WORD_ARPA if is_arpa(word_lm) else WORD_BINARY
+    shutil.copyfile(word_lm, staging.root / entry["lm"])
+    shutil.copyfile(lm.vocabulary, staging.root / lm.vocabulary.name)
+    entry["vocabulary"] = lm.vocabulary.name
+    if report.char_lm:
+        entry["char_lm"] = lm.char_arpa.name
+        shutil.copyfile(lm.resolve(report.char_lm), staging.root / entry["char_lm"])
+    return entry

@@ -1,0 +1,1 @@
+"""Language models: the Python Kneser-Ney estimator, KenLM's tools, the LM text."""

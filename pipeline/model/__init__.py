@@ -1,0 +1,1 @@
+"""Model families (one module per ``model.architecture``) and checkpoint contents."""

@@ -1,0 +1,177 @@
+"""Checkpoint contents and checks: named model weights, geometry mismatch messages, warm start, and
+loading a trained model from a checkpoint or a Train run directory.
+
+Model weights are saved under explicit names (``weights/layer_1.kernel``)
+rather than through Keras' object graph, so every weight (the LSTM's too) has
+a stable, readable key that mismatch messages and warm starts can use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+from pathlib import Path
+
+import tensorflow as tf
+
+from pipeline.config import Config
+from pipeline.files import remove_leftovers
+from pipeline.layout import CHECKPOINT_PREFIX, LEFTOVER_PATTERNS, TrainRun
+from pipeline.model.deepspeech import LAYER_NAMES, build_model
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointMismatchError(RuntimeError):
+    """A checkpoint's weights do not fit the model built from the config."""
+
+
+def weight_name(variable) -> str:
+    """Stable name of a model weight, e.g. ``layer_1.kernel`` or ``lstm.lstm_cell.recurrent_kernel``."""
+    return ".".join(variable.path.split("/")[1:])
+
+
+def named_weights(model) -> dict:
+    """{name: variable} for every model weight (what checkpoints store under ``weights/``)."""
+    return {weight_name(v): v for v in model.weights}
+
+
+def rng_states(model) -> dict:
+    """{path: variable} of the model's random-number state (Keras 3 Dropout's ``seed_generator_state``):
+    in ``model.variables`` but not ``model.weights``, and needed for a resumed run to draw the same masks."""
+    weights = {id(v) for v in model.weights}
+    return {v.path.replace("/", "."): v for v in model.variables if id(v) not in weights}
+
+
+def weights_digest(model) -> str:
+    """SHA-256 over every weight's name and bytes, in name order (equal digests: identical models)."""
+    digest = hashlib.sha256()
+    for name, variable in sorted(named_weights(model).items()):
+        digest.update(name.encode())
+        digest.update(variable.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _checkpoint_key(name: str) -> str:
+    # tf.train.Checkpoint escapes "." in object names as "..".
+    escaped = name.replace(".", "..")
+    return f"weights/{escaped}/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def remove_checkpoint_leftovers(run: TrainRun) -> list[Path]:
+    """Remove what a killed run left in ``run``: the ``<prefix>_temp`` directories of an interrupted
+    checkpoint write (TensorFlow writes there, then renames) and temporary files; returns what was removed."""
+    removed = remove_leftovers(run.root, LEFTOVER_PATTERNS)
+    for directory in (run.checkpoints, run.best):
+        for leftover in directory.glob("*_temp*") if directory.is_dir() else ():
+            shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(
+                missing_ok=True
+            )
+            removed.append(leftover)
+    if removed:
+        log.info(
+            "Removed %d leftovers of an interrupted checkpoint write: %s",
+            len(removed),
+            ", ".join(str(p) for p in removed),
+        )
+    return removed
+
+
+def checkpoints_on_disk(directory: Path) -> list[str]:
+    """Checkpoint prefixes found by their index files, newest first: what a run can still resume from
+    when TensorFlow's ``checkpoint`` state file is missing or damaged (TensorFlow then lists none)."""
+    found = []
+    for index in Path(directory).glob(f"{CHECKPOINT_PREFIX}-*.index"):
+        number = index.name[len(CHECKPOINT_PREFIX) + 1 : -len(".index")]
+        if number.isdigit():
+            found.append((int(number), str(index.with_suffix(""))))
+    if found:
+        log.warning(
+            "%s: the checkpoint state file lists no checkpoint; resuming from the %d found on disk",
+            directory,
+            len(found),
+        )
+    return [prefix for _, prefix in sorted(found, reverse=True)]
+
+
+def resolve_checkpoint(path: str | Path) -> str:
+    """A checkpoint prefix from a prefix, a checkpoint directory, or a Train run directory."""
+    path = Path(path)
+    for directory in (path, TrainRun(path).best, TrainRun(path).checkpoints):
+        if directory.is_dir():
+            latest = tf.train.latest_checkpoint(str(directory))
+            if latest:
+                return latest
+    if Path(str(path) + ".index").exists():
+        return str(path)
+    raise CheckpointMismatchError(
+        f"{path}: no checkpoint found (expected a checkpoint prefix, a directory with a "
+        f"'checkpoint' file, or a Train run directory)"
+    )
+
+
+def shape_differences(prefix: str, model) -> list[str]:
+    """Descriptions of weights whose shape differs between checkpoint ``prefix`` and ``model`` (or that are missing)."""
+    stored = dict(tf.train.list_variables(prefix))
+    differences = []
+    for name, variable in named_weights(model).items():
+        key = _checkpoint_key(name)
+        if key not in stored:
+            differences.append(f"{name}: missing from the checkpoint")
+        elif list(stored[key]) != list(variable.shape):
+            differences.append(f"{name}: checkpoint {list(stored[key])} vs model {list(variable.shape)}")
+    return differences
+
+
+def check_geometry(prefix: str, model, directory: str | Path) -> None:
+    """Raise CheckpointMismatchError naming ``directory`` and each differing weight."""
+    differences = shape_differences(prefix, model)
+    if differences:
+        raise CheckpointMismatchError(
+            f"checkpoint in {directory} does not fit the model (changed alphabet or model.n_hidden?): "
+            + "; ".join(differences)
+            + ". Use another paths.work_dir, or training.init_from with training.drop_source_layers to start from it."
+        )
+
+
+def warm_start(model, source: str | Path, drop_layers: int) -> list[str]:
+    """Copy weights from checkpoint ``source`` into ``model``, except the last ``drop_layers`` layers.
+
+    Returns the names of the weights copied. Optimizer state is not touched.
+    """
+    prefix = resolve_checkpoint(source)
+    reader = tf.train.load_checkpoint(prefix)
+    dropped = set(LAYER_NAMES[len(LAYER_NAMES) - drop_layers :]) if drop_layers else set()
+    copied = []
+    for name, variable in named_weights(model).items():
+        if name.split(".")[0] in dropped:
+            continue
+        key = _checkpoint_key(name)
+        if not reader.has_tensor(key):
+            raise CheckpointMismatchError(f"{source}: weight {name} is missing from the checkpoint")
+        value = reader.get_tensor(key)
+        if list(value.shape) != list(variable.shape):
+            raise CheckpointMismatchError(
+                f"{source}: weight {name} has shape {list(value.shape)}, the model needs {list(variable.shape)}; "
+                f"raise training.drop_source_layers to re-initialise that layer"
+            )
+        variable.assign(value)
+        copied.append(name)
+    return copied
+
+
+def load_trained_model(config: Config, checkpoint: str | Path, n_input: int, n_classes: int):
+    """Build the model of ``config`` and load the weights of ``checkpoint`` (a prefix, a checkpoint
+    directory or a Train run directory, whose best-dev checkpoint is taken)."""
+    prefix = resolve_checkpoint(checkpoint)
+    model = build_model(config.model, n_input, n_classes)
+    try:
+        check_geometry(prefix, model, checkpoint)
+        tf.train.Checkpoint(weights=named_weights(model)).read(prefix).expect_partial()
+    except (tf.errors.OpError, ValueError) as error:
+        raise CheckpointMismatchError(
+            f"{prefix}: damaged checkpoint ({str(error).splitlines()[0][:200]}); "
+            f"make rerun STAGE=Train to train again"
+        ) from None
+    return model

@@ -1,0 +1,354 @@
+"""The Features stage: manifests -> checked samples -> MFCC in parallel shards -> one HDF5 cache per split.
+
+Work is split into shards of samples; each finished shard is saved as its
+own ``.npz`` part (written under a temporary name, then renamed), so a run
+killed half-way resumes with the finished shards. The parts live in a folder
+named by the stage fingerprint, so parts made with other settings are never
+reused. The parts are merged into the cache at the end and then removed.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import logging
+import multiprocessing
+import os
+import shutil
+import sys
+import zipfile
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from native_client.alphabet import load_alphabet
+from native_client.audio import AudioError, load_checked
+from native_client.features import FeatureSettings, mfcc_features
+from pipeline.config import AugmentConfig, FeaturesConfig
+from pipeline.data.manifests import Reject, Sample, check_reject_fraction, read_manifests, write_rejects
+from pipeline.features.audio_augment import apply_variant, noise_files, variants
+from pipeline.features.cache import CacheWriter, cache_summary
+from pipeline.features.frontend import ctc_min_frames, feature_settings
+from pipeline.files import atomic_path, remove_leftovers
+from pipeline.layout import LEFTOVER_PATTERNS, Layout
+from pipeline.locks import stage_lock
+
+log = logging.getLogger(__name__)
+
+SHARD_SIZE = 32
+
+
+class FeaturesError(RuntimeError):
+    """The Features stage cannot finish (its working files changed under it)."""
+
+
+# progress(done, total, rejected, audio_seconds)
+ProgressFn = Callable[[int, int, int, float], None]
+
+
+@dataclass
+class FeaturesSummary:
+    """What a Features run did for one split."""
+
+    split: str
+    cache: str
+    rejects_report: str
+    kept: int = 0
+    rejected: int = 0
+    audio_seconds: float = 0.0
+    reasons: dict = field(default_factory=dict)
+
+
+def _process_shard(
+    part: str, jobs: list[tuple], features: FeaturesConfig, max_duration_s: float
+) -> tuple[int, int, float]:
+    """Compute one shard and save it as ``part`` (atomically); returns (count, rejected, audio seconds).
+
+    A job is (audio path, minimum frames[, Variant]): a variant makes an augmented copy of the audio.
+    Audio longer than ``max_duration_s`` (when not 0) is rejected as ``too_long``."""
+    utterances, lengths, durations, reasons, details = [], [], [], [], []
+    settings: FeatureSettings = feature_settings(features)
+    for audio_path, min_frames, *variant in jobs:
+        reason = detail = ""
+        mfcc = np.zeros((0, features.numcep), np.float32)
+        duration = 0.0
+        try:
+            samples = load_checked(
+                audio_path,
+                features.sample_rate,
+                convert_rate=features.resample,
+                downmix=features.downmix,
+                convert_hint="set features.resample: true to convert",
+                downmix_hint="set features.downmix: true to average them",
+            )
+            if variant and variant[0] is not None:
+                samples = apply_variant(samples, variant[0], features.sample_rate)
+            duration = len(samples) / features.sample_rate
+            if max_duration_s and duration > max_duration_s:
+                raise AudioError(
+                    "too_long",
+                    f"{audio_path}: {duration:.2f} s of audio, more than "
+                    f"data.max_duration_s {max_duration_s:g} s",
+                )
+            mfcc = mfcc_features(samples, settings)
+            if not np.isfinite(mfcc).all():
+                reason = "non_finite_features"
+                detail = f"{audio_path}: the features hold NaN or Inf (corrupt samples?)"
+            elif len(mfcc) < min_frames:
+                reason = "too_short_for_transcript"
+                detail = f"transcript needs at least {min_frames} time steps, audio gives {len(mfcc)} ({duration:.2f} s)"
+        except AudioError as error:
+            reason, detail = error.reason, str(error)
+        if reason:
+            mfcc = np.zeros((0, features.numcep), np.float32)
+        utterances.append(mfcc)
+        lengths.append(len(mfcc) if not reason else -1)
+        durations.append(duration)
+        reasons.append(reason)
+        details.append(detail)
+    with atomic_path(part) as tmp, open(tmp, "wb") as handle:
+        np.savez(
+            handle,
+            features=np.concatenate(utterances),
+            lengths=np.array(lengths, np.int32),
+            durations=np.array(durations, np.float32),
+            reasons=np.array(reasons, dtype=str),
+            details=np.array(details, dtype=str),
+        )
+    return len(jobs), sum(1 for r in reasons if r), float(sum(d for d, r in zip(durations, reasons, strict=False) if not r))
+
+
+def _part_summary(part: Path) -> dict | None:
+    """The small arrays of a finished part (lengths, durations, reasons, details), read without its
+    features; None when it is missing. A damaged part is removed with a warning naming it, so that
+    it is computed again."""
+    if not part.exists():
+        return None
+    try:
+        with np.load(part, allow_pickle=False) as data:
+            return {key: data[key] for key in ("lengths", "durations", "reasons", "details")}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as error:
+        log.warning("%s: damaged feature shard (%s); computing it again", part, error)
+        part.unlink(missing_ok=True)
+        return None
+
+
+def _part_features(part: Path) -> np.ndarray:
+    """The features of a finished part (``[frames, numcep]``, its kept utterances one after another)."""
+    with np.load(part, allow_pickle=False) as data:
+        return data["features"]
+
+
+def _single_threaded_worker() -> None:
+    # Each worker is one core's worth of work: BLAS threads per worker would only fight each other.
+    threadpool_limits(1)
+
+
+def _executor(workers: int) -> ProcessPoolExecutor:
+    # fork is much faster to start, but unsafe once TensorFlow's threads exist in this process.
+    method = "spawn" if "tensorflow" in sys.modules else "fork"
+    return ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context(method),
+        initializer=_single_threaded_worker,
+    )
+
+
+def build_split_cache(layout: Layout, split: str, progress: ProgressFn | None = None) -> FeaturesSummary:
+    """Check the corpus of ``split``, compute its features and write its cache and rejects report.
+
+    Raises CorpusError when more than ``data.max_reject_fraction`` of the rows
+    are rejected (the rejects report is written first). Two pipelines that
+    share this cache (same features fingerprint) take turns: the second finds
+    the cache written and returns its summary.
+    """
+    cache = layout.features_cache(split)
+    with stage_lock(cache):
+        remove_leftovers(cache.parent, LEFTOVER_PATTERNS)
+        remove_leftovers(layout.features_parts(split), LEFTOVER_PATTERNS)
+        if cache.is_file():
+            return _existing_summary(split, cache, layout.rejects_report(split))
+        return _build_split_cache(layout, split, progress)
+
+
+def _with_copies(samples: list[Sample], augment: AugmentConfig) -> tuple[list[Sample], list[tuple]]:
+    """The training samples followed, each, by its augmented copies (``augment.speed_factors``,
+    ``audio_copies``), and for every entry (the audio file to read, its Variant or None). A copy's path in
+    the cache and its rejects source carry the copy's description."""
+    if not augment.copies:
+        return samples, [(s.audio_path, None) for s in samples]
+    noises = noise_files(augment)
+    expanded, sources = [], []
+    for row, sample in enumerate(samples):
+        expanded.append(sample)
+        sources.append((sample.audio_path, None))
+        for variant in variants(augment, row, noises):
+            expanded.append(
+                dataclasses.replace(
+                    sample,
+                    audio_path=f"{sample.audio_path}#{variant.copy}",
+                    source=f"{sample.source} ({variant.describe()})",
+                )
+            )
+            sources.append((sample.audio_path, variant))
+    return expanded, sources
+
+
+def _existing_summary(split: str, cache: Path, report: Path) -> FeaturesSummary:
+    summary = cache_summary(cache)
+    reasons = (
+        Counter(row["reason"] for row in csv.DictReader(open(report, newline="", encoding="utf-8")))
+        if report.is_file()
+        else {}
+    )
+    return FeaturesSummary(
+        split=split,
+        cache=str(cache),
+        rejects_report=str(report),
+        kept=summary["samples"],
+        rejected=sum(reasons.values()),
+        audio_seconds=summary["audio_seconds"],
+        reasons=dict(reasons),
+    )
+
+
+def _build_split_cache(layout: Layout, split: str, progress: ProgressFn | None) -> FeaturesSummary:
+    config = layout.config
+    alphabet = load_alphabet(layout.alphabet)
+    samples, rejects = read_manifests(config.split_files(split), config.split_limit(split), alphabet)
+    samples, audio_sources = _with_copies(samples, config.augment if split == "train" else AugmentConfig())
+    cache = layout.features_cache(split)
+    parts_dir = layout.features_parts(split)
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    shards = [samples[i : i + SHARD_SIZE] for i in range(0, len(samples), SHARD_SIZE)]
+    part_paths = [layout.features_part(parts_dir, index) for index in range(len(shards))]
+    total = len(samples) + len(rejects)
+    done, rejected, seconds = len(rejects), len(rejects), 0.0
+
+    todo = []
+    for index, shard in enumerate(shards):
+        part = _part_summary(part_paths[index])
+        if part is None:
+            todo.append(index)
+        else:
+            done += len(shard)
+            rejected += int(np.sum(part["lengths"] < 0))
+            seconds += float(np.sum(part["durations"][part["lengths"] >= 0]))
+    if progress:
+        progress(done, total, rejected, seconds)
+
+    workers = config.features.workers or os.cpu_count() or 1
+    max_duration = config.data.max_duration_s
+
+    def job(position: int, sample: Sample) -> tuple:
+        path, variant = audio_sources[position]
+        return path, ctc_min_frames(sample.labels), variant
+
+    jobs = {index: [job(index * SHARD_SIZE + k, s) for k, s in enumerate(shards[index])] for index in todo}
+    if workers == 1 or len(todo) <= 1:
+        for index in todo:
+            count, bad, secs = _process_shard(
+                str(part_paths[index]), jobs[index], config.features, max_duration
+            )
+            done, rejected, seconds = done + count, rejected + bad, seconds + secs
+            if progress:
+                progress(done, total, rejected, seconds)
+    elif todo:
+        with _executor(min(workers, len(todo))) as pool:
+            futures = [
+                pool.submit(_process_shard, str(part_paths[i]), jobs[i], config.features, max_duration)
+                for i in todo
+            ]
+            for future in as_completed(futures):
+                count, bad, secs = future.result()
+                done, rejected, seconds = done + count, rejected + bad, seconds + secs
+                if progress:
+                    progress(done, total, rejected, seconds)
+
+    report = layout.rejects_report(split)
+    kept_samples, durations = _merge_parts(layout, split, shards, part_paths, rejects, total, report)
+    return FeaturesSummary(
+        split=split,
+        cache=str(cache),
+        rejects_report=str(report),
+        kept=len(kept_samples),
+        rejected=len(rejects),
+        audio_seconds=float(sum(durations)),
+        reasons=dict(Counter(r.reason for r in rejects)),
+    )
+
+
+def _merge_parts(
+    layout: Layout,
+    split: str,
+    shards: list,
+    part_paths: list[Path],
+    rejects: list[Reject],
+    total: int,
+    report: Path,
+) -> tuple[list, list[float]]:
+    """Write the rejects report, check the reject fraction, then the cache from the finished parts:
+    the kept utterances in length order, one shard's features in memory at a time. Returns the kept
+    samples and their durations (manifest order)."""
+    config = layout.config
+    # The index of every kept utterance (small: no features), then the cache in length order.
+    kept: list[tuple[int, int, int]] = []  # (shard, position in shard, frames)
+    kept_samples, durations = [], []
+    for index, shard in enumerate(shards):
+        part = _part_summary(part_paths[index])
+        if part is None:
+            raise FeaturesError(
+                f"{part_paths[index]}: a finished feature shard disappeared during the run; "
+                f"run the Features task again"
+            )
+        for position, sample in enumerate(shard):
+            length = int(part["lengths"][position])
+            if length < 0:
+                rejects.append(
+                    Reject(
+                        sample.source,
+                        sample.audio_path,
+                        str(part["reasons"][position]),
+                        str(part["details"][position]),
+                    )
+                )
+                continue
+            kept.append((index, position, length))
+            kept_samples.append(sample)
+            durations.append(float(part["durations"][position]))
+
+    write_rejects(report, rejects)
+    check_reject_fraction(split, total, rejects, config.data.max_reject_fraction, report)
+    lengths = np.array([frames for _, _, frames in kept], np.int64)
+    order = np.argsort(lengths, kind="stable")  # where each cache row comes from
+    row_of = np.empty_like(order)
+    row_of[order] = np.arange(len(order))  # where each kept utterance goes
+    with CacheWriter(
+        layout.features_cache(split),
+        layout.features_fingerprint(split),
+        config.features,
+        lengths[order],
+        [kept_samples[i].labels for i in order],
+        [kept_samples[i].transcript for i in order],
+        [kept_samples[i].audio_path for i in order],
+        np.asarray(durations, np.float32)[order],
+    ) as writer:
+        first = 0  # ``kept`` is in shard order: shard i's utterances are kept[first:stop]
+        for index in range(len(shards)):  # one shard's features in memory at a time
+            stop = first
+            while stop < len(kept) and kept[stop][0] == index:
+                stop += 1
+            if stop == first:
+                continue
+            frames, start = _part_features(part_paths[index]), 0
+            for k in range(first, stop):
+                writer.put(int(row_of[k]), frames[start : start + kept[k][2]])
+                start += kept[k][2]
+            first = stop
+    shutil.rmtree(layout.features_parts(split), ignore_errors=True)
+    return kept_samples, durations

@@ -1,0 +1,78 @@
+"""The Train stage: wire config, devices, caches and the trainer; write the resolved config and the report."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+
+import tensorflow as tf
+import yaml
+
+from native_client.alphabet import load_alphabet
+from pipeline.config_loader import config_to_dict
+from pipeline.features.cache import read_cache
+from pipeline.files import write_text_atomic
+from pipeline.layout import Layout, TrainRun
+from pipeline.locks import stage_lock
+from pipeline.model.checkpoints import weights_digest
+from pipeline.reports import TrainReport, write_report
+from pipeline.train.distribute import DistributionError, cluster_role, configure_devices, make_strategy
+from pipeline.train.loop import Trainer, TrainHooks
+
+# What a collective operation raises when a peer worker died or stopped answering.
+LOST_WORKER_ERRORS = (
+    tf.errors.UnavailableError,
+    tf.errors.DeadlineExceededError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+    tf.errors.InternalError,
+)
+
+
+def train_stage(
+    layout: Layout, run: TrainRun | None = None, hooks: TrainHooks | None = None
+) -> TrainReport:
+    """Train on the cached train split, validate on dev; write the resolved config and ``train_report.json``.
+
+    Resumes from the checkpoints in ``run`` (default: the fingerprinted Train run directory).
+    """
+    config = layout.config
+    run = run or layout.train_run
+    configure_devices(config.distribution)
+    role = cluster_role()
+    strategy = make_strategy(config.distribution)
+    alphabet = load_alphabet(layout.alphabet)
+    train_data = read_cache(layout.features_cache("train"), config.features)
+    dev_data = read_cache(layout.features_cache("dev"), config.features) if config.data.dev_files else None
+    if role.is_chief:
+        run.root.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(run.resolved_config, yaml.safe_dump(config_to_dict(config), sort_keys=False))
+    started = time.time()
+    # Two pipelines whose configs share this Train fingerprint take turns on its directory;
+    # the second resumes from the first one's checkpoints (and finds the run finished).
+    with stage_lock(run.root) if role.is_chief else contextlib.nullcontext():
+        trainer = Trainer(config, run.root, train_data, dev_data, alphabet, strategy, role, hooks)
+        try:
+            report = trainer.fit()
+        except LOST_WORKER_ERRORS as error:
+            if role.count == 1:
+                raise
+            raise DistributionError(
+                f"worker {role.index} of {role.count}: lost contact with another worker "
+                f"({type(error).__name__}: {str(error).splitlines()[0][:300]}). Every worker stops; restart all "
+                f"of them to resume from the chief's last checkpoint in {run.checkpoints}"
+            ) from error
+    report = dataclasses.replace(
+        report,
+        weights_sha256=weights_digest(trainer.model),
+        fingerprint=layout.train_fingerprint,
+        config=config.source,
+        train_samples=len(train_data),
+        train_audio_hours=float(train_data.durations.sum()) / 3600,
+        finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        wall_time_s=time.time() - started,
+    )
+    if role.is_chief:
+        write_report(run.report, report)
+    return report

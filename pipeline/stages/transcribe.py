@@ -1,0 +1,32 @@
+"""The Transcribe stage: one-shot transcription of a file with the export (DeepSpeech's ``--one_shot_infer``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from native_client import open_model
+from native_client.beam import beam_decoder_for_export
+from pipeline.data.manifests import find_reference
+from pipeline.files import write_json_atomic
+from pipeline.layout import SPLITS, ExportFiles, Layout
+
+
+def transcribe_stage(layout: Layout, export: ExportFiles, audio: str | Path) -> dict:
+    """Transcribe ``audio`` with ``export`` (beam search + its LM) and write the record to
+    ``export.transcript(audio)``; the record holds the text, timings and, when a manifest of the
+    config lists the file, its reference transcript.
+
+    ``export`` is the config's current export (the Export stage's output), so the record is keyed on
+    the config's export fingerprint."""
+    model = open_model(export.root, decoder_factory=beam_decoder_for_export)
+    result = model.transcribe_file(audio, convert_rate=layout.config.features.resample)
+    manifests = [f for split in SPLITS for f in layout.config.split_files(split)]
+    record = {
+        **result.to_dict(),
+        "reference": find_reference(manifests, audio),
+        "decoder": model.decoder.name,
+        "export": str(export.root),
+        "model_version": model.metadata.model_version,
+    }
+    write_json_atomic(export.transcript(audio, layout.export_fingerprint), record)
+    return record

@@ -1,0 +1,126 @@
+"""TuneDecoder: search lm_alpha / lm_beta on the dev set with Optuna's TPE sampler."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import optuna
+
+from native_client.alphabet import load_alphabet
+from pipeline.decode.pool import DecodePool
+from pipeline.decode.settings import configured_settings, decode_pool, rescore
+from pipeline.evaluation.logits_store import LogitsStore
+from pipeline.evaluation.metrics import corpus_rates
+from pipeline.evaluation.run import run_split
+from pipeline.features.cache import read_cache
+from pipeline.files import remove_leftovers
+from pipeline.layout import LEFTOVER_PATTERNS, Layout
+from pipeline.lm.files import verify_lm_files
+from pipeline.model.checkpoints import load_trained_model
+from pipeline.reports import TunedPair, TuneReport, write_report
+
+log = logging.getLogger(__name__)
+
+ALPHA_RANGE = (0.0, 5.0)
+BETA_RANGE = (-2.0, 5.0)
+
+
+def tune_decoder(
+    layout: Layout,
+    on_trial: Callable[[int, int, dict], None] = lambda done, total, best: None,
+    report_path: Path | None = None,
+) -> TuneReport:
+    """Decode the dev split's logits over ``decoder.tune_trials`` (alpha, beta) pairs; the best pair
+    has the lowest dev WER (CER breaks ties). Writes ``tune.json`` (default: the fingerprinted TuneDecoder
+    directory's) with the best pair and every trial."""
+    config = layout.config
+    alphabet = load_alphabet(layout.alphabet)
+    dev = read_cache(layout.features_cache("dev"), config.features)
+    verify_lm_files(layout, deep=True)  # before the greedy pass, not after it
+    remove_leftovers(layout.tune_dir, LEFTOVER_PATTERNS)
+    model = load_trained_model(config, layout.train_run.best, dev.n_input, alphabet.n_classes)
+    base = configured_settings(config)
+    started = time.time()
+    with LogitsStore(layout.logits_scratch(layout.tune_dir), len(dev), alphabet.n_classes) as logits:
+        greedy = run_split(
+            model,
+            dev,
+            alphabet,
+            config.training.dev_batch_size,
+            config.model.n_context,
+            on_logits=logits.put,
+            max_batch_frames=config.training.max_batch_frames,
+        )
+        with decode_pool(layout, alphabet, base) as pool:
+            trials = _search(config, base, greedy, logits, pool, on_trial)
+    best = min(trials, key=lambda t: (t["wer"], t["cer"]))
+    greedy_rates = corpus_rates(greedy)
+    result = TuneReport(
+        best=TunedPair(lm_alpha=best["lm_alpha"], lm_beta=best["lm_beta"], wer=best["wer"], cer=best["cer"]),
+        greedy={"wer": greedy_rates["wer"], "cer": greedy_rates["cer"]},
+        search={
+            "sampler": "optuna TPE",
+            "alpha_range": list(ALPHA_RANGE),
+            "beta_range": list(BETA_RANGE),
+            "beam_width": base.beam_width,
+            "lexicon": base.lexicon,
+            "dev_samples": len(dev),
+        },
+        trials=trials,
+        wall_time_s=round(time.time() - started, 1),
+    )
+    write_report(report_path or layout.tune_report, result)
+    log.info(
+        "Tuned: alpha %.3f beta %.3f dev WER %.4f (greedy %.4f)",
+        best["lm_alpha"],
+        best["lm_beta"],
+        best["wer"],
+        greedy_rates["wer"],
+    )
+    return result
+
+
+def _search(
+    config,
+    base,
+    greedy: list,
+    logits: LogitsStore,
+    pool: DecodePool,
+    on_trial: Callable[[int, int, dict], None],
+) -> list[dict]:
+    """Optuna's TPE search over (alpha, beta), starting from the configured pair; every trial, in order."""
+    trials = []
+
+    def objective(trial: optuna.Trial) -> float:
+        alpha = trial.suggest_float("lm_alpha", *ALPHA_RANGE)
+        beta = trial.suggest_float("lm_beta", *BETA_RANGE)
+        rates = corpus_rates(rescore(greedy, pool.decode(logits, weights=(alpha, beta))))
+        trials.append(
+            {
+                "trial": trial.number,
+                "lm_alpha": alpha,
+                "lm_beta": beta,
+                "wer": rates["wer"],
+                "cer": rates["cer"],
+            }
+        )
+        best = min(trials, key=lambda t: (t["wer"], t["cer"]))
+        on_trial(len(trials), config.decoder.tune_trials, best)
+        return rates["wer"] + 1e-3 * rates["cer"]
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        direction="minimize", sampler=optuna.samplers.TPESampler(seed=config.model.random_seed)
+    )
+    # Start from the configured pair so tuning can only improve on it.
+    study.enqueue_trial(
+        {
+            "lm_alpha": min(max(base.lm_alpha, ALPHA_RANGE[0]), ALPHA_RANGE[1]),
+            "lm_beta": min(max(base.lm_beta, BETA_RANGE[0]), BETA_RANGE[1]),
+        }
+    )
+    study.optimize(objective, n_trials=config.decoder.tune_trials)
+    return trials

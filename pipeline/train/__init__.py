@@ -1,0 +1,1 @@
+"""Training: the compiled step, the loop, the policy, tf.data input, devices and workers."""

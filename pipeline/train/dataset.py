@@ -1,0 +1,224 @@
+"""tf.data input from the feature cache: similar-length batches read from disk, a seeded order per epoch.
+
+The run's batch plan is fixed: the cache is in length order, cut into global
+batches of ``towers x per-tower batch`` consecutive utterances (little padding,
+and each batch is one contiguous read); with ``training.max_batch_frames`` a
+batch whose tower share would exceed that many frames is cut into smaller
+consecutive steps. The order of the plan's batches is shuffled per epoch with
+``shuffle_seed + epoch``, so any (epoch, step) position can be reproduced
+exactly on resume. Each tower takes its slice of the global batch.
+
+Only the per-utterance index and the labels are in memory; each batch's
+features are read from the cache file when tf.data makes the batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from pipeline.config import AugmentConfig
+from pipeline.features.cache import CacheIndex, damage_in
+from pipeline.model.deepspeech import make_windows
+from pipeline.train.augment import augment_features, batch_seed
+
+PARALLEL_BATCHES = 2  # batches read and windowed at once
+PREFETCH_BATCHES = 2  # batches ready ahead of the model
+
+
+def batch_plan(
+    lengths: np.ndarray, global_batch: int, towers: int, max_batch_frames: int = 0
+) -> list[np.ndarray]:
+    """The run's global batches (sample indices), in length order, before any shuffling.
+
+    The last batch is filled up with the shortest utterances so every tower gets a
+    full batch. With ``max_batch_frames``, a batch whose per-tower frames (tower
+    batch x its longest utterance) exceed the cap is cut into consecutive steps of
+    fewer utterances per tower (at least one), every step still split evenly over
+    the towers.
+    """
+    order = np.argsort(lengths, kind="stable")
+    n_batches = max(1, math.ceil(len(order) / global_batch))
+    fill = n_batches * global_batch - len(order)
+    indices = np.concatenate([order, np.resize(order, fill)]) if fill else order
+    batches = list(indices.reshape(n_batches, global_batch))
+    if not max_batch_frames:
+        return batches
+    per_tower = global_batch // towers
+    plan = []
+    for batch in batches:
+        longest = int(lengths[batch].max(initial=1)) or 1
+        fits = max(1, min(per_tower, max_batch_frames // longest))
+        step = fits * towers
+        plan.extend(batch[start : start + step] for start in range(0, global_batch, step))
+    return plan
+
+
+def epoch_batches(plan: list[np.ndarray], epoch: int, seed: int) -> list[np.ndarray]:
+    """The plan's global batches in the order of ``epoch``."""
+    return [plan[i] for i in np.random.default_rng(seed + epoch).permutation(len(plan))]
+
+
+def eval_batches(lengths: np.ndarray, batch_size: int, max_batch_frames: int = 0) -> list[np.ndarray]:
+    """Every sample exactly once, in length order, in batches of at most ``batch_size`` (and, with
+    ``max_batch_frames``, at most that many padded frames unless one utterance alone is longer)."""
+    order = np.argsort(lengths, kind="stable")
+    batches, start = [], 0
+    while start < len(order):
+        size = min(batch_size, len(order) - start)
+        if max_batch_frames:
+            longest = int(lengths[order[start + size - 1]]) or 1
+            size = max(1, min(size, max_batch_frames // longest))
+        batches.append(order[start : start + size])
+        start += size
+    return batches
+
+
+class SplitReader:
+    """A cached split as tf.data input: labels as tensors in memory, features read from disk per batch.
+
+    The read is one ``tf.numpy_function`` per batch (a contiguous slice of the
+    length-ordered cache), so tf.data makes batches in parallel threads and no
+    Python code runs per sample.
+    """
+
+    def __init__(self, index: CacheIndex):
+        label_lengths = np.array([len(l) for l in index.labels], np.int32)
+        label_offsets = (
+            np.concatenate([[0], np.cumsum(label_lengths, dtype=np.int64)[:-1]])
+            if len(label_lengths)
+            else np.zeros(0, np.int64)
+        )
+        flat_labels = np.concatenate(index.labels).astype(np.int32) if index.labels else np.zeros(0, np.int32)
+        self.index = index
+        self.n_input = index.n_input
+        self.reader = index.reader()
+        self.labels = tf.constant(flat_labels)  # [total_labels]
+        self.label_offsets = tf.constant(label_offsets.astype(np.int64))
+        self.label_lengths = tf.constant(label_lengths)
+
+    def gather(self, indices: tf.Tensor):
+        """Padded batch of ``indices``: features ``[b, time, n_input]``, lengths, labels ``[b, max_label]``, label lengths, indices."""
+        features, lengths = tf.numpy_function(
+            self.reader.batch, [indices], (tf.float32, tf.int32), stateful=False
+        )
+        features = tf.ensure_shape(features, [None, None, self.n_input])
+        lengths = tf.ensure_shape(lengths, [None])
+        label_lengths = tf.gather(self.label_lengths, indices)
+        label_starts = tf.gather(self.label_offsets, indices)
+        label_rows = tf.ragged.range(label_starts, label_starts + tf.cast(label_lengths, tf.int64))
+        labels = tf.gather(self.labels, label_rows).to_tensor()
+        return features, lengths, labels, label_lengths, indices
+
+
+def _flat(index_batches: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Batches of sample indices as one int32 array plus each batch's start and size."""
+    sizes = np.array([len(b) for b in index_batches], np.int64)
+    starts = (
+        np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if len(sizes) else np.zeros(0, np.int64)
+    )
+    flat = np.concatenate(index_batches).astype(np.int32) if len(sizes) else np.zeros(0, np.int32)
+    return flat, starts, sizes
+
+
+def _sliced(flat, starts, sizes) -> tf.data.Dataset:
+    """A dataset of ``flat[start:start + size]`` for each (start, size)."""
+    return tf.data.Dataset.from_tensor_slices((starts, sizes)).map(
+        lambda start, size: flat[start : start + size]
+    )
+
+
+def _batches(
+    reader: SplitReader, indices: tf.data.Dataset, n_context: int, augment: AugmentConfig | None = None
+) -> tf.data.Dataset:
+    """Batches (windows, lengths, labels, label lengths, indices) of a dataset of sample-index arrays, in order.
+    With ``augment`` (training), elements are (indices, epoch, step, tower) and the features are augmented
+    with draws seeded by those before the windows are made."""
+
+    def make(batch, *position):
+        features, lengths, labels, label_lengths, batch = reader.gather(batch)
+        if augment is not None:
+            features = augment_features(features, lengths, augment, batch_seed(augment.seed, *position))
+        return make_windows(features, n_context), lengths, labels, label_lengths, batch
+
+    # Fixed, small buffers: AUTOTUNE grows them towards half the machine's RAM when the model is the
+    # slow side (measured: 3 GB for Evaluate on 2 h), and a buffered batch holds its 19x context windows.
+    return indices.map(make, num_parallel_calls=PARALLEL_BATCHES, deterministic=True).prefetch(
+        PREFETCH_BATCHES
+    )
+
+
+def train_dataset(
+    reader: SplitReader,
+    plan: list[np.ndarray],
+    n_replicas: int,
+    replica_offset: int,
+    local_replicas: int,
+    first_epoch: int,
+    start_step: int,
+    end_epoch: int,
+    seed: int,
+    n_context: int,
+    augment: AugmentConfig | None = None,
+) -> tf.data.Dataset:
+    """The per-replica batches of the local towers for epochs ``first_epoch`` (from ``start_step``) to ``end_epoch`` - 1.
+
+    Elements come in step order and, within a step, in local replica order
+    (what ``distribute_datasets_from_function`` hands to the towers). One
+    dataset spans all epochs, so one iterator serves the whole run; each
+    epoch's order is computed when tf.data reaches it, so memory holds one
+    epoch's indices, not the run's. With ``augment`` (feature-level augmentation on), each tower's batch
+    is augmented from a seed of (epoch, step in the epoch, tower).
+    """
+
+    def epoch_elements(epoch) -> tuple[np.ndarray, ...]:
+        epoch = int(epoch)
+        first = start_step if epoch == first_epoch else 0
+        pieces, steps, towers = [], [], []
+        for step, batch in enumerate(epoch_batches(plan, epoch, seed)[first:], first):
+            share = len(batch) // n_replicas
+            for r in range(local_replicas):
+                pieces.append(batch[(replica_offset + r) * share : (replica_offset + r + 1) * share])
+                steps.append(step)
+                towers.append(replica_offset + r)
+        return (*_flat(pieces), np.array(steps, np.int64), np.array(towers, np.int64))
+
+    def one_epoch(epoch):
+        flat, starts, sizes, steps, towers = (
+            tf.ensure_shape(t, [None])
+            for t in tf.numpy_function(
+                epoch_elements, [epoch], (tf.int32, tf.int64, tf.int64, tf.int64, tf.int64), stateful=False
+            )
+        )
+        if augment is None:
+            return _sliced(flat, starts, sizes)
+        return tf.data.Dataset.from_tensor_slices((starts, sizes, steps, towers)).map(
+            lambda start, size, step, tower: (flat[start : start + size], epoch, step, tower)
+        )
+
+    epochs = tf.data.Dataset.range(first_epoch, end_epoch)
+    return _batches(reader, epochs.flat_map(one_epoch), n_context, augment)
+
+
+def eval_dataset(
+    reader: SplitReader, batch_size: int, n_context: int, max_batch_frames: int = 0
+) -> tf.data.Dataset:
+    """Every sample once, in length-sorted batches, with context windows."""
+    flat, starts, sizes = _flat(eval_batches(reader.index.lengths, batch_size, max_batch_frames))
+    return _batches(reader, _sliced(tf.constant(flat), tf.constant(starts), tf.constant(sizes)), n_context)
+
+
+def checked(dataset: tf.data.Dataset):
+    """Iterate ``dataset``, turning a damaged-cache error raised in the input pipeline into the reader's
+    one-line CacheError."""
+    iterator = iter(dataset)
+    while True:
+        try:
+            item = next(iterator)
+        except StopIteration:
+            return
+        except tf.errors.OpError as error:
+            raise damage_in(error) or error from None
+        yield item

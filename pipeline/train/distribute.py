@@ -1,0 +1,107 @@
+"""Towers: choose the tf.distribute strategy from the config.
+
+``one_device``: one GPU or the CPU. ``mirrored``: every local GPU (or the
+logical CPU devices of ``cpu_devices``) as a tower, synchronous all-reduce.
+``multi_worker``: MultiWorkerMirroredStrategy over the workers in
+``TF_CONFIG``. ``auto``: mirrored over GPUs when there are several, else one
+device (or the logical CPUs when ``cpu_devices`` > 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from pipeline.config import DistributionConfig
+
+
+class DistributionError(RuntimeError):
+    """The requested devices or cluster cannot be set up."""
+
+
+def configure_devices(config: DistributionConfig) -> None:
+    """Let every GPU's memory grow as needed, and split the CPU into ``cpu_devices`` logical devices;
+    must run before TensorFlow initialises its devices."""
+    for gpu in tf.config.list_physical_devices("GPU"):
+        # Taking all GPU memory up front leaves none to cuDNN's workspace: DeepSpeech's
+        # "Failed to get convolution algorithm" (#2211).
+        try:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError:  # devices already initialised (a second call in one process)
+            pass
+    if config.cpu_devices <= 1:
+        return
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    wanted = [tf.config.LogicalDeviceConfiguration()] * config.cpu_devices
+    current = tf.config.get_logical_device_configuration(cpu)
+    if current is not None and len(current) == len(wanted):
+        return
+    try:
+        tf.config.set_logical_device_configuration(cpu, wanted)
+    except RuntimeError as error:
+        raise DistributionError(
+            f"distribution.cpu_devices: cannot split the CPU after TensorFlow started ({error})"
+        ) from error
+
+
+@dataclass(frozen=True)
+class ClusterRole:
+    """This process's place in a cluster: worker index, count, and whether it is the chief."""
+
+    index: int
+    count: int
+
+    @property
+    def is_chief(self) -> bool:
+        """Worker 0 writes checkpoints, summaries and reports."""
+        return self.index == 0
+
+
+def cluster_role() -> ClusterRole:
+    """Read this process's role from ``TF_CONFIG`` (a single process when it is unset)."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return ClusterRole(0, 1)
+    try:
+        spec = json.loads(raw)
+        workers = spec["cluster"]["worker"]
+        task = spec["task"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise DistributionError(
+            f"TF_CONFIG: expected {{'cluster': {{'worker': [...]}}, 'task': {{'type': 'worker', 'index': N}}}} ({error})"
+        ) from error
+    if task.get("type") not in ("worker", "chief"):
+        raise DistributionError(f"TF_CONFIG: task type {task.get('type')!r} is not supported; use 'worker'")
+    return ClusterRole(int(task.get("index", 0)), len(workers))
+
+
+def make_strategy(config: DistributionConfig) -> tf.distribute.Strategy:
+    """Build the strategy named by ``distribution.strategy``.
+
+    ``multi_worker`` must be built before anything else starts TensorFlow's
+    runtime (listing devices does): collective ops are configured at startup.
+    """
+    kind = config.strategy
+    if kind == "multi_worker":
+        if "TF_CONFIG" not in os.environ:
+            raise DistributionError(
+                "distribution.strategy multi_worker needs the TF_CONFIG environment variable (see README)"
+            )
+        cluster_role()  # validates TF_CONFIG
+        options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=config.collective_timeout_s)
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+    if kind == "auto":
+        kind = "mirrored" if len(gpus) > 1 or (not gpus and config.cpu_devices > 1) else "one_device"
+    if kind == "one_device":
+        return tf.distribute.OneDeviceStrategy(gpus[0] if gpus else cpus[0])
+    devices = gpus or cpus
+    if config.cpu_devices > 1 and not gpus and len(cpus) < config.cpu_devices:
+        raise DistributionError(
+            f"distribution.cpu_devices {config.cpu_devices} requested but only {len(cpus)} CPU devices exist"
+        )
+    return tf.distribute.MirroredStrategy(devices)

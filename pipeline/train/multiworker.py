@@ -1,0 +1,155 @@
+"""Multi-worker training on one machine: start N worker processes on 127.0.0.1, each with its own TF_CONFIG.
+
+This is what the Train task does with ``distribution.local_workers: N``. On a
+real cluster, start ``python -m pipeline.train.worker --config X`` (or the Train
+task) on each machine with that machine's ``TF_CONFIG`` instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pipeline.train.bind_address import bound_environment
+from pipeline.train.distribute import DistributionError
+
+# worker index -> its log file
+LogPaths = Callable[[int], Path]
+
+PR_SET_PDEATHSIG = 1
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` TCP ports free on 127.0.0.1 right now."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def tf_config(addresses: list[str], index: int) -> str:
+    """The ``TF_CONFIG`` of worker ``index`` in a cluster of ``addresses``."""
+    return json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}})
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: have the kernel SIGKILL this worker when its parent dies
+    (Linux PR_SET_PDEATHSIG), so that a killed launcher leaves no orphan training on."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def start_workers(
+    config_path: str | Path, count: int, logs: LogPaths, env: dict | None = None
+) -> list[subprocess.Popen]:
+    """Start ``count`` workers of ``python -m pipeline.train.worker``; worker i's output goes to ``logs(i)``
+    (``TrainRun.worker_log`` for a Train run)."""
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
+    processes = []
+    for index in range(count):
+        worker_env = bound_environment(tf_config(addresses, index), {**os.environ, **(env or {})})
+        logs(index).parent.mkdir(parents=True, exist_ok=True)
+        log = open(logs(index), "w")
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "pipeline.train.worker", "--config", str(config_path)],
+                env=worker_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+        )
+    return processes
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def wait_for_workers(
+    processes: list[subprocess.Popen],
+    logs: LogPaths,
+    grace_s: float,
+    on_poll: Callable[[str], None] = lambda last_line: None,
+) -> None:
+    """Wait for every worker; when one fails, give the others ``grace_s`` seconds to fail too
+    (their collective timeout), then kill them. Raises DistributionError naming the failed workers."""
+    failed_at = None
+    while True:
+        codes = [p.poll() for p in processes]
+        if all(code is not None for code in codes):
+            break
+        if any(code not in (None, 0) for code in codes):
+            failed_at = failed_at or time.monotonic()
+            if time.monotonic() - failed_at > grace_s:
+                for process, code in zip(processes, codes, strict=False):
+                    if code is None:
+                        process.kill()
+                        process.wait()
+                break
+        on_poll(_tail(logs(0), 1))
+        time.sleep(1.0)
+    codes = [p.wait() for p in processes]
+    failures = [(i, c) for i, c in enumerate(codes) if c != 0]
+    if failures:
+        details = "; ".join(f"worker {i} exit {c}: {_tail(logs(i))}" for i, c in failures)
+        raise DistributionError(f"multi-worker training failed ({details}); logs in {logs(0).parent}")
+
+
+def launch_local_workers(
+    config_path: str | Path,
+    count: int,
+    logs: LogPaths,
+    grace_s: float,
+    on_poll: Callable[[str], None] = lambda last_line: None,
+) -> None:
+    """Run ``count`` local workers to the end (see ``start_workers`` and ``wait_for_workers``)."""
+    processes = start_workers(config_path, count, logs)
+    try:
+        wait_for_workers(processes, logs, grace_s, on_poll)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+
+
+def run_cluster_worker(
+    config_path: str | Path,
+    index: int,
+    logs: LogPaths,
+    grace_s: float,
+    on_poll: Callable[[str], None] = lambda last_line: None,
+) -> None:
+    """Run this machine's worker of a cluster (``TF_CONFIG`` already set) as a child process, so that it
+    starts with the bind-address library; its output goes to ``logs(index)``."""
+    logs(index).parent.mkdir(parents=True, exist_ok=True)
+    with open(logs(index), "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.train.worker", "--config", str(config_path)],
+            env=bound_environment(os.environ["TF_CONFIG"]),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+    try:
+        wait_for_workers([process], lambda _: logs(index), grace_s, on_poll)
+    finally:
+        if process.poll() is None:
+            process.kill()

@@ -1,0 +1,61 @@
+"""One multi-worker training process: ``python -m pipeline.train.worker --config X`` with ``TF_CONFIG`` set.
+
+Started by ``pipeline.train.multiworker.launch_local_workers`` (one machine) or by
+hand / a cluster manager on each machine. Prints, as its last stdout line, one
+JSON object with this worker's index, final global step and a digest of its
+weights, so that a caller can check that every worker ended with the same model.
+Exit status 3 and a one-line error when another worker was lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from pipeline.config_loader import load_config
+
+
+def main(argv=None) -> int:
+    """Train as the worker that ``TF_CONFIG`` names."""
+    parser = argparse.ArgumentParser(prog="python -m pipeline.train.worker")
+    parser.add_argument("--config", required=True)
+    args = parser.parse_args(argv)
+    from pipeline.train.bind_address import bound_environment, is_bound
+    from pipeline.train.distribute import DistributionError
+
+    if sys.platform.startswith("linux") and os.environ.get("TF_CONFIG") and not is_bound():
+        # Start again with the library that keeps TensorFlow's server on this worker's own address.
+        try:
+            env = bound_environment(os.environ["TF_CONFIG"])
+        except (DistributionError, ValueError, KeyError, IndexError) as error:
+            print(f"error: {error}", file=sys.stderr, flush=True)
+            return 3
+        os.execve(sys.executable, [sys.executable, "-m", "pipeline.train.worker", *sys.argv[1:]], env)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(process)d %(levelname)s %(message)s")
+    from pipeline.layout import Layout
+    from pipeline.stages.train import train_stage
+    from pipeline.train.distribute import DistributionError, cluster_role
+
+    try:
+        report = train_stage(Layout(load_config(args.config)))
+    except DistributionError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 3
+    print(
+        json.dumps(
+            {
+                "worker": cluster_role().index,
+                "global_step": report.global_step,
+                "weights_sha256": report.weights_sha256,
+            }
+        ),
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
