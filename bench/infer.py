@@ -35,7 +35,7 @@ def export_untrained(config_path: Path, out: Path, quantize: bool) -> Path:
     from pipeline.config_loader import load_config
     from pipeline.layout import Layout
     from pipeline.model.checkpoints import named_weights
-    from pipeline.model.deepspeech import build_model
+    from pipeline.model import build_model
     from pipeline.stages.export import export_stage
 
     config = load_config(
@@ -66,11 +66,11 @@ def step_latency(model, steps: int) -> tuple[float, float]:
     windows = rng.standard_normal((1, metadata.n_steps, 2 * metadata.n_context + 1, metadata.n_input)).astype(
         np.float32
     )
-    h, c = model.runner.zero_state()
+    state = model.runner.zero_state()
     times = []
     for i in range(steps + 5):
         started = time.perf_counter()
-        _, h, c = model.runner.step(windows, h, c)
+        _, state = model.runner.step(windows, state)
         if i >= 5:
             times.append((time.perf_counter() - started) * 1000)
     return float(np.percentile(times, 50)), float(np.percentile(times, 95))

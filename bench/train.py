@@ -27,7 +27,7 @@ from native_client.alphabet import load_alphabet
 from pipeline.config_loader import load_config
 from pipeline.features.cache import CacheIndex, FeatureReader, read_cache
 from pipeline.layout import Layout
-from pipeline.model.deepspeech import build_model
+from pipeline.model import build_model
 from pipeline.stages.features import build_split_cache
 from pipeline.train.ctc import ctc_loss
 from pipeline.train.dataset import SplitReader, batch_plan, train_dataset
@@ -80,7 +80,7 @@ def keras_fit_rate(config, data, alphabet) -> float:
     model.compile(optimizer=keras.optimizers.Adam(config.training.learning_rate))
     plan = batch_plan(data.lengths, config.training.batch_size, 1)
     dataset = train_dataset(
-        SplitReader(data), plan, 1, 0, 1, 0, 0, 1, config.training.shuffle_seed, config.model.n_context
+        SplitReader(data), plan, 1, 0, 1, 0, 0, 1, config.training.shuffle_seed
     )
     marks = []
     callback = keras.callbacks.LambdaCallback(
@@ -112,7 +112,7 @@ def input_rate(config, data, in_memory: bool = False) -> float:
     best = 0.0
     for epoch in range(2):
         dataset = train_dataset(
-            reader, plan, 1, 0, 1, epoch, 0, epoch + 1, config.training.shuffle_seed, config.model.n_context
+            reader, plan, 1, 0, 1, epoch, 0, epoch + 1, config.training.shuffle_seed
         )
         started = time.perf_counter()
         for batch in dataset:

@@ -9,13 +9,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from native_client.alphabet import Alphabet
-from native_client.features import FeatureSettings
+from native_client.features import features_from_metadata
+from native_client.frontends import FeaturePipeline
+from native_client.plugins import PluginError
 
 METADATA_NAME = "metadata.json"
 # SHA-256 and size of every file of an export, written last; clients and Export.complete() verify it.
 MANIFEST_NAME = "manifest.json"
 FORMAT = "luigi-deepspeech-export"
-FORMAT_VERSION = 1
+# 2: a front end ``type`` in ``features``, the recurrent state as a list in ``tensors["state"]``,
+# ``architecture``. Version 1 exports are read too.
+FORMAT_VERSION = 2
 REQUIRED_KEYS = (
     "format",
     "format_version",
@@ -25,7 +29,6 @@ REQUIRED_KEYS = (
     "n_context",
     "n_input",
     "n_steps",
-    "n_hidden",
     "n_classes",
     "alphabet",
     "files",
@@ -44,11 +47,10 @@ class ExportMetadata:
     directory: Path
     model_version: int
     fingerprint: str
-    features: FeatureSettings
+    features: FeaturePipeline
     n_context: int
     n_input: int
     n_steps: int
-    n_hidden: int
     n_classes: int
     alphabet: Alphabet
     files: dict
@@ -56,6 +58,11 @@ class ExportMetadata:
     tflite_quantized: bool = False
     decoder: dict = field(default_factory=dict)
     raw: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def state(self) -> list[dict]:
+        """The recurrent state tensors: ``{"input", "output", "shape"}`` each, in call order."""
+        return self.tensors["state"]
 
     def path(self, kind: str) -> Path:
         """Path of one of the exported files (``saved_model``, ``frozen_graph``, ``tflite``, ...)."""
@@ -160,9 +167,10 @@ def parse_metadata(raw: dict, directory: Path) -> ExportMetadata:
             f"understands ({FORMAT_VERSION}); update the client"
         )
     try:
-        features = FeatureSettings.from_dict(raw["features"])
-    except KeyError as error:
-        raise ExportError(f"{source}: features: missing key {error.args[0]!r}") from None
+        features = features_from_metadata(raw["features"])
+    except (KeyError, ValueError, TypeError, PluginError) as error:
+        detail = f"missing key {error.args[0]!r}" if isinstance(error, KeyError) else str(error)
+        raise ExportError(f"{source}: features: {detail}") from None
     alphabet = Alphabet(tuple(raw["alphabet"]))
     if alphabet.n_classes != raw["n_classes"]:
         raise ExportError(
@@ -177,15 +185,26 @@ def parse_metadata(raw: dict, directory: Path) -> ExportMetadata:
         n_context=int(raw["n_context"]),
         n_input=int(raw["n_input"]),
         n_steps=int(raw["n_steps"]),
-        n_hidden=int(raw["n_hidden"]),
         n_classes=int(raw["n_classes"]),
         alphabet=alphabet,
         files=dict(raw["files"]),
-        tensors=dict(raw["tensors"]),
+        tensors=_tensors(raw, source),
         tflite_quantized=bool(raw.get("tflite_quantized", False)),
         decoder=dict(raw.get("decoder") or {}),
         raw=raw,
     )
+
+
+def _tensors(raw: dict, source: Path) -> dict:
+    """The ``tensors`` entry with the state as a list (version 1 named an LSTM's two tensors)."""
+    tensors = dict(raw["tensors"])
+    if "state" not in tensors:
+        if "n_hidden" not in raw or "state_h" not in tensors:
+            raise ExportError(f"{source}: tensors: no 'state' list")
+        shape = [1, int(raw["n_hidden"])]
+        tensors["state"] = [{"input": tensors[f"state_{k}"], "output": tensors[f"new_state_{k}"], "shape": shape}
+                            for k in ("h", "c")]
+    return tensors
 
 
 def load_metadata(directory: str | Path) -> ExportMetadata:

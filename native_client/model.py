@@ -10,7 +10,6 @@ import numpy as np
 
 from native_client.audio import stream_for_model
 from native_client.decoding import GreedyDecoder
-from native_client.features import mfcc_features
 from native_client.metadata import ExportMetadata, load_metadata, verify_manifest
 from native_client.runtime import make_runner
 from native_client.stream import Stream, run_frames
@@ -72,7 +71,7 @@ class Model:
 
     def logits(self, samples: np.ndarray) -> np.ndarray:
         """Logits ``[time, n_classes]`` of a whole utterance of int16 samples."""
-        frames = mfcc_features(np.asarray(samples).reshape(-1), self.metadata.features)
+        frames = self.metadata.features.frames(np.asarray(samples).reshape(-1))
         logits, _ = run_frames(self.runner, frames)
         return logits
 
@@ -94,7 +93,7 @@ class Model:
         stream = self.create_stream()
         for block in stream_for_model(path, self.sample_rate, convert_rate, on_resample=on_resample):
             stream.feed_audio(block)
-        found = self.decoder.candidates(stream.flush(), candidates, self.metadata.features.winstep)
+        found = self.decoder.candidates(stream.flush(), candidates, self.metadata.features.seconds_per_frame)
         return Transcript(
             audio=str(path),
             text=found[0].text,

@@ -19,10 +19,16 @@ class PluginError(ValueError):
     """No implementation of that name; the message says where it was looked for and what exists."""
 
 
-def builtin_names(package: str) -> list[str]:
-    """The modules of ``package`` that are implementations (every module not starting with ``_``)."""
-    module = importlib.import_module(package)
-    return sorted(info.name for info in pkgutil.iter_modules(module.__path__) if not info.name.startswith("_"))
+def builtin_names(package: str, attribute: str) -> list[str]:
+    """The modules of ``package`` that define ``attribute`` (the built-in implementations); for messages."""
+    found = []
+    for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+        try:
+            if hasattr(importlib.import_module(f"{package}.{info.name}"), attribute):
+                found.append(info.name)
+        except ImportError:  # an implementation whose optional library is missing is still one
+            found.append(info.name)
+    return sorted(found)
 
 
 def find_plugin(package: str, name: str, attribute: str, what: str) -> object:
@@ -33,13 +39,13 @@ def find_plugin(package: str, name: str, attribute: str, what: str) -> object:
     """
     module_name = name if "." in name else f"{package}.{name}"
     if not name or not all(part.isidentifier() for part in name.split(".")):
-        raise PluginError(f"{what}: {name!r} is not a module name; built in: {', '.join(builtin_names(package))}")
+        raise PluginError(f"{what}: {name!r} is not a module name; built in: {', '.join(builtin_names(package, attribute))}")
     try:
         module: ModuleType = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         if error.name is not None and module_name.startswith(error.name):
             raise PluginError(
-                f"{what}: no module {module_name!r}; built in: {', '.join(builtin_names(package))}"
+                f"{what}: no module {module_name!r}; built in: {', '.join(builtin_names(package, attribute))}"
                 f" (or the dotted name of an importable module of your own)"
             ) from None
         raise

@@ -1,7 +1,8 @@
 """Runners for one streaming step of an exported model: TFLite, SavedModel or frozen graph.
 
-Each runner maps ``(windows [1, n_steps, window, n_input], state_h, state_c)`` to
-``(logits [n_steps, n_classes], state_h, state_c)``. A reset is a zero state.
+Each runner maps ``(windows [1, n_steps, window, n_input], state)`` to ``(logits [n_steps, n_classes],
+new state)``, the state being a tuple of arrays in the order of the metadata's ``tensors["state"]`` (the
+LSTM's h and c for DeepSpeech). A reset is a zero state.
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ class StepRunner:
     def __init__(self, metadata: ExportMetadata):
         self.metadata = metadata
 
-    def zero_state(self) -> tuple[np.ndarray, np.ndarray]:
-        """The LSTM state at the start of an utterance."""
-        zeros = np.zeros((1, self.metadata.n_hidden), np.float32)
-        return zeros, zeros.copy()
+    def zero_state(self) -> tuple[np.ndarray, ...]:
+        """The recurrent state at the start of an utterance."""
+        return tuple(np.zeros(spec["shape"], np.float32) for spec in self.metadata.state)
 
-    def step(self, windows: np.ndarray, state_h: np.ndarray, state_c: np.ndarray):
+    def step(self, windows: np.ndarray, state: tuple) -> tuple[np.ndarray, tuple]:
         """One call of ``n_steps`` windows; returns logits ``[n_steps, n_classes]`` and the new state."""
         raise NotImplementedError
 
@@ -52,18 +52,15 @@ class TFLiteRunner(StepRunner):
         self._inputs = {name: detail["index"] for name, detail in runner.get_input_details().items()}
         self._outputs = {name: detail["index"] for name, detail in runner.get_output_details().items()}
 
-    def step(self, windows, state_h, state_c):
-        names = self.metadata.tensors
-        interpreter = self.interpreter
+    def step(self, windows, state):
+        """See ``StepRunner.step``."""
+        names, interpreter = self.metadata.tensors, self.interpreter
         interpreter.set_tensor(self._inputs[names["input"]], windows.astype(np.float32, copy=False))
-        interpreter.set_tensor(self._inputs[names["state_h"]], state_h)
-        interpreter.set_tensor(self._inputs[names["state_c"]], state_c)
+        for spec, value in zip(self.metadata.state, state, strict=True):
+            interpreter.set_tensor(self._inputs[spec["input"]], value)
         interpreter.invoke()
-        return (
-            interpreter.get_tensor(self._outputs[names["logits"]])[0],
-            interpreter.get_tensor(self._outputs[names["new_state_h"]]),
-            interpreter.get_tensor(self._outputs[names["new_state_c"]]),
-        )
+        logits = interpreter.get_tensor(self._outputs[names["logits"]])[0]
+        return logits, tuple(interpreter.get_tensor(self._outputs[spec["output"]]) for spec in self.metadata.state)
 
 
 class SavedModelRunner(StepRunner):
@@ -77,20 +74,13 @@ class SavedModelRunner(StepRunner):
         self.loaded = tf.saved_model.load(str(metadata.path("saved_model")))
         self.function = self.loaded.signatures[metadata.tensors["signature"]]
 
-    def step(self, windows, state_h, state_c):
-        names = self.metadata.tensors
-        out = self.function(
-            **{
-                names["input"]: windows.astype(np.float32, copy=False),
-                names["state_h"]: state_h,
-                names["state_c"]: state_c,
-            }
-        )
-        return (
-            out[names["logits"]].numpy()[0],
-            out[names["new_state_h"]].numpy(),
-            out[names["new_state_c"]].numpy(),
-        )
+    def step(self, windows, state):
+        """See ``StepRunner.step``."""
+        names, specs = self.metadata.tensors, self.metadata.state
+        inputs = {names["input"]: windows.astype(np.float32, copy=False)}
+        inputs.update({spec["input"]: value for spec, value in zip(specs, state, strict=True)})
+        out = self.function(**inputs)
+        return out[names["logits"]].numpy()[0], tuple(out[spec["output"]].numpy() for spec in specs)
 
 
 class FrozenGraphRunner(StepRunner):
@@ -104,23 +94,26 @@ class FrozenGraphRunner(StepRunner):
         self._tf = tf
         graph_def = tf.compat.v1.GraphDef()
         graph_def.ParseFromString(metadata.path("frozen_graph").read_bytes())
-        names = metadata.raw["frozen_graph"]
+        inputs, outputs = _frozen_names(metadata.raw["frozen_graph"])
         wrapped = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(graph_def, name=""), [])
         graph = wrapped.graph
-        self.function = wrapped.prune(
-            [graph.as_graph_element(names["inputs"][key]) for key in ("input", "state_h", "state_c")],
-            [
-                graph.as_graph_element(names["outputs"][key])
-                for key in ("logits", "new_state_h", "new_state_c")
-            ],
-        )
+        self.function = wrapped.prune([graph.as_graph_element(name) for name in inputs],
+                                      [graph.as_graph_element(name) for name in outputs])
 
-    def step(self, windows, state_h, state_c):
+    def step(self, windows, state):
+        """See ``StepRunner.step``."""
         tf = self._tf
-        logits, h, c = self.function(
-            tf.constant(windows, tf.float32), tf.constant(state_h), tf.constant(state_c)
-        )
-        return logits.numpy()[0], h.numpy(), c.numpy()
+        logits, *new_state = self.function(tf.constant(windows, tf.float32), *(tf.constant(s) for s in state))
+        return logits.numpy()[0], tuple(s.numpy() for s in new_state)
+
+
+def _frozen_names(entry: dict) -> tuple[list[str], list[str]]:
+    """Graph tensor names (input, then the state) and (logits, then the new state) of a frozen graph;
+    format 1 exports named an LSTM's two tensors in a mapping."""
+    if isinstance(entry["inputs"], dict):
+        return ([entry["inputs"][k] for k in ("input", "state_h", "state_c")],
+                [entry["outputs"][k] for k in ("logits", "new_state_h", "new_state_c")])
+    return list(entry["inputs"]), list(entry["outputs"])
 
 
 def _limit_tf_threads(tf, threads: int) -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from native_client.features import StreamingMfcc, normalize_frames, window_view
+from native_client.frontends.base import normalize_frames
 from native_client.runtime import StepRunner
+from native_client.windows import ready_windows, window_view
 
 
 def run_frames(runner: StepRunner, frames: np.ndarray, state=None):
-    """Logits ``[time, n_classes]`` of MFCC ``frames`` ``[time, n_input]`` for a whole utterance
+    """Logits ``[time, n_classes]`` of feature ``frames`` ``[time, n_input]`` for a whole utterance
     (zero context past both edges, the last call zero-padded to ``n_steps``), and the final state."""
     return run_windows(runner, window_view(frames, runner.metadata.n_context), state or runner.zero_state())
 
@@ -18,7 +19,6 @@ def run_windows(runner: StepRunner, windows: np.ndarray, state):
     """Run ``windows`` ``[time, window, n_input]`` through the model ``n_steps`` at a time;
     a short last call is zero-padded and only its real time steps are kept."""
     n_steps = runner.metadata.n_steps
-    h, c = state
     outputs = []
     for start in range(0, len(windows), n_steps):
         # Only this call's windows are materialised: ``windows`` may be a view of the frames.
@@ -26,10 +26,10 @@ def run_windows(runner: StepRunner, windows: np.ndarray, state):
         real = len(chunk)
         if real < n_steps:
             chunk = np.concatenate([chunk, np.zeros((n_steps - real,) + chunk.shape[1:], chunk.dtype)])
-        logits, h, c = runner.step(chunk[None], h, c)
+        logits, state = runner.step(chunk[None], state)
         outputs.append(logits[:real])
     empty = np.zeros((0, runner.metadata.n_classes), np.float32)
-    return (np.concatenate(outputs) if outputs else empty), (h, c)
+    return (np.concatenate(outputs) if outputs else empty), state
 
 
 class Stream:
@@ -37,7 +37,7 @@ class Stream:
     ``finish`` once.
 
     Without per-utterance normalisation the model runs as audio arrives, ``n_steps`` time
-    steps at a time, carrying the LSTM state. With it (``features.normalize`` in the export),
+    steps at a time, carrying the recurrent state. With it (``features.normalize`` in the export),
     features need the whole utterance's statistics: the stream keeps the frames and runs the
     model when a transcript is asked for, normalising with the statistics so far; ``finish``
     then equals one-shot transcription exactly.
@@ -49,7 +49,7 @@ class Stream:
         self.intermediate_decoder = intermediate_decoder or decoder
         metadata = runner.metadata
         self._normalize = metadata.features.normalize
-        self._mfcc = StreamingMfcc(metadata.features)
+        self._frames = metadata.features.frontend.stream()
         self._n_context = metadata.n_context
         # frames still needed as context, starting with the zero frames before the utterance
         self._pending = np.zeros((metadata.n_context, metadata.n_input), np.float32)
@@ -65,7 +65,7 @@ class Stream:
             raise RuntimeError("feed_audio after finish")
         chunk = np.asarray(chunk).reshape(-1)
         self.samples += chunk.size
-        self._add_frames(self._mfcc.feed(chunk), final=False)
+        self._add_frames(self._frames.feed(chunk), final=False)
 
     def _add_frames(self, frames: np.ndarray, final: bool) -> None:
         if self._normalize:
@@ -82,10 +82,7 @@ class Stream:
             ready -= ready % self.runner.metadata.n_steps
         if ready <= 0:
             return
-        window = 2 * context + 1
-        windows = np.lib.stride_tricks.sliding_window_view(self._pending, window, axis=0).transpose(0, 2, 1)[
-            :ready
-        ]
+        windows = ready_windows(self._pending, 2 * context + 1, ready)
         logits, self._state = run_windows(self.runner, np.ascontiguousarray(windows), self._state)
         self._logits.append(logits)
         self._pending = self._pending[ready:]
@@ -119,7 +116,7 @@ class Stream:
         """End the utterance: run the last (zero-padded) frames; returns the logits of the whole of it."""
         if self._finished:
             raise RuntimeError("the stream is already finished")
-        self._add_frames(self._mfcc.finish(), final=True)
+        self._add_frames(self._frames.finish(), final=True)
         self._finished = True
         return self.logits()
 

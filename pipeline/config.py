@@ -7,8 +7,8 @@ Reading YAML into these (``extends:``, type checks, error messages) is
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Literal
 
 APP_NAME = "luigi-deepspeech"
 
@@ -17,48 +17,53 @@ class ConfigError(ValueError):
     """A configuration file or value is invalid; the message is one line."""
 
 
-def _opt(
-    default,
-    doc: str,
-    *,
-    minimum=None,
-    maximum=None,
-    path: bool = False,
-    fingerprint: bool = True,
-    exclusive_min: bool = False,
-):
-    """A dataclass field with documentation and validation metadata."""
-    meta = {
-        "doc": doc,
-        "min": minimum,
-        "max": maximum,
-        "path": path,
-        "fingerprint": fingerprint,
-        "exclusive_min": exclusive_min,
-    }
+def _opt(default, doc: str, *, minimum=None, maximum=None, path: bool = False, stages=None,
+         exclusive_min: bool = False, mapping: bool = False):
+    """A dataclass field with its documentation, range, and the stages whose output it changes.
+
+    ``stages``: names of stages (``pipeline.stages.graph``) that re-run when the key
+    changes, a name with ``:<param>`` (``"features:train"``) for one instance of a
+    stage; ``()`` for a key that changes no result (worker counts, timings); None
+    for the section's ``STAGES``. Each stage's fingerprint is made of exactly the
+    keys that name it (``Layout``), so this is the one place that says it.
+    ``mapping``: the value is a mapping of settings (kept as sorted (key, value) pairs).
+    """
+    meta = {"doc": doc, "min": minimum, "max": maximum, "path": path, "stages": stages,
+            "exclusive_min": exclusive_min, "mapping": mapping}
     if isinstance(default, (list, dict)):
         raise TypeError("use tuples for sequence defaults")
     return field(default=default, metadata=meta)
+
+
+def field_stages(section: type, name: str) -> tuple[str, ...]:
+    """The stages a key of ``section`` feeds: its own ``stages`` tag, else the section's ``STAGES``."""
+    stages = {f.name: f for f in fields(section)}[name].metadata.get("stages")
+    return tuple(section.STAGES if stages is None else stages)
 
 
 @dataclass(frozen=True)
 class PathsConfig:
     """Where inputs are and where every stage writes."""
 
+    STAGES: ClassVar[tuple[str, ...]] = ()
+
     work_dir: str | None = _opt(
         None,
         "Directory for all stage outputs; default: <XDG data home>/luigi-deepspeech.",
         path=True,
-        fingerprint=False,
+        stages=(),
     )
     export_dir: str | None = _opt(
         None,
         "Where Export writes the deployable model; default <work_dir>/export.",
         path=True,
-        fingerprint=False,
+        stages=(),
     )
     alphabet: str | None = _opt(
-        None, "Alphabet file, one character per line; default: the project's data/alphabet.txt.", path=True
+        None,
+        "Alphabet file, one character per line; default: the project's data/alphabet.txt.",
+        path=True,
+        stages=("features", "lm"),
     )
 
 
@@ -66,49 +71,74 @@ class PathsConfig:
 class DataConfig:
     """The corpus: DeepSpeech CSV manifests per split."""
 
+    STAGES: ClassVar[tuple[str, ...]] = ("features",)
+
     train_files: tuple[str, ...] = _opt(
-        (), "Training CSVs (wav_filename,wav_filesize,transcript).", path=True
+        (), "Training CSVs (wav_filename,wav_filesize,transcript).", path=True, stages=("features:train", "lm")
     )
     dev_files: tuple[str, ...] = _opt(
-        (), "Validation CSVs, used for dev loss, early stopping and best checkpoint.", path=True
+        (),
+        "Validation CSVs, used for dev loss, early stopping and best checkpoint.",
+        path=True,
+        stages=("features:dev",),
     )
-    test_files: tuple[str, ...] = _opt((), "Test CSVs, used by Evaluate.", path=True)
-    limit_train: int = _opt(0, "Use at most this many training samples (0 = all).", minimum=0)
-    limit_dev: int = _opt(0, "Use at most this many dev samples (0 = all).", minimum=0)
-    limit_test: int = _opt(0, "Use at most this many test samples (0 = all).", minimum=0)
+    test_files: tuple[str, ...] = _opt((), "Test CSVs, used by Evaluate.", path=True, stages=("features:test",))
+    limit_train: int = _opt(
+        0, "Use at most this many training samples (0 = all).", minimum=0, stages=("features:train", "lm")
+    )
+    limit_dev: int = _opt(0, "Use at most this many dev samples (0 = all).", minimum=0, stages=("features:dev",))
+    limit_test: int = _opt(0, "Use at most this many test samples (0 = all).", minimum=0, stages=("features:test",))
     max_reject_fraction: float = _opt(
         0.05,
         "Fail a split when more than this fraction of its rows is rejected (checked after extraction; raising it reuses the extracted features).",
         minimum=0.0,
         maximum=1.0,
-        fingerprint=False,
+        stages=(),
     )
     max_duration_s: float = _opt(
         0.0, "Reject utterances longer than this many seconds (reason too_long); 0 = no limit.", minimum=0.0
     )
 
 
+def _default_frontend():
+    from native_client.frontends.mfcc import MfccSettings
+
+    return MfccSettings()
+
+
 @dataclass(frozen=True)
 class FeaturesConfig:
-    """Audio checks and MFCC extraction (python_speech_features)."""
+    """Audio checks and the feature front end. Besides these keys, the section takes the settings of the
+    front end ``type`` names (``mfcc``: numcep, nfilt, winlen, winstep, nfft, preemph, ceplifter); they are
+    held in ``frontend`` and read as attributes (``config.features.numcep``)."""
 
+    STAGES: ClassVar[tuple[str, ...]] = ("features",)
+
+    type: str = _opt("mfcc", "The feature front end: a module of native_client/frontends/ (mfcc, logfbank) "
+                     "or the dotted name of a module of your own defining FRONTEND.")
     sample_rate: int = _opt(16000, "Expected sample rate in Hz.", minimum=1000)
     resample: bool = _opt(False, "Resample audio of another rate instead of rejecting it.")
     downmix: bool = _opt(False, "Average multi-channel audio to mono instead of rejecting it.")
-    numcep: int = _opt(26, "MFCC coefficients per frame (n_input).", minimum=1)
-    nfilt: int = _opt(26, "Mel filters.", minimum=1)
-    winlen: float = _opt(0.025, "Analysis window length in seconds.", minimum=0.0, exclusive_min=True)
-    winstep: float = _opt(0.01, "Step between frames in seconds.", minimum=0.0, exclusive_min=True)
-    nfft: int = _opt(512, "FFT size.", minimum=1)
-    preemph: float = _opt(0.97, "Pre-emphasis coefficient.", minimum=0.0, maximum=1.0)
-    ceplifter: int = _opt(22, "Cepstral lifter.", minimum=0)
     normalize: bool = _opt(False, "Normalise each utterance's features to zero mean, unit variance.")
-    workers: int = _opt(0, "Extraction worker processes (0 = all cores).", minimum=0, fingerprint=False)
+    workers: int = _opt(0, "Extraction worker processes (0 = all cores).", minimum=0, stages=())
+    # The front end's own settings (its Settings dataclass), filled by the loader from the section's other keys.
+    frontend: Any = field(default_factory=_default_frontend, metadata={"frontend": True})
+
+    def __getattr__(self, name: str):
+        # The front end's settings read like the section's own keys, as they are written in YAML.
+        if name != "frontend" and "frontend" in self.__dict__ and hasattr(self.frontend, name):
+            return getattr(self.frontend, name)
+        raise AttributeError(f"features has no key {name!r}")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The DeepSpeech acoustic model."""
+    """The acoustic model: its family and the settings DeepSpeech's family reads."""
+
+    STAGES: ClassVar[tuple[str, ...]] = ("train",)
+
+    architecture: str = _opt("deepspeech", "The model family: a module of pipeline/model/ (deepspeech) or the "
+                             "dotted name of a module of your own defining FAMILY.")
 
     n_hidden: int = _opt(2048, "Width of the dense layers and the LSTM.", minimum=1)
     n_context: int = _opt(9, "Context frames on each side of a time step.", minimum=0)
@@ -128,16 +158,24 @@ class ModelConfig:
         None, "Dropout of layer 5 (default: dropout_rate).", minimum=0.0, maximum=0.99
     )
     random_seed: int = _opt(4567, "Seed for weight initialisation and data order.")
+    options: tuple = _opt((), "Settings of another model family, as a mapping (its FAMILY declares and checks "
+                          "them when the model is built).", mapping=True)
+
+    def option(self, name: str, default=None):
+        """One of ``options`` (a family's own setting), or ``default``."""
+        return dict(self.options).get(name, default)
 
 
 @dataclass(frozen=True)
 class TrainingConfig:
     """The training loop."""
 
+    STAGES: ClassVar[tuple[str, ...]] = ("train",)
+
     epochs: int = _opt(
         75,
         "Target epoch count; negative: that many more epochs than the checkpoint has. Not in the Train fingerprint: raising it continues the same run.",
-        fingerprint=False,
+        stages=("tune", "evaluate", "export"),
     )
     batch_size: int = _opt(16, "Batch size per tower (global batch = batch_size x towers).", minimum=1)
     global_batch_size: int = _opt(
@@ -162,24 +200,24 @@ class TrainingConfig:
     revert_nonfinite_updates: bool = _opt(
         True,
         "Undo an update that would make any weight non-finite (keeps one copy of the weights and optimizer slots).",
-        fingerprint=False,
+        stages=(),
     )
     max_nonfinite_batches: int = _opt(
         10, "Stop after this many consecutive batches with a non-finite loss.", minimum=1
     )
     checkpoint_secs: int = _opt(
-        600, "Save a checkpoint at least this often (and at each epoch end).", minimum=1, fingerprint=False
+        600, "Save a checkpoint at least this often (and at each epoch end).", minimum=1, stages=()
     )
-    max_to_keep: int = _opt(5, "Latest checkpoints kept.", minimum=1, fingerprint=False)
+    max_to_keep: int = _opt(5, "Latest checkpoints kept.", minimum=1, stages=())
     validation_epochs: int = _opt(1, "Validate every this many epochs (0 = never).", minimum=0)
-    report_count: int = _opt(10, "Best and worst samples listed in reports.", minimum=0, fingerprint=False)
+    report_count: int = _opt(10, "Best and worst samples listed in reports.", minimum=0, stages=())
     summary_secs: int = _opt(
-        60, "Write histogram summaries at most this often.", minimum=1, fingerprint=False
+        60, "Write histogram summaries at most this often.", minimum=1, stages=()
     )
     wer_log_pattern: str | None = _opt(
         None,
         "A str.format pattern printed after each validation with epoch, wer, cer, loss.",
-        fingerprint=False,
+        stages=(),
     )
     init_from: str | None = _opt(
         None, "Warm start from this checkpoint directory or export (weights only).", path=True
@@ -191,9 +229,9 @@ class TrainingConfig:
     precision: Literal["float32", "mixed_bfloat16", "mixed_float16"] = _opt(
         "float32",
         "Keras mixed-precision policy of the training step: variables and checkpoints stay float32 (a run can switch and resume), the CTC loss and softmax are float32, mixed_float16 scales the loss; the export is float32.",
-        fingerprint=False,
+        stages=(),
     )
-    jit_compile: bool = _opt(False, "Compile the training step with XLA.", fingerprint=False)
+    jit_compile: bool = _opt(False, "Compile the training step with XLA.", stages=())
     max_batch_frames: int = _opt(
         0,
         "Cap on the frames of one tower's batch (batch size x longest utterance); a batch over it is split into smaller steps. 0 = off.",
@@ -204,6 +242,8 @@ class TrainingConfig:
 @dataclass(frozen=True)
 class EarlyStopConfig:
     """When to stop before the target epoch."""
+
+    STAGES: ClassVar[tuple[str, ...]] = ("train",)
 
     rule: Literal["seed", "patience", "off"] = _opt(
         "off", "seed: DeepSpeech's mean/std rule; patience: es_epochs without es_min_delta gain."
@@ -218,6 +258,8 @@ class EarlyStopConfig:
 @dataclass(frozen=True)
 class DistributionConfig:
     """Devices and workers ("towers")."""
+
+    STAGES: ClassVar[tuple[str, ...]] = ("train",)
 
     strategy: Literal["auto", "one_device", "mirrored", "multi_worker"] = _opt(
         "auto", "auto: all local GPUs as towers, else the CPU."
@@ -234,13 +276,15 @@ class DistributionConfig:
         120.0,
         "multi_worker: seconds a collective operation may wait for the other workers before failing.",
         minimum=1.0,
-        fingerprint=False,
+        stages=(),
     )
 
 
 @dataclass(frozen=True)
 class ExportConfig:
     """The deployable model."""
+
+    STAGES: ClassVar[tuple[str, ...]] = ("export",)
 
     n_steps: int = _opt(16, "Time steps per streaming call.", minimum=1)
     quantize: bool = _opt(False, "Dynamic-range int8 quantisation of the TFLite model.")
@@ -250,6 +294,8 @@ class ExportConfig:
 @dataclass(frozen=True)
 class DecoderConfig:
     """The language model and CTC beam search."""
+
+    STAGES: ClassVar[tuple[str, ...]] = ("lm",)
 
     lm_corpus_files: tuple[str, ...] = _opt(
         (), "Text files the LanguageModel task learns from (never dev or test text).", path=True
@@ -267,72 +313,71 @@ class DecoderConfig:
     lm_builder: Literal["auto", "kenlm", "python"] = _opt(
         "auto",
         "Who estimates the LM: kenlm (KenLM's lmplz + build_binary, see make kenlm), python (the built-in estimator, for small corpora), auto (kenlm when its tools are installed).",
-        fingerprint=False,
-    )  # in the LanguageModel fingerprint (layout)
+    )
     lm_memory: str = _opt(
         "2G",
         "KenLM builder: memory for lmplz's sort (its -S: 2G, 500M, 50%); it spills to disk beyond.",
-        fingerprint=False,
+        stages=(),
     )
     lm_prune: tuple[int, ...] = _opt(
         (),
         "KenLM builder: lmplz --prune thresholds per order, e.g. [0, 0, 1] drops trigrams seen once (non-decreasing).",
         minimum=0,
-        fingerprint=False,
-    )  # in the LanguageModel fingerprint (layout)
+    )
     lm_top_k: int = _opt(
         0,
         "KenLM builder: keep only the LM's n-grams of the this-many most frequent words (0 = all), as DeepSpeech's generate_lm.py.",
         minimum=0,
-        fingerprint=False,
-    )  # in the LanguageModel fingerprint (layout)
+    )
     lm_quantize_bits: int = _opt(
         8,
         "KenLM builder: build_binary quantisation bits (-q, pointer compression -a 255), 0 = none.",
         minimum=0,
         maximum=16,
-        fingerprint=False,
-    )  # in the LanguageModel fingerprint (layout)
-    beam_width: int = _opt(256, "CTC beam width.", minimum=1)
+    )
+    beam_width: int = _opt(256, "CTC beam width.", minimum=1, stages=("tune", "evaluate", "export"))
     beam_threshold: float = _opt(
-        15.0, "Prune hypotheses whose score is this far below the best.", minimum=0.0
+        15.0, "Prune hypotheses whose score is this far below the best.", minimum=0.0, stages=("tune", "evaluate", "export")
     )
     beam_size_token: int = _opt(
-        8, "Tokens (most likely first) tried per frame for each hypothesis; 0 = all.", minimum=0
+        8, "Tokens (most likely first) tried per frame for each hypothesis; 0 = all.", minimum=0, stages=("tune", "evaluate", "export")
     )
-    lm_alpha: float = _opt(1.5, "LM weight.")
-    lm_beta: float = _opt(2.25, "Word insertion weight.")
+    lm_alpha: float = _opt(1.5, "LM weight (TuneDecoder starts its search here).", stages=("tune", "evaluate", "export"))
+    lm_beta: float = _opt(2.25, "Word insertion weight (TuneDecoder starts its search here).", stages=("tune", "evaluate", "export"))
     lexicon: bool = _opt(
         True,
         "Lexicon decoding: words from the LM vocabulary, scored by the word LM. false: lexicon-free, any spelling, scored by a character LM.",
+        stages=("lm", "tune", "evaluate", "export"),
     )
-    tune: bool = _opt(False, "Tune lm_alpha/lm_beta on the dev set.")
-    tune_trials: int = _opt(30, "Trials of the alpha/beta search.", minimum=1)
+    tune: bool = _opt(False, "Tune lm_alpha/lm_beta on the dev set.", stages=("evaluate", "export"))
+    tune_trials: int = _opt(30, "Trials of the alpha/beta search.", minimum=1, stages=("tune",))
     workers: int = _opt(
         0,
         "Processes that beam-decode in Evaluate and TuneDecoder (0 = all cores).",
         minimum=0,
-        fingerprint=False,
+        stages=(),
     )
 
 
 @dataclass(frozen=True)
 class AugmentConfig:
     """Data augmentation of the training split (never dev or test). Feature-level keys act on the cached
-    features inside tf.data, per batch (in the Train fingerprint when any is on); audio-level keys make
-    extra cached copies of the training utterances (in the train Features fingerprint when any is on)."""
+    features inside tf.data, per batch (they feed Train); audio-level keys make extra cached copies of
+    the training utterances (they feed the train Features)."""
+
+    STAGES: ClassVar[tuple[str, ...]] = ("train",)
 
     freq_masks: int = _opt(
-        0, "SpecAugment: frequency masks per utterance (0 = none).", minimum=0, fingerprint=False
+        0, "SpecAugment: frequency masks per utterance (0 = none).", minimum=0
     )
     freq_mask_max: int = _opt(
-        4, "SpecAugment: the widest frequency mask, in feature coefficients.", minimum=1, fingerprint=False
+        4, "SpecAugment: the widest frequency mask, in feature coefficients.", minimum=1
     )
     time_masks: int = _opt(
-        0, "SpecAugment: time masks per utterance (0 = none).", minimum=0, fingerprint=False
+        0, "SpecAugment: time masks per utterance (0 = none).", minimum=0
     )
     time_mask_max: int = _opt(
-        40, "SpecAugment: the widest time mask, in frames (10 ms each).", minimum=1, fingerprint=False
+        40, "SpecAugment: the widest time mask, in feature frames.", minimum=1
     )
     time_mask_fraction: float = _opt(
         0.1,
@@ -340,48 +385,46 @@ class AugmentConfig:
         minimum=0.0,
         maximum=1.0,
         exclusive_min=True,
-        fingerprint=False,
     )
     feature_noise_std: float = _opt(
         0.0,
         "Gaussian noise of this standard deviation added to the features (0 = none).",
         minimum=0.0,
-        fingerprint=False,
     )
     seed: int = _opt(
         2024,
         "Seed of every augmentation draw (with the epoch and step, or the utterance and copy).",
-        fingerprint=False,
+        stages=("train", "features:train"),
     )
     speed_factors: tuple[float, ...] = _opt(
         (),
         "Audio: one extra copy of every training utterance per factor, resampled to play that much faster (e.g. [0.9, 1.1]).",
         minimum=0.5,
         maximum=2.0,
-        fingerprint=False,
+        stages=("features:train",),
     )
     audio_copies: int = _opt(
         0,
         "Audio: extra copies at the original speed (with gain_db and noise_dir).",
         minimum=0,
-        fingerprint=False,
+        stages=("features:train",),
     )
     gain_db: float = _opt(
         0.0,
         "Audio: each copy's volume changes by a random gain within +-gain_db decibels.",
         minimum=0.0,
-        fingerprint=False,
+        stages=("features:train",),
     )
     noise_dir: str | None = _opt(
         None,
         "Audio: a folder of noise recordings (WAV/FLAC at the sample rate); a random one is mixed into each copy.",
         path=True,
-        fingerprint=False,
+        stages=("features:train",),
     )
     noise_snr_db: tuple[float, ...] = _opt(
         (10.0, 30.0),
         "Audio: the range [low, high] of the signal-to-noise ratio of mixed noise, in dB.",
-        fingerprint=False,
+        stages=("features:train",),
     )
 
     @property
@@ -435,19 +478,6 @@ def validate_config(config: Config) -> None:
     if (augment.gain_db or augment.noise_dir) and not augment.copies:
         raise ConfigError(
             f"{src}: augment.gain_db / augment.noise_dir act on copies: set augment.speed_factors or augment.audio_copies"
-        )
-    if config.features.numcep > config.features.nfilt:
-        raise ConfigError(
-            f"{src}: features.numcep: expected at most features.nfilt ({config.features.nfilt}), got {config.features.numcep}"
-        )
-    if config.features.winstep > config.features.winlen:
-        raise ConfigError(
-            f"{src}: features.winstep: expected at most features.winlen ({config.features.winlen}), got {config.features.winstep}"
-        )
-    frame = int(round(config.features.winlen * config.features.sample_rate))
-    if config.features.nfft < frame:
-        raise ConfigError(
-            f"{src}: features.nfft: expected at least the window length in samples ({frame}), got {config.features.nfft}"
         )
     if config.training.epochs == 0:
         raise ConfigError(f"{src}: training.epochs: expected a non-zero integer, got 0")

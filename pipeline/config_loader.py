@@ -9,6 +9,7 @@ key and what was expected. The schema itself is ``pipeline.config``.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -17,7 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
-from pipeline.config import Config, ConfigError, validate_config
+from pipeline.config import Config, ConfigError, FeaturesConfig, validate_config
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "source"}
 
@@ -150,6 +151,11 @@ def _layer(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, dict[str, Any]
     return merged
 
 
+# Where a section keeps the keys it hands on to a plug-in (the front end's settings), checked at freeze time
+# against the plug-in the final config names.
+PENDING = "__plugin_keys__"
+
+
 def _merge_into(merged: dict, raw: dict, source: str, base_dir: Path | None) -> None:
     types = _section_types()
     for section, values in raw.items():
@@ -159,22 +165,80 @@ def _merge_into(merged: dict, raw: dict, source: str, base_dir: Path | None) -> 
             continue
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: {section}: expected a mapping of keys")
-        known = {f.name: f for f in dataclasses.fields(types[section])}
+        known = {f.name: f for f in dataclasses.fields(types[section]) if "doc" in f.metadata}
         hints = typing.get_type_hints(types[section])
         for key, value in values.items():
             where = f"{source}: {section}.{key}"
             if key not in known:
-                raise ConfigError(f"{where}: unknown key; expected one of {', '.join(known)}")
-            meta = known[key].metadata
-            checked = _coerce(value, hints[key], where, base_dir, meta["path"])
-            _check_range(checked, meta, where)
-            merged[section][key] = checked
+                if section == "features" and isinstance(key, str):
+                    merged[section].setdefault(PENDING, {})[key] = (value, where, base_dir)
+                    continue
+                raise ConfigError(f"{where}: unknown key; {_did_you_mean(key, known)}expected one of {', '.join(known)}")
+            merged[section][key] = _checked(value, hints[key], known[key].metadata, where, base_dir)
+
+
+def _did_you_mean(key, known) -> str:
+    close = difflib.get_close_matches(str(key), list(known), n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def _checked(value, tp, meta: dict, where: str, base_dir: Path | None):
+    """``value`` coerced to ``tp`` and checked against the field's range."""
+    if meta.get("mapping"):  # a plug-in's own settings, kept as sorted (key, value) pairs
+        return _mapping(value, where)
+    checked = _coerce(value, tp, where, base_dir, meta.get("path", False))
+    _check_range(checked, meta, where)
+    return checked
+
+
+def _mapping(value, where: str) -> tuple:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping of settings, got {value!r}")
+
+    def frozen(item, at):
+        if isinstance(item, list):
+            return tuple(frozen(v, f"{at}[{i}]") for i, v in enumerate(item))
+        if item is None or isinstance(item, (str, bool, int, float)):
+            return item
+        raise ConfigError(f"{at}: expected a number, string, boolean or list, got {item!r}")
+
+    return tuple(sorted((str(k), frozen(v, f"{where}.{k}")) for k, v in value.items()))
+
+
+def _frontend_settings(values: dict, source: str):
+    """The front end's Settings from the section's other keys, checked by the front end itself."""
+    from native_client.frontends import frontend_class
+    from native_client.plugins import PluginError
+
+    name = values.get("type", "mfcc")
+    try:
+        frontend = frontend_class(name)
+    except (PluginError, TypeError) as error:
+        raise ConfigError(f"{source}: {error}") from None
+    known = {f.name: f for f in dataclasses.fields(frontend.Settings)}
+    hints = typing.get_type_hints(frontend.Settings)
+    settings = {}
+    for key, (value, where, base_dir) in values.pop(PENDING, {}).items():
+        if key not in known:
+            common = [f.name for f in dataclasses.fields(FeaturesConfig) if "doc" in f.metadata]
+            raise ConfigError(f"{where}: unknown key; {_did_you_mean(key, common + list(known))}expected one of "
+                              f"{', '.join(common + list(known))} (the {name} front end's settings: {', '.join(known)})")
+        settings[key] = _checked(value, hints[key], known[key].metadata, where, base_dir)
+    built = frontend.Settings(**settings)
+    try:
+        frontend(built, values.get("sample_rate", FeaturesConfig().sample_rate))
+    except ValueError as error:
+        raise ConfigError(f"{source}: features.{error}") from None
+    return built
 
 
 def _freeze(merged: dict, source: str) -> Config:
     types = _section_types()
     sections = {}
     for name, values in merged.items():
+        values = dict(values)
+        if name == "features":
+            values["frontend"] = _frontend_settings(values, source)
         sections[name] = types[name](**values)
     config = Config(**sections, source=source)
     validate_config(config)
@@ -199,20 +263,41 @@ def config_from_dict(raw: dict, source: str = "<dict>", base_dir: str | Path | N
     return _freeze(merged, source)
 
 
-def config_to_dict(config: Config) -> dict:
-    """The resolved config as plain data (for saving beside outputs)."""
+def section_values(section) -> dict:
+    """A config section's keys and values as the YAML file writes them (a front end's settings inline,
+    a mapping of options as a mapping)."""
     out = {}
-    for name in SECTIONS:
-        section = dataclasses.asdict(getattr(config, name))
-        out[name] = {k: list(v) if isinstance(v, tuple) else v for k, v in section.items()}
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if f.metadata.get("frontend"):
+            out.update(dataclasses.asdict(value))
+        elif f.metadata.get("mapping"):
+            out[f.name] = dict(value)
+        else:
+            out[f.name] = value
     return out
 
 
+def config_to_dict(config: Config) -> dict:
+    """The resolved config as plain data (for saving beside outputs)."""
+
+    def plain(value):
+        if isinstance(value, tuple):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+
+    return {name: plain(section_values(getattr(config, name))) for name in SECTIONS}
+
+
 def documented_keys() -> list[tuple[str, str, Any, str]]:
-    """(section, key, default, doc) for every config key, for the README reference."""
+    """(section, key, default, doc) for every config key of the schema (a front end's own settings are
+    documented by the front end: ``native_client.frontends``)."""
     rows = []
     types = _section_types()
     for name in SECTIONS:
         for f in dataclasses.fields(types[name]):
-            rows.append((name, f.name, f.default, f.metadata["doc"]))
+            if "doc" in f.metadata:
+                rows.append((name, f.name, f.default, f.metadata["doc"]))
     return rows

@@ -27,24 +27,13 @@ from pathlib import Path
 from xdg import BaseDirectory
 
 from native_client.metadata import METADATA_NAME
-from pipeline.config import APP_NAME, Config
+from pipeline.config import APP_NAME, Config, field_stages
 from pipeline.lm.kenlm_tools import find_tools
+from pipeline.stages.graph import tag_applies, upstream
 
-SPLITS = ("train", "dev", "test")
 # English letters, space and apostrophe; package data (the checkout's data/alphabet.txt links to it).
 DEFAULT_ALPHABET = Path(__file__).resolve().parent / "resources" / "alphabet.txt"
 DIGEST_BLOCK = 1 << 20
-# augment keys that act in the training step (the Train fingerprint carries them when one is on)
-FEATURE_AUGMENTATION = (
-    "freq_masks",
-    "freq_mask_max",
-    "time_masks",
-    "time_mask_max",
-    "time_mask_fraction",
-    "feature_noise_std",
-    "seed",
-)
-
 # Stage directories under the work directory.
 FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR, EXPORT_DIR = (
     "features",
@@ -100,13 +89,16 @@ def file_digest(path: str | Path) -> str:
         return "missing"
 
 
-def _section_settings(section) -> dict:
-    """The fields of a config section that affect results (metadata ``fingerprint``)."""
-    return {
-        f.name: getattr(section, f.name)
-        for f in dataclasses.fields(section)
-        if f.metadata.get("fingerprint", True)
-    }
+def path_digest(path: str | Path) -> str:
+    """The digest of a file (``file_digest``) or of a directory's files (their relative names and
+    digests, in name order); ``missing`` when there is nothing there."""
+    path = Path(path)
+    if not path.is_dir():
+        return file_digest(path)
+    digest = hashlib.sha256()
+    for item in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(f"{item.relative_to(path).as_posix()}\n{file_digest(item)}\n".encode())
+    return digest.hexdigest()
 
 
 def _hash(payload: dict) -> str:
@@ -257,7 +249,7 @@ class Layout:
 
     def __init__(self, config: Config):
         self.config = config
-        self._features_fingerprints: dict[str, str] = {}
+        self._fingerprints: dict[tuple, str] = {}
 
     # -- roots ---------------------------------------------------------------------------------
     @functools.cached_property
@@ -286,65 +278,59 @@ class Layout:
         return DEFAULT_ALPHABET
 
     # -- fingerprints --------------------------------------------------------------------------
+    def fingerprint(self, stage: str, **params) -> str:
+        """The fingerprint of one stage instance (``pipeline.stages.graph``): a hash of the config keys
+        tagged with it (input files by their digests), what the layout derives for it, and the
+        fingerprints of its upstream stages. Computed once per ``Layout``."""
+        key = (stage, tuple(sorted(params.items())))
+        if key not in self._fingerprints:
+            self._fingerprints[key] = _hash({
+                "stage": stage,
+                "keys": self._tagged_keys(stage, params),
+                "derived": self._derived(stage),
+                "upstream": {f"{name}{sorted(p.items())}": self.fingerprint(name, **p)
+                             for name, p in upstream(self.config, stage, params)},
+            })
+        return self._fingerprints[key]
+
+    def _tagged_keys(self, stage: str, params: dict) -> dict:
+        """``{"section.key": value}`` of every config key whose ``stages`` tag names this stage instance;
+        a path is given with its content's digest, a front end's settings as they are written."""
+        found = {}
+        for section_field in dataclasses.fields(self.config):
+            if section_field.name == "source":
+                continue
+            section = getattr(self.config, section_field.name)
+            for f in dataclasses.fields(section):
+                if "doc" not in f.metadata and not f.metadata.get("frontend"):
+                    continue
+                tags = type(section).STAGES if f.metadata.get("frontend") else field_stages(type(section), f.name)
+                if not any(tag_applies(tag, stage, params) for tag in tags):
+                    continue
+                value = getattr(section, f.name)
+                if f.metadata.get("frontend"):
+                    value = dataclasses.asdict(value)
+                elif (section_field.name, f.name) == ("paths", "alphabet"):
+                    value = [str(self.alphabet), path_digest(self.alphabet)]
+                elif f.metadata.get("path") and value is not None:
+                    value = ([[str(p), path_digest(p)] for p in value] if isinstance(value, tuple)
+                             else [value, path_digest(value)])
+                found[f"{section_field.name}.{f.name}"] = value
+        return found
+
+    def _derived(self, stage: str) -> dict:
+        """What a stage's result depends on beyond the config's keys: the LM's builder as resolved here
+        (``decoder.lm_builder: auto`` is KenLM's tools when they are installed)."""
+        return {"lm_builder": self.lm_builder} if stage == "lm" else {}
+
     def features_fingerprint(self, split: str) -> str:
-        """Settings of Features for ``split``: feature settings, manifests (path and content), limit, alphabet."""
-        if split not in self._features_fingerprints:
-            config = self.config
-            self._features_fingerprints[split] = _hash(
-                {
-                    "stage": "features",
-                    "features": _section_settings(config.features),
-                    "manifests": [[str(f), file_digest(f)] for f in config.split_files(split)],
-                    "limit": config.split_limit(split),
-                    "max_duration_s": config.data.max_duration_s,
-                    "alphabet": file_digest(self.alphabet),
-                    **(
-                        {"augment": self._audio_augmentation()}
-                        if split == "train" and config.augment.copies
-                        else {}
-                    ),
-                }
-            )
-        return self._features_fingerprints[split]
+        """The Features fingerprint of ``split``."""
+        return self.fingerprint("features", split=split)
 
-    @functools.cached_property
+    @property
     def train_fingerprint(self) -> str:
-        """Settings of Train: model, training, early stop, distribution, and the train/dev features."""
-        config = self.config
-        init_from = config.training.init_from
-        return _hash(
-            {
-                "stage": "train",
-                "model": _section_settings(config.model),
-                "training": _section_settings(config.training),
-                "early_stop": _section_settings(config.early_stop),
-                "distribution": _section_settings(config.distribution),
-                "init_from": file_digest(init_from) if init_from and Path(init_from).is_file() else init_from,
-                "features": [self.features_fingerprint("train"), self.features_fingerprint("dev")],
-                **(
-                    {"augment": {key: getattr(config.augment, key) for key in FEATURE_AUGMENTATION}}
-                    if config.augment.features_on
-                    else {}
-                ),
-            }
-        )
-
-    def _audio_augmentation(self) -> dict:
-        """The audio-level augmentation settings (and the noise files' digests) of the train Features."""
-        augment = self.config.augment
-        noise = (
-            sorted(Path(augment.noise_dir).iterdir())
-            if augment.noise_dir and Path(augment.noise_dir).is_dir()
-            else []
-        )
-        return {
-            "speed_factors": list(augment.speed_factors),
-            "audio_copies": augment.audio_copies,
-            "gain_db": augment.gain_db,
-            "seed": augment.seed,
-            "noise_snr_db": list(augment.noise_snr_db),
-            "noise": [[p.name, file_digest(p)] for p in noise if p.is_file()],
-        }
+        """The Train fingerprint (``training.epochs`` is not in it: raising it continues the run)."""
+        return self.fingerprint("train")
 
     @functools.cached_property
     def lm_builder(self) -> str:
@@ -355,97 +341,25 @@ class Layout:
             return wanted
         return "kenlm" if find_tools() is not None else "python"
 
-    @functools.cached_property
+    @property
     def lm_fingerprint(self) -> str:
-        """Settings of LanguageModel: order, corpus texts, alphabet, the train manifests when included,
-        and (only for an LM built with KenLM's tools) the builder and its pruning, top-k and quantisation."""
-        config, decoder = self.config, self.config.decoder
-        kenlm = (
-            {
-                "kenlm": {
-                    "prune": list(decoder.lm_prune),
-                    "top_k": decoder.lm_top_k,
-                    "quantize_bits": decoder.lm_quantize_bits,
-                }
-            }
-            if self.lm_builder == "kenlm" and not decoder.lm_path
-            else {}
-        )
-        return _hash(
-            {
-                **kenlm,
-                "stage": "lm",
-                "order": decoder.lm_order,
-                "lm_path": [decoder.lm_path, file_digest(decoder.lm_path)] if decoder.lm_path else None,
-                "corpus": [[str(f), file_digest(f)] for f in decoder.lm_corpus_files],
-                "train": (
-                    [[file_digest(f) for f in config.data.train_files], config.data.limit_train]
-                    if decoder.lm_include_train
-                    else None
-                ),
-                "alphabet": file_digest(self.alphabet),
-                "char_lm_order": None if decoder.lexicon else decoder.char_lm_order,
-            }
-        )
+        """The LanguageModel fingerprint."""
+        return self.fingerprint("lm")
 
-    @functools.cached_property
+    @property
     def tune_fingerprint(self) -> str:
-        """Settings of TuneDecoder: the trained model, the LM, the dev features and the search settings."""
-        decoder = self.config.decoder
-        return _hash(
-            {
-                "stage": "tune",
-                "train": self.train_fingerprint,
-                "epochs": self.config.training.epochs,
-                "lm": self.lm_fingerprint,
-                "dev": self.features_fingerprint("dev"),
-                "search": [
-                    decoder.tune_trials,
-                    decoder.beam_width,
-                    decoder.beam_threshold,
-                    decoder.beam_size_token,
-                    decoder.lexicon,
-                ],
-            }
-        )
+        """The TuneDecoder fingerprint."""
+        return self.fingerprint("tune")
 
-    def _decoder_fingerprints(self) -> dict:
-        """What decoding with the LM depends on: the LM, and the tuning run when tuning is on."""
-        return {
-            "lm": self.lm_fingerprint,
-            "tune": self.tune_fingerprint if self.config.decoder.tune else None,
-        }
-
-    @functools.cached_property
+    @property
     def evaluate_fingerprint(self) -> str:
-        """Settings of Evaluate: the trained model, the test features and the decoder."""
-        return _hash(
-            {
-                "stage": "evaluate",
-                "train": self.train_fingerprint,
-                "epochs": self.config.training.epochs,
-                "test": self.features_fingerprint("test"),
-                "decoder": _section_settings(self.config.decoder),
-                "decoding": self._decoder_fingerprints(),
-            }
-        )
+        """The Evaluate fingerprint."""
+        return self.fingerprint("evaluate")
 
-    @functools.cached_property
+    @property
     def export_fingerprint(self) -> str:
-        """Settings of Export: the trained model (and its epochs), the export settings, features and alphabet."""
-        config = self.config
-        return _hash(
-            {
-                "stage": "export",
-                "train": self.train_fingerprint,
-                "epochs": config.training.epochs,
-                "export": _section_settings(config.export),
-                "features": _section_settings(config.features),
-                "alphabet": file_digest(self.alphabet),
-                "decoder": _section_settings(config.decoder),
-                "decoding": self._decoder_fingerprints(),
-            }
-        )
+        """The Export fingerprint (what an export's metadata records, and Transcribe's records are keyed on)."""
+        return self.fingerprint("export")
 
     # -- Features ------------------------------------------------------------------------------
     def features_cache(self, split: str) -> Path:

@@ -162,11 +162,11 @@ class ExportRecord:
     config: str
     global_step: int | None
     best_dev: DevFigures | None
+    architecture: str
     features: dict
     n_context: int
     n_input: int
     n_steps: int
-    n_hidden: int
     n_classes: int
     alphabet: list
     files: dict

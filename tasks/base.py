@@ -7,6 +7,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import luigi
 from tqdm import tqdm
@@ -15,6 +16,7 @@ from native_client.quiet import import_tensorflow_quietly
 from pipeline.config import Config
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
+from pipeline.stages.graph import STAGES, upstream
 
 log = logging.getLogger("luigi-interface")
 
@@ -34,12 +36,40 @@ def _unusable_errors() -> tuple:
     return (ReportError, CacheError, ExportError, LanguageModelDamaged, ConfigError)
 
 
+# stage name (pipeline.stages.graph) -> the task that runs it; filled as task classes are defined
+TASK_OF_STAGE: dict[str, type] = {}
+
+
 class ConfigTask(luigi.Task):
-    """A task driven by one YAML config file."""
+    """A task driven by one YAML config file, running one stage of ``pipeline.stages.graph``.
+
+    A subclass names its ``stage``; its Luigi parameters besides ``config`` are the
+    stage's parameters, and ``requires()`` is the stage's declared upstream.
+    """
 
     config = luigi.Parameter(description="Path of the YAML config file (see configs/).")
+    # The stage of pipeline.stages.graph this task runs.
+    stage: ClassVar[str] = ""
     # Stages that load TensorFlow have it imported first with its start-up chatter filtered.
     needs_tensorflow = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.stage:
+            TASK_OF_STAGE[cls.stage] = cls
+
+    def stage_params(self) -> dict:
+        """This task's stage parameters (its Luigi parameters other than ``config``)."""
+        return {name: getattr(self, name) for name in STAGES[self.stage].params}
+
+    def requires(self):
+        """The tasks of the stages the declaration says this one reads: ``{"train": Train(...),
+        "features_dev": FeaturesSplit(split="dev"), ...}``."""
+        needs = {}
+        for name, params in upstream(self.cfg, self.stage, self.stage_params()):
+            key = "_".join([name, *(str(value) for value in params.values())])
+            needs[key] = TASK_OF_STAGE[name](config=self.config, **params)
+        return needs
 
     @functools.cached_property
     def cfg(self) -> Config:

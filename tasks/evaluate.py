@@ -5,23 +5,14 @@ from __future__ import annotations
 import luigi
 
 from tasks.base import ConfigTask, Progress
-from tasks.features import FeaturesSplit
-from tasks.language_model import decoder_requirements
-from tasks.training import Train
 
 
 class Evaluate(ConfigTask):
     """Test-set report of the best-dev checkpoint, greedy and with beam search + LM:
     ``evaluation.json`` (wer, cer, wer_lm, cer_lm, loss, samples) and ``evaluation.txt``."""
 
+    stage = "evaluate"
     needs_tensorflow = True
-
-    def requires(self):
-        return {
-            "train": Train(config=self.config),
-            "test": FeaturesSplit(config=self.config, split="test"),
-            **decoder_requirements(self),
-        }
 
     def output(self):
         return luigi.LocalTarget(str(self.layout.evaluation_report(self.layout.evaluate_dir)))

@@ -7,13 +7,11 @@ from pathlib import Path
 
 import luigi
 
-log = logging.getLogger("luigi-interface")
-
 from native_client.metadata import ExportError, verify_manifest
 from pipeline.layout import ExportFiles, file_digest
 from tasks.base import ConfigTask, Progress
-from tasks.language_model import decoder_requirements
-from tasks.training import Train
+
+log = logging.getLogger("luigi-interface")
 
 
 class Export(ConfigTask):
@@ -24,10 +22,8 @@ class Export(ConfigTask):
     config's export fingerprint, so a changed model or export setting exports again.
     """
 
+    stage = "export"
     needs_tensorflow = True
-
-    def requires(self):
-        return {"train": Train(config=self.config), **decoder_requirements(self)}
 
     def output(self):
         found = self.layout.find_export() or self.layout.export_destination(None)
@@ -68,15 +64,13 @@ class Transcribe(ConfigTask):
     the file) and writes it as JSON into the export's transcripts folder.
     """
 
+    stage = "transcribe"
     needs_tensorflow = True
 
     audio = luigi.Parameter(description="The audio file to transcribe.")
 
-    def requires(self):
-        return Export(config=self.config)
-
     def _export(self) -> ExportFiles:
-        return ExportFiles(Path(self.input().path).parent)
+        return ExportFiles(Path(self.input()["export"].path).parent)
 
     def output(self):
         return luigi.LocalTarget(str(self._export().transcript(self.audio, self.layout.export_fingerprint)))

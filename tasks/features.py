@@ -6,7 +6,7 @@ import logging
 
 import luigi
 
-from pipeline.layout import SPLITS
+from pipeline.stages.graph import SPLITS
 from pipeline.stages.features import build_split_cache
 from tasks.base import ConfigTask, Progress
 
@@ -16,6 +16,7 @@ log = logging.getLogger("luigi-interface")
 class FeaturesSplit(ConfigTask):
     """The feature cache of one split (train, dev or test); its path carries the Features fingerprint."""
 
+    stage = "features"
     split = luigi.ChoiceParameter(choices=SPLITS, description="Which split to featurise.")
 
     def output(self):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import luigi
 
 from tasks.base import ConfigTask, Progress
-from tasks.features import FeaturesSplit
-from tasks.training import Train
 
 
 class LanguageModel(ConfigTask):
     """Build the word n-gram LM (modified Kneser-Ney, ARPA) and vocabulary, or adopt ``decoder.lm_path``."""
+
+    stage = "lm"
 
     def output(self):
         return luigi.LocalTarget(str(self.layout.lm.report))
@@ -42,14 +42,8 @@ class LanguageModel(ConfigTask):
 class TuneDecoder(ConfigTask):
     """Search lm_alpha/lm_beta on the dev set (``decoder.tune_trials`` Optuna trials); writes ``tune.json``."""
 
+    stage = "tune"
     needs_tensorflow = True
-
-    def requires(self):
-        return {
-            "train": Train(config=self.config),
-            "lm": LanguageModel(config=self.config),
-            "dev": FeaturesSplit(config=self.config, split="dev"),
-        }
 
     def output(self):
         return luigi.LocalTarget(str(self.layout.tune_report))
@@ -76,11 +70,3 @@ class TuneDecoder(ConfigTask):
             tune_decoder(self.layout, on_trial=trial)
         finally:
             progress.close()
-
-
-def decoder_requirements(task: ConfigTask) -> dict:
-    """What decoding with the LM needs: the LM, and the tuned alpha/beta when ``decoder.tune`` is on."""
-    needs = {"lm": LanguageModel(config=task.config)}
-    if task.cfg.decoder.tune:
-        needs["tune"] = TuneDecoder(config=task.config)
-    return needs

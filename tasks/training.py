@@ -11,7 +11,6 @@ import luigi
 from pipeline.reports import TrainReport, read_report
 from pipeline.train.epochs import training_done
 from tasks.base import ConfigTask, Progress
-from tasks.features import FeaturesSplit
 
 log = logging.getLogger("luigi-interface")
 
@@ -24,13 +23,8 @@ class Train(ConfigTask):
     ``training.epochs`` continues the same run.
     """
 
+    stage = "train"
     needs_tensorflow = True
-
-    def requires(self):
-        return {
-            "train": FeaturesSplit(config=self.config, split="train"),
-            "dev": FeaturesSplit(config=self.config, split="dev"),
-        }
 
     def output(self):
         return luigi.LocalTarget(str(self.layout.train_run.report))

@@ -63,7 +63,7 @@ def test_augmented_training_batches_resume_exactly_and_dev_batches_are_never_aug
     def run(first_epoch, start_step, augment):
         return [
             w.numpy()
-            for w, *_ in train_dataset(reader, plan, 1, 0, 1, first_epoch, start_step, 2, 1234, 0, augment)
+            for w, *_ in train_dataset(reader, plan, 1, 0, 1, first_epoch, start_step, 2, 1234, augment)
         ]
 
     plain, augmented = run(0, 0, None), run(0, 0, MASKS)
@@ -76,8 +76,6 @@ def test_augmented_training_batches_resume_exactly_and_dev_batches_are_never_aug
     for a, b in zip(resumed, augmented[len(plan) + 3 :], strict=False):
         np.testing.assert_array_equal(a, b)
     # dev and test batches come from eval_dataset, which has no augmentation at all
-    for windows, lengths, _, _, indices in eval_dataset(reader, 4, 0):
+    for features, lengths, _, _, indices in eval_dataset(reader, 4):
         for row, i in enumerate(indices.numpy()):
-            np.testing.assert_array_equal(
-                windows.numpy()[row, : lengths[row], 0], index.reader().utterance(i)
-            )
+            np.testing.assert_array_equal(features.numpy()[row, : lengths[row]], index.reader().utterance(i))

@@ -51,7 +51,7 @@ def test_extends_overrides_a_subset_and_resolves_paths_per_file(write_config, tm
 @pytest.mark.parametrize(
     "body, expected",
     [
-        ("model:\n  n_hiden: 5\n", r"model\.n_hiden: unknown key; expected one of n_hidden"),
+        ("model:\n  n_hiden: 5\n", r"model\.n_hiden: unknown key; did you mean 'n_hidden'\? expected one of architecture, n_hidden"),
         ("modle:\n  n_hidden: 5\n", r"unknown section 'modle'"),
         ("model:\n  n_hidden: many\n", r"model\.n_hidden: expected an integer, got 'many'"),
         ("model:\n  n_hidden: 0\n", r"model\.n_hidden: expected a value at least 1, got 0"),
@@ -60,7 +60,7 @@ def test_extends_overrides_a_subset_and_resolves_paths_per_file(write_config, tm
         ("early_stop:\n  rule: sometimes\n", r"early_stop\.rule: expected one of 'seed', 'patience', 'off'"),
         ("features:\n  resample: yes please\n", r"features\.resample: expected true or false"),
         ("data:\n  train_files: 5\n", r"data\.train_files: expected a list of strings"),
-        ("features:\n  numcep: 40\n", r"features\.numcep: expected at most features\.nfilt"),
+        ("features:\n  numcep: 40\n", r"features\.numcep: expected at most nfilt \(26\)"),
         ("training:\n  epochs: 0\n", r"training\.epochs: expected a non-zero integer"),
         ("model: [1, 2\n", r"invalid YAML"),
         (

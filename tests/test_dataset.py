@@ -40,7 +40,7 @@ def test_disk_batches_equal_in_memory_batches_and_resume_at_the_same_batch(small
     reader = SplitReader(index)
     plan = batch_plan(index.lengths, 8, 2)
     # two towers: each step is two per-replica elements, in replica order
-    elements = list(train_dataset(reader, plan, 2, 0, 2, 0, 0, 2, 1234, 0))
+    elements = list(train_dataset(reader, plan, 2, 0, 2, 0, 0, 2, 1234))
     expected = [
         half
         for epoch in (0, 1)
@@ -48,17 +48,15 @@ def test_disk_batches_equal_in_memory_batches_and_resume_at_the_same_batch(small
         for half in (batch[:4], batch[4:])
     ]
     assert len(elements) == len(expected) == 2 * 2 * len(plan)
-    for (windows, lengths, labels, label_lengths, indices), batch in zip(elements, expected, strict=False):
+    for (features, lengths, labels, label_lengths, indices), batch in zip(elements, expected, strict=False):
         np.testing.assert_array_equal(indices.numpy(), batch)
-        np.testing.assert_array_equal(
-            windows.numpy()[:, :, 0], _in_memory_batch(frames, index, batch)
-        )  # n_context 0: one frame per window
+        np.testing.assert_array_equal(features.numpy(), _in_memory_batch(frames, index, batch))
         np.testing.assert_array_equal(lengths.numpy(), index.lengths[batch])
         assert [list(l[:n]) for l, n in zip(labels.numpy(), label_lengths.numpy(), strict=False)] == [
             list(index.labels[i]) for i in batch
         ]
     # a resumed run (epoch 1, step 2) continues with exactly the batches an uninterrupted one would see
-    resumed = [e[4].numpy() for e in train_dataset(reader, plan, 2, 0, 2, 1, 2, 2, 1234, 0)]
+    resumed = [e[4].numpy() for e in train_dataset(reader, plan, 2, 0, 2, 1, 2, 2, 1234)]
     assert [list(r) for r in resumed] == [list(b) for b in expected[2 * len(plan) + 4 :]]
 
 
@@ -84,7 +82,7 @@ def test_eval_dataset_reads_every_utterance_once(small_config, cap):
     config = load_config(small_config(limit_dev=8))
     build_features(config, ("dev",))
     index = read_cache(Layout(config).features_cache("dev"), config.features)
-    seen = [int(i) for batch in eval_dataset(SplitReader(index), 4, 9, cap) for i in batch[4].numpy()]
+    seen = [int(i) for batch in eval_dataset(SplitReader(index), 4, cap) for i in batch[4].numpy()]
     assert sorted(seen) == list(range(len(index)))
 
 

@@ -15,7 +15,7 @@ import soundfile
 
 from native_client import ExportError, Model, load_metadata
 from native_client.audio import load_for_model
-from native_client.features import context_windows, mfcc_features
+from native_client.windows import context_windows
 from native_client.metadata import write_manifest
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
@@ -74,8 +74,8 @@ def trained_raw(tmp_path_factory):
 
 def _checkpoint_logits(config, samples):
     model = load_trained_model(config, Layout(config).train_run.root / "best", config.features.numcep, 29)
-    features = mfcc_features(samples, load_metadata(Layout(config).export_root).features)
-    return model(context_windows(features, config.model.n_context)[None]).numpy()[0]
+    features = load_metadata(Layout(config).export_root).features.frames(samples)
+    return model(features[None]).numpy()[0]
 
 
 def test_all_exported_forms_give_the_checkpoint_logits(trained):
@@ -97,7 +97,7 @@ def test_all_exported_forms_give_the_checkpoint_logits(trained):
         samples = load_for_model(clip, 16000)
         reference = _checkpoint_logits(config, samples)
         assert reference.shape[0] > 100 and np.abs(reference).max() > 0.5
-        whole = mfcc_features(samples, models["tflite"].metadata.features)
+        whole = models["tflite"].metadata.features.frames(samples)
         windows = context_windows(whole, config.model.n_context)[None]
         np.testing.assert_allclose(utterance(input_node=windows)["logits"].numpy()[0], reference, atol=1e-4)
         for backend, model in models.items():
@@ -156,11 +156,10 @@ def test_metadata_round_trip(trained):
     config, export = trained
     metadata = load_metadata(export)
     assert metadata.fingerprint == Layout(config).export_fingerprint
-    assert metadata.features.numcep == config.features.numcep and metadata.features.normalize is True
-    assert (
-        metadata.features.winstep == config.features.winstep and metadata.n_context == config.model.n_context
-    )
-    assert metadata.n_steps == config.export.n_steps and metadata.n_hidden == 48
+    assert metadata.features.frontend.settings == config.features.frontend and metadata.features.normalize is True
+    assert metadata.features.to_dict()["type"] == "mfcc" and metadata.n_context == config.model.n_context
+    assert metadata.features.seconds_per_frame == config.features.winstep
+    assert metadata.n_steps == config.export.n_steps and [s["shape"] for s in metadata.state] == [[1, 48]] * 2
     assert "".join(metadata.alphabet.labels) == " abcdefghijklmnopqrstuvwxyz'"
     import tensorflow as tf
 
@@ -304,7 +303,7 @@ def test_deepspeech_style_client_options_and_word_timings(trained, tmp_path):
     assert (
         version.returncode == 0
         and "deepspeech-transcribe" in version.stdout
-        and "export format 1" in version.stdout
+        and "export format 2" in version.stdout
     )
     empty, garbage = tmp_path / "empty.wav", tmp_path / "garbage.wav"
     empty.write_bytes(b"")

@@ -221,10 +221,11 @@ def test_damaged_feature_cache_is_refused_naming_it(finished, tmp_path):
 
 def test_non_finite_features_are_rejected_when_written(tmp_path):
     """Row 5: features holding NaN never reach a cache."""
+    from native_client.frontends.mfcc import MfccSettings
     from pipeline.config import FeaturesConfig
     from pipeline.features.cache import CacheError, CacheWriter
 
-    features = FeaturesConfig(numcep=2, nfilt=2)
+    features = FeaturesConfig(frontend=MfccSettings(numcep=2, nfilt=2))
     with pytest.raises(CacheError, match="a.wav\\) has non-finite features"):
         with CacheWriter(
             tmp_path / "c.h5", "fp", features, np.array([2]), [[1]], ["a"], ["a.wav"], np.array([0.1])

@@ -13,11 +13,13 @@ import soundfile
 from python_speech_features import mfcc
 
 from native_client.alphabet import load_alphabet
+from native_client.frontends.mfcc import MfccSettings
 from pipeline.config import FeaturesConfig
 from pipeline.config_loader import load_config
 from pipeline.data.manifests import CorpusError, read_manifests
 from pipeline.features.cache import CacheError, check_settings, read_cache
-from pipeline.features.frontend import context_windows, ctc_min_frames
+from native_client.windows import context_windows
+from pipeline.features.frontend import ctc_min_frames
 from pipeline.layout import Layout
 from pipeline.stages.features import build_split_cache
 from tests.conftest import ALPHABET, ROOT, SAMPLE
@@ -153,7 +155,7 @@ def test_changed_feature_setting_makes_reader_refuse_old_cache(write_config, tmp
     manifest = write_manifest(tmp_path / "one.csv", [(str(p), t) for p, t in sample_rows(count=1)])
     config = _config(write_config, tmp_path, manifest)
     summary = build_split_cache(Layout(config), "train")
-    changed = FeaturesConfig(numcep=13, winlen=0.032)
+    changed = FeaturesConfig(frontend=MfccSettings(numcep=13, winlen=0.032))
     with pytest.raises(
         CacheError, match=r"numcep: cache 26 vs config 13.*winlen: cache 0\.025 vs config 0\.032"
     ):
@@ -212,3 +214,26 @@ def test_killed_run_resumes_and_matches_an_uninterrupted_run(write_config, tmp_p
             np.testing.assert_array_equal(a[name][...], b[name][...])
         assert list(a["transcripts"][...]) == list(b["transcripts"][...])
     assert not parts.exists()
+
+
+@pytest.mark.parametrize(
+    "name, settings",
+    [("mfcc", {}), ("logfbank", {"nfilt": 40, "highfreq": 7000.0}), ("tests.plugins.band_energies", {"bands": 8})],
+)
+def test_every_front_end_streams_frame_for_frame_what_it_computes_whole(name, settings):
+    from native_client.frontends import frontend_class
+
+    cls = frontend_class(name)
+    frontend = cls(cls.Settings(**settings), 16000)
+    samples, _ = soundfile.read(sample_rows(count=1)[0][0], dtype="int16")
+    whole = frontend.frames(samples)
+    assert whole.shape == (frontend.frame_count(len(samples)), frontend.feature_size) and whole.dtype == np.float32
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        stream, pieces, start = frontend.stream(), [], 0
+        while start < len(samples):
+            size = int(rng.integers(1, 2000))
+            pieces.append(stream.feed(samples[start : start + size]))
+            start += size
+        pieces.append(stream.finish())
+        np.testing.assert_array_equal(np.concatenate(pieces), whole)

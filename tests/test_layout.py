@@ -11,7 +11,8 @@ import pytest
 
 import pipeline.layout as layout_module
 from pipeline.config_loader import config_from_dict, load_config
-from pipeline.layout import SPLITS, Layout
+from pipeline.layout import Layout
+from pipeline.stages.graph import SPLITS
 from tests.conftest import ROOT, SAMPLE
 
 # Names of stage files and folders: only pipeline/layout.py may spell them (native_client/metadata.py

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
-from pipeline.model.deepspeech import build_model
+from pipeline.model import build_model
 from tests.conftest import SAMPLE, build_features
 
 
@@ -23,8 +23,7 @@ def test_the_lstm_keeps_the_cudnn_arguments_and_variables_stay_float32(small_con
     assert lstm.cell.recurrent_activation.__name__ == "sigmoid"
     assert lstm.cell.recurrent_dropout == 0 and lstm.unroll is False and lstm.cell.use_bias is True
     assert {v.dtype for v in model.weights} == {"float32"}
-    windows = tf.zeros([1, 5, 2 * config.model.n_context + 1, 26])
-    assert model(windows).dtype == tf.float32  # logits (and so softmax and CTC) in float32
+    assert model(tf.zeros([1, 5, 26])).dtype == tf.float32  # logits (and so softmax and CTC) in float32
 
 
 @pytest.mark.slow
@@ -33,7 +32,6 @@ def test_bfloat16_trains_resumes_in_float32_and_exports_float32_logits(small_con
 
     from native_client import Model
     from native_client.audio import load_for_model
-    from native_client.features import context_windows, mfcc_features
     from pipeline.model.checkpoints import load_trained_model
     from pipeline.stages.export import export_stage
     from pipeline.stages.train import train_stage
@@ -65,8 +63,8 @@ def test_bfloat16_trains_resumes_in_float32_and_exports_float32_logits(small_con
     samples = load_for_model(SAMPLE / "test" / "00002.flac", 16000)
     model = Model(export)
     checkpoint = load_trained_model(mixed, Layout(mixed).train_run.best, 26, 29)
-    features = mfcc_features(samples, model.metadata.features)
-    reference = checkpoint(context_windows(features, mixed.model.n_context)[None]).numpy()[0]
+    features = model.metadata.features.frames(samples)
+    reference = checkpoint(features[None]).numpy()[0]
     np.testing.assert_allclose(model.logits(samples), reference, atol=1e-4)
 
 

@@ -18,12 +18,13 @@ LogitsSink = Callable[[int, np.ndarray], None]
 
 
 def make_forward(model, blank_index: int):
-    """A compiled function: windows, lengths, labels, label lengths -> (logits ``[b, t, classes]``, per-sample loss)."""
+    """A compiled function: features, lengths, labels, label lengths -> (logits ``[b, t, classes]``,
+    per-sample loss)."""
     sparse = sparse_labels_supported()
 
     @tf.function(reduce_retracing=True)
-    def forward(windows, lengths, labels, label_lengths):
-        logits = model(windows, training=False)
+    def forward(features, lengths, labels, label_lengths):
+        logits = model(features, training=False)
         return logits, ctc_loss(labels, label_lengths, logits, lengths, blank_index, sparse)
 
     return forward
@@ -34,7 +35,6 @@ def run_split(
     data: CacheIndex,
     alphabet: Alphabet,
     batch_size: int,
-    n_context: int,
     forward=None,
     on_logits: LogitsSink | None = None,
     reader: SplitReader | None = None,
@@ -48,10 +48,10 @@ def run_split(
     forward = forward or make_forward(model, alphabet.blank_index)
     results: list[SampleResult | None] = [None] * len(data)
     reader = reader or SplitReader(data)
-    for windows, lengths, labels, label_lengths, indices in checked(
-        eval_dataset(reader, batch_size, n_context, max_batch_frames)
+    for features, lengths, labels, label_lengths, indices in checked(
+        eval_dataset(reader, batch_size, max_batch_frames)
     ):
-        logits, loss = forward(windows, lengths, labels, label_lengths)
+        logits, loss = forward(features, lengths, labels, label_lengths)
         logits, loss, lengths = logits.numpy(), loss.numpy(), lengths.numpy()
         for row, index in enumerate(indices.numpy()):
             hypothesis = greedy_decode(logits[row], lengths[row], alphabet)

@@ -14,19 +14,21 @@ from native_client.alphabet import Alphabet
 from native_client.arpa import is_arpa
 from native_client.metadata import FORMAT, FORMAT_VERSION
 from pipeline.decode.settings import beam_settings
-from pipeline.export.inference_graph import SIGNATURE, TENSORS, InferenceGraph
-from pipeline.features.frontend import feature_settings
+from pipeline.export.inference_graph import SIGNATURE, InferenceGraph
+from pipeline.features.frontend import feature_pipeline
+from pipeline.model import model_family
 from pipeline.layout import EXPORT_FILES, WORD_ARPA, WORD_BINARY, ExportFiles, Layout
 from pipeline.lm.files import read_lm_report, verify_lm_files
 from pipeline.reports import ExportRecord, TrainReport, read_report
 
 
 def build_metadata(
-    layout: Layout, alphabet: Alphabet, checkpoint: str, model_version: int, n_input: int
+    layout: Layout, alphabet: Alphabet, checkpoint: str, model_version: int, n_input: int, tensors: dict
 ) -> ExportRecord:
     """The metadata a client needs: features, geometry, alphabet, versions, fingerprints, and the
     best-dev figures and step of the Train run it comes from (None when an explicitly given checkpoint
-    has no Train report, e.g. an untrained model in a benchmark)."""
+    has no Train report, e.g. an untrained model in a benchmark). ``tensors``: the inference graph's
+    tensor names (``InferenceGraph.tensors``)."""
     config = layout.config
     report = layout.train_run.report
     train = read_report(report, TrainReport) if report.is_file() else None
@@ -41,29 +43,30 @@ def build_metadata(
         config=config.source,
         global_step=train and train.global_step,
         best_dev=train and train.best_dev,
-        features=feature_settings(config.features).to_dict(),
-        n_context=config.model.n_context,
+        architecture=config.model.architecture,
+        features=feature_pipeline(config.features).to_dict(),
+        n_context=model_family(config.model.architecture).context(config.model),
         n_input=n_input,
         n_steps=config.export.n_steps,
-        n_hidden=config.model.n_hidden,
         n_classes=alphabet.n_classes,
         alphabet=list(alphabet.labels),
         files=dict(EXPORT_FILES),
-        tensors=dict(TENSORS),
+        tensors=tensors,
         tflite_quantized=config.export.quantize,
     )
 
 
 def write_frozen_graph(graph: InferenceGraph, path: Path) -> dict:
-    """Freeze the streaming step (variables folded into constants) to ``path``; returns its tensor names."""
+    """Freeze the streaming step (variables folded into constants) to ``path``; returns its graph tensor
+    names: ``inputs`` (the windows, then the state) and ``outputs`` (the logits, then the new state)."""
     concrete = graph.stream.get_concrete_function()
     frozen = convert_variables_to_constants_v2(concrete)
     path.write_bytes(frozen.graph.as_graph_def().SerializeToString())
-    inputs = dict(zip(("input", "state_h", "state_c"), (t.name for t in frozen.inputs), strict=False))
     # Outputs come flattened in the sorted-key order of the function's returned dict.
-    by_name = dict(zip(sorted(concrete.structured_outputs), (t.name for t in frozen.outputs), strict=False))
-    outputs = {key: by_name[TENSORS[key]] for key in ("logits", "new_state_h", "new_state_c")}
-    return {"inputs": inputs, "outputs": outputs}
+    by_name = dict(zip(sorted(concrete.structured_outputs), (t.name for t in frozen.outputs), strict=True))
+    tensors = graph.tensors()
+    return {"inputs": [t.name for t in frozen.inputs],
+            "outputs": [by_name[tensors["logits"]], *(by_name[s["output"]] for s in tensors["state"])]}
 
 
 def write_tflite(saved_model: Path, path: Path, quantize: bool) -> None:

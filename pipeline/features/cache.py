@@ -1,6 +1,6 @@
 """The HDF5 feature cache: one file per split, written as it is filled, read batch by batch.
 
-Layout (format 2): ``features`` float32 ``[total_frames, numcep]``, chunked,
+Layout (format 3; 3 records the front end's type with its settings): ``features`` float32 ``[total_frames, feature_size]``, chunked,
 holding every utterance in **length order** (shortest first, manifest order
 among equals), so that a batch of similar lengths is one contiguous read;
 ``offsets``/``lengths`` (frames) per utterance, ``labels`` (variable-length
@@ -19,7 +19,6 @@ operating system's page cache doing the caching.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from collections.abc import Iterator
@@ -30,9 +29,10 @@ import h5py
 import numpy as np
 
 from pipeline.config import FeaturesConfig
+from pipeline.features.frontend import feature_pipeline
 from pipeline.files import atomic_path
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 CHUNK_FRAMES = 4096
 
 
@@ -148,12 +148,9 @@ def _runs(indices: np.ndarray) -> Iterator[tuple[int, int]]:
 
 
 def recorded_settings(features: FeaturesConfig) -> dict:
-    """The feature settings recorded in (and checked against) a cache."""
-    return {
-        f.name: getattr(features, f.name)
-        for f in dataclasses.fields(features)
-        if f.metadata.get("fingerprint", True)
-    }
+    """The feature settings recorded in (and checked against) a cache: the front end's type and
+    settings, the sample rate and normalisation, as the export's metadata records them."""
+    return feature_pipeline(features).to_dict()
 
 
 class CacheWriter:
@@ -194,7 +191,7 @@ class CacheWriter:
         tmp = self._atomic.__enter__()
         try:
             self._h5 = h5py.File(tmp, "w")
-            total, numcep = int(self.lengths.sum()), self.features.numcep
+            total, numcep = int(self.lengths.sum()), feature_pipeline(self.features).feature_size
             self._data = self._h5.create_dataset(
                 "features",
                 shape=(total, numcep),

@@ -1,26 +1,16 @@
-"""MFCC features of the training data; the computation itself is ``native_client.features``."""
+"""The training side of the feature front ends: the config's front end, and what CTC needs of frames."""
 
 from __future__ import annotations
 
-from native_client.features import FeatureSettings, context_windows
+from native_client.frontends import FeaturePipeline, frontend_class
 from pipeline.config import FeaturesConfig
 
-__all__ = ["context_windows", "ctc_min_frames", "feature_settings"]
 
-
-def feature_settings(features: FeaturesConfig) -> FeatureSettings:
-    """The settings an inference client needs to compute the same features."""
-    return FeatureSettings(
-        sample_rate=features.sample_rate,
-        numcep=features.numcep,
-        nfilt=features.nfilt,
-        winlen=features.winlen,
-        winstep=features.winstep,
-        nfft=features.nfft,
-        preemph=features.preemph,
-        ceplifter=features.ceplifter,
-        normalize=features.normalize,
-    )
+def feature_pipeline(features: FeaturesConfig) -> FeaturePipeline:
+    """The features ``features`` describes: its front end (``features.type`` with its settings) at
+    ``sample_rate``, normalised per utterance when ``normalize``; the export records its ``to_dict()``."""
+    frontend = frontend_class(features.type)(features.frontend, features.sample_rate)
+    return FeaturePipeline(frontend, features.normalize, features.type)
 
 
 def ctc_min_frames(labels) -> int:

@@ -18,7 +18,7 @@ import tensorflow as tf
 from pipeline.config import Config
 from pipeline.files import remove_leftovers
 from pipeline.layout import CHECKPOINT_PREFIX, LEFTOVER_PATTERNS, TrainRun
-from pipeline.model.deepspeech import LAYER_NAMES, build_model
+from pipeline.model import build_model, model_family
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,8 @@ def warm_start(model, source: str | Path, drop_layers: int) -> list[str]:
     """
     prefix = resolve_checkpoint(source)
     reader = tf.train.load_checkpoint(prefix)
-    dropped = set(LAYER_NAMES[len(LAYER_NAMES) - drop_layers :]) if drop_layers else set()
+    layers = model_family(model.model_config.architecture).layers(model)
+    dropped = set(layers[len(layers) - drop_layers :]) if drop_layers else set()
     copied = []
     for name, variable in named_weights(model).items():
         if name.split(".")[0] in dropped:

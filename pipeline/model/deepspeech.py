@@ -1,8 +1,11 @@
-"""The DeepSpeech acoustic model; the full-sequence and streaming forms share one set of layers.
+"""The DeepSpeech family: its acoustic model, and the streaming form that runs the same layers.
 
 Per time step: 3 clipped-ReLU dense layers over the flattened context window,
 a unidirectional LSTM, a clipped-ReLU dense layer and linear logits over the
-alphabet plus the CTC blank.
+alphabet plus the CTC blank. The training form takes features and makes the
+context windows itself; the streaming form takes windows (DeepSpeech's
+``input_node``) and carries the LSTM state, stepping the LSTM's own cell
+weights ``n_steps`` times (TFLite cannot run Keras' while loop).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import keras
 import tensorflow as tf
 
 from pipeline.config import ModelConfig
+from pipeline.model.family import ModelFamily, StateTensor, StreamingForm
 
 LAYER_NAMES = ("layer_1", "layer_2", "layer_3", "lstm", "layer_5", "layer_6")
 
@@ -19,14 +23,8 @@ def dropout_rates(model: ModelConfig) -> tuple[float, ...]:
     """Dropout of layers 1..6 with DeepSpeech's defaults (2, 3, 6 follow ``dropout_rate``)."""
     base = model.dropout_rate
     pick = lambda value: base if value is None else value  # noqa: E731
-    return (
-        base,
-        pick(model.dropout_rate2),
-        pick(model.dropout_rate3),
-        model.dropout_rate4,
-        model.dropout_rate5,
-        pick(model.dropout_rate6),
-    )
+    return (base, pick(model.dropout_rate2), pick(model.dropout_rate3), model.dropout_rate4,
+            model.dropout_rate5, pick(model.dropout_rate6))
 
 
 def make_windows(features: tf.Tensor, n_context: int) -> tf.Tensor:
@@ -36,89 +34,126 @@ def make_windows(features: tf.Tensor, n_context: int) -> tf.Tensor:
 
 
 class AcousticModel(keras.Model):
-    """DeepSpeech model. ``call`` takes ``[batch, time, window, n_input]`` windows and returns
-    ``[batch, time, n_classes]`` logits; ``stream_step`` runs the same layers on a chunk with
-    the LSTM state carried in and out."""
+    """The DeepSpeech model: ``call(features [batch, time, n_input])`` -> logits ``[batch, time, n_classes]``."""
 
-    def __init__(
-        self, config: ModelConfig, n_input: int, n_classes: int, precision: str = "float32", **kwargs
-    ):
+    def __init__(self, config: ModelConfig, n_input: int, n_classes: int, precision: str = "float32", **kwargs):
         super().__init__(dtype=precision, **kwargs)
         self.model_config = config
         self.n_input = n_input
         self.n_classes = n_classes
         self.window = 2 * config.n_context + 1
-        seed = config.random_seed
-        clip = config.relu_clip
-        rates = dropout_rates(config)
+        seed, clip = config.random_seed, config.relu_clip
 
         def dense(name, units, index, activation=True):
             return keras.layers.Dense(
-                units,
-                name=name,
-                dtype=precision,
+                units, name=name, dtype=precision,
                 activation=(lambda x: tf.minimum(tf.nn.relu(x), clip)) if activation else None,
-                kernel_initializer=keras.initializers.GlorotUniform(seed=seed + index),
-                bias_initializer="zeros",
-            )
+                kernel_initializer=keras.initializers.GlorotUniform(seed=seed + index), bias_initializer="zeros")
 
         hidden = config.n_hidden
         self.layer_1 = dense("layer_1", hidden, 1)
         self.layer_2 = dense("layer_2", hidden, 2)
         self.layer_3 = dense("layer_3", hidden, 3)
         # Keras runs this LSTM with cuDNN on a GPU because it keeps the defaults cuDNN requires:
-        # activation tanh, recurrent_activation sigmoid, recurrent_dropout 0, unroll False, use_bias True
-        # (tests/test_model.py asserts them). Do not change them without giving up the fast kernel.
+        # activation tanh, recurrent_activation sigmoid, recurrent_dropout 0, unroll False, use_bias True.
+        # Do not change them without giving up the fast kernel.
         self.lstm = keras.layers.LSTM(
-            hidden,
-            name="lstm",
-            return_sequences=True,
-            return_state=True,
-            unit_forget_bias=True,
-            dtype=precision,
+            hidden, name="lstm", return_sequences=True, return_state=True, unit_forget_bias=True, dtype=precision,
             kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 4),
-            recurrent_initializer=keras.initializers.GlorotUniform(seed=seed + 5),
-        )
+            recurrent_initializer=keras.initializers.GlorotUniform(seed=seed + 5))
         self.layer_5 = dense("layer_5", hidden, 6)
         self.layer_6 = dense("layer_6", n_classes, 7, activation=False)
-        self.dropouts = [
-            keras.layers.Dropout(rate, seed=seed + 10 + i, dtype=precision) for i, rate in enumerate(rates)
-        ]
+        self.dropouts = [keras.layers.Dropout(rate, seed=seed + 10 + i, dtype=precision)
+                         for i, rate in enumerate(dropout_rates(config))]
 
-    def _stack(self, windows, h, c, training):
-        batch = tf.shape(windows)[0]
-        time = tf.shape(windows)[1]
+    def stack(self, windows, recurrence, training):
+        """Logits ``[batch, time, n_classes]`` of windows ``[batch, time, window, n_input]``; the LSTM
+        part is ``recurrence(x [batch, time, n_hidden]) -> outputs`` (the layer itself, or its cell stepped)."""
+        batch, time = tf.shape(windows)[0], tf.shape(windows)[1]
         x = tf.reshape(windows, [batch, time, self.window * self.n_input])  # [batch, time, 494]
         x = self.dropouts[0](self.layer_1(x), training=training)
         x = self.dropouts[1](self.layer_2(x), training=training)
         x = self.dropouts[2](self.layer_3(x), training=training)
-        x = self.dropouts[4](x, training=training)
-        x, h, c = self.lstm(x, initial_state=[h, c], training=training)
+        x = recurrence(self.dropouts[4](x, training=training))
         x = self.dropouts[3](x, training=training)
         x = self.dropouts[5](self.layer_5(x), training=training)
-        return self.layer_6(x), h, c  # [batch, time, n_classes]
+        return self.layer_6(x)
 
-    def zero_state(self, batch) -> tuple[tf.Tensor, tf.Tensor]:
-        """The LSTM state at the start of an utterance."""
-        zeros = tf.zeros([batch, self.model_config.n_hidden], dtype=self.compute_dtype)
-        return zeros, zeros
+    def call(self, features, training=False):
+        """Full-sequence logits ``[batch, time, n_classes]`` (float32) of features ``[batch, time, n_input]``."""
+        zeros = tf.zeros([tf.shape(features)[0], self.model_config.n_hidden], dtype=self.compute_dtype)
 
-    def call(self, windows, training=False):
-        """Full-sequence logits ``[batch, time, n_classes]`` from windows ``[batch, time, window, n_input]``."""
-        h, c = self.zero_state(tf.shape(windows)[0])
-        logits, _, _ = self._stack(windows, h, c, training)
+        def recurrence(x):
+            return self.lstm(x, initial_state=[zeros, zeros], training=training)[0]
+
+        logits = self.stack(make_windows(features, self.model_config.n_context), recurrence, training)
         return tf.cast(logits, tf.float32)  # softmax and CTC in float32 whatever the precision
 
-    def stream_step(self, windows, state_h, state_c):
-        """One streaming chunk: returns (logits, new state_h, new state_c); inference only."""
-        return self._stack(windows, state_h, state_c, training=False)
+
+class DeepSpeechStreaming(StreamingForm):
+    """The streaming form: the model's own layers, the LSTM's cell stepped frame by frame with its input
+    projection computed once for all ``n_steps`` frames (only the recurrent product is per frame)."""
+
+    def _lstm(self, x, h, c, steps: int):
+        """The LSTM over ``x [1, steps, n_hidden]`` from state (h, c) with Keras' gate order (i, f, c, o)."""
+        cell = self.model.lstm.cell
+        projected = tf.matmul(x[0], cell.kernel) + cell.bias  # [steps, 4 * n_hidden]
+        outputs = []
+        for t in range(steps):
+            z = projected[t : t + 1] + tf.matmul(h, cell.recurrent_kernel)
+            i, f, g, o = tf.split(z, 4, axis=-1)
+            c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
+            h = tf.sigmoid(o) * tf.tanh(c)
+            outputs.append(h)
+        return tf.concat(outputs, axis=0)[None], h, c
+
+    def step(self, windows, state_h, state_c):
+        """``(logits [1, n_steps, n_classes], new state_h, new state_c)``."""
+        final = {}
+
+        def recurrence(x):
+            out, final["h"], final["c"] = self._lstm(x, state_h, state_c, self.n_steps)
+            return out
+
+        logits = self.model.stack(windows, recurrence, training=False)
+        return logits, final["h"], final["c"]
+
+    def utterance(self, windows):
+        """Logits ``[1, time, n_classes]`` of any number of windows (the Keras LSTM layer's own loop)."""
+        zeros = tf.zeros([1, self.model.model_config.n_hidden])
+        return self.model.stack(windows, lambda x: self.model.lstm(x, initial_state=[zeros, zeros])[0], False)
 
 
-def build_model(
-    config: ModelConfig, n_input: int, n_classes: int, precision: str = "float32"
-) -> AcousticModel:
-    """Create the model and its weights (deterministic for a given ``random_seed``). ``precision`` is a
-    Keras dtype policy (``mixed_bfloat16``, ``mixed_float16``): the variables stay float32 whatever it is."""
-    model = AcousticModel(config, n_input, n_classes, precision)
-    model(tf.zeros([1, 1, 2 * config.n_context + 1, n_input]))
-    return model
+class DeepSpeech(ModelFamily):
+    """Mozilla DeepSpeech's geometry (``model.n_hidden``, ``n_context``, ``relu_clip``, dropouts)."""
+
+    name = "deepspeech"
+
+    def build(self, config: ModelConfig, n_input: int, n_classes: int, precision: str = "float32"):
+        """The model with its weights made (deterministic for a given ``random_seed``)."""
+        if config.options:
+            raise ValueError(f"model.options: the deepspeech family takes none, got {dict(config.options)}")
+        model = AcousticModel(config, n_input, n_classes, precision)
+        model(tf.zeros([1, 1, n_input]))
+        return model
+
+    def context(self, config: ModelConfig) -> int:
+        """``model.n_context``."""
+        return config.n_context
+
+    def state(self, config: ModelConfig) -> tuple[StateTensor, ...]:
+        """The LSTM's output and cell state, DeepSpeech's ``previous_state_h``/``_c``."""
+        shape = (1, config.n_hidden)
+        return (StateTensor("previous_state_h", "new_state_h", shape),
+                StateTensor("previous_state_c", "new_state_c", shape))
+
+    def streaming(self, model, n_steps: int) -> DeepSpeechStreaming:
+        """See ``DeepSpeechStreaming``."""
+        return DeepSpeechStreaming(model, n_steps)
+
+    def layers(self, model) -> tuple[str, ...]:
+        """``layer_1``, ``layer_2``, ``layer_3``, ``lstm``, ``layer_5``, ``layer_6``."""
+        return LAYER_NAMES
+
+
+FAMILY = DeepSpeech()

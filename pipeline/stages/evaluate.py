@@ -59,7 +59,6 @@ def evaluate_stage(
             test_data,
             alphabet,
             config.training.dev_batch_size,
-            config.model.n_context,
             on_logits=keep,
             max_batch_frames=config.training.max_batch_frames,
         )

@@ -18,11 +18,13 @@ import tensorflow as tf
 
 from native_client.alphabet import load_alphabet
 from native_client.metadata import write_manifest
-from pipeline.export.inference_graph import SIGNATURE, InferenceGraph
+from pipeline.export.inference_graph import SIGNATURE, InferenceGraph, tensor_names
 from pipeline.export.writers import build_metadata, copy_language_model, write_frozen_graph, write_tflite
+from pipeline.features.frontend import feature_pipeline
 from pipeline.files import remove_leftovers, replace_directory
 from pipeline.layout import LEFTOVER_PATTERNS, ExportFiles, Layout
 from pipeline.lm.files import lm_built
+from pipeline.model import model_family
 from pipeline.model.checkpoints import load_trained_model, resolve_checkpoint
 from pipeline.reports import write_report
 
@@ -51,8 +53,10 @@ def export_stage(
         on_status("loading the best-dev checkpoint", 0)
         alphabet = load_alphabet(layout.alphabet)
         prefix = resolve_checkpoint(checkpoint or layout.train_run.best)
-        model = load_trained_model(config, prefix, config.features.numcep, alphabet.n_classes)
-        metadata = build_metadata(layout, alphabet, prefix, version or 1, config.features.numcep)
+        n_input = feature_pipeline(config.features).feature_size
+        model = load_trained_model(config, prefix, n_input, alphabet.n_classes)
+        names = tensor_names(model_family(config.model.architecture).state(config.model))
+        metadata = build_metadata(layout, alphabet, prefix, version or 1, n_input, names)
         graph = InferenceGraph(model, config.export.n_steps, dataclasses.asdict(metadata))
         on_status("writing the SavedModel", 10)
         tf.saved_model.save(

@@ -28,12 +28,11 @@ from threadpoolctl import threadpool_limits
 
 from native_client.alphabet import load_alphabet
 from native_client.audio import AudioError, load_checked
-from native_client.features import FeatureSettings, mfcc_features
 from pipeline.config import AugmentConfig, FeaturesConfig
 from pipeline.data.manifests import Reject, Sample, check_reject_fraction, read_manifests, write_rejects
 from pipeline.features.audio_augment import apply_variant, noise_files, variants
 from pipeline.features.cache import CacheWriter, cache_summary
-from pipeline.features.frontend import ctc_min_frames, feature_settings
+from pipeline.features.frontend import ctc_min_frames, feature_pipeline
 from pipeline.files import atomic_path, remove_leftovers
 from pipeline.layout import LEFTOVER_PATTERNS, Layout
 from pipeline.locks import stage_lock
@@ -72,10 +71,11 @@ def _process_shard(
     A job is (audio path, minimum frames[, Variant]): a variant makes an augmented copy of the audio.
     Audio longer than ``max_duration_s`` (when not 0) is rejected as ``too_long``."""
     utterances, lengths, durations, reasons, details = [], [], [], [], []
-    settings: FeatureSettings = feature_settings(features)
+    computation = feature_pipeline(features)
+    empty = np.zeros((0, computation.feature_size), np.float32)
     for audio_path, min_frames, *variant in jobs:
         reason = detail = ""
-        mfcc = np.zeros((0, features.numcep), np.float32)
+        frames = empty
         duration = 0.0
         try:
             samples = load_checked(
@@ -95,19 +95,19 @@ def _process_shard(
                     f"{audio_path}: {duration:.2f} s of audio, more than "
                     f"data.max_duration_s {max_duration_s:g} s",
                 )
-            mfcc = mfcc_features(samples, settings)
-            if not np.isfinite(mfcc).all():
+            frames = computation.frames(samples)
+            if not np.isfinite(frames).all():
                 reason = "non_finite_features"
                 detail = f"{audio_path}: the features hold NaN or Inf (corrupt samples?)"
-            elif len(mfcc) < min_frames:
+            elif len(frames) < min_frames:
                 reason = "too_short_for_transcript"
-                detail = f"transcript needs at least {min_frames} time steps, audio gives {len(mfcc)} ({duration:.2f} s)"
+                detail = f"transcript needs at least {min_frames} time steps, audio gives {len(frames)} ({duration:.2f} s)"
         except AudioError as error:
             reason, detail = error.reason, str(error)
         if reason:
-            mfcc = np.zeros((0, features.numcep), np.float32)
-        utterances.append(mfcc)
-        lengths.append(len(mfcc) if not reason else -1)
+            frames = empty
+        utterances.append(frames)
+        lengths.append(len(frames) if not reason else -1)
         durations.append(duration)
         reasons.append(reason)
         details.append(detail)

@@ -8,7 +8,8 @@ from native_client import open_model
 from native_client.beam import beam_decoder_for_export
 from pipeline.data.manifests import find_reference
 from pipeline.files import write_json_atomic
-from pipeline.layout import SPLITS, ExportFiles, Layout
+from pipeline.layout import ExportFiles, Layout
+from pipeline.stages.graph import SPLITS
 
 
 def transcribe_stage(layout: Layout, export: ExportFiles, audio: str | Path) -> dict:

@@ -50,7 +50,6 @@ def tune_decoder(
             dev,
             alphabet,
             config.training.dev_batch_size,
-            config.model.n_context,
             on_logits=logits.put,
             max_batch_frames=config.training.max_batch_frames,
         )

@@ -21,10 +21,9 @@ import tensorflow as tf
 
 from pipeline.config import AugmentConfig
 from pipeline.features.cache import CacheIndex, damage_in
-from pipeline.model.deepspeech import make_windows
 from pipeline.train.augment import augment_features, batch_seed
 
-PARALLEL_BATCHES = 2  # batches read and windowed at once
+PARALLEL_BATCHES = 2  # batches read at once
 PREFETCH_BATCHES = 2  # batches ready ahead of the model
 
 
@@ -131,20 +130,20 @@ def _sliced(flat, starts, sizes) -> tf.data.Dataset:
 
 
 def _batches(
-    reader: SplitReader, indices: tf.data.Dataset, n_context: int, augment: AugmentConfig | None = None
+    reader: SplitReader, indices: tf.data.Dataset, augment: AugmentConfig | None = None
 ) -> tf.data.Dataset:
-    """Batches (windows, lengths, labels, label lengths, indices) of a dataset of sample-index arrays, in order.
+    """Batches (features, lengths, labels, label lengths, indices) of a dataset of sample-index arrays, in order.
     With ``augment`` (training), elements are (indices, epoch, step, tower) and the features are augmented
-    with draws seeded by those before the windows are made."""
+    with draws seeded by those."""
 
     def make(batch, *position):
         features, lengths, labels, label_lengths, batch = reader.gather(batch)
         if augment is not None:
             features = augment_features(features, lengths, augment, batch_seed(augment.seed, *position))
-        return make_windows(features, n_context), lengths, labels, label_lengths, batch
+        return features, lengths, labels, label_lengths, batch
 
     # Fixed, small buffers: AUTOTUNE grows them towards half the machine's RAM when the model is the
-    # slow side (measured: 3 GB for Evaluate on 2 h), and a buffered batch holds its 19x context windows.
+    # slow side (measured: 3 GB for Evaluate on 2 h, when batches held their 19x context windows).
     return indices.map(make, num_parallel_calls=PARALLEL_BATCHES, deterministic=True).prefetch(
         PREFETCH_BATCHES
     )
@@ -160,7 +159,6 @@ def train_dataset(
     start_step: int,
     end_epoch: int,
     seed: int,
-    n_context: int,
     augment: AugmentConfig | None = None,
 ) -> tf.data.Dataset:
     """The per-replica batches of the local towers for epochs ``first_epoch`` (from ``start_step``) to ``end_epoch`` - 1.
@@ -199,15 +197,15 @@ def train_dataset(
         )
 
     epochs = tf.data.Dataset.range(first_epoch, end_epoch)
-    return _batches(reader, epochs.flat_map(one_epoch), n_context, augment)
+    return _batches(reader, epochs.flat_map(one_epoch), augment)
 
 
 def eval_dataset(
-    reader: SplitReader, batch_size: int, n_context: int, max_batch_frames: int = 0
+    reader: SplitReader, batch_size: int, max_batch_frames: int = 0
 ) -> tf.data.Dataset:
-    """Every sample once, in length-sorted batches, with context windows."""
+    """Every sample once, in length-sorted batches."""
     flat, starts, sizes = _flat(eval_batches(reader.index.lengths, batch_size, max_batch_frames))
-    return _batches(reader, _sliced(tf.constant(flat), tf.constant(starts), tf.constant(sizes)), n_context)
+    return _batches(reader, _sliced(tf.constant(flat), tf.constant(starts), tf.constant(sizes)))
 
 
 def checked(dataset: tf.data.Dataset):

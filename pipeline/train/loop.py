@@ -35,7 +35,7 @@ from pipeline.model.checkpoints import (
     rng_states,
     warm_start,
 )
-from pipeline.model.deepspeech import build_model
+from pipeline.model import build_model
 from pipeline.reports import DevFigures, StopRecord, TrainReport
 from pipeline.train.ctc import ctc_loss, sparse_labels_supported
 from pipeline.train.dataset import SplitReader, batch_plan, train_dataset
@@ -365,7 +365,7 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------------
     def _distributed_batches(self, epoch: int, start_step: int, end_epoch: int):
         reader, plan, towers = self._train_reader, self.plan, self.towers
-        seed, n_context = self.config.training.shuffle_seed, self.config.model.n_context
+        seed = self.config.training.shuffle_seed
         augment = self.config.augment if self.config.augment.features_on else None
 
         def dataset_fn(context: tf.distribute.InputContext):
@@ -380,7 +380,6 @@ class Trainer:
                 start_step,
                 end_epoch,
                 seed,
-                n_context,
                 augment,
             )
 
@@ -460,7 +459,6 @@ class Trainer:
             self.dev_data,
             self.alphabet,
             self.config.training.dev_batch_size,
-            self.config.model.n_context,
             self._forward,
             reader=self._dev_reader,
             max_batch_frames=self.config.training.max_batch_frames,

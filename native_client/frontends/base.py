@@ -1,0 +1,218 @@
+"""What every feature front end provides, the frame arithmetic they share, and streaming.
+
+Front ends here are *windowed*: frame ``i`` is computed from the samples
+``[i * frame_step, i * frame_step + frame_length)`` after an optional
+pre-emphasis (``y[n] = x[n] - a * x[n-1]``). That is enough to stream any of them
+frame for frame equal to the whole-utterance computation (``FrameStream``), so a
+new front end only says how it turns whole windows into features.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+
+
+def setting(default: Any, doc: str, *, minimum=None, maximum=None, exclusive_min: bool = False):
+    """A front-end setting: a dataclass field with its documentation and range (the same metadata the
+    config schema's own fields carry, so the loader checks and documents both alike)."""
+    if isinstance(default, (list, dict)):
+        raise TypeError("use tuples for sequence defaults")
+    meta = {"doc": doc, "min": minimum, "max": maximum, "exclusive_min": exclusive_min, "path": False}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+class FrontEnd(abc.ABC):
+    """A feature front end: settings in, ``frames(samples)`` out.
+
+    Subclasses set ``name``, ``Settings`` (a frozen dataclass of ``setting`` fields)
+    and implement ``feature_size``, ``frame_length``, ``frame_step`` and
+    ``windows_to_features``; ``preemphasis`` and ``pads_last_frame`` describe the
+    framing. ``check()`` may refuse inconsistent settings with a ValueError naming
+    the key.
+    """
+
+    name: ClassVar[str]
+    Settings: ClassVar[type]
+    # Coefficient of the pre-emphasis filter applied before framing (0: none).
+    preemphasis: float = 0.0
+    # Whether a last, partial window is zero-padded into a frame (python_speech_features) or dropped
+    # (TensorFlow's AudioSpectrogram).
+    pads_last_frame: bool = True
+
+    def __init__(self, settings, sample_rate: int):
+        self.settings = settings
+        self.sample_rate = int(sample_rate)
+        self.check()
+
+    def check(self) -> None:
+        """Raise ValueError ``"<key>: ..."`` for settings that contradict each other (default: none)."""
+
+    @property
+    @abc.abstractmethod
+    def feature_size(self) -> int:
+        """Values per frame (the model's ``n_input``)."""
+
+    @property
+    @abc.abstractmethod
+    def frame_length(self) -> int:
+        """Samples per analysis window."""
+
+    @property
+    @abc.abstractmethod
+    def frame_step(self) -> int:
+        """Samples between window starts."""
+
+    @abc.abstractmethod
+    def windows_to_features(self, signal: np.ndarray) -> np.ndarray:
+        """Features ``[k, feature_size]`` of a float64 signal (already pre-emphasised) that is exactly
+        ``(k - 1) * frame_step + frame_length`` samples long: its ``k`` whole windows."""
+
+    @property
+    def seconds_per_frame(self) -> float:
+        """The frame step in seconds (word timings, frame rates)."""
+        return self.frame_step / self.sample_rate
+
+    def frame_count(self, n_samples: int) -> int:
+        """Frames made of ``n_samples`` samples."""
+        length, step = self.frame_length, self.frame_step
+        if self.pads_last_frame:
+            if n_samples == 0:
+                return 0
+            return 1 if n_samples <= length else 1 + math.ceil((n_samples - length) / step)
+        return 0 if n_samples < length else 1 + (n_samples - length) // step
+
+    def frames(self, samples: np.ndarray) -> np.ndarray:
+        """Features ``[frames, feature_size]`` (float32) of a whole utterance of int16 mono samples."""
+        samples = np.asarray(samples).reshape(-1)
+        count = self.frame_count(len(samples))
+        if count == 0:
+            return np.zeros((0, self.feature_size), np.float32)
+        signal = emphasise(samples.astype(np.float64), self.preemphasis, previous=None)
+        return self._features_of(signal, count)
+
+    def _features_of(self, signal: np.ndarray, count: int) -> np.ndarray:
+        needed = (count - 1) * self.frame_step + self.frame_length
+        if len(signal) < needed:
+            signal = np.concatenate([signal, np.zeros(needed - len(signal))])
+        return np.asarray(self.windows_to_features(signal[:needed]), dtype=np.float32)
+
+    def stream(self) -> FrameStream:
+        """A stream computing the same frames from audio arriving in chunks."""
+        return FrameStream(self)
+
+    def describe(self) -> dict:
+        """``type`` and every setting, as plain data (the export metadata and the cache record it)."""
+        return {"type": self.name, **dataclasses.asdict(self.settings)}
+
+
+def emphasise(signal: np.ndarray, coefficient: float, previous: float | None) -> np.ndarray:
+    """Pre-emphasis ``y[n] = x[n] - a * x[n-1]``; the first sample of an utterance (``previous`` None) is
+    kept as it is, as python_speech_features does."""
+    if not coefficient or len(signal) == 0:
+        return signal
+    before = np.empty_like(signal)
+    before[1:] = signal[:-1]
+    before[0] = 0.0 if previous is None else previous
+    out = signal - coefficient * before
+    if previous is None:
+        out[0] = signal[0]
+    return out
+
+
+class FrameStream:
+    """Frames of audio arriving in chunks of any size, equal frame for frame to ``FrontEnd.frames`` on
+    the whole signal. ``feed`` returns the frames each chunk completes; ``finish`` the rest."""
+
+    def __init__(self, frontend: FrontEnd):
+        self.frontend = frontend
+        self._previous: float | None = None  # last raw sample, for pre-emphasis across chunks
+        self._pending = np.zeros(0)  # emphasised samples from the start of the next frame on
+        self._samples = 0
+        self._frames = 0
+        self._finished = False
+
+    def _empty(self) -> np.ndarray:
+        return np.zeros((0, self.frontend.feature_size), np.float32)
+
+    def _take(self, count: int) -> np.ndarray:
+        frames = self.frontend._features_of(self._pending, count)
+        self._pending = self._pending[count * self.frontend.frame_step :]
+        self._frames += count
+        return frames
+
+    def feed(self, chunk: np.ndarray) -> np.ndarray:
+        """Add int16 samples; returns the frames ``[n, feature_size]`` they complete (maybe none)."""
+        if self._finished:
+            raise RuntimeError("the stream is finished")
+        chunk = np.asarray(chunk).reshape(-1).astype(np.float64)
+        if chunk.size == 0:
+            return self._empty()
+        self._pending = np.concatenate(
+            [self._pending, emphasise(chunk, self.frontend.preemphasis, self._previous)]
+        )
+        self._previous = float(chunk[-1])
+        self._samples += chunk.size
+        length, step = self.frontend.frame_length, self.frontend.frame_step
+        # A padding front end's frame is final only when a later sample exists: with nothing after it,
+        # a full last window is also where the utterance ends, and the count rule may differ there.
+        spare = 1 if self.frontend.pads_last_frame else 0
+        if len(self._pending) < length + spare:
+            return self._empty()
+        return self._take(1 + (len(self._pending) - length - spare) // step)
+
+    def finish(self) -> np.ndarray:
+        """The remaining frames (the last one zero-padded when the front end pads)."""
+        if self._finished:
+            raise RuntimeError("the stream is finished")
+        self._finished = True
+        remaining = self.frontend.frame_count(self._samples) - self._frames
+        return self._take(remaining) if remaining > 0 else self._empty()
+
+
+def normalize_frames(frames: np.ndarray) -> np.ndarray:
+    """Per-utterance normalisation: zero mean and unit variance per coefficient."""
+    return (frames - frames.mean(axis=0)) / (frames.std(axis=0) + 1e-6)
+
+
+class FeaturePipeline:
+    """A model's whole feature computation: front end, sample rate and per-utterance normalisation.
+
+    Built from the config by training and from the export metadata's ``features``
+    entry by the client (``from_dict``), so both compute the same numbers.
+    """
+
+    def __init__(self, frontend: FrontEnd, normalize: bool, type_name: str | None = None):
+        self.frontend = frontend
+        self.normalize = bool(normalize)
+        # The name the front end was found by (``features.type``: a built-in name or a dotted module).
+        self.type_name = type_name or frontend.name
+
+    @property
+    def sample_rate(self) -> int:
+        """The sample rate the front end expects."""
+        return self.frontend.sample_rate
+
+    @property
+    def feature_size(self) -> int:
+        """Values per frame."""
+        return self.frontend.feature_size
+
+    @property
+    def seconds_per_frame(self) -> float:
+        """Seconds between frames."""
+        return self.frontend.seconds_per_frame
+
+    def frames(self, samples: np.ndarray) -> np.ndarray:
+        """Features of a whole utterance, normalised when ``normalize``."""
+        out = self.frontend.frames(samples)
+        return normalize_frames(out) if self.normalize and len(out) else out
+
+    def to_dict(self) -> dict:
+        """The metadata entry: ``type``, ``sample_rate``, ``normalize`` and the front end's settings."""
+        return {**self.frontend.describe(), "type": self.type_name, "sample_rate": self.sample_rate,
+                "normalize": self.normalize}

@@ -1,0 +1,71 @@
+"""The DAG, declared once: each stage's upstream stages. Its config keys are tagged in the schema.
+
+A stage's fingerprint (``pipeline.layout.Layout.fingerprint``) hashes the config
+keys whose ``stages`` tag names it (``pipeline.config``: ``_opt(..., stages=...)``),
+the digests of the input files among them, what ``derived`` adds, and the
+fingerprints of the stages ``upstream`` lists; the Luigi tasks' ``requires()``
+come from the same ``upstream`` (``tasks.base``). So a stage's dependencies are
+written in one place, and neither the tasks nor the layout repeat them.
+
+To add a stage: a function in ``pipeline/stages/<name>.py``, an entry here, the
+``stages`` tag on the keys it reads, a thin task in ``tasks/`` naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pipeline.config import Config
+
+SPLITS = ("train", "dev", "test")
+
+# (stage name, its parameters) of one stage instance: ("features", {"split": "dev"})
+Node = tuple[str, dict]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the DAG: its name (the tag its config keys carry), its parameters, the stages whose
+    outputs it reads, and values its fingerprint takes from outside the config's keys."""
+
+    name: str
+    params: tuple[str, ...] = ()
+    upstream: Callable[[Config, dict], list[Node]] = field(default=lambda config, params: [])
+
+
+def _train(config: Config, params: dict) -> list[Node]:
+    return [("features", {"split": "train"}), ("features", {"split": "dev"})]
+
+
+def _decoding(config: Config) -> list[Node]:
+    """What decoding with the LM needs: the LM, and the tuned weights when ``decoder.tune`` is on."""
+    return [("lm", {})] + ([("tune", {})] if config.decoder.tune else [])
+
+
+STAGES: dict[str, Stage] = {
+    stage.name: stage
+    for stage in (
+        Stage("features", params=("split",)),
+        Stage("train", upstream=_train),
+        Stage("lm"),
+        Stage("tune", upstream=lambda config, params: [("train", {}), ("lm", {}), ("features", {"split": "dev"})]),
+        Stage("evaluate", upstream=lambda config, params: [("train", {}), ("features", {"split": "test"}),
+                                                           *_decoding(config)]),
+        Stage("export", upstream=lambda config, params: [("train", {}), *_decoding(config)]),
+        Stage("transcribe", params=("audio",), upstream=lambda config, params: [("export", {})]),
+    )
+}
+
+
+def upstream(config: Config, name: str, params: dict | None = None) -> list[Node]:
+    """The stage instances ``name`` (with ``params``) reads, as the declaration gives them."""
+    return STAGES[name].upstream(config, dict(params or {}))
+
+
+def tag_applies(tag: str, name: str, params: dict) -> bool:
+    """Whether a key's stage tag (``train``, ``features:dev``) names the stage instance (name, params)."""
+    stage, _, value = tag.partition(":")
+    if stage != name:
+        return False
+    return not value or value in {str(v) for v in params.values()}
