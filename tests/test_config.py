@@ -145,7 +145,9 @@ def test_every_key_is_documented_in_the_configuration_reference():
     reference = (ROOT / "docs" / "CONFIGURATION.md").read_text()
     for section, key, _default, doc in documented_keys():
         assert doc, f"{section}.{key} has no docstring"
-        assert f"`{section}.{key}`" in reference, f"docs/CONFIGURATION.md lacks {section}.{key}: run `make docs`"
+        assert f"`{section}.{key}`" in reference, (
+            f"docs/CONFIGURATION.md lacks {section}.{key}: run `make docs`"
+        )
 
 
 def test_config_round_trips_through_dict(write_config):
