@@ -7,6 +7,8 @@ when the key changes). This module reads them by introspection, so a new key
 or a new section appears in the reference without editing anything here;
 ``python -m pipeline.config_reference`` prints it and ``make docs`` writes it.
 A test fails when docs/CONFIGURATION.md differs from what this renders.
+Settings declared outside ``Config`` (a front end's own dataclass, say) are
+one more ``section_table(cls, "features.")`` call in ``render_reference``.
 """
 
 from __future__ import annotations
@@ -28,15 +30,14 @@ INTRO = """\
      Do not edit: change the schema and run `make docs`. -->
 
 A config is a YAML file with the sections below. `extends: other.yaml` (relative to the file)
-inherits another config and overrides any subset of its keys. Paths are relative to the file that
-names them. An unknown key, a wrong type or a value out of range stops with one line naming the
-file, the key and what was expected; checks that involve several keys are in
-`pipeline/config.py` `validate_config`. `configs/sample.yaml` is the embedded default;
-`configs/en.yaml` holds the full-size DeepSpeech settings (`deepspeech-train --template en` prints
-it).
+inherits another config and overrides any subset of its keys. An unknown key, a wrong type or a
+value out of range stops with one line naming the file, the key and what was expected; checks that
+involve several keys are in `pipeline/config.py` `validate_config`. `configs/sample.yaml` is the
+embedded default; `configs/en.yaml` holds the full-size DeepSpeech settings
+(`deepspeech-train --template en` prints it).
 
-Types: a `path` is relative to the config file that names it (or absolute). Ranges: `[a, b]` includes
-both ends, `(a, b]` and `> a` exclude `a`; a list's range applies to each of its items.
+Types: a `path` is relative to the config file that names it (or absolute). Ranges: `[a, b]`
+includes both ends, `(a, b]` and `> a` exclude `a`; a list's range applies to each of its items.
 """
 
 
@@ -93,9 +94,9 @@ def _range(meta: typing.Mapping[str, Any]) -> str:
 
 
 def _stages(meta: typing.Mapping[str, Any]) -> str:
-    """The stage(s) a field's metadata says run again when it changes."""
-    stage = meta.get("stage")
-    if stage is None:
+    """The stage(s) a field's metadata (``stage`` or ``stages``) says run again when it changes."""
+    stage = meta.get("stage") or meta.get("stages")
+    if not stage:
         return ""
     return ", ".join(stage) if isinstance(stage, (tuple, list, set, frozenset)) else str(stage)
 
@@ -132,7 +133,7 @@ def section_table(cls: type, prefix: str) -> list[str]:
     hints = _hints(cls)
     nested = [f for f in fields if dataclasses.is_dataclass(hints.get(f.name))]
     plain = [f for f in fields if f not in nested]
-    with_stage = any("stage" in f.metadata for f in plain)
+    with_stage = any(_stages(f.metadata) for f in plain)
     header = ["key", "type", "default", "range", "meaning"] + (["re-runs"] if with_stage else [])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for field in plain:

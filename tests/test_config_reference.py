@@ -93,7 +93,7 @@ def test_the_reference_covers_every_dataclass_section_and_no_other_field():
 def test_no_re_runs_column_without_stage_metadata():
     @dataclass(frozen=True)
     class Plain:
-        width: int = field(default=8, metadata={"doc": "Width <n> of it.", "max": 16})
+        width: int = field(default=8, metadata={"doc": "Width <n> of it.", "max": 16, "stage": None})
 
     assert section_table(Plain, "plain.") == [
         "| key | type | default | range | meaning |",
