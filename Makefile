@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 GPU ?=
 TF_EXTRA := $(if $(GPU),gpu,cpu)
 
-.PHONY: setup kenlm train rerun test test-fast scheduler bench lint clean
+.PHONY: setup kenlm train rerun test test-fast scheduler bench docs lint clean
 
 ## The venv in .venv with everything (TensorFlow's CPU build; GPU=1: the CUDA build, in a fresh venv).
 setup: $(VENV)/.installed-$(TF_EXTRA)
@@ -77,6 +77,11 @@ bench: setup
 	$(BIN)/python bench/decoder.py
 	$(BIN)/python bench/scale.py
 	$(BIN)/python bench/lm.py
+
+## docs/CONFIGURATION.md, generated from the config schema's field docs (a test fails when it is stale).
+docs: setup
+	$(BIN)/python -m pipeline.config_reference > docs/CONFIGURATION.md.tmp
+	mv docs/CONFIGURATION.md.tmp docs/CONFIGURATION.md
 
 lint: setup
 	$(BIN)/python -m compileall -q pipeline tasks native_client bench tests data
