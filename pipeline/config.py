@@ -108,9 +108,8 @@ def _default_frontend():
 
 @dataclass(frozen=True)
 class FeaturesConfig:
-    """Audio checks and the feature front end. Besides these keys, the section takes the settings of the
-    front end ``type`` names (``mfcc``: numcep, nfilt, winlen, winstep, nfft, preemph, ceplifter); they are
-    held in ``frontend`` and read as attributes (``config.features.numcep``)."""
+    """Audio checks and the feature front end. The keys of the front end that ``type`` names (the tables
+    below: numcep, nfilt, winlen, ... for mfcc) go in this section too."""
 
     STAGES: ClassVar[tuple[str, ...]] = ("features",)
 

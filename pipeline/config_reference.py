@@ -21,7 +21,10 @@ import types
 import typing
 from typing import Any, Literal
 
-from pipeline.config import Config
+from native_client.frontends import frontend_class
+from native_client.plugins import builtin_names
+from pipeline.config import Config, field_stages
+from pipeline.stages.graph import describe_tag
 
 INTRO = """\
 # Configuration reference
@@ -93,12 +96,13 @@ def _range(meta: typing.Mapping[str, Any]) -> str:
     return ""
 
 
-def _stages(meta: typing.Mapping[str, Any]) -> str:
-    """The stage(s) a field's metadata (``stage`` or ``stages``) says run again when it changes."""
-    stage = meta.get("stage") or meta.get("stages")
-    if not stage:
+def _stages(cls: type, field: dataclasses.Field) -> str:
+    """The tasks that run again when the key changes (its ``stages`` tag, else the section's ``STAGES``);
+    empty for a class without stage tags (a front end's settings take their section's)."""
+    if not hasattr(cls, "STAGES"):
         return ""
-    return ", ".join(stage) if isinstance(stage, (tuple, list, set, frozenset)) else str(stage)
+    tags = field_stages(cls, field.name)
+    return ", ".join(describe_tag(tag) for tag in tags) if tags else "nothing (changes no result)"
 
 
 def _cell(text: str) -> str:
@@ -129,11 +133,11 @@ def section_table(cls: type, prefix: str) -> list[str]:
     this one (keys ``<prefix><name>.<key>``). A ``re-runs`` column appears when
     any field's metadata names a ``stage``.
     """
-    fields = dataclasses.fields(cls)
+    fields = [f for f in dataclasses.fields(cls) if "doc" in f.metadata]
     hints = _hints(cls)
     nested = [f for f in fields if dataclasses.is_dataclass(hints.get(f.name))]
     plain = [f for f in fields if f not in nested]
-    with_stage = any(_stages(f.metadata) for f in plain)
+    with_stage = any(_stages(cls, f) for f in plain)
     header = ["key", "type", "default", "range", "meaning"] + (["re-runs"] if with_stage else [])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for field in plain:
@@ -144,7 +148,7 @@ def section_table(cls: type, prefix: str) -> list[str]:
             _default(field),
             _range(meta),
             meta.get("doc", ""),
-        ] + ([_stages(meta)] if with_stage else [])
+        ] + ([_stages(cls, field)] if with_stage else [])
         lines.append("| " + " | ".join(_cell(value) for value in row) + " |")
     if not plain:
         lines = []
@@ -168,7 +172,22 @@ def render_reference(config_cls: type = Config) -> str:
         if doc:
             out.append(f"{doc}\n")
         out.append("\n".join(section_table(section, f"{field.name}.")) + "\n")
+        if field.name == "features":
+            out += frontend_tables()
     return "\n".join(out)
+
+
+def frontend_tables() -> list[str]:
+    """One table per built-in front end: the ``features.*`` keys it adds (they re-run FeaturesSplit)."""
+    out = []
+    for name in builtin_names("native_client.frontends", "FRONTEND"):
+        frontend = frontend_class(name)
+        out.append(f"### `features.type: {name}`\n")
+        doc = class_doc(frontend)
+        if doc:
+            out.append(f"{doc} Changing any of these keys re-runs FeaturesSplit.\n")
+        out.append("\n".join(section_table(frontend.Settings, "features.")) + "\n")
+    return out
 
 
 def main() -> int:

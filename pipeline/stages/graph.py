@@ -30,6 +30,7 @@ class Stage:
     outputs it reads, and values its fingerprint takes from outside the config's keys."""
 
     name: str
+    task: str  # the Luigi task that runs it (tasks/)
     params: tuple[str, ...] = ()
     upstream: Callable[[Config, dict], list[Node]] = field(default=lambda config, params: [])
 
@@ -46,14 +47,15 @@ def _decoding(config: Config) -> list[Node]:
 STAGES: dict[str, Stage] = {
     stage.name: stage
     for stage in (
-        Stage("features", params=("split",)),
-        Stage("train", upstream=_train),
-        Stage("lm"),
-        Stage("tune", upstream=lambda config, params: [("train", {}), ("lm", {}), ("features", {"split": "dev"})]),
-        Stage("evaluate", upstream=lambda config, params: [("train", {}), ("features", {"split": "test"}),
-                                                           *_decoding(config)]),
-        Stage("export", upstream=lambda config, params: [("train", {}), *_decoding(config)]),
-        Stage("transcribe", params=("audio",), upstream=lambda config, params: [("export", {})]),
+        Stage("features", "FeaturesSplit", params=("split",)),
+        Stage("train", "Train", upstream=_train),
+        Stage("lm", "LanguageModel"),
+        Stage("tune", "TuneDecoder",
+              upstream=lambda config, params: [("train", {}), ("lm", {}), ("features", {"split": "dev"})]),
+        Stage("evaluate", "Evaluate", upstream=lambda config, params: [("train", {}), ("features", {"split": "test"}),
+                                                                       *_decoding(config)]),
+        Stage("export", "Export", upstream=lambda config, params: [("train", {}), *_decoding(config)]),
+        Stage("transcribe", "Transcribe", params=("audio",), upstream=lambda config, params: [("export", {})]),
     )
 }
 
@@ -61,6 +63,12 @@ STAGES: dict[str, Stage] = {
 def upstream(config: Config, name: str, params: dict | None = None) -> list[Node]:
     """The stage instances ``name`` (with ``params``) reads, as the declaration gives them."""
     return STAGES[name].upstream(config, dict(params or {}))
+
+
+def describe_tag(tag: str) -> str:
+    """A stage tag as a user reads it: the task's name, with the parameter (``FeaturesSplit(train)``)."""
+    stage, _, value = tag.partition(":")
+    return STAGES[stage].task + (f"({value})" if value else "")
 
 
 def tag_applies(tag: str, name: str, params: dict) -> bool:
