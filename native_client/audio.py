@@ -190,7 +190,7 @@ def _nist_data_claim(path: Path, size: int) -> tuple[int, int, int] | None:
 
 
 def _segment_frames(info: AudioInfo, offset: float, duration: float | None) -> tuple[int, int]:
-    """(first frame, frame count) of a segment; AudioError ``segment_out_of_range`` when it is not in the file."""
+    """(first frame, frame count) of a segment; AudioError ``segment_out_of_range`` outside the file."""
     rate = info.sample_rate
     start = int(round(offset * rate))
     if offset < 0 or (duration is not None and duration <= 0):
@@ -223,15 +223,16 @@ def _check_length(info: AudioInfo, expected: int, got: int) -> None:
 
 
 def read_samples(
-    path: str | Path, offset: float = 0.0, duration: float | None = None
+    path: str | Path, offset: float = 0.0, duration: float | None = None, info: AudioInfo | None = None
 ) -> tuple[np.ndarray, int]:
     """Float samples ``[frames, channels]`` in [-1, 1] of ``path`` (or of the segment starting at
     ``offset`` seconds, lasting ``duration``; None = to the end) and the file's sample rate.
 
     Integer formats are scaled by libsndfile; float formats come as stored. The segment is reached
     by seeking (FLAC, WAV, SPHERE seek exactly; MP3 through its seek index). Raises AudioError (see
-    ``probe``; also ``segment_out_of_range``, and ``truncated_audio`` when decoding ends early)."""
-    info = probe(path)
+    ``probe``; also ``segment_out_of_range``, and ``truncated_audio`` when decoding ends early).
+    ``info``: the file's header when the caller has already probed it."""
+    info = info or probe(path)
     start, count = _segment_frames(info, offset, duration)
     try:
         with soundfile.SoundFile(str(path)) as handle:
@@ -301,7 +302,7 @@ def load_checked(
     """
     info = probe(path)
     _check_shape(info, sample_rate, convert_rate, downmix, convert_hint, downmix_hint)
-    samples, rate = read_samples(path, offset, duration)
+    samples, rate = read_samples(path, offset, duration, info)
     if len(samples) == 0:
         raise AudioError("empty_audio", f"{path}: no audio samples in the segment")
     return to_int16(resample(to_mono(samples), rate, sample_rate))

@@ -122,9 +122,9 @@ def command_output(command: str, convert_dir: Path) -> Path:
                 raise AudioError("unreadable_audio", f"command {command!r} ran over {TIMEOUT_S} s") from None
         if done.returncode != 0:
             lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
+            last = lines[-1] if lines else "no message"
             raise AudioError(
-                "unreadable_audio",
-                f"command {command!r} failed (exit {done.returncode}): {lines[-1] if lines else 'no message'}",
+                "unreadable_audio", f"command {command!r} failed (exit {done.returncode}): {last}"
             )
         if not _readable(tmp):
             raise AudioError("unreadable_audio", f"command {command!r} did not write audio libsndfile reads")

@@ -116,7 +116,7 @@ def plan_import(spec: CorpusSpec, where: str = "data.corpora[]") -> ImportPlan:
             raise CorpusLayoutError(f"{root}: no {chosen.name} corpus parts found here")
         return ImportPlan(spec, chosen, root, options, {}, tuple(found), fractions)
     official = {split: tuple(named.get(split, (defaults or {}).get(split, ()))) for split in SPLITS}
-    for split, parts in official.items():
+    for parts in official.values():
         check_parts(chosen.name, root, list(parts), found)
     seen: dict[str, str] = {}
     for split, parts in official.items():
@@ -281,7 +281,8 @@ def _segment_duration(info: AudioInfo, row: Utterance) -> float:
     if row.offset < 0 or row.offset >= info.duration or end - info.duration > SEGMENT_END_TOLERANCE_S:
         raise AudioError(
             "segment_out_of_range",
-            f"{info.path}: segment {row.offset:g} s to {end:g} s is not inside the audio ({info.duration:.3f} s)",
+            f"{info.path}: segment {row.offset:g} s to {end:g} s is not inside the audio "
+            f"({info.duration:.3f} s)",
         )
     return min(end, info.duration) - row.offset
 

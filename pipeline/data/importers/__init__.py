@@ -147,7 +147,8 @@ def check_parts(importer_name: str, root: Path, wanted: list[str], found: list[s
     missing = [part for part in wanted if part not in found]
     if missing:
         raise CorpusLayoutError(
-            f"{root}: {importer_name} part(s) {', '.join(missing)} not found; found: {', '.join(found) or 'none'}"
+            f"{root}: {importer_name} part(s) {', '.join(missing)} not found; "
+            f"found: {', '.join(found) or 'none'}"
         )
 
 
