@@ -97,7 +97,7 @@ def _unreadable_hint(path: Path, error: Exception) -> str:
             f"NIST SPHERE compressed with shorten ({coding}), which libsndfile does not decode; "
             "convert it once (sph2pipe -f wav, or ffmpeg)"
         )
-    return f"not a format libsndfile reads (WAV, FLAC, MP3, OGG, SPHERE, ...): {error}"
+    return f"not a sound file libsndfile reads (WAV, FLAC, MP3, OGG, SPHERE, ...): {error}"
 
 
 def _check_header_claim(path: Path, size: int) -> None:

@@ -112,6 +112,9 @@ def test_common_voice_official_splits_and_the_traps_of_real_releases(tmp_path, h
     ]
     assert [r[4] for r in rows["train"]] == ["spk_a", "spk_a", "spk_b", "spk_b", "spk_b"]
     assert report["splits"]["train"]["speakers"] == 2 and report["speakers_in_several_splits"] == {}
+    assert (
+        plan_import(CorpusSpec("common_voice", path.parent)).root == path
+    )  # the release folder of one language
 
 
 def test_common_voice_validated_holds_out_dev_and_test_speakers(tmp_path):

@@ -21,7 +21,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.data.importers import CorpusImporter, CorpusLayoutError, Dropped, Row, Utterance, walk
+from pipeline.data.importers import (
+    CorpusImporter,
+    CorpusLayoutError,
+    Dropped,
+    Row,
+    Utterance,
+    sorted_dirs,
+    walk,
+)
 
 NEEDED_COLUMNS = ("client_id", "path", "sentence")
 KNOWN_PARTS = ("train", "dev", "test", "validated", "invalidated", "other")
@@ -40,6 +48,16 @@ class CommonVoice(CorpusImporter):
 
     name = "common_voice"
     Options = CommonVoiceOptions
+
+    def locate(self, path: Path) -> Path:
+        """``path``, or its one language folder when ``path`` is a release folder holding just one."""
+        root = super().locate(path)
+        if self.parts(root, None):
+            return root
+        languages = [
+            p for p in sorted_dirs(root) if (p / "validated.tsv").is_file() or (p / "train.tsv").is_file()
+        ]
+        return languages[0] if len(languages) == 1 else root
 
     def parts(self, root: Path, options) -> list[str]:
         """The TSVs present among the release's utterance lists (``reported.tsv`` etc. are not)."""
