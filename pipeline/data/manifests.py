@@ -1,4 +1,9 @@
-"""CSV manifests (DeepSpeech format): parse, resolve paths, check transcripts, collect rejects."""
+"""CSV manifests (DeepSpeech format): parse, resolve paths, check transcripts, collect rejects.
+
+Besides ``wav_filename,wav_filesize,transcript``, a manifest may carry ``offset`` and ``duration``
+(seconds; empty = from the start / to the end): the row is then that segment of the file, as a
+lhotse supervision is (an importer writes them for TED-LIUM's talks and Kaldi's ``segments``).
+"""
 
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ class Sample:
     transcript: str
     labels: tuple[int, ...]
     source: str
+    offset: float = 0.0  # seconds into the file where the utterance starts
+    duration: float | None = None  # seconds; None = to the end of the file
 
 
 @dataclass(frozen=True)
@@ -46,7 +53,7 @@ def read_manifests(files, limit: int, alphabet: Alphabet) -> tuple[list[Sample],
     """
     samples: list[Sample] = []
     rejects: list[Reject] = []
-    first_listed: dict[str, str] = {}
+    first_listed: dict[tuple, str] = {}
     rows = 0
     for manifest in files:
         manifest = Path(manifest)
@@ -57,7 +64,7 @@ def read_manifests(files, limit: int, alphabet: Alphabet) -> tuple[list[Sample],
             source = f"{manifest}:{line}"
             result = _check_row(row, manifest.parent, source, alphabet)
             if isinstance(result, Sample):
-                key = str(Path(result.audio_path).resolve())
+                key = (str(Path(result.audio_path).resolve()), result.offset, result.duration)
                 if key in first_listed:
                     result = Reject(
                         source, result.audio_path, "duplicate", f"already listed at {first_listed[key]}"
@@ -120,10 +127,31 @@ def _check_row(row: dict, base: Path, source: str, alphabet: Alphabet) -> Sample
             "characters not in the alphabet: " + " ".join(repr(c) for c in unknown),
         )
     try:
+        offset, duration = _segment(row)
+    except ValueError as error:
+        return Reject(source, str(path), "malformed_row", str(error))
+    try:
         filesize = int(row["wav_filesize"])
     except ValueError:
         filesize = path.stat().st_size
-    return Sample(str(path), filesize, transcript, tuple(alphabet.encode(transcript)), source)
+    return Sample(
+        str(path), filesize, transcript, tuple(alphabet.encode(transcript)), source, offset, duration
+    )
+
+
+def _segment(row: dict) -> tuple[float, float | None]:
+    """The row's (offset, duration) from the optional columns; ValueError naming a bad value."""
+    values = []
+    for column in ("offset", "duration"):
+        text = (row.get(column) or "").strip()
+        try:
+            values.append(float(text) if text else None)
+        except ValueError:
+            raise ValueError(f"{column} {text!r} is not a number of seconds") from None
+    offset, duration = values
+    if (offset is not None and offset < 0) or (duration is not None and duration <= 0):
+        raise ValueError(f"segment offset {offset}, duration {duration}: offset must be >= 0, duration > 0")
+    return offset or 0.0, duration
 
 
 def check_reject_fraction(

@@ -68,12 +68,15 @@ def _process_shard(
 ) -> tuple[int, int, float]:
     """Compute one shard and save it as ``part`` (atomically); returns (count, rejected, audio seconds).
 
-    A job is (audio path, minimum frames[, Variant]): a variant makes an augmented copy of the audio.
+    A job is (audio path, minimum frames[, Variant[, offset, duration]]): a variant makes an augmented
+    copy of the audio; offset and duration (seconds) read a segment of the file (None = to its end).
     Audio longer than ``max_duration_s`` (when not 0) is rejected as ``too_long``."""
     utterances, lengths, durations, reasons, details = [], [], [], [], []
     computation = feature_pipeline(features)
     empty = np.zeros((0, computation.feature_size), np.float32)
-    for audio_path, min_frames, *variant in jobs:
+    for audio_path, min_frames, *extra in jobs:
+        variant = extra[:1]
+        offset, length = extra[1:3] if len(extra) >= 3 else (0.0, None)
         reason = detail = ""
         frames = empty
         duration = 0.0
@@ -81,6 +84,8 @@ def _process_shard(
             samples = load_checked(
                 audio_path,
                 features.sample_rate,
+                offset=offset,
+                duration=length,
                 convert_rate=features.resample,
                 downmix=features.downmix,
                 convert_hint="set features.resample: true to convert",
@@ -139,7 +144,7 @@ def _part_summary(part: Path) -> dict | None:
 
 
 def _part_features(part: Path) -> np.ndarray:
-    """The features of a finished part (``[frames, numcep]``, its kept utterances one after another)."""
+    """The features of a finished part (``[frames, feature_size]``, its kept utterances one after another)."""
     with np.load(part, allow_pickle=False) as data:
         return data["features"]
 
@@ -247,7 +252,7 @@ def _build_split_cache(layout: Layout, split: str, progress: ProgressFn | None) 
 
     def job(position: int, sample: Sample) -> tuple:
         path, variant = audio_sources[position]
-        return path, ctc_min_frames(sample.labels), variant
+        return path, ctc_min_frames(sample.labels), variant, sample.offset, sample.duration
 
     jobs = {index: [job(index * SHARD_SIZE + k, s) for k, s in enumerate(shards[index])] for index in todo}
     if workers == 1 or len(todo) <= 1:
