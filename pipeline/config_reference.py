@@ -1,14 +1,13 @@
 """The configuration reference (docs/CONFIGURATION.md), rendered from the schema's own field docs.
 
 Every section of ``Config`` is a dataclass whose fields carry their doc and
-range in ``field(metadata=...)`` (``doc``, ``min``, ``max``, ``exclusive_min``
-and, where a field declares it, ``stage``: the stage or stages that run again
-when the key changes). This module reads them by introspection, so a new key
+range in ``field(metadata=...)`` (``doc``, ``min``, ``max``, ``exclusive_min``)
+and the stages that run again when the key changes (``stages``, or the
+section's ``STAGES``; see ``pipeline.config._opt``). This module reads them by introspection, so a new key
 or a new section appears in the reference without editing anything here;
 ``python -m pipeline.config_reference`` prints it and ``make docs`` writes it.
 A test fails when docs/CONFIGURATION.md differs from what this renders.
-Settings declared outside ``Config`` (a front end's own dataclass, say) are
-one more ``section_table(cls, "features.")`` call in ``render_reference``.
+Each built-in front end's own settings get a table after the ``features`` section.
 """
 
 from __future__ import annotations
