@@ -45,7 +45,9 @@ def export_untrained(config_path: Path, out: Path, quantize: bool) -> Path:
             "export": {"quantize": quantize},
         },
     )
-    model = build_model(config.model, config.features.numcep, 29)
+    from pipeline.features.frontend import feature_pipeline
+
+    model = build_model(config.model, feature_pipeline(config.features).feature_size, 29)
     prefix = tf.train.Checkpoint(weights=named_weights(model)).write(str(out / "ckpt" / "untrained"))
     return export_stage(Layout(config), checkpoint=prefix).root
 

@@ -27,6 +27,7 @@ from native_client.alphabet import load_alphabet
 from pipeline.config_loader import load_config
 from pipeline.features.cache import CacheIndex, FeatureReader, read_cache
 from pipeline.layout import Layout
+from pipeline.features.frontend import feature_pipeline
 from pipeline.model import build_model
 from pipeline.stages.features import build_split_cache
 from pipeline.train.ctc import ctc_loss
@@ -174,8 +175,9 @@ def en_mfu(config, data, alphabet, run_dir, steps: int) -> tuple[float, float]:
         },
     )
     rate = trainer_rate(big, subset, alphabet, run_dir / "en")
-    frames_per_audio_second = 1.0 / big.features.winstep
-    window = (2 * big.model.n_context + 1) * big.features.numcep
+    features = feature_pipeline(big.features)
+    frames_per_audio_second = 1.0 / features.seconds_per_frame
+    window = (2 * big.model.n_context + 1) * features.feature_size
     achieved = (
         rate * frames_per_audio_second * model_flops_per_frame(window, en.model.n_hidden, alphabet.n_classes)
     )

@@ -92,6 +92,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--resample", action="store_true", help=argparse.SUPPRESS
     )  # the default now; kept for old scripts
+    parser.add_argument(
+        "--allow-plugin", "--allow_plugin", action="append", default=[], metavar="MODULE",
+        help="let the export load this module of one's own (a front end named by its dotted name in the "
+             "export's metadata); repeat for several. Built-in front ends need none",
+    )
     parser.add_argument("--version", action="version", version=_version())
     return parser.parse_args(argv)
 
@@ -144,8 +149,9 @@ def main(argv=None) -> int:
     )
     try:
         directory, backend = model_location(args.model, args.backend)
-        model = open_model(directory, backend=backend, threads=args.threads, decoder_factory=factory)
-    except (ExportError, ValueError, FileNotFoundError) as error:
+        model = open_model(directory, backend=backend, threads=args.threads, decoder_factory=factory,
+                           plugins=tuple(args.allow_plugin))
+    except (ExportError, ValueError, FileNotFoundError) as error:  # PluginError is a ValueError
         print(f"error: {error}", file=sys.stderr)
         return 2
     failed = 0

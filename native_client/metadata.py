@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,8 +154,9 @@ def resolve_export_dir(directory: str | Path) -> Path:
     )
 
 
-def parse_metadata(raw: dict, directory: Path) -> ExportMetadata:
-    """Check and parse the metadata dict; errors name the file and the key."""
+def parse_metadata(raw: dict, directory: Path, plugins: Iterable[str] = ()) -> ExportMetadata:
+    """Check and parse the metadata dict; errors name the file and the key. ``plugins``: the dotted
+    names of implementations of one's own the export may use (see ``features_from_metadata``)."""
     source = directory / METADATA_NAME
     missing = [key for key in REQUIRED_KEYS if key not in raw]
     if missing:
@@ -167,7 +169,7 @@ def parse_metadata(raw: dict, directory: Path) -> ExportMetadata:
             f"understands ({FORMAT_VERSION}); update the client"
         )
     try:
-        features = features_from_metadata(raw["features"])
+        features = features_from_metadata(raw["features"], plugins)
     except (KeyError, ValueError, TypeError, PluginError) as error:
         detail = f"missing key {error.args[0]!r}" if isinstance(error, KeyError) else str(error)
         raise ExportError(f"{source}: features: {detail}") from None
@@ -207,8 +209,9 @@ def _tensors(raw: dict, source: Path) -> dict:
     return tensors
 
 
-def load_metadata(directory: str | Path) -> ExportMetadata:
-    """Read and check the metadata of the export in ``directory`` (see ``resolve_export_dir``)."""
+def load_metadata(directory: str | Path, plugins: Iterable[str] = ()) -> ExportMetadata:
+    """Read and check the metadata of the export in ``directory`` (see ``resolve_export_dir``);
+    ``plugins``: see ``parse_metadata``."""
     directory = resolve_export_dir(directory)
     source = directory / METADATA_NAME
     verify_manifest(directory, [METADATA_NAME])
@@ -218,4 +221,4 @@ def load_metadata(directory: str | Path) -> ExportMetadata:
         raise ExportError(f"{source}: not valid JSON: {error}") from None
     if not isinstance(raw, dict):
         raise ExportError(f"{source}: expected a JSON object")
-    return parse_metadata(raw, directory)
+    return parse_metadata(raw, directory, plugins)

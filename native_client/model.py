@@ -47,11 +47,13 @@ class Model:
     """An exported acoustic model with its decoder.
 
     ``backend`` is ``tflite`` (default), ``saved_model`` or ``frozen_graph``; ``decoder``
-    is any object with ``decode(logits) -> str`` (default: greedy).
+    is any object with ``decode(logits) -> str`` (default: greedy). ``plugins``: dotted names of
+    implementations of one's own (a front end) the export may load; built-in ones need none.
     """
 
-    def __init__(self, export_dir: str | Path, backend: str = "tflite", threads: int = 1, decoder=None):
-        self.metadata: ExportMetadata = load_metadata(export_dir)
+    def __init__(self, export_dir: str | Path, backend: str = "tflite", threads: int = 1, decoder=None,
+                 plugins: tuple[str, ...] = ()):
+        self.metadata: ExportMetadata = load_metadata(export_dir, plugins)
         verify_manifest(
             self.metadata.directory,
             [self.metadata.files[backend]] if backend in self.metadata.files else None,
@@ -104,10 +106,12 @@ class Model:
 
 
 def open_model(
-    export_dir: str | Path, backend: str = "tflite", threads: int = 1, decoder_factory=None
+    export_dir: str | Path, backend: str = "tflite", threads: int = 1, decoder_factory=None,
+    plugins: tuple[str, ...] = (),
 ) -> Model:
-    """Load an export; ``decoder_factory(metadata)`` may build a decoder (e.g. beam search with the LM)."""
-    model = Model(export_dir, backend, threads)
+    """Load an export; ``decoder_factory(metadata)`` may build a decoder (e.g. beam search with the LM);
+    ``plugins`` as for ``Model``."""
+    model = Model(export_dir, backend, threads, plugins=plugins)
     if decoder_factory is not None:
         decoder: object | None = decoder_factory(model.metadata)
         if decoder is not None:

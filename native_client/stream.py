@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from native_client.frontends.base import normalize_frames
+from native_client.frontends import normalize_frames
 from native_client.runtime import StepRunner
 from native_client.windows import ready_windows, window_view
 

@@ -10,6 +10,8 @@ def window_view(frames: np.ndarray, n_context: int) -> np.ndarray:
     """``[time, n_input]`` -> a read-only view ``[time, 2*n_context+1, n_input]`` (float32) over one
     zero-padded copy of the frames: the windows are not materialised (19x the frames' memory)."""
     time, n_input = frames.shape
+    if time == 0:
+        return np.zeros((0, 2 * n_context + 1, n_input), np.float32)
     padded = np.zeros((time + 2 * n_context, n_input), dtype=np.float32)
     padded[n_context : n_context + time] = frames
     return ready_windows(padded, 2 * n_context + 1, time)

@@ -18,7 +18,7 @@ class ConfigError(ValueError):
 
 
 def _opt(default, doc: str, *, minimum=None, maximum=None, path: bool = False, stages=None,
-         exclusive_min: bool = False, mapping: bool = False):
+         exclusive_min: bool = False, mapping: bool = False, when=None, located: bool = False):
     """A dataclass field with its documentation, range, and the stages whose output it changes.
 
     ``stages``: names of stages (``pipeline.stages.graph``) that re-run when the key
@@ -26,19 +26,55 @@ def _opt(default, doc: str, *, minimum=None, maximum=None, path: bool = False, s
     stage; ``()`` for a key that changes no result (worker counts, timings); None
     for the section's ``STAGES``. Each stage's fingerprint is made of exactly the
     keys that name it (``Layout``), so this is the one place that says it.
+    ``when``: ``{tag: predicate(config)}``, the key feeds that stage only where the
+    predicate holds (``augment.freq_mask_max`` matters to Train only with masks on).
+    A path is fingerprinted by its content; ``located``: by its place too (a manifest,
+    whose relative audio paths resolve from its folder).
     ``mapping``: the value is a mapping of settings (kept as sorted (key, value) pairs).
     """
     meta = {"doc": doc, "min": minimum, "max": maximum, "path": path, "stages": stages,
-            "exclusive_min": exclusive_min, "mapping": mapping}
+            "exclusive_min": exclusive_min, "mapping": mapping, "when": dict(when or {}), "located": located}
     if isinstance(default, (list, dict)):
         raise TypeError("use tuples for sequence defaults")
     return field(default=default, metadata=meta)
 
 
-def field_stages(section: type, name: str) -> tuple[str, ...]:
-    """The stages a key of ``section`` feeds: its own ``stages`` tag, else the section's ``STAGES``."""
-    stages = {f.name: f for f in fields(section)}[name].metadata.get("stages")
-    return tuple(section.STAGES if stages is None else stages)
+def field_stages(section: type, name: str, config: Config | None = None) -> tuple[str, ...]:
+    """The stages a key of ``section`` feeds: its own ``stages`` tag, else the section's ``STAGES``;
+    with ``config``, only those whose ``when`` guard holds for it."""
+    meta = {f.name: f for f in fields(section)}[name].metadata
+    stages = tuple(section.STAGES if meta.get("stages") is None else meta["stages"])
+    if config is None:
+        return stages
+    guards = meta.get("when") or {}
+    return tuple(tag for tag in stages if tag not in guards or guards[tag](config))
+
+
+# Guards of keys that matter to a stage only in some configs (``_opt(when=...)``).
+# Their docstrings are what docs/CONFIGURATION.md says of the condition.
+def _features_augmented(config: Config) -> bool:
+    """with feature-level augmentation on"""
+    return config.augment.features_on
+
+
+def _audio_copies(config: Config) -> bool:
+    """with audio copies on"""
+    return config.augment.copies > 0
+
+
+def _lm_reads_train(config: Config) -> bool:
+    """with decoder.lm_include_train"""
+    return config.decoder.lm_include_train
+
+
+def _kenlm_builds(config: Config) -> bool:
+    """when KenLM's tools build the LM"""
+    return config.decoder.lm_builder != "python" and not config.decoder.lm_path
+
+
+def _char_lm(config: Config) -> bool:
+    """with decoder.lexicon off"""
+    return not config.decoder.lexicon
 
 
 @dataclass(frozen=True)
@@ -74,17 +110,22 @@ class DataConfig:
     STAGES: ClassVar[tuple[str, ...]] = ("features",)
 
     train_files: tuple[str, ...] = _opt(
-        (), "Training CSVs (wav_filename,wav_filesize,transcript).", path=True, stages=("features:train", "lm")
+        (), "Training CSVs (wav_filename,wav_filesize,transcript).", path=True, located=True,
+        stages=("features:train", "lm"), when={"lm": _lm_reads_train},
     )
     dev_files: tuple[str, ...] = _opt(
         (),
         "Validation CSVs, used for dev loss, early stopping and best checkpoint.",
         path=True,
+        located=True,
         stages=("features:dev",),
     )
-    test_files: tuple[str, ...] = _opt((), "Test CSVs, used by Evaluate.", path=True, stages=("features:test",))
+    test_files: tuple[str, ...] = _opt(
+        (), "Test CSVs, used by Evaluate.", path=True, located=True, stages=("features:test",)
+    )
     limit_train: int = _opt(
-        0, "Use at most this many training samples (0 = all).", minimum=0, stages=("features:train", "lm")
+        0, "Use at most this many training samples (0 = all).", minimum=0, stages=("features:train", "lm"),
+        when={"lm": _lm_reads_train},
     )
     limit_dev: int = _opt(0, "Use at most this many dev samples (0 = all).", minimum=0, stages=("features:dev",))
     limit_test: int = _opt(0, "Use at most this many test samples (0 = all).", minimum=0, stages=("features:test",))
@@ -122,6 +163,12 @@ class FeaturesConfig:
     workers: int = _opt(0, "Extraction worker processes (0 = all cores).", minimum=0, stages=())
     # The front end's own settings (its Settings dataclass), filled by the loader from the section's other keys.
     frontend: Any = field(default_factory=_default_frontend, metadata={"frontend": True})
+
+    def __post_init__(self):
+        from native_client.frontends import frontend_class
+
+        if type(self.frontend) is not frontend_class(self.type).Settings:
+            raise ConfigError(f"features.type is {self.type!r} but its settings are {type(self.frontend).__name__}")
 
     def __getattr__(self, name: str):
         # The front end's settings read like the section's own keys, as they are written in YAML.
@@ -304,7 +351,8 @@ class DecoderConfig:
         3, "n-gram order of the word LM (KenLM as packaged here reads up to 6).", minimum=1, maximum=6
     )
     char_lm_order: int = _opt(
-        6, "n-gram order of the character LM used when lexicon is false (at most 6).", minimum=1, maximum=6
+        6, "n-gram order of the character LM used when lexicon is false (at most 6).", minimum=1, maximum=6,
+        when={"lm": _char_lm}
     )
     lm_path: str | None = _opt(
         None, "An existing ARPA or KenLM binary to use instead of building one.", path=True
@@ -322,17 +370,20 @@ class DecoderConfig:
         (),
         "KenLM builder: lmplz --prune thresholds per order, e.g. [0, 0, 1] drops trigrams seen once (non-decreasing).",
         minimum=0,
+        when={"lm": _kenlm_builds}
     )
     lm_top_k: int = _opt(
         0,
         "KenLM builder: keep only the LM's n-grams of the this-many most frequent words (0 = all), as DeepSpeech's generate_lm.py.",
         minimum=0,
+        when={"lm": _kenlm_builds}
     )
     lm_quantize_bits: int = _opt(
         8,
         "KenLM builder: build_binary quantisation bits (-q, pointer compression -a 255), 0 = none.",
         minimum=0,
         maximum=16,
+        when={"lm": _kenlm_builds}
     )
     beam_width: int = _opt(256, "CTC beam width.", minimum=1, stages=("tune", "evaluate", "export"))
     beam_threshold: float = _opt(
@@ -367,16 +418,20 @@ class AugmentConfig:
     STAGES: ClassVar[tuple[str, ...]] = ("train",)
 
     freq_masks: int = _opt(
-        0, "SpecAugment: frequency masks per utterance (0 = none).", minimum=0
+        0, "SpecAugment: frequency masks per utterance (0 = none).", minimum=0,
+        when={"train": _features_augmented}
     )
     freq_mask_max: int = _opt(
-        4, "SpecAugment: the widest frequency mask, in feature coefficients.", minimum=1
+        4, "SpecAugment: the widest frequency mask, in feature coefficients.", minimum=1,
+        when={"train": _features_augmented}
     )
     time_masks: int = _opt(
-        0, "SpecAugment: time masks per utterance (0 = none).", minimum=0
+        0, "SpecAugment: time masks per utterance (0 = none).", minimum=0,
+        when={"train": _features_augmented}
     )
     time_mask_max: int = _opt(
-        40, "SpecAugment: the widest time mask, in feature frames.", minimum=1
+        40, "SpecAugment: the widest time mask, in feature frames.", minimum=1,
+        when={"train": _features_augmented}
     )
     time_mask_fraction: float = _opt(
         0.1,
@@ -384,16 +439,19 @@ class AugmentConfig:
         minimum=0.0,
         maximum=1.0,
         exclusive_min=True,
+        when={"train": _features_augmented}
     )
     feature_noise_std: float = _opt(
         0.0,
         "Gaussian noise of this standard deviation added to the features (0 = none).",
         minimum=0.0,
+        when={"train": _features_augmented}
     )
     seed: int = _opt(
         2024,
         "Seed of every augmentation draw (with the epoch and step, or the utterance and copy).",
         stages=("train", "features:train"),
+        when={"train": _features_augmented, "features:train": _audio_copies}
     )
     speed_factors: tuple[float, ...] = _opt(
         (),
@@ -401,29 +459,34 @@ class AugmentConfig:
         minimum=0.5,
         maximum=2.0,
         stages=("features:train",),
+        when={"features:train": _audio_copies}
     )
     audio_copies: int = _opt(
         0,
         "Audio: extra copies at the original speed (with gain_db and noise_dir).",
         minimum=0,
         stages=("features:train",),
+        when={"features:train": _audio_copies}
     )
     gain_db: float = _opt(
         0.0,
         "Audio: each copy's volume changes by a random gain within +-gain_db decibels.",
         minimum=0.0,
         stages=("features:train",),
+        when={"features:train": _audio_copies}
     )
     noise_dir: str | None = _opt(
         None,
         "Audio: a folder of noise recordings (WAV/FLAC at the sample rate); a random one is mixed into each copy.",
         path=True,
         stages=("features:train",),
+        when={"features:train": _audio_copies}
     )
     noise_snr_db: tuple[float, ...] = _opt(
         (10.0, 30.0),
         "Audio: the range [low, high] of the signal-to-noise ratio of mixed noise, in dB.",
         stages=("features:train",),
+        when={"features:train": _audio_copies}
     )
 
     @property
@@ -443,7 +506,7 @@ class Config:
 
     paths: PathsConfig = PathsConfig()
     data: DataConfig = DataConfig()
-    features: FeaturesConfig = FeaturesConfig()
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
     model: ModelConfig = ModelConfig()
     training: TrainingConfig = TrainingConfig()
     early_stop: EarlyStopConfig = EarlyStopConfig()
@@ -478,6 +541,11 @@ def validate_config(config: Config) -> None:
         raise ConfigError(
             f"{src}: augment.gain_db / augment.noise_dir act on copies: set augment.speed_factors or augment.audio_copies"
         )
+    from native_client.plugins import plugin_exists
+
+    if not plugin_exists("pipeline.model", config.model.architecture):
+        raise ConfigError(f"{src}: model.architecture: no model family {config.model.architecture!r} "
+                          f"(a module of pipeline/model/ such as deepspeech, or the dotted name of your own)")
     if config.training.epochs == 0:
         raise ConfigError(f"{src}: training.epochs: expected a non-zero integer, got 0")
     decoder = config.decoder

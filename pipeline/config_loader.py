@@ -192,8 +192,12 @@ def _checked(value, tp, meta: dict, where: str, base_dir: Path | None):
 
 
 def _mapping(value, where: str) -> tuple:
+    if value is None:
+        return ()
     if not isinstance(value, dict):
         raise ConfigError(f"{where}: expected a mapping of settings, got {value!r}")
+    if any(not isinstance(key, str) for key in value):
+        raise ConfigError(f"{where}: expected names as keys, got {sorted(map(repr, value))}")
 
     def frozen(item, at):
         if isinstance(item, list):

@@ -40,6 +40,11 @@ embedded default; `configs/en.yaml` holds the full-size DeepSpeech settings
 
 Types: a `path` is relative to the config file that names it (or absolute). Ranges: `[a, b]`
 includes both ends, `(a, b]` and `> a` exclude `a`; a list's range applies to each of its items.
+
+Re-runs: the tasks whose outputs a changed key invalidates (their fingerprints move); every task
+after them in the DAG runs again too, nothing before them. "Nothing" means no result changes:
+such a key (worker counts, timings, where outputs go) never re-runs anything by itself, though
+`paths.work_dir` and `paths.export_dir` point the stages at other directories.
 """
 
 
@@ -60,6 +65,8 @@ def _type_name(tp: Any, is_path: bool = False) -> str:
         return "list of " + _type_name(args[0], is_path) if args else "list"
     if tp is str and is_path:
         return "path"
+    if tp is tuple:
+        return "mapping"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -70,12 +77,16 @@ def _yaml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (tuple, list)):
+        if value and all(isinstance(item, tuple) and len(item) == 2 for item in value):
+            return "{" + ", ".join(f"{k}: {_yaml_value(v)}" for k, v in value) + "}"
         return "[" + ", ".join(_yaml_value(item) for item in value) + "]"
     return str(value)
 
 
 def _default(field: dataclasses.Field) -> str:
     """The field's default in YAML form, or ``required`` when it has none."""
+    if field.metadata.get("mapping") and not field.default:
+        return "`{}`"
     if field.default is not dataclasses.MISSING:
         return f"`{_yaml_value(field.default)}`"
     if field.default_factory is not dataclasses.MISSING:
@@ -101,7 +112,9 @@ def _stages(cls: type, field: dataclasses.Field) -> str:
     if not hasattr(cls, "STAGES"):
         return ""
     tags = field_stages(cls, field.name)
-    return ", ".join(describe_tag(tag) for tag in tags) if tags else "nothing (changes no result)"
+    guards = field.metadata.get("when") or {}
+    named = [describe_tag(tag) + (f" ({guards[tag].__doc__})" if tag in guards else "") for tag in tags]
+    return ", ".join(named) if named else "nothing (changes no result)"
 
 
 def _cell(text: str) -> str:

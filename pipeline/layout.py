@@ -101,6 +101,40 @@ def path_digest(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def checkpoint_prefix(path: str | Path) -> Path | None:
+    """The checkpoint a warm start reads, found without TensorFlow: ``path`` itself when it is a prefix
+    (``ckpt-12`` beside ``ckpt-12.index``), else the one a ``checkpoint`` state file names in ``path``,
+    its ``best/`` or its ``checkpoints/`` (a Train run directory); None when there is none."""
+    path = Path(path)
+    if Path(f"{path}.index").is_file():
+        return path
+    run = TrainRun(path)
+    for directory in (path, run.best, run.checkpoints):
+        state = directory / "checkpoint"
+        try:
+            match = re.search(r'^model_checkpoint_path:\s*"(.*)"', state.read_text(encoding="utf-8"), re.M)
+        except OSError:
+            continue
+        if match:
+            prefix = Path(match.group(1))
+            prefix = prefix if prefix.is_absolute() else directory / prefix
+            if Path(f"{prefix}.index").is_file():
+                return prefix
+    return None
+
+
+def init_digest(path: str | Path) -> str:
+    """The digest of what ``training.init_from`` loads: a model file's own, or the files of the checkpoint
+    it resolves to (a run directory's other files, such as new summaries, do not count)."""
+    prefix = checkpoint_prefix(path)
+    if prefix is None:
+        return path_digest(path)
+    digest = hashlib.sha256()
+    for item in sorted(prefix.parent.glob(f"{prefix.name}.*")):
+        digest.update(f"{item.name}\n{file_digest(item)}\n".encode())
+    return digest.hexdigest()
+
+
 def _hash(payload: dict) -> str:
     text = json.dumps(payload, sort_keys=True, default=list)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
@@ -304,17 +338,24 @@ class Layout:
             for f in dataclasses.fields(section):
                 if "doc" not in f.metadata and not f.metadata.get("frontend"):
                     continue
-                tags = type(section).STAGES if f.metadata.get("frontend") else field_stages(type(section), f.name)
+                if f.metadata.get("frontend"):
+                    tags = type(section).STAGES
+                else:
+                    tags = field_stages(type(section), f.name, self.config)
                 if not any(tag_applies(tag, stage, params) for tag in tags):
                     continue
                 value = getattr(section, f.name)
                 if f.metadata.get("frontend"):
                     value = dataclasses.asdict(value)
                 elif (section_field.name, f.name) == ("paths", "alphabet"):
-                    value = [str(self.alphabet), path_digest(self.alphabet)]
+                    value = path_digest(self.alphabet)
+                elif (section_field.name, f.name) == ("training", "init_from") and value is not None:
+                    value = init_digest(value)
                 elif f.metadata.get("path") and value is not None:
-                    value = ([[str(p), path_digest(p)] for p in value] if isinstance(value, tuple)
-                             else [value, path_digest(value)])
+                    def content(path, located=f.metadata.get("located")):
+                        return [str(path), path_digest(path)] if located else path_digest(path)
+
+                    value = [content(p) for p in value] if isinstance(value, tuple) else content(value)
                 found[f"{section_field.name}.{f.name}"] = value
         return found
 

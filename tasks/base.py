@@ -55,7 +55,7 @@ class ConfigTask(luigi.Task):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if cls.stage:
+        if cls.__dict__.get("stage"):  # a subclass of a task does not take over its stage
             TASK_OF_STAGE[cls.stage] = cls
 
     def stage_params(self) -> dict:
@@ -65,8 +65,12 @@ class ConfigTask(luigi.Task):
     def requires(self):
         """The tasks of the stages the declaration says this one reads: ``{"train": Train(...),
         "features_dev": FeaturesSplit(split="dev"), ...}``."""
+        try:
+            nodes = upstream(self.cfg, self.stage, self.stage_params())
+        except _unusable_errors():
+            return {}  # a bad config: complete() logged it and run() fails with it in one line
         needs = {}
-        for name, params in upstream(self.cfg, self.stage, self.stage_params()):
+        for name, params in nodes:
             key = "_".join([name, *(str(value) for value in params.values())])
             needs[key] = TASK_OF_STAGE[name](config=self.config, **params)
         return needs

@@ -4,12 +4,14 @@ logfbank front end, each through the DAG and the client without editing a projec
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import luigi
 import numpy as np
 import pytest
 
-from native_client import Model
+from native_client import ExportError, Model
 from native_client.audio import load_for_model
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
@@ -23,7 +25,7 @@ CLIP = SAMPLE / "test" / "00002.flac"
 
 def _client_logits_equal_the_checkpoint(config, export):
     """The client (its front end chosen from the export's metadata) gives the checkpoint's logits."""
-    model = Model(export)
+    model = Model(export, plugins=(config.features.type,))
     samples = load_for_model(CLIP, 16000)
     frames = model.metadata.features.frames(samples)
     checkpoint = load_trained_model(config, Layout(config).train_run.best, frames.shape[1], 29)
@@ -60,6 +62,15 @@ def test_a_front_end_and_a_model_family_of_ones_own_run_through_the_dag_and_the_
     model = _client_logits_equal_the_checkpoint(config, export)
     assert model.metadata.features.frontend.feature_size == 10
     assert model.metadata.features.seconds_per_frame == pytest.approx(0.02)
+    # an export does not choose code to import: a front end of someone's own must be allowed by name
+    with pytest.raises(ExportError, match=r"features\.type: 'tests\.plugins\.band_energies' is a module of someone's own"):
+        Model(export)
+    refused = subprocess.run([sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(CLIP)],
+                             capture_output=True, text=True)
+    assert refused.returncode == 2 and "--allow-plugin tests.plugins.band_energies" in refused.stderr
+    allowed = subprocess.run([sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(CLIP),
+                              "--allow-plugin", "tests.plugins.band_energies"], capture_output=True, text=True)
+    assert allowed.returncode == 0, allowed.stderr
 
 
 def test_a_front_end_of_ones_own_must_be_a_front_end(small_config):
@@ -86,3 +97,56 @@ def test_logfbank_trains_through_the_whole_dag_and_the_client_uses_it(small_conf
     model = _client_logits_equal_the_checkpoint(config, export)
     assert model.metadata.features.to_dict()["type"] == "logfbank"
     assert model.metadata.features.frontend.feature_size == 30
+
+
+def test_every_stage_has_its_task_and_the_commands_know_it():
+    import tasks  # noqa: F401  (defines every task)
+    from pipeline.stages.graph import STAGES
+    from tasks.base import TASK_OF_STAGE
+    from tasks.cli import TASKS
+    from tasks.rerun import STAGES as RERUN
+
+    assert {s.name: s.task for s in STAGES.values()} == {name: cls.__name__ for name, cls in TASK_OF_STAGE.items()}
+    assert {s.task for s in STAGES.values()} <= set(RERUN) & set(TASKS)
+
+
+def test_keys_that_change_no_result_in_a_config_move_no_fingerprint():
+    from pipeline.config_loader import config_from_dict
+
+    def fingerprints(**sections):
+        layout = Layout(config_from_dict({"decoder": {"tune": True, "lm_builder": "python"}, **sections}))
+        return {stage: layout.fingerprint(stage, **params) for stage, params in
+                [("features", {"split": "train"}), ("train", {}), ("lm", {}), ("tune", {}), ("evaluate", {}),
+                 ("export", {})]}
+
+    base = fingerprints()
+    # without augmentation its seed and mask sizes matter to nothing; the Python LM builder ignores
+    # KenLM's settings; with lexicon decoding the character LM's order is unused
+    for sections in ({"augment": {"seed": 7, "freq_mask_max": 9, "noise_snr_db": [5.0, 6.0]}},
+                     {"decoder": {"tune": True, "lm_builder": "python", "lm_quantize_bits": 4, "char_lm_order": 4}},
+                     {"training": {"checkpoint_secs": 5}, "features": {"workers": 1}}):
+        assert fingerprints(**sections) == base, sections
+    moved = fingerprints(augment={"freq_masks": 1})
+    assert moved["features"] == base["features"] and moved["train"] != base["train"]
+    lexicon_free = fingerprints(decoder={"tune": True, "lm_builder": "python", "lexicon": False})
+    assert lexicon_free["train"] == base["train"] and lexicon_free["lm"] != base["lm"]
+
+
+def test_a_warm_start_fingerprint_follows_its_weights_not_the_rest_of_the_folder(tmp_path):
+    from pipeline.config_loader import config_from_dict
+
+    run = tmp_path / "run" / "best"
+    run.mkdir(parents=True)
+    (run / "best-3.index").write_bytes(b"index")
+    (run / "best-3.data-00000-of-00001").write_bytes(b"weights")
+    (run / "checkpoint").write_text('model_checkpoint_path: "best-3"\n')
+
+    def train_fp():
+        return Layout(config_from_dict({"training": {"init_from": str(tmp_path / "run")}})).train_fingerprint
+
+    first = train_fp()
+    (tmp_path / "run" / "summaries").mkdir()
+    (tmp_path / "run" / "summaries" / "events").write_bytes(b"more")
+    assert train_fp() == first
+    (run / "best-3.data-00000-of-00001").write_bytes(b"other weights")
+    assert train_fp() != first

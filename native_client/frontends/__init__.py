@@ -13,15 +13,26 @@ To add one, write ``native_client/frontends/<name>.py`` defining ``FRONTEND`` (a
 
 from __future__ import annotations
 
-from native_client.frontends.base import FeaturePipeline, FrameStream, FrontEnd, setting
-from native_client.plugins import find_plugin
+import dataclasses
+from collections.abc import Iterable
 
-__all__ = ["FeaturePipeline", "FrameStream", "FrontEnd", "frontend_class", "setting"]
+from native_client.frontends._base import FeaturePipeline, FrameStream, FrontEnd, normalize_frames, setting
+from native_client.plugins import PluginError, find_plugin
+
+__all__ = ["FeaturePipeline", "FrameStream", "FrontEnd", "frontend_class", "normalize_frames", "setting"]
+
+# Keys of the ``features`` section and of the metadata entry that are not a front end's own.
+RESERVED = ("type", "sample_rate", "normalize", "resample", "downmix", "workers")
 
 
-def frontend_class(name: str, what: str = "features.type") -> type[FrontEnd]:
-    """The front end named ``name``: a module of this package, or a dotted module path of one's own."""
-    found = find_plugin(__name__, name, "FRONTEND", what)
+def frontend_class(name: str, what: str = "features.type", allowed: Iterable[str] | None = None) -> type[FrontEnd]:
+    """The front end named ``name``: a module of this package, or a dotted module path of one's own
+    (with ``allowed``, only one listed there). PluginError when it is none or not a proper front end."""
+    found = find_plugin(__name__, name, "FRONTEND", what, allowed)
     if not (isinstance(found, type) and issubclass(found, FrontEnd)):
-        raise TypeError(f"{what}: {name!r}: FRONTEND must be a FrontEnd subclass, got {found!r}")
+        raise PluginError(f"{what}: {name!r}: FRONTEND must be a FrontEnd subclass, got {found!r}")
+    clashes = [f.name for f in dataclasses.fields(found.Settings) if f.name in RESERVED]
+    if clashes:
+        raise PluginError(f"{what}: {name!r}: its settings may not be named {', '.join(clashes)} "
+                          f"(keys of the features section itself)")
     return found

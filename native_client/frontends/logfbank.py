@@ -6,10 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from python_speech_features import logfbank
-from python_speech_features.sigproc import round_half_up
 
-from native_client.frontends.base import FrontEnd, setting
+from native_client.frontends._base import FrontEnd, round_half_up, setting
 from native_client.frontends.mfcc import check_window
 
 
@@ -64,6 +62,8 @@ class LogFbank(FrontEnd):
 
     def windows_to_features(self, signal: np.ndarray) -> np.ndarray:
         """python_speech_features' logfbank over whole windows (pre-emphasis already applied)."""
+        from python_speech_features import logfbank  # here, so that reading a config does not load scipy
+
         s = self.settings
         return logfbank(signal, samplerate=self.sample_rate, winlen=s.winlen, winstep=s.winstep, nfilt=s.nfilt,
                         nfft=s.nfft, lowfreq=s.lowfreq, highfreq=s.highfreq or None, preemph=0.0)

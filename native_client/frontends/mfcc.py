@@ -6,10 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from python_speech_features import mfcc
-from python_speech_features.sigproc import round_half_up
 
-from native_client.frontends.base import FrontEnd, setting
+from native_client.frontends._base import FrontEnd, round_half_up, setting
 
 
 @dataclass(frozen=True)
@@ -69,6 +67,8 @@ class Mfcc(FrontEnd):
 
     def windows_to_features(self, signal: np.ndarray) -> np.ndarray:
         """python_speech_features' mfcc over whole windows (pre-emphasis already applied)."""
+        from python_speech_features import mfcc  # here, so that reading a config does not load scipy
+
         s = self.settings
         return mfcc(signal, samplerate=self.sample_rate, winlen=s.winlen, winstep=s.winstep, numcep=s.numcep,
                     nfilt=s.nfilt, nfft=s.nfft, preemph=0.0, ceplifter=s.ceplifter)

@@ -261,7 +261,7 @@ def check_settings(path: Path, features: FeaturesConfig) -> None:
         raise CacheError(f"{path}: not a complete feature cache ({error})") from error
     if version != FORMAT_VERSION:
         raise CacheError(f"{path}: cache format version {version}, expected {FORMAT_VERSION}; rerun Features")
-    wanted = recorded_settings(features)
+    wanted = json.loads(json.dumps(recorded_settings(features)))  # as recorded: tuples become lists
     differ = [
         f"{key}: cache {recorded.get(key)!r} vs config {wanted[key]!r}"
         for key in sorted(wanted)

@@ -143,6 +143,9 @@ def warm_start(model, source: str | Path, drop_layers: int) -> list[str]:
     prefix = resolve_checkpoint(source)
     reader = tf.train.load_checkpoint(prefix)
     layers = model_family(model.model_config.architecture).layers(model)
+    if drop_layers > len(layers):
+        raise CheckpointMismatchError(f"training.drop_source_layers: {drop_layers}, but the "
+                                      f"{model.model_config.architecture} model has {len(layers)} layers")
     dropped = set(layers[len(layers) - drop_layers :]) if drop_layers else set()
     copied = []
     for name, variable in named_weights(model).items():

@@ -2,7 +2,8 @@
 
 A stage's fingerprint (``pipeline.layout.Layout.fingerprint``) hashes the config
 keys whose ``stages`` tag names it (``pipeline.config``: ``_opt(..., stages=...)``),
-the digests of the input files among them, what ``derived`` adds, and the
+the digests of the input files among them, the few values the layout resolves
+for it (``Layout._derived``: the LM builder ``auto`` stands for), and the
 fingerprints of the stages ``upstream`` lists; the Luigi tasks' ``requires()``
 come from the same ``upstream`` (``tasks.base``). So a stage's dependencies are
 written in one place, and neither the tasks nor the layout repeat them.
@@ -26,8 +27,8 @@ Node = tuple[str, dict]
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of the DAG: its name (the tag its config keys carry), its parameters, the stages whose
-    outputs it reads, and values its fingerprint takes from outside the config's keys."""
+    """One stage of the DAG: its name (the tag its config keys carry), the task that runs it, its
+    parameters, and the stages whose outputs it reads."""
 
     name: str
     task: str  # the Luigi task that runs it (tasks/)

@@ -19,7 +19,8 @@ def transcribe_stage(layout: Layout, export: ExportFiles, audio: str | Path) -> 
 
     ``export`` is the config's current export (the Export stage's output), so the record is keyed on
     the config's export fingerprint."""
-    model = open_model(export.root, decoder_factory=beam_decoder_for_export)
+    # The config names the front end: its module (a user's own too) is trusted like the config itself.
+    model = open_model(export.root, decoder_factory=beam_decoder_for_export, plugins=(layout.config.features.type,))
     result = model.transcribe_file(audio, convert_rate=layout.config.features.resample)
     manifests = [f for split in SPLITS for f in layout.config.split_files(split)]
     record = {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import decimal
 import math
 from typing import Any, ClassVar
 
@@ -48,6 +49,10 @@ class FrontEnd(abc.ABC):
         self.settings = settings
         self.sample_rate = int(sample_rate)
         self.check()
+        # Streaming assumes consecutive windows touch or overlap (no samples between them to skip).
+        if not 0 < self.frame_step <= self.frame_length:
+            raise ValueError(f"the frame step ({self.frame_step} samples) must be between 1 and the window "
+                             f"length ({self.frame_length} samples)")
 
     def check(self) -> None:
         """Raise ValueError ``"<key>: ..."`` for settings that contradict each other (default: none)."""
@@ -108,6 +113,12 @@ class FrontEnd(abc.ABC):
     def describe(self) -> dict:
         """``type`` and every setting, as plain data (the export metadata and the cache record it)."""
         return {"type": self.name, **dataclasses.asdict(self.settings)}
+
+
+def round_half_up(number: float) -> int:
+    """Round halves up, as python_speech_features rounds window sizes (its own function would import scipy
+    with the package, and a config is read without loading it)."""
+    return int(decimal.Decimal(number).quantize(decimal.Decimal("1"), rounding=decimal.ROUND_HALF_UP))
 
 
 def emphasise(signal: np.ndarray, coefficient: float, previous: float | None) -> np.ndarray:
