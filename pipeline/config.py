@@ -70,7 +70,11 @@ class DataConfig:
         (), "Training CSVs (wav_filename,wav_filesize,transcript).", path=True
     )
     dev_files: tuple[str, ...] = _opt(
-        (), "Validation CSVs, used for dev loss, early stopping and best checkpoint.", path=True
+        (),
+        "Validation CSVs, used for dev loss, early stopping and the best-dev checkpoint. Empty: Train runs "
+        "without validation (early stopping and plateau halving off, with a warning) and the last "
+        "checkpoint is the one Evaluate and Export use; decoder.tune needs them.",
+        path=True,
     )
     test_files: tuple[str, ...] = _opt((), "Test CSVs, used by Evaluate.", path=True)
     limit_train: int = _opt(0, "Use at most this many training samples (0 = all).", minimum=0)
@@ -136,7 +140,10 @@ class TrainingConfig:
 
     epochs: int = _opt(
         75,
-        "Target epoch count; negative: that many more epochs than the checkpoint has. Not in the Train fingerprint: raising it continues the same run.",
+        "Target epoch count. Negative, -N: N more epochs than the run has when this value is first used "
+        "on it; the same -N asked again (Train rerun) trains nothing more, a different -M adds M from "
+        "where the run stands. A run that stopped early stays stopped. Not in the Train fingerprint: "
+        "changing it continues the same run.",
         fingerprint=False,
     )
     batch_size: int = _opt(16, "Batch size per tower (global batch = batch_size x towers).", minimum=1)
@@ -451,6 +458,8 @@ def validate_config(config: Config) -> None:
         )
     if config.training.epochs == 0:
         raise ConfigError(f"{src}: training.epochs: expected a non-zero integer, got 0")
+    if config.decoder.tune and not config.data.dev_files:
+        raise ConfigError(f"{src}: decoder.tune: tuning searches on the dev set; set data.dev_files")
     decoder = config.decoder
     if not re.fullmatch(r"\d+(\.\d+)?[%bBkKmMgGtT]?", decoder.lm_memory):
         raise ConfigError(
