@@ -73,7 +73,7 @@ class DataConfig:
         (),
         "Validation CSVs, used for dev loss, early stopping and the best-dev checkpoint. Empty: Train runs "
         "without validation (early stopping and plateau halving off, with a warning) and the last "
-        "checkpoint is the one Evaluate and Export use; decoder.tune needs them.",
+        "checkpoint is the one Evaluate and Export use. decoder.tune needs them.",
         path=True,
     )
     test_files: tuple[str, ...] = _opt((), "Test CSVs, used by Evaluate.", path=True)
@@ -458,8 +458,6 @@ def validate_config(config: Config) -> None:
         )
     if config.training.epochs == 0:
         raise ConfigError(f"{src}: training.epochs: expected a non-zero integer, got 0")
-    if config.decoder.tune and not config.data.dev_files:
-        raise ConfigError(f"{src}: decoder.tune: tuning searches on the dev set; set data.dev_files")
     decoder = config.decoder
     if not re.fullmatch(r"\d+(\.\d+)?[%bBkKmMgGtT]?", decoder.lm_memory):
         raise ConfigError(
