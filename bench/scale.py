@@ -151,14 +151,15 @@ def stage_train(manifest: Path, work: Path, steps: int) -> dict:
     from pipeline.model.checkpoints import named_weights
     from pipeline.train.dataset import epoch_batches
     from pipeline.train.distribute import make_strategy
-    from pipeline.train.loop import Trainer, TrainHooks
+    from pipeline.train.hooks import StepInfo, TrainHooks
+    from pipeline.train.loop import Trainer
 
     config = _config(manifest, work)
     layout = Layout(config)
     data = read_cache(layout.features_cache("train"), config.features)
     marks: list[float] = []
 
-    def on_step(info: dict) -> None:
+    def on_step(info: StepInfo) -> None:
         marks.append(time.perf_counter())
         if len(marks) == steps:
             raise _Enough

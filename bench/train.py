@@ -33,7 +33,8 @@ from pipeline.stages.features import build_split_cache
 from pipeline.train.ctc import ctc_loss
 from pipeline.train.dataset import SplitReader, batch_plan, train_dataset
 from pipeline.train.distribute import make_strategy
-from pipeline.train.loop import Trainer, TrainHooks
+from pipeline.train.hooks import TrainHooks
+from pipeline.train.loop import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -115,7 +115,9 @@ class DataConfig:
     )
     dev_files: tuple[str, ...] = _opt(
         (),
-        "Validation CSVs, used for dev loss, early stopping and best checkpoint.",
+        "Validation CSVs, used for dev loss, early stopping and the best-dev checkpoint. Empty: Train runs "
+        "without validation (early stopping and plateau halving off, with a warning) and the last "
+        "checkpoint is the one Evaluate and Export use. decoder.tune needs them.",
         path=True,
         located=True,
         stages=("features:dev",),
@@ -220,7 +222,10 @@ class TrainingConfig:
 
     epochs: int = _opt(
         75,
-        "Target epoch count; negative: that many more epochs than the checkpoint has. Not in the Train fingerprint: raising it continues the same run.",
+        "Target epoch count. Negative, -N: N more epochs than the run has when this value is first used "
+        "on it; the same -N asked again (Train rerun) trains nothing more, a different -M adds M from "
+        "where the run stands. A run that stopped early stays stopped. Not in the Train fingerprint: "
+        "changing it continues the same run.",
         stages=("tune", "evaluate", "export"),
     )
     batch_size: int = _opt(16, "Batch size per tower (global batch = batch_size x towers).", minimum=1)

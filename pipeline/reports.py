@@ -66,6 +66,10 @@ class TrainReport:
     best_checkpoint: str | None
     latest_checkpoint: str | None
     wall_time_s_this_run: float
+    # The ``training.epochs`` this run trained for (negative: "that many more"); None in reports written
+    # before it was recorded. With it a finished "-N more" run is told apart from a run that was given
+    # an absolute target (``pipeline.train.epochs``).
+    epochs_setting: int | None = None
     weights_sha256: str = ""
     fingerprint: str = ""
     config: str = ""
@@ -187,6 +191,14 @@ def _dataclass_of(tp) -> type | None:
     return None
 
 
+def _list_of_dataclass(tp) -> type | None:
+    """The dataclass of a ``list[SomeDataclass]`` field, else None."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is list and len(args) == 1 and dataclasses.is_dataclass(args[0]):
+        return args[0]
+    return None
+
+
 def report_from_dict(cls: type[R], data: Any, where: str) -> R:
     """Build report ``cls`` from plain data; ReportError names ``where`` and the unknown or missing fields."""
     if not isinstance(data, dict):
@@ -206,10 +218,14 @@ def report_from_dict(cls: type[R], data: Any, where: str) -> R:
     hints = typing.get_type_hints(cls)
     values = {}
     for name, value in data.items():
-        nested = _dataclass_of(hints[name])
-        values[name] = (
-            report_from_dict(nested, value, f"{where}: {name}") if nested and value is not None else value
-        )
+        nested, items = _dataclass_of(hints[name]), _list_of_dataclass(hints[name])
+        if nested and value is not None:
+            value = report_from_dict(nested, value, f"{where}: {name}")
+        elif items:
+            if not isinstance(value, list):
+                raise ReportError(f"{where}: {name}: expected a list, got {type(value).__name__}")
+            value = [report_from_dict(items, item, f"{where}: {name}[{i}]") for i, item in enumerate(value)]
+        values[name] = value
     return cls(**values)
 
 

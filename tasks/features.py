@@ -6,6 +6,7 @@ import logging
 
 import luigi
 
+from pipeline.config_loader import load_config
 from pipeline.stages.graph import SPLITS
 from pipeline.stages.features import build_split_cache
 from tasks.base import ConfigTask, Progress
@@ -60,9 +61,14 @@ class FeaturesSplit(ConfigTask):
 
 
 class Features(luigi.WrapperTask):
-    """All three feature caches of a config (train, dev, test)."""
+    """The feature caches of a config: train, and dev and test when the config lists their files."""
 
     config = luigi.Parameter(description="Path of the YAML config file.")
 
     def requires(self):
-        return [FeaturesSplit(config=self.config, split=split) for split in SPLITS]
+        config = load_config(self.config)
+        return [
+            FeaturesSplit(config=self.config, split=split)
+            for split in SPLITS
+            if split == "train" or config.split_files(split)
+        ]

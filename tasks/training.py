@@ -10,6 +10,7 @@ import luigi
 
 from pipeline.reports import TrainReport, read_report
 from pipeline.train.epochs import training_done
+from pipeline.train.hooks import StepInfo, ValidationInfo
 from tasks.base import ConfigTask, Progress
 
 log = logging.getLogger("luigi-interface")
@@ -18,9 +19,11 @@ log = logging.getLogger("luigi-interface")
 class Train(ConfigTask):
     """Train the acoustic model; output: the run directory's ``train_report.json`` (checkpoints beside it).
 
-    Complete only when the report exists and covers the configured epochs,
-    so a killed run resumes from its checkpoints when asked again, and raising
-    ``training.epochs`` continues the same run.
+    Complete only when the report exists and covers the configured epochs
+    (``pipeline.train.epochs``' rule), so a killed run resumes from its checkpoints
+    when asked again, and raising ``training.epochs`` (or a new "-N more") continues
+    the same run. Without ``data.dev_files`` it needs no dev features and trains
+    without validation.
     """
 
     stage = "train"
@@ -45,7 +48,7 @@ class Train(ConfigTask):
             self._run_cluster_worker()
             return
         from pipeline.stages.train import train_stage
-        from pipeline.train.loop import TrainHooks
+        from pipeline.train.hooks import TrainHooks
 
         progress = _TrainProgress(self)
         try:
@@ -117,10 +120,10 @@ class _TrainProgress(Progress):
         self.started = time.monotonic()
         self.dev_wer = None
 
-    def on_step(self, info: dict) -> None:
+    def on_step(self, info: StepInfo) -> None:
         """TrainHooks.on_step."""
-        total = info["target_epochs"] * info["steps_per_epoch"]
-        done = info["epoch"] * info["steps_per_epoch"] + info["step_in_epoch"]
+        total = info.target_epochs * info.steps_per_epoch
+        done = info.epoch * info.steps_per_epoch + info.step_in_epoch
         if self.first_done is None:
             self.first_done, self.started = done - 1, time.monotonic()
         self.bar.total = total
@@ -128,10 +131,10 @@ class _TrainProgress(Progress):
         wer = f", dev WER {self.dev_wer:.3f}" if self.dev_wer is not None else ""
         self.update(
             done,
-            f"epoch {info['epoch'] + 1}/{info['target_epochs']}, step {info['step']}, "
-            f"loss {info['loss']:.2f}{wer}, ETA {(total - done) / max(rate, 1e-6) / 60:.1f} min",
+            f"epoch {info.epoch + 1}/{info.target_epochs}, step {info.step}, "
+            f"loss {info.loss:.2f}{wer}, ETA {(total - done) / max(rate, 1e-6) / 60:.1f} min",
         )
 
-    def on_validation(self, info: dict) -> None:
+    def on_validation(self, info: ValidationInfo) -> None:
         """TrainHooks.on_validation."""
-        self.dev_wer = info["wer"]
+        self.dev_wer = info.wer

@@ -31,8 +31,8 @@ _KILLED_TRAIN = textwrap.dedent("""
     saves = {"n": 0}
     if mode == "after":
         original_save = Trainer._save
-        def _save(self, history=None):
-            original_save(self, history)
+        def _save(self, *args, **kwargs):
+            original_save(self, *args, **kwargs)
             saves["n"] += 1
             if saves["n"] == at:
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -116,6 +116,46 @@ def test_sigkill_at_a_checkpoint_resumes_to_the_same_weights(mode, uninterrupted
     step, digest = resumed.stdout.split("RESULT")[1].split()
     assert int(step) == clean_step
     assert digest == clean_digest
+
+
+_EARLY_STOP = """
+training:
+  epochs: 6
+early_stop:
+  rule: patience
+  es_epochs: 1
+  es_min_delta: 1000.0
+"""
+
+
+def test_sigkill_after_an_early_stop_is_saved_resumes_without_training_past_it(small_config, tmp_path):
+    """Issue 26 L2: the end of a run was two saves (the epoch's, then one marking the run finished); a kill
+    between them resumed an unfinished run with its early stop forgotten and trained on. The patience
+    rule here stops after epoch 2; the kill follows the second save."""
+    from pipeline.reports import TrainReport, read_report
+
+    path = small_config("stop.yaml", limit_train=8, extra=_EARLY_STOP)
+    config = load_config(path)
+    build_features(config, ("train", "dev"))
+    script = tmp_path / "train.py"
+    script.write_text(_KILLED_TRAIN)
+    killed = _train_child(script, path, {"KILL_MODE": "after", "KILL_AT_SAVE": "2"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    run = Layout(config).train_run
+    assert not run.report.exists()
+    resumed = _train_child(script, path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    report = read_report(run.report, TrainReport)
+    assert (report.stop.rule, report.stop.epoch) == ("patience", 2), report.stop
+    assert (report.epochs_completed, report.global_step) == (2, 4)
+    assert [v["epoch"] for v in report.validations] == [1, 2]
+    clean = small_config(
+        "clean-stop.yaml", limit_train=8, extra=_EARLY_STOP + f"paths:\n  work_dir: {tmp_path / 'clean'}\n"
+    )
+    build_features(load_config(clean), ("train", "dev"))
+    uninterrupted = _train_child(script, clean)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    assert resumed.stdout.split("RESULT")[1].split() == uninterrupted.stdout.split("RESULT")[1].split()
 
 
 # -- a finished small pipeline that the tests below damage (each restores what it broke) ---------------

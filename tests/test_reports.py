@@ -17,7 +17,7 @@ from pipeline.reports import (
     read_report,
     write_report,
 )
-from pipeline.train.epochs import epoch_target, training_done
+from pipeline.train.epochs import RunRecord, epoch_target, training_done
 
 
 def _train_report(**changes) -> TrainReport:
@@ -86,11 +86,22 @@ def test_the_export_record_holds_every_key_the_client_requires():
 
 
 def test_the_epoch_target_rule():
-    assert epoch_target(10, 4, 0) == 10 and epoch_target(10, 4, 6) == 10
-    assert epoch_target(-2, 4, 0) == 6  # two more than the checkpoint has
-    assert epoch_target(-2, 5, 6) == 6  # a restarted "-2 more" run keeps its target
-    assert training_done(3, _train_report())
-    assert not training_done(5, _train_report())
-    assert training_done(-2, _train_report())  # the "-2 more" run that wrote the report has finished
-    assert not training_done(-2, _train_report(epochs_completed=2))
+    def run(done, target, setting, finished=True, stopped=False):
+        return RunRecord(epochs_done=done, target=target, setting=setting, finished=finished, stopped=stopped)
+
+    assert epoch_target(10, None) == 10 and epoch_target(-3, None) == 3  # a new run
+    assert epoch_target(10, run(4, 6, 6, finished=False)) == 10
+    assert epoch_target(-2, run(4, 4, 4)) == 6  # two more than the checkpoint has
+    assert epoch_target(-2, run(5, 6, -2, finished=False)) == 6  # a restarted "-2 more" run keeps its target
+    assert epoch_target(-2, run(6, 6, -2)) == 6  # ... and once finished, the same -2 adds nothing
+    assert epoch_target(-3, run(6, 6, -2)) == 9  # a new value adds its own N
+    assert epoch_target(-2, run(5, 6, None, finished=False)) == 6  # a killed run from older code
+    assert epoch_target(-2, run(6, 6, None)) == 8  # a finished run from older code: N more
+    assert epoch_target(20, run(3, 9, 9, stopped=True)) == 9  # an early stop is final
+    assert training_done(3, _train_report(epochs_setting=3))
+    assert not training_done(5, _train_report(epochs_setting=3))
+    assert training_done(-2, _train_report(epochs_setting=-2))  # the "-2 more" run that wrote it has finished
+    assert not training_done(-2, _train_report(epochs_setting=3))  # a run to 3: "-2 more" trains (M1)
+    assert not training_done(-2, _train_report(epochs_completed=2, epochs_setting=-2))
     assert training_done(9, _train_report(stop=StopRecord(rule="patience", reason="no gain", epoch=3)))
+    assert training_done(-2, _train_report(stop=StopRecord(rule="patience", reason="no gain", epoch=3)))

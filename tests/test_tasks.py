@@ -1,6 +1,7 @@
 """The Luigi tasks, run for real with a local scheduler."""
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import yaml
 
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
+from pipeline.reports import TrainReport, read_report
 from tasks import Evaluate, Features, FeaturesSplit, Train
 from tests.conftest import ROOT
 
@@ -55,6 +57,50 @@ def test_evaluate_runs_the_dag_and_train_is_complete_only_with_its_report(small_
     assert not Train(config=str(more)).complete()
     report.unlink()
     assert not Train(config=str(path)).complete()
+
+
+def test_n_more_epochs_after_a_finished_run_train_once(small_config):
+    """Issue 26 M1: ``training.epochs: -2`` after a finished ``epochs: 1`` run trained nothing (Train was
+    complete); it now trains two more, and the same command again trains no more."""
+    from pipeline.stages.train import train_stage
+
+    extra = "training:\n  epochs: {}\n  validation_epochs: 0\n"
+    first = small_config(limit_train=8, limit_dev=4, limit_test=4, extra=extra.format(1))
+    assert luigi.build([Train(config=str(first))], local_scheduler=True)
+    more = small_config("more.yaml", limit_train=8, limit_dev=4, limit_test=4, extra=extra.format(-2))
+    layout = Layout(load_config(more))
+    assert layout.train_run.root == Layout(load_config(first)).train_run.root
+    assert not Train(config=str(more)).complete()
+    assert luigi.build([Train(config=str(more))], local_scheduler=True)
+    report = read_report(layout.train_run.report, TrainReport)
+    assert (report.epochs_completed, report.target_epochs, report.global_step) == (3, 3, 6)
+    assert report.epochs_setting == -2
+    stamp = layout.train_run.report.stat().st_mtime_ns
+    assert Train(config=str(more)).complete()
+    assert luigi.build([Train(config=str(more))], local_scheduler=True)
+    assert layout.train_run.report.stat().st_mtime_ns == stamp
+    assert train_stage(layout).global_step == 6  # the trainer itself agrees: nothing more to do
+    assert Train(config=str(first)).complete()  # 3 epochs cover "epochs: 1"
+
+
+def test_train_runs_without_a_dev_split(small_config, caplog):
+    """Issue 26 M2: with ``data.dev_files: []`` (the default) Train failed ("split 'dev' has no rows"); it
+    now trains without validation, warns that early stopping is off, and the last checkpoint is the best."""
+    path = small_config(
+        limit_train=8,
+        limit_test=4,
+        extra="data:\n  dev_files: []\ntraining:\n  epochs: 2\nearly_stop:\n  rule: patience\n",
+    )
+    with caplog.at_level(logging.WARNING):
+        assert luigi.build([Train(config=str(path))], local_scheduler=True)
+    layout = Layout(load_config(path))
+    report = read_report(layout.train_run.report, TrainReport)
+    assert report.epochs_completed == 2 and report.validations == [] and report.best_dev is None
+    assert report.best_checkpoint.endswith(f"best-{report.global_step}")
+    assert not layout.features_cache("dev").exists()
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("data.dev_files is empty: training without validation" in m for m in messages), messages
+    assert any("early_stop.rule is 'patience' but data.dev_files is empty" in m for m in messages)
 
 
 def test_luigi_command_line_exits_non_zero_on_a_failed_task(write_config, tmp_path):

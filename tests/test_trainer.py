@@ -1,6 +1,8 @@
 """Training for real on small slices of the sample corpus."""
 
+import dataclasses
 import json
+import math
 import os
 import shutil
 import signal
@@ -253,6 +255,29 @@ def test_non_finite_batches_are_skipped_and_logged(small_config, caplog, tmp_pat
     trainer = _trainer(config, Layout(config).work_dir / "all-bad", train)
     with pytest.raises(TrainingError, match="3 batches in a row had a non-finite loss"):
         trainer.fit()
+
+
+def test_a_nan_validation_never_becomes_the_best(small_config, tmp_path):
+    """Issue 26 L2: a NaN first dev loss was reported as ``best_dev`` (and stayed so after finite ones)."""
+    config = load_config(small_config(limit_train=8, extra="training:\n  epochs: 1\n"))
+    build_features(config, ("train", "dev"))
+    layout = Layout(config)
+    dev = read_cache(layout.features_cache("dev"), config.features)
+    nan_dev = _poisoned(
+        layout.features_cache("dev"), config, tmp_path / "nan-dev.h5", 0, int(dev.lengths.sum())
+    )
+    train = read_cache(layout.features_cache("train"), config.features)
+    alphabet, strategy = load_alphabet(layout.alphabet), make_strategy(config.distribution)
+    run_dir = tmp_path / "run"
+    first = Trainer(config, run_dir, train, nan_dev, alphabet, strategy).fit()
+    assert math.isnan(first.validations[0]["dev_loss"])
+    assert first.best_dev is None
+    assert first.best_checkpoint.endswith(f"best-{first.global_step}")  # the last stands in for the best
+    two = dataclasses.replace(config, training=dataclasses.replace(config.training, epochs=2))
+    second = Trainer(two, run_dir, train, dev, alphabet, strategy).fit()
+    assert [math.isnan(v["dev_loss"]) for v in second.validations] == [True, False]
+    assert second.best_dev is not None and second.best_dev.epoch == 2
+    assert second.best_checkpoint.endswith(f"best-{second.global_step}")
 
 
 def test_streaming_and_full_sequence_logits_agree(small_config):

@@ -37,7 +37,8 @@ class Stage:
 
 
 def _train(config: Config, params: dict) -> list[Node]:
-    return [("features", {"split": "train"}), ("features", {"split": "dev"})]
+    """The train features, and the dev features when there is a dev split (without one, no validation)."""
+    return [("features", {"split": split}) for split in ("train", "dev") if split == "train" or config.data.dev_files]
 
 
 def _decoding(config: Config) -> list[Node]:

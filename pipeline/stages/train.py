@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 
 import tensorflow as tf
@@ -15,10 +14,10 @@ from pipeline.features.cache import read_cache
 from pipeline.files import write_text_atomic
 from pipeline.layout import Layout, TrainRun
 from pipeline.locks import stage_lock
-from pipeline.model.checkpoints import weights_digest
 from pipeline.reports import TrainReport, write_report
 from pipeline.train.distribute import DistributionError, cluster_role, configure_devices, make_strategy
-from pipeline.train.loop import Trainer, TrainHooks
+from pipeline.train.hooks import TrainHooks
+from pipeline.train.loop import Trainer
 
 # What a collective operation raises when a peer worker died or stopped answering.
 LOST_WORKER_ERRORS = (
@@ -30,12 +29,11 @@ LOST_WORKER_ERRORS = (
 )
 
 
-def train_stage(
-    layout: Layout, run: TrainRun | None = None, hooks: TrainHooks | None = None
-) -> TrainReport:
+def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks | None = None) -> TrainReport:
     """Train on the cached train split, validate on dev; write the resolved config and ``train_report.json``.
 
-    Resumes from the checkpoints in ``run`` (default: the fingerprinted Train run directory).
+    Resumes from the checkpoints in ``run`` (default: the fingerprinted Train run directory). Without
+    ``data.dev_files`` it trains without validation (the trainer warns; the last checkpoint is the best).
     """
     config = layout.config
     run = run or layout.train_run
@@ -52,7 +50,18 @@ def train_stage(
     # Two pipelines whose configs share this Train fingerprint take turns on its directory;
     # the second resumes from the first one's checkpoints (and finds the run finished).
     with stage_lock(run.root) if role.is_chief else contextlib.nullcontext():
-        trainer = Trainer(config, run.root, train_data, dev_data, alphabet, strategy, role, hooks)
+        trainer = Trainer(
+            config,
+            run.root,
+            train_data,
+            dev_data,
+            alphabet,
+            strategy,
+            role,
+            hooks,
+            fingerprint=layout.train_fingerprint,
+            started=started,
+        )
         try:
             report = trainer.fit()
         except LOST_WORKER_ERRORS as error:
@@ -63,16 +72,6 @@ def train_stage(
                 f"({type(error).__name__}: {str(error).splitlines()[0][:300]}). Every worker stops; restart all "
                 f"of them to resume from the chief's last checkpoint in {run.checkpoints}"
             ) from error
-    report = dataclasses.replace(
-        report,
-        weights_sha256=weights_digest(trainer.model),
-        fingerprint=layout.train_fingerprint,
-        config=config.source,
-        train_samples=len(train_data),
-        train_audio_hours=float(train_data.durations.sum()) / 3600,
-        finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
-        wall_time_s=time.time() - started,
-    )
     if role.is_chief:
         write_report(run.report, report)
     return report

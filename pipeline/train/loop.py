@@ -1,19 +1,20 @@
-"""The training loop: towers via ``strategy.run``, checkpoints with exact resume, validation, early stopping.
+"""The training loop: positions, the input iterator, checkpoints (latest and best-dev, restore with
+fallback), summaries and hooks.
 
-Position is kept in the checkpoint (global step, epoch, step inside the
-epoch, target epochs, validation history), and the batch order of an epoch
-is a pure function of its seed and number, so a restarted run continues at
-the very next batch: no batch seen twice or skipped.
+Position is kept in the checkpoint (global step, epoch, step inside the epoch,
+the epoch target and the ``training.epochs`` it came from) together with the
+run's history (``history.py``), and the batch order of an epoch is a pure function
+of its seed and number, so a restarted run continues at the very next batch: no
+batch seen twice or skipped. What one step computes is ``step.py``; what happens
+after an epoch (validation, best-dev, plateau halving, early stop) is ``policy.py``.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
-import math
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,14 +35,19 @@ from pipeline.model.checkpoints import (
     remove_checkpoint_leftovers,
     rng_states,
     warm_start,
+    weights_digest,
 )
 from pipeline.model import build_model
 from pipeline.reports import DevFigures, StopRecord, TrainReport
-from pipeline.train.ctc import ctc_loss, sparse_labels_supported
 from pipeline.train.dataset import SplitReader, batch_plan, train_dataset
 from pipeline.train.distribute import ClusterRole
-from pipeline.train.early_stop import should_stop
-from pipeline.train.epochs import epoch_target
+from pipeline.train.epochs import RunRecord, epoch_target
+from pipeline.train.history import EpochLoss, HistoryState, SkippedBatch, TrainHistory
+from pipeline.train.hooks import EpochInfo, StepInfo, TrainHooks, ValidationInfo
+from pipeline.train.policy import EpochPolicy, EpochVerdict, learning_rate
+from pipeline.train.step import StepResult, TrainStep
+
+__all__ = ["Trainer", "TrainHooks", "TrainingError", "global_batch_size"]
 
 log = logging.getLogger(__name__)
 
@@ -50,40 +56,27 @@ class TrainingError(RuntimeError):
     """Training cannot go on (too many non-finite batches, bad batch geometry, ...)."""
 
 
-@dataclass
-class TrainHooks:
-    """Callbacks a caller (a Luigi task, a test) can attach; each gets a dict of figures."""
-
-    on_step: Callable[[dict], None] | None = None
-    on_validation: Callable[[dict], None] | None = None
-    on_epoch: Callable[[dict], None] | None = None
+def _counter(dtype=tf.int64, value=0):
+    return field(default_factory=lambda: tf.Variable(value, dtype=dtype, trainable=False))
 
 
 @dataclass
 class _State:
-    """Training position and history, saved in every checkpoint."""
+    """Training position, saved in every checkpoint. ``epochs_setting`` is the ``training.epochs`` the
+    target came from (0: not recorded, a checkpoint from before it was)."""
 
-    global_step: tf.Variable = field(default_factory=lambda: tf.Variable(0, dtype=tf.int64, trainable=False))
-    epoch: tf.Variable = field(default_factory=lambda: tf.Variable(0, dtype=tf.int64, trainable=False))
-    step_in_epoch: tf.Variable = field(
-        default_factory=lambda: tf.Variable(0, dtype=tf.int64, trainable=False)
-    )
-    target_epochs: tf.Variable = field(
-        default_factory=lambda: tf.Variable(0, dtype=tf.int64, trainable=False)
-    )
-    finished: tf.Variable = field(default_factory=lambda: tf.Variable(0, dtype=tf.int64, trainable=False))
-    lr_factor: tf.Variable = field(
-        default_factory=lambda: tf.Variable(1.0, dtype=tf.float64, trainable=False)
-    )
-    epoch_loss_sum: tf.Variable = field(
-        default_factory=lambda: tf.Variable(0.0, dtype=tf.float64, trainable=False)
-    )
-    epoch_loss_count: tf.Variable = field(
-        default_factory=lambda: tf.Variable(0, dtype=tf.int64, trainable=False)
-    )
-    history: tf.Variable = field(default_factory=lambda: tf.Variable("{}", dtype=tf.string, trainable=False))
+    global_step: tf.Variable = _counter()
+    epoch: tf.Variable = _counter()
+    step_in_epoch: tf.Variable = _counter()
+    target_epochs: tf.Variable = _counter()
+    epochs_setting: tf.Variable = _counter()
+    finished: tf.Variable = _counter()
+    lr_factor: tf.Variable = _counter(tf.float64, 1.0)
+    epoch_loss_sum: tf.Variable = _counter(tf.float64, 0.0)
+    epoch_loss_count: tf.Variable = _counter()
 
     def variables(self) -> dict:
+        """{checkpoint name: variable}."""
         return dict(self.__dict__)
 
 
@@ -101,11 +94,14 @@ def global_batch_size(config: Config, towers: int) -> tuple[int, int]:
 
 
 class Trainer:
-    """Trains the acoustic model of ``config`` on ``train_data``; validates on ``dev_data``.
+    """Trains the acoustic model of ``config`` on ``train_data``; validates on ``dev_data`` (None: no
+    validation, the last checkpoint stands in for the best-dev one).
 
     ``run_dir`` receives ``checkpoints/``, ``best/``, ``summaries/``. Only the
     chief (``role.is_chief``) writes there; other workers save into a scratch
     directory, as MultiWorkerMirroredStrategy requires every worker to save.
+    ``fingerprint`` (the Train stage's) and ``started`` (the ``time.time()`` the stage
+    began, default: now) go into the report ``fit`` returns.
     """
 
     def __init__(
@@ -118,6 +114,9 @@ class Trainer:
         strategy: tf.distribute.Strategy,
         role: ClusterRole = ClusterRole(0, 1),
         hooks: TrainHooks | None = None,
+        *,
+        fingerprint: str = "",
+        started: float | None = None,
     ):
         self.config = config
         self.run_dir = Path(run_dir)
@@ -128,6 +127,8 @@ class Trainer:
         self.strategy = strategy
         self.role = role
         self.hooks = hooks or TrainHooks()
+        self.fingerprint = fingerprint
+        self.started = time.time() if started is None else started
         self.towers = strategy.num_replicas_in_sync
         self.per_tower_batch, self.global_batch = global_batch_size(config, self.towers)
         self.plan = batch_plan(
@@ -160,6 +161,8 @@ class Trainer:
             else {}
         )
         self.state = _State()
+        self.history_state = HistoryState()
+        self.resumed = False
         # Everything a step depends on: weights, optimizer slots and step, dropout RNG state, data
         # position, learning-rate factor and history; so a resumed run is bit-identical.
         self.checkpoint = tf.train.Checkpoint(
@@ -167,6 +170,7 @@ class Trainer:
             rng=rng_states(self.model),
             optimizer=self.optimizer,
             loss_scale=loss_scale,
+            history=self.history_state,
             **self.state.variables(),
         )
         self.manager = tf.train.CheckpointManager(
@@ -178,7 +182,10 @@ class Trainer:
         self.best_manager = tf.train.CheckpointManager(
             self.checkpoint, str(writes.best), max_to_keep=1, checkpoint_name=BEST_PREFIX
         )
-        self._train_step = self._make_train_step()
+        self._train_step = TrainStep(
+            self.model, self.optimizer, self.step_optimizer, strategy, training, alphabet.blank_index
+        )
+        self.policy = EpochPolicy(config, has_dev=dev_data is not None)
         self._forward = make_forward(self.model, alphabet.blank_index)
         self._train_reader = SplitReader(train_data)
         self._dev_reader = SplitReader(dev_data) if dev_data is not None else None
@@ -190,111 +197,23 @@ class Trainer:
         if role.is_chief:
             remove_checkpoint_leftovers(self.run)
 
-    # -- the step ------------------------------------------------------------------------------
-    def _make_train_step(self):
-        model, optimizer, towers = self.model, self.step_optimizer, self.towers
-        scaled_loss = optimizer is not self.optimizer
-        jit = self.config.training.jit_compile
-        blank, clip = self.alphabet.blank_index, self.config.training.clip_grad_norm
-        guard = self.config.training.revert_nonfinite_updates
-        # XLA has no kernel for the sparse-label CTC op: with jit_compile the dense-label loss is used.
-        sparse = sparse_labels_supported() and not jit
-
-        def gradients(windows, lengths, labels, label_lengths):
-            """(the tower's share of the loss, its gradients): forward and backward, one XLA cluster with
-            jit_compile."""
-            with tf.GradientTape() as tape:
-                logits = model(windows, training=True)  # [batch, time, classes], float32
-                per_sample = ctc_loss(labels, label_lengths, logits, lengths, blank, sparse)
-                # The step's global batch: every tower gets as many utterances (max_batch_frames may
-                # make a step smaller than training.batch_size).
-                step_batch = tf.cast(tf.shape(lengths)[0] * towers, per_sample.dtype)
-                scaled = tf.reduce_sum(per_sample) / step_batch
-                backward = optimizer.scale_loss(scaled) if scaled_loss else scaled
-            return scaled, tape.gradient(backward, model.trainable_variables)
-
-        if jit:
-            gradients = tf.function(gradients, jit_compile=True)
-
-        # Shadow copies of every variable a step changes: an update that would make a weight non-finite
-        # is undone (costs one copy of weights + optimizer slots in memory and a copy per step).
-        guarded = list(model.trainable_variables) + list(self.optimizer.variables)
-        with self.strategy.scope():
-            shadows = (
-                [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="shadow") for v in guarded]
-                if guard
-                else []
-            )
-
-        def apply_if_finite(distribution, finite, grads):
-            # Runs in cross-replica context: assignments reach every replica.
-            def apply():
-                for shadow, variable in zip(shadows, guarded, strict=False):
-                    shadow.assign(variable)
-                distribution.extended.call_for_each_replica(
-                    lambda g: optimizer.apply(g, model.trainable_variables), args=(grads,)
-                )
-                if not guard:
-                    return tf.constant(True)
-                ok = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in model.trainable_variables])
-
-                def revert():
-                    for shadow, variable in zip(shadows, guarded, strict=False):
-                        variable.assign(shadow)
-                    return tf.constant(False)
-
-                return tf.cond(ok, lambda: tf.constant(True), revert)
-
-            return tf.cond(
-                distribution.experimental_local_results(finite)[0], apply, lambda: tf.constant(False)
-            )
-
-        def replica_step(windows, lengths, labels, label_lengths, indices):
-            scaled, grads = gradients(windows, lengths, labels, label_lengths)
-            context = tf.distribute.get_replica_context()
-            reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads + [scaled])
-            grads, loss = reduced[:-1], reduced[-1]
-            # With loss scaling, the LossScaleOptimizer skips steps whose gradients overflowed (and lowers
-            # the scale); only the loss decides here.
-            checked = [loss] if scaled_loss else reduced
-            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in checked])
-            if clip > 0:
-                # Scaled gradients are clipped at the scaled norm: the same as clipping the true ones.
-                grads, _ = tf.clip_by_global_norm(
-                    grads, clip * (optimizer.dynamic_scale if scaled_loss else 1.0)
-                )
-            # The optimizer all-reduces (sums) again: hand it each tower's share of the global gradient.
-            grads = [g / towers for g in grads]
-            applied = context.merge_call(apply_if_finite, args=(finite, grads))
-            return loss, finite, applied, indices
-
-        compiled = {}
-
-        def train_step(dataset, batch):
-            # One trace for all batch shapes: the signature has unknown batch and time sizes.
-            if "fn" not in compiled:
-                compiled["fn"] = tf.function(
-                    lambda b: self.strategy.run(replica_step, args=b), input_signature=[dataset.element_spec]
-                )
-            return compiled["fn"](batch)
-
-        return train_step
+    @property
+    def history(self) -> TrainHistory:
+        """The run's record (restored with the checkpoint, saved with every checkpoint)."""
+        return self.history_state.history
 
     # -- persistence ---------------------------------------------------------------------------
-    def _history(self) -> dict:
-        return json.loads(self.state.history.numpy().decode())
-
-    def _set_history(self, history: dict) -> None:
-        self.state.history.assign(json.dumps(history))
-
-    def _save(self, history: dict | None = None) -> None:
-        # The history is serialised into the checkpoint only when one is written, never per step.
-        if history is not None:
-            self._set_history(history)
+    def _save(self) -> None:
+        """Write a checkpoint of everything (the history is serialised only here, never per step)."""
         self.manager.save(checkpoint_number=int(self.state.global_step.numpy()))
 
     def restore(self) -> str | None:
-        """Restore the latest checkpoint (or warm-start from ``training.init_from``); returns what was loaded."""
+        """Restore the latest checkpoint (or warm-start from ``training.init_from``); returns what was loaded.
+
+        A damaged checkpoint (unreadable data, a malformed history) is skipped with a warning for the one
+        before it; ``resumed`` says whether a checkpoint of this run was restored.
+        """
+        self.resumed = False
         candidates = list(reversed(self.manager.checkpoints)) or checkpoints_on_disk(self.run.checkpoints)
         for prefix in candidates:
             try:
@@ -308,6 +227,7 @@ class Trainer:
                     str(error).splitlines()[0][:200],
                 )
                 continue
+            self.resumed = True
             log.info(
                 "Restored %s: epoch %d, step %d (%d of this epoch)",
                 prefix,
@@ -334,16 +254,36 @@ class Trainer:
             return self.config.training.init_from
         return None
 
-    def _resolve_target(self, restored: bool) -> int:
-        unfinished = restored and not int(self.state.finished.numpy())
-        target = epoch_target(
-            self.config.training.epochs,
-            int(self.state.epoch.numpy()),
-            int(self.state.target_epochs.numpy()) if unfinished else 0,
+    def _last_run(self) -> RunRecord | None:
+        """What the restored checkpoint says about its run (None when none of this run was restored)."""
+        if not self.resumed:
+            return None
+        return RunRecord(
+            epochs_done=int(self.state.epoch.numpy()),
+            target=int(self.state.target_epochs.numpy()),
+            setting=int(self.state.epochs_setting.numpy()) or None,
+            finished=bool(self.state.finished.numpy()),
+            stopped=self.history.stop is not None,
         )
-        self.state.target_epochs.assign(target)
-        self.state.finished.assign(0)
-        return target
+
+    def _plan(self) -> tuple[int, int, int]:
+        """(target epochs, epochs setting, finished): what a save records about the run's plan."""
+        return tuple(
+            int(v.numpy()) for v in (self.state.target_epochs, self.state.epochs_setting, self.state.finished)
+        )
+
+    def _run_over(self, target: int) -> bool:
+        return int(self.state.epoch.numpy()) >= target or self.history.stop is not None
+
+    def _ensure_best(self) -> None:
+        """Make the last checkpoint the best-dev one when no validation has told better: no dev split,
+        validation off, or no finite dev loss yet."""
+        latest = self.best_manager.latest_checkpoint
+        if latest and self.history.best() is not None:
+            return
+        step = int(self.state.global_step.numpy())
+        if latest is None or not latest.endswith(f"-{step}"):
+            self.best_manager.save(checkpoint_number=step)
 
     # -- summaries -----------------------------------------------------------------------------
     def _writer(self, name: str):
@@ -356,11 +296,9 @@ class Trainer:
         return self._writers[name]
 
     def _learning_rate(self) -> float:
-        training = self.config.training
-        lr = training.learning_rate * float(self.state.lr_factor.numpy())
-        if training.lr_decay == "exponential":
-            lr *= training.decay_rate ** (int(self.state.global_step.numpy()) / training.decay_steps)
-        return lr
+        return learning_rate(
+            self.config.training, float(self.state.lr_factor.numpy()), int(self.state.global_step.numpy())
+        )
 
     # -- the loop ------------------------------------------------------------------------------
     def _distributed_batches(self, epoch: int, start_step: int, end_epoch: int):
@@ -385,13 +323,11 @@ class Trainer:
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
-    def _after_step(self, outputs, history: dict, consecutive_bad: int, lr: float) -> int:
-        """Book-keeping of one step: counters, skipped-batch log, summaries; returns the non-finite streak."""
+    def _after_step(self, result: StepResult, consecutive_bad: int, lr: float) -> int:
+        """Book-keeping of one step: counters, skipped-batch record, summaries; returns the non-finite
+        streak."""
         training = self.config.training
-        loss, finite, applied, indices = outputs
-        loss = float(self.strategy.experimental_local_results(loss)[0].numpy())
-        finite = bool(self.strategy.experimental_local_results(finite)[0].numpy())
-        applied = bool(self.strategy.experimental_local_results(applied)[0].numpy())
+        loss, finite, applied = result.loss, result.finite, result.applied
         self._last_loss = loss
         self.state.global_step.assign_add(1)
         self.state.step_in_epoch.assign_add(1)
@@ -404,13 +340,7 @@ class Trainer:
             self.state.epoch_loss_count.assign_add(1)
         else:
             consecutive_bad += 1
-            files = sorted(
-                {
-                    self.train_data.paths[i]
-                    for part in self.strategy.experimental_local_results(indices)
-                    for i in part.numpy()
-                }
-            )
+            files = sorted({self.train_data.paths[i] for i in result.batch_indices()})
             if finite:
                 log.warning(
                     "Step %d: the update would make weights non-finite, so it was not applied "
@@ -421,12 +351,13 @@ class Trainer:
                 )
             else:
                 log.warning("Step %d: non-finite loss, batch skipped; its files: %s", step, ", ".join(files))
-            history["skipped_batches"].append({"step": step, "files": files})
+            self.history.skipped_batches.append(SkippedBatch(step=step, files=files))
             if consecutive_bad >= training.max_nonfinite_batches:
-                self._save(history)
+                self._save()
                 raise TrainingError(
-                    f"{consecutive_bad} batches in a row had a non-finite loss (last files: {', '.join(files)}); "
-                    f"check these files and the learning rate (training.learning_rate {training.learning_rate})"
+                    f"{consecutive_bad} batches in a row had a non-finite loss "
+                    f"(last files: {', '.join(files)}); check these files and the learning rate "
+                    f"(training.learning_rate {training.learning_rate})"
                 )
         with self._writer("train").as_default(step=step):
             if finite:
@@ -452,8 +383,9 @@ class Trainer:
                 self._first_loss,
             )
 
-    def validate(self, epoch: int) -> dict:
-        """Dev loss, greedy WER/CER and best/worst samples of the current weights."""
+    def validate(self, epoch: int) -> tuple[DevFigures, dict]:
+        """Dev figures (loss, greedy WER/CER) of the current weights, as after epoch ``epoch``, and the
+        best/worst samples."""
         results = run_split(
             self.model,
             self.dev_data,
@@ -466,103 +398,102 @@ class Trainer:
         rates = corpus_rates(results)
         samples = best_and_worst(results, self.config.training.report_count)
         log.info("%s", format_report(f"Validation after epoch {epoch}", rates, samples))
-        return {
-            "epoch": epoch,
-            "dev_loss": rates["loss"],
-            "wer": rates["wer"],
-            "cer": rates["cer"],
-            "samples": samples,
-        }
+        return DevFigures(epoch=epoch, dev_loss=rates["loss"], wer=rates["wer"], cer=rates["cer"]), samples
 
-    def _end_epoch(self, epoch: int, target: int, history: dict, best_loss: float) -> float:
-        """Close epoch ``epoch`` (0-based): record its loss, validate when due, advance the position and
-        save (the best-dev checkpoint too when it improved); returns the best dev loss so far."""
+    def _end_epoch(self, epoch: int, target: int) -> None:
+        """Close epoch ``epoch`` (0-based): record its loss, carry out the policy's verdict, advance the
+        position and save (the best-dev checkpoint too when it improved). The save that ends the run
+        marks it finished in the same checkpoint, so no kill can separate the two."""
+        history = self.history
         count = int(self.state.epoch_loss_count.numpy())
         epoch_loss = float(self.state.epoch_loss_sum.numpy()) / count if count else float("nan")
-        history["epoch_losses"].append({"epoch": epoch + 1, "train_loss": epoch_loss})
+        history.epoch_losses.append(EpochLoss(epoch=epoch + 1, train_loss=epoch_loss))
         log.info("Epoch %d/%d: mean train loss %.4f", epoch + 1, target, epoch_loss)
         if self.hooks.on_epoch:
-            self.hooks.on_epoch({"epoch": epoch + 1, "target_epochs": target, "train_loss": epoch_loss})
-        is_best, best_loss = self._validate_and_decide(epoch + 1, history, best_loss)
+            self.hooks.on_epoch(EpochInfo(epoch=epoch + 1, target_epochs=target, train_loss=epoch_loss))
+        verdict = self.policy.after_epoch(epoch + 1, history, self.validate)
+        if verdict.validation is not None:
+            self._record_validation(verdict)
         self.state.epoch.assign_add(1)
         self.state.step_in_epoch.assign(0)
         self.state.epoch_loss_sum.assign(0.0)
         self.state.epoch_loss_count.assign(0)
-        self._set_history(history)
-        if is_best:
+        if self._run_over(target):
+            self.state.finished.assign(1)
+        if verdict.is_best:
             self.best_manager.save(checkpoint_number=int(self.state.global_step.numpy()))
         self._save()
-        return best_loss
 
-    def _validate_and_decide(self, epoch: int, history: dict, best_loss: float) -> tuple[bool, float]:
-        """The end-of-epoch policy after epoch ``epoch`` (1-based): validate when due, then decide whether
-        this is the best-dev model, whether to halve the learning rate, and whether to stop early
-        (recorded in ``history["stop"]``). Returns (best-dev model?, best dev loss so far)."""
-        training = self.config.training
-        due = (
-            self.dev_data is not None
-            and training.validation_epochs
-            and epoch % training.validation_epochs == 0
-        )
-        if not due:
-            if training.validation_epochs == 0 and self.config.early_stop.rule != "off" and epoch == 1:
-                log.warning(
-                    "early_stop.rule is %r but validation is off (training.validation_epochs: 0): "
-                    "no early stopping",
-                    self.config.early_stop.rule,
-                )
-            return False, best_loss
-        validation = self.validate(epoch)
-        history["validations"].append(validation)
+    def _record_validation(self, verdict: EpochVerdict) -> None:
+        """Record a validation and what the policy decided on it; summaries, the WER line, hooks."""
+        training, history, figures = self.config.training, self.history, verdict.validation
+        history.validations.append(figures)
+        history.last_samples = verdict.samples
+        if verdict.stop is not None:
+            history.stop = verdict.stop
         with self._writer("dev").as_default(step=int(self.state.global_step.numpy())):
-            for key in ("dev_loss", "wer", "cer"):
-                tf.summary.scalar(key.replace("dev_", ""), validation[key])
+            tf.summary.scalar("loss", figures.dev_loss)
+            tf.summary.scalar("wer", figures.wer)
+            tf.summary.scalar("cer", figures.cer)
         if training.wer_log_pattern:
             print(
                 training.wer_log_pattern.format(
-                    epoch=epoch, wer=validation["wer"], cer=validation["cer"], loss=validation["dev_loss"]
+                    epoch=figures.epoch, wer=figures.wer, cer=figures.cer, loss=figures.dev_loss
                 ),
                 flush=True,
             )
-        is_best = validation["dev_loss"] < best_loss
-        if not is_best and training.halve_lr_on_plateau:
+        if verdict.halve_lr:
             self.state.lr_factor.assign(self.state.lr_factor * 0.5)
             log.info(
                 "Dev loss %.4f is worse than the best %.4f: learning rate halved to %.3g",
-                validation["dev_loss"],
-                best_loss,
+                figures.dev_loss,
+                verdict.best_before,
                 self._learning_rate(),
             )
-        decision = should_stop([v["dev_loss"] for v in history["validations"]], self.config.early_stop)
-        if decision is not None:
-            log.info("Early stop check (%s rule): %s", decision.rule, decision.reason)
-            if decision.stop:
-                history["stop"] = {"rule": decision.rule, "reason": decision.reason, "epoch": epoch}
-                log.warning(
-                    "Early stop after epoch %d by the %s rule: %s", epoch, decision.rule, decision.reason
-                )
         if self.hooks.on_validation:
-            self.hooks.on_validation(validation)
-        return is_best, min(best_loss, validation["dev_loss"])
+            self.hooks.on_validation(
+                ValidationInfo(
+                    epoch=figures.epoch,
+                    dev_loss=figures.dev_loss,
+                    wer=figures.wer,
+                    cer=figures.cer,
+                    is_best=verdict.is_best,
+                    samples=verdict.samples,
+                )
+            )
 
     def fit(self) -> TrainReport:
         """Train until the target epoch or an early stop; returns the training report."""
         started = time.monotonic()
-        restored = self.restore() is not None
-        target = self._resolve_target(restored)
+        self.restore()
+        target = epoch_target(self.config.training.epochs, self._last_run())
+        plan_before = self._plan()
+        self.state.target_epochs.assign(target)
+        self.state.epochs_setting.assign(self.config.training.epochs)
+        self.state.finished.assign(int(self._run_over(target)))
+        for warning in self.policy.blind_spots():
+            log.warning("%s", warning)
+        if self._run_over(target):
+            log.info(
+                "Nothing to train: %d epochs done, target %d%s",
+                int(self.state.epoch.numpy()),
+                target,
+                f", stopped early ({self.history.stop.reason})" if self.history.stop else "",
+            )
+            if self._plan() != plan_before:
+                self._save()  # the new target and setting, so checkpoint and report agree
+        else:
+            self._train(target, started)
+        self._ensure_best()
+        for writer in (self._writers or {}).values():
+            writer.flush()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        return self._report(target, time.monotonic() - started)
+
+    def _train(self, target: int, started: float) -> None:
+        """Run steps and epochs from the restored position to ``target`` or an early stop."""
         training = self.config.training
-        history = self._history()
-        history.setdefault("validations", [])
-        history.setdefault("epoch_losses", [])
-        history.setdefault("skipped_batches", [])
-        history.setdefault("stop", None)
-        history["stop"] = None
-        best_loss = min(
-            (v["dev_loss"] for v in history["validations"] if np.isfinite(v["dev_loss"])), default=math.inf
-        )
-        last_save = time.monotonic()
-        consecutive_bad = 0
-        current_lr = None
         log.info(
             "Training to epoch %d: %d towers x %d = global batch %d, %d steps per epoch",
             target,
@@ -571,62 +502,50 @@ class Trainer:
             self.global_batch,
             self.steps_per_epoch,
         )
-
+        last_save = time.monotonic()
+        consecutive_bad = 0
+        current_lr = None
         # One iterator for the whole run: re-creating distributed datasets every epoch stalled
         # for up to a minute at each epoch boundary (tearing down the previous iterator).
-        first_epoch = int(self.state.epoch.numpy())
-        if first_epoch < target:
-            dataset = self._distributed_batches(first_epoch, int(self.state.step_in_epoch.numpy()), target)
-            batches = iter(dataset)
-        while int(self.state.epoch.numpy()) < target and history["stop"] is None:
+        dataset = self._distributed_batches(
+            int(self.state.epoch.numpy()), int(self.state.step_in_epoch.numpy()), target
+        )
+        batches = iter(dataset)
+        while not self._run_over(target):
             epoch = int(self.state.epoch.numpy())
-            start_step = int(self.state.step_in_epoch.numpy())
-            if start_step < self.steps_per_epoch:
-                for _ in range(self.steps_per_epoch - start_step):
-                    try:
-                        batch = next(batches)
-                    except tf.errors.OpError as error:
-                        raise damage_in(error) or error from None
-                    lr = self._learning_rate()
-                    if lr != current_lr:
-                        self.optimizer.learning_rate.assign(lr)
-                        current_lr = lr
-                    outputs = self._train_step(dataset, batch)
-                    consecutive_bad = self._after_step(outputs, history, consecutive_bad, lr)
-                    if time.monotonic() - last_save >= training.checkpoint_secs:
-                        self._save(history)
-                        last_save = time.monotonic()
-                    if self.hooks.on_step:
-                        self.hooks.on_step(
-                            {
-                                "epoch": epoch,
-                                "target_epochs": target,
-                                "step": int(self.state.global_step.numpy()),
-                                "step_in_epoch": int(self.state.step_in_epoch.numpy()),
-                                "steps_per_epoch": self.steps_per_epoch,
-                                "loss": self._last_loss,
-                                "elapsed_s": time.monotonic() - started,
-                            }
+            for _ in range(self.steps_per_epoch - int(self.state.step_in_epoch.numpy())):
+                try:
+                    batch = next(batches)
+                except tf.errors.OpError as error:
+                    raise damage_in(error) or error from None
+                lr = self._learning_rate()
+                if lr != current_lr:
+                    self.optimizer.learning_rate.assign(lr)
+                    current_lr = lr
+                result = self._train_step(batch, dataset.element_spec)
+                consecutive_bad = self._after_step(result, consecutive_bad, lr)
+                if time.monotonic() - last_save >= training.checkpoint_secs:
+                    self._save()
+                    last_save = time.monotonic()
+                if self.hooks.on_step:
+                    self.hooks.on_step(
+                        StepInfo(
+                            epoch=epoch,
+                            target_epochs=target,
+                            step=int(self.state.global_step.numpy()),
+                            step_in_epoch=int(self.state.step_in_epoch.numpy()),
+                            steps_per_epoch=self.steps_per_epoch,
+                            loss=self._last_loss,
+                            elapsed_s=time.monotonic() - started,
                         )
-            best_loss = self._end_epoch(epoch, target, history, best_loss)
+                    )
+            self._end_epoch(epoch, target)
             last_save = time.monotonic()
 
-        self.state.finished.assign(1)
-        self._set_history(history)
-        self._save()
-        if not self.best_manager.latest_checkpoint:
-            self.best_manager.save(checkpoint_number=int(self.state.global_step.numpy()))
-        for writer in (self._writers or {}).values():
-            writer.flush()
-        if self.scratch is not None:
-            shutil.rmtree(self.scratch, ignore_errors=True)
-        return self._report(history, target, time.monotonic() - started)
-
-    def _report(self, history: dict, target: int, wall: float) -> TrainReport:
-        validations = history["validations"]
-        best = min(validations, key=lambda v: v["dev_loss"]) if validations else None
-        stop = history["stop"] or {"rule": None, "reason": f"reached the target of {target} epochs"}
-        figures = ("epoch", "dev_loss", "wer", "cer")
+    def _report(self, target: int, wall_this_run: float) -> TrainReport:
+        """The whole ``train_report.json`` of this run (the only place it is built)."""
+        history = self.history
+        stop = history.stop or StopRecord(rule=None, reason=f"reached the target of {target} epochs")
         return TrainReport(
             epochs_completed=int(self.state.epoch.numpy()),
             target_epochs=target,
@@ -635,13 +554,21 @@ class Trainer:
             towers=self.towers,
             batch_size_per_tower=self.per_tower_batch,
             global_batch_size=self.global_batch,
-            train_losses=history["epoch_losses"],
-            validations=[{k: v[k] for k in figures} for v in validations],
-            best_dev=DevFigures(**{k: best[k] for k in figures}) if best else None,
-            last_samples=validations[-1]["samples"] if validations else None,
-            stop=StopRecord(**stop),
-            skipped_batches=history["skipped_batches"],
+            train_losses=[dataclasses.asdict(e) for e in history.epoch_losses],
+            validations=[dataclasses.asdict(v) for v in history.validations],
+            best_dev=history.best(),
+            last_samples=history.last_samples,
+            stop=stop,
+            skipped_batches=[dataclasses.asdict(b) for b in history.skipped_batches],
             best_checkpoint=self.best_manager.latest_checkpoint,
             latest_checkpoint=self.manager.latest_checkpoint,
-            wall_time_s_this_run=wall,
+            wall_time_s_this_run=wall_this_run,
+            epochs_setting=self.config.training.epochs,
+            weights_sha256=weights_digest(self.model),
+            fingerprint=self.fingerprint,
+            config=self.config.source,
+            train_samples=len(self.train_data),
+            train_audio_hours=float(self.train_data.durations.sum()) / 3600,
+            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
+            wall_time_s=time.time() - self.started,
         )

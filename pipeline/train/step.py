@@ -1,0 +1,158 @@
+"""The compiled training step: forward and backward on each tower, CTC loss, all-reduce, the
+non-finite guard, one optimizer update.
+
+Nothing here knows about epochs, checkpoints or validation (``loop.py`` and
+``policy.py``); a step takes one distributed batch and says what happened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import keras
+import tensorflow as tf
+
+from pipeline.config import TrainingConfig
+from pipeline.train.ctc import ctc_loss, sparse_labels_supported
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step did: its loss (summed over towers), whether that loss and the gradients were finite,
+    whether the update was applied, and the per-tower tensors of the batch's utterance indices."""
+
+    loss: float
+    finite: bool
+    applied: bool
+    indices: tuple
+
+    def batch_indices(self) -> list[int]:
+        """The utterance indices (into the train split) of the step's batch, all towers, sorted."""
+        return sorted({int(i) for part in self.indices for i in part.numpy()})
+
+
+class TrainStep:
+    """One training step over all towers, compiled on first use.
+
+    Each tower computes its share of the loss (the per-utterance CTC loss summed
+    and divided by the step's global batch) and its gradients; the gradients and
+    the loss are summed over the towers; a step whose loss (or, without loss
+    scaling, gradients) is not finite is skipped. With
+    ``training.revert_nonfinite_updates`` the variables the update changes are
+    copied into shadow variables first and put back when the update made any
+    weight non-finite: one copy of the weights and optimizer slots in memory, and a
+    copy per step.
+
+    ``optimizer`` is the Adam whose slots are checkpointed; ``step_optimizer`` is
+    what applies the update (the same object, or a ``LossScaleOptimizer`` around it
+    with ``mixed_float16``).
+    """
+
+    def __init__(
+        self,
+        model: keras.Model,
+        optimizer: keras.optimizers.Optimizer,
+        step_optimizer: keras.optimizers.Optimizer,
+        strategy: tf.distribute.Strategy,
+        training: TrainingConfig,
+        blank_index: int,
+    ):
+        self.strategy = strategy
+        self._replica_step = self._build(model, optimizer, step_optimizer, strategy, training, blank_index)
+        self._compiled = None
+
+    @staticmethod
+    def _build(model, inner_optimizer, optimizer, strategy, training: TrainingConfig, blank: int):
+        """The per-replica step function (and the shadow variables it uses, made in the strategy's scope)."""
+        towers = strategy.num_replicas_in_sync
+        scaled_loss = optimizer is not inner_optimizer
+        jit = training.jit_compile
+        clip = training.clip_grad_norm
+        guard = training.revert_nonfinite_updates
+        # XLA has no kernel for the sparse-label CTC op: with jit_compile the dense-label loss is used.
+        sparse = sparse_labels_supported() and not jit
+
+        def gradients(features, lengths, labels, label_lengths):
+            """(the tower's share of the loss, its gradients): forward and backward, one XLA cluster with
+            jit_compile."""
+            with tf.GradientTape() as tape:
+                logits = model(features, training=True)  # [batch, time, classes], float32
+                per_sample = ctc_loss(labels, label_lengths, logits, lengths, blank, sparse)
+                # The step's global batch: every tower gets as many utterances (max_batch_frames may
+                # make a step smaller than training.batch_size).
+                step_batch = tf.cast(tf.shape(lengths)[0] * towers, per_sample.dtype)
+                scaled = tf.reduce_sum(per_sample) / step_batch
+                backward = optimizer.scale_loss(scaled) if scaled_loss else scaled
+            return scaled, tape.gradient(backward, model.trainable_variables)
+
+        if jit:
+            gradients = tf.function(gradients, jit_compile=True)
+
+        guarded = list(model.trainable_variables) + list(inner_optimizer.variables)
+        with strategy.scope():
+            shadows = (
+                [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="shadow") for v in guarded]
+                if guard
+                else []
+            )
+
+        def apply_if_finite(distribution, finite, grads):
+            # Runs in cross-replica context: assignments reach every replica.
+            def apply():
+                for shadow, variable in zip(shadows, guarded, strict=False):
+                    shadow.assign(variable)
+                distribution.extended.call_for_each_replica(
+                    lambda g: optimizer.apply(g, model.trainable_variables), args=(grads,)
+                )
+                if not guard:
+                    return tf.constant(True)
+                ok = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in model.trainable_variables])
+
+                def revert():
+                    for shadow, variable in zip(shadows, guarded, strict=False):
+                        variable.assign(shadow)
+                    return tf.constant(False)
+
+                return tf.cond(ok, lambda: tf.constant(True), revert)
+
+            return tf.cond(
+                distribution.experimental_local_results(finite)[0], apply, lambda: tf.constant(False)
+            )
+
+        def replica_step(features, lengths, labels, label_lengths, indices):
+            scaled, grads = gradients(features, lengths, labels, label_lengths)
+            context = tf.distribute.get_replica_context()
+            reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads + [scaled])
+            grads, loss = reduced[:-1], reduced[-1]
+            # With loss scaling, the LossScaleOptimizer skips steps whose gradients overflowed (and lowers
+            # the scale); only the loss decides here.
+            checked = [loss] if scaled_loss else reduced
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in checked])
+            if clip > 0:
+                # Scaled gradients are clipped at the scaled norm: the same as clipping the true ones.
+                grads, _ = tf.clip_by_global_norm(
+                    grads, clip * (optimizer.dynamic_scale if scaled_loss else 1.0)
+                )
+            # The optimizer all-reduces (sums) again: hand it each tower's share of the global gradient.
+            grads = [g / towers for g in grads]
+            applied = context.merge_call(apply_if_finite, args=(finite, grads))
+            return loss, finite, applied, indices
+
+        return replica_step
+
+    def __call__(self, batch, element_spec) -> StepResult:
+        """Run one step on ``batch``, an element of a distributed dataset whose ``element_spec`` is given
+        (one trace serves every batch shape: the signature has unknown batch and time sizes)."""
+        if self._compiled is None:
+            replica_step, strategy = self._replica_step, self.strategy
+            self._compiled = tf.function(
+                lambda b: strategy.run(replica_step, args=b), input_signature=[element_spec]
+            )
+        loss, finite, applied, indices = self._compiled(batch)
+        local = self.strategy.experimental_local_results
+        return StepResult(
+            loss=float(local(loss)[0].numpy()),
+            finite=bool(local(finite)[0].numpy()),
+            applied=bool(local(applied)[0].numpy()),
+            indices=tuple(local(indices)),
+        )
