@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from native_client.audio import stream_for_model
-from native_client.decoding import GreedyDecoder
+from native_client.decoders.greedy import GreedyDecoder
 from native_client.features import mfcc_features
 from native_client.metadata import ExportMetadata, load_metadata, verify_manifest
 from native_client.runtime import make_runner
@@ -48,7 +48,8 @@ class Model:
     """An exported acoustic model with its decoder.
 
     ``backend`` is ``tflite`` (default), ``saved_model`` or ``frozen_graph``; ``decoder``
-    is any object with ``decode(logits) -> str`` (default: greedy).
+    is a ``native_client.decoders.Decoder`` (default: greedy; ``decoder_for_export`` builds the one
+    the export's metadata describes).
     """
 
     def __init__(self, export_dir: str | Path, backend: str = "tflite", threads: int = 1, decoder=None):
@@ -107,7 +108,8 @@ class Model:
 def open_model(
     export_dir: str | Path, backend: str = "tflite", threads: int = 1, decoder_factory=None
 ) -> Model:
-    """Load an export; ``decoder_factory(metadata)`` may build a decoder (e.g. beam search with the LM)."""
+    """Load an export; ``decoder_factory(metadata)`` may build a decoder (e.g.
+    ``native_client.export_decoder.decoder_for_export``: the export's own, beam search with its LM)."""
     model = Model(export_dir, backend, threads)
     if decoder_factory is not None:
         decoder: object | None = decoder_factory(model.metadata)

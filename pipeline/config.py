@@ -10,6 +10,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from native_client.decoders import decoder_class
+from native_client.plugins import PluginError
+
 APP_NAME = "luigi-deepspeech"
 
 
@@ -249,8 +252,15 @@ class ExportConfig:
 
 @dataclass(frozen=True)
 class DecoderConfig:
-    """The language model and CTC beam search."""
+    """The language model and the decoder (CTC beam search by default)."""
 
+    type: str = _opt(
+        "beam",
+        "The decoder of Evaluate's LM figures, TuneDecoder, the export and the client: beam (CTC beam "
+        "search with the LM, flashlight-text), greedy (best path, no LM), or the dotted path of a module of "
+        "your own whose DECODER is a native_client.decoders.Decoder.",
+        fingerprint=False,
+    )  # in the TuneDecoder, Evaluate and Export fingerprints when not beam (layout)
     lm_corpus_files: tuple[str, ...] = _opt(
         (), "Text files the LanguageModel task learns from (never dev or test text).", path=True
     )
@@ -452,6 +462,10 @@ def validate_config(config: Config) -> None:
     if config.training.epochs == 0:
         raise ConfigError(f"{src}: training.epochs: expected a non-zero integer, got 0")
     decoder = config.decoder
+    try:
+        decoder_class(decoder.type)
+    except PluginError as error:
+        raise ConfigError(f"{src}: {error}") from None
     if not re.fullmatch(r"\d+(\.\d+)?[%bBkKmMgGtT]?", decoder.lm_memory):
         raise ConfigError(
             f"{src}: decoder.lm_memory: expected a size such as 2G, 500M or 50%, got {decoder.lm_memory!r}"

@@ -406,14 +406,23 @@ class Layout:
                     decoder.beam_size_token,
                     decoder.lexicon,
                 ],
+                **self._decoder_type(),
             }
         )
 
+    def _decoder_type(self) -> dict:
+        """``decoder.type`` when it is not the default ``beam``: fingerprints written before decoders had
+        a type (all beam search) stay valid."""
+        kind = self.config.decoder.type
+        return {} if kind == "beam" else {"decoder_type": kind}
+
     def _decoder_fingerprints(self) -> dict:
-        """What decoding with the LM depends on: the LM, and the tuning run when tuning is on."""
+        """What decoding with the LM depends on: the decoder's type, the LM, and the tuning run when
+        tuning is on."""
         return {
             "lm": self.lm_fingerprint,
             "tune": self.tune_fingerprint if self.config.decoder.tune else None,
+            **self._decoder_type(),
         }
 
     @functools.cached_property

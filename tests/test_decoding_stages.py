@@ -12,7 +12,8 @@ import luigi
 import pytest
 
 from native_client import Model, load_metadata, open_model
-from native_client.beam import BeamDecoder, beam_decoder_for_export
+from native_client.decoders.beam import BeamDecoder
+from native_client.export_decoder import decoder_for_export
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout, LMFiles
 from pipeline.lm.kneser_ney import LanguageModelError
@@ -102,7 +103,7 @@ def test_tune_evaluate_and_export_use_the_lm(small_config, tmp_path):
     assert (metadata.directory / metadata.decoder["lm"]).is_file() and (
         metadata.directory / "vocab.txt"
     ).is_file()
-    model = open_model(metadata.directory, decoder_factory=beam_decoder_for_export)
+    model = open_model(metadata.directory, decoder_factory=decoder_for_export)
     assert isinstance(model.decoder, BeamDecoder) and model.decoder.settings.lm_alpha == best["lm_alpha"]
     assert isinstance(Model(metadata.directory).decoder, type(model.greedy))
 

@@ -389,8 +389,8 @@ def test_word_timings_come_from_the_frames_of_the_best_path(tmp_path):
     """Greedy and beam search report each word's first frame and length (10 ms frames), and up to N
     distinct candidates, best first."""
     from native_client.alphabet import load_alphabet
-    from native_client.beam import BeamDecoder, BeamSettings
-    from native_client.decoding import GreedyDecoder
+    from native_client.decoders.beam import BeamDecoder, BeamSettings
+    from native_client.decoders.greedy import GreedyDecoder
     from pipeline.lm.kneser_ney import estimate, write_arpa
     from tests.conftest import ALPHABET
 
