@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,8 @@ from tasks import Evaluate, Export, LanguageModel
 from tests.conftest import ROOT, SAMPLE
 
 pytestmark = pytest.mark.usefixtures("tasks_in_process")
+
+ECHO = "tests.plugins.echo_decoder"  # a decoder of the user's own (see tests/plugins)
 
 
 def test_language_model_task_writes_an_arpa_kenlm_reads(small_config):
@@ -128,3 +131,30 @@ def test_tune_evaluate_and_export_use_the_lm(small_config, tmp_path):
     # with the LM every word is a vocabulary word; greedy output has no such guarantee
     vocabulary = set((metadata.directory / "vocab.txt").read_text().split())
     assert set(runs[""].split()) <= vocabulary and set(runs["--scorer"].split()) <= vocabulary
+
+    # decoder.type names a module of the user's own: TuneDecoder, Evaluate (in 2 spawned workers), the
+    # export and the client decode with it; the model, the features and the LM are the beam run's.
+    echo = path.with_name("echo.yaml")
+    echo.write_text(
+        f"extends: {path.name}\npaths:\n  export_dir: {tmp_path / 'echo-export'}\n"
+        f"decoder:\n  type: {ECHO}\n  workers: 2\n"
+    )
+    assert luigi.build([Evaluate(config=str(echo)), Export(config=str(echo))], local_scheduler=True)
+    layout = Layout(load_config(echo))
+    assert (layout.train_fingerprint, layout.lm_fingerprint) == (
+        Layout(config).train_fingerprint,
+        Layout(config).lm_fingerprint,
+    )
+    tuned = json.loads(layout.tune_report.read_text())
+    assert tuned["search"]["decoder"] == ECHO
+    alpha, beta = tuned["best"]["lm_alpha"], tuned["best"]["lm_beta"]
+    evaluation = json.loads((layout.evaluate_dir / "evaluation.json").read_text())
+    assert evaluation["decoder_lm"]["type"] == ECHO and evaluation["decoder_lm"]["lm_alpha"] == alpha
+    for sample in evaluation["all_samples_lm"]:
+        pid, weights = sample["hypothesis"].split(" ", 1)
+        assert int(pid) != os.getpid() and weights.startswith(f"{alpha:g} {beta:g}")
+    metadata = load_metadata(tmp_path / "echo-export")
+    assert metadata.decoder["type"] == ECHO and metadata.decoder["lm_alpha"] == alpha
+    model = open_model(metadata.directory, decoder_factory=decoder_for_export)
+    assert model.decoder.name == "echo"
+    assert model.transcribe_file(clip).text.startswith(f"{os.getpid()} {alpha:g} {beta:g}")
