@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from native_client.arpa import arpa_unigrams, is_arpa
-from native_client.decoders import DEFAULT_TYPE, Decoder, DecoderSpec, build_decoder
+from native_client.decoders import DEFAULT_TYPE, Decoder, DecoderSpec, decoder_class
 from native_client.metadata import METADATA_NAME, ExportMetadata, verify_manifest
 
 
@@ -61,6 +61,9 @@ def decoder_spec_for_export(
 def decoder_for_export(
     metadata: ExportMetadata, scorer: str | Path | None = None, overrides: dict | None = None
 ) -> Decoder | None:
-    """The decoder ``decoder_spec_for_export`` describes, or None (greedy) when the export has no LM."""
+    """The decoder ``decoder_spec_for_export`` describes, or None (greedy) when the export has no LM. An
+    unknown type (say a user's module not installed here) is a PluginError naming the metadata file."""
     spec = decoder_spec_for_export(metadata, scorer, overrides)
-    return None if spec is None else build_decoder(spec)
+    if spec is None:
+        return None
+    return decoder_class(spec.type, f"{metadata.directory / METADATA_NAME}: decoder.type").from_spec(spec)

@@ -492,6 +492,15 @@ def test_the_client_decodes_with_the_decoder_its_export_names(trained, tmp_path)
     extended = _client("--model", copy, "--audio", CLIPS[2], "--json", "--extended")
     assert extended.returncode == 0 and extended.stdout.splitlines() == [extended.stdout.strip()]
     assert extended.stdout.strip().split(" ", 1)[1] == f"0.25 2 {greedy.upper()}".strip()
+    # a decoder module this machine does not have is named, with the file that asks for it
+    metadata["decoder"]["type"] = "mylab.decoders.wfst"
+    (copy / "metadata.json").write_text(json.dumps(metadata))
+    write_manifest(copy)
+    missing = _client("--model", copy, "--audio", CLIPS[2])
+    assert missing.returncode == 2
+    assert (
+        f"\nerror: {copy / 'metadata.json'}: decoder.type: no module 'mylab.decoders.wfst'" in missing.stderr
+    )
 
 
 def test_client_hot_words_boost_words_through_the_language_model(trained, tmp_path):

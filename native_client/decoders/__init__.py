@@ -94,7 +94,7 @@ class Decoder(abc.ABC):
     process failing mid-evaluation on a missing method.
     """
 
-    name: str = ""
+    name: str = ""  # every decoder class sets it
 
     @classmethod
     @abc.abstractmethod
@@ -123,6 +123,8 @@ def decoder_class(type_name: str, what: str = "decoder.type") -> type[Decoder]:
             f"{what}: {type_name!r}: DECODER is {found!r}, expected a subclass of "
             f"native_client.decoders.Decoder"
         )
+    if not (isinstance(found.name, str) and found.name):
+        raise PluginError(f"{what}: {type_name!r}: {found.__name__} has no name (a class attribute)")
     return found
 
 
