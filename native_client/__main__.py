@@ -3,7 +3,7 @@
     deepspeech-transcribe --model <export dir | model.tflite | output_graph.pb> --audio a.wav [--audio ...]
         [--scorer lm.binary | --no-scorer] [--beam_width N] [--lm_alpha A] [--lm_beta B]
         [--hot_words word:boost,...] [--candidate_transcripts N] [--extended] [--json] [--no-resample]
-        [--version]
+        [--allow-plugin MODULE] [--version]
 
 (also ``python -m native_client``). Hyphen and underscore spellings of the options are both accepted.
 """
@@ -104,6 +104,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--resample", action="store_true", help=argparse.SUPPRESS
     )  # the default now; kept for old scripts
+    parser.add_argument(
+        "--allow-plugin",
+        "--allow_plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="let the export load this module of one's own (a decoder named by its dotted name in the "
+        "export's metadata); repeat for several. Built-in decoders need none",
+    )
     parser.add_argument("--version", action="version", version=_version())
     return parser.parse_args(argv)
 
@@ -176,7 +185,9 @@ def main(argv=None) -> int:
         "hot_words": args.hot_words,
     }
     factory = (
-        None if args.no_scorer else (lambda metadata: decoder_for_export(metadata, args.scorer, overrides))
+        None
+        if args.no_scorer
+        else (lambda metadata: decoder_for_export(metadata, args.scorer, overrides, args.allow_plugin))
     )
     try:
         directory, backend = model_location(args.model, args.backend)

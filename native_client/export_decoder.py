@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from native_client.arpa import arpa_unigrams, is_arpa
@@ -59,11 +60,18 @@ def decoder_spec_for_export(
 
 
 def decoder_for_export(
-    metadata: ExportMetadata, scorer: str | Path | None = None, overrides: dict | None = None
+    metadata: ExportMetadata,
+    scorer: str | Path | None = None,
+    overrides: dict | None = None,
+    allowed: Iterable[str] = (),
 ) -> Decoder | None:
-    """The decoder ``decoder_spec_for_export`` describes, or None (greedy) when the export has no LM. An
-    unknown type (say a user's module not installed here) is a PluginError naming the metadata file."""
+    """The decoder ``decoder_spec_for_export`` describes, or None (greedy) when the export has no LM.
+
+    An export never chooses code to import by itself: a decoder type that is a dotted module (a user's
+    own) is loaded only when it is in ``allowed`` (the client's ``--allow-plugin``; Transcribe allows the
+    config's own ``decoder.type``). A refused or unknown type is a PluginError naming the metadata file."""
     spec = decoder_spec_for_export(metadata, scorer, overrides)
     if spec is None:
         return None
-    return decoder_class(spec.type, f"{metadata.directory / METADATA_NAME}: decoder.type").from_spec(spec)
+    what = f"{metadata.directory / METADATA_NAME}: decoder.type"
+    return decoder_class(spec.type, what, allowed=tuple(allowed)).from_spec(spec)

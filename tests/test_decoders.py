@@ -57,6 +57,13 @@ def test_a_users_decoder_module_decodes_in_two_spawned_pool_workers():
 def test_decoders_are_found_by_name_and_wrong_names_are_named():
     assert decoder_class("beam") is BeamDecoder and decoder_class("greedy") is GreedyDecoder
     assert decoder_class(ECHO) is EchoDecoder and issubclass(EchoDecoder, Decoder)
+    # a name read from someone else's file (an export): built-in ones, or dotted ones the user allows
+    assert decoder_class("beam", allowed=()) is BeamDecoder
+    assert decoder_class(ECHO, allowed=[ECHO]) is EchoDecoder
+    with pytest.raises(
+        PluginError, match=rf"^decoder.type: '{ECHO}' is a module of someone's own.*--allow-plugin"
+    ):
+        decoder_class(ECHO, allowed=())
     alphabet = load_alphabet(ALPHABET)
     assert isinstance(build_decoder(DecoderSpec("greedy", alphabet.labels)), GreedyDecoder)
     with pytest.raises(

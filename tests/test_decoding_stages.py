@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import kenlm
 import luigi
@@ -19,7 +20,7 @@ from pipeline.config_loader import load_config
 from pipeline.layout import Layout, LMFiles
 from pipeline.lm.kneser_ney import LanguageModelError
 from pipeline.stages.language_model import build_language_model
-from tasks import Evaluate, Export, LanguageModel
+from tasks import Evaluate, Export, LanguageModel, Transcribe
 from tests.conftest import ROOT, SAMPLE
 
 pytestmark = pytest.mark.usefixtures("tasks_in_process")
@@ -139,7 +140,8 @@ def test_tune_evaluate_and_export_use_the_lm(small_config, tmp_path):
         f"extends: {path.name}\npaths:\n  export_dir: {tmp_path / 'echo-export'}\n"
         f"decoder:\n  type: {ECHO}\n  workers: 2\n"
     )
-    assert luigi.build([Evaluate(config=str(echo)), Export(config=str(echo))], local_scheduler=True)
+    transcribe = Transcribe(config=str(echo), audio=str(clip))
+    assert luigi.build([Evaluate(config=str(echo)), transcribe], local_scheduler=True)
     layout = Layout(load_config(echo))
     assert (layout.train_fingerprint, layout.lm_fingerprint) == (
         Layout(config).train_fingerprint,
@@ -155,6 +157,7 @@ def test_tune_evaluate_and_export_use_the_lm(small_config, tmp_path):
         assert int(pid) != os.getpid() and weights.startswith(f"{alpha:g} {beta:g}")
     metadata = load_metadata(tmp_path / "echo-export")
     assert metadata.decoder["type"] == ECHO and metadata.decoder["lm_alpha"] == alpha
-    model = open_model(metadata.directory, decoder_factory=decoder_for_export)
+    record = json.loads(Path(transcribe.output().path).read_text())
+    assert record["decoder"] == "echo" and record["text"].startswith(f"{os.getpid()} {alpha:g} {beta:g}")
+    model = open_model(metadata.directory, decoder_factory=lambda m: decoder_for_export(m, allowed=[ECHO]))
     assert model.decoder.name == "echo"
-    assert model.transcribe_file(clip).text.startswith(f"{os.getpid()} {alpha:g} {beta:g}")

@@ -32,6 +32,7 @@ from tasks import Export, Transcribe
 from tests.conftest import ROOT, SAMPLE, build_features, small_config_text
 
 CLIPS = [SAMPLE / "test" / f"{i:05d}.flac" for i in range(6)]
+ECHO = "tests.plugins.echo_decoder"  # a decoder of the user's own (see tests/plugins)
 
 
 def _trained_config(directory: Path, normalize: bool, epochs: int = 2, train: bool = True) -> Path:
@@ -466,7 +467,7 @@ def test_the_client_decodes_with_the_decoder_its_export_names(trained, tmp_path)
     (copy / "vocab.txt").write_text("amen\n")
     metadata = json.loads((copy / "metadata.json").read_text())
     metadata["decoder"] = {
-        "type": "tests.plugins.echo_decoder",
+        "type": ECHO,
         "lm_alpha": 0.25,
         "lm_beta": 2.0,
         "beam_width": 8,
@@ -477,26 +478,34 @@ def test_the_client_decodes_with_the_decoder_its_export_names(trained, tmp_path)
     (copy / "metadata.json").write_text(json.dumps(metadata))
     write_manifest(copy)
 
-    model = open_model(copy, decoder_factory=decoder_for_export)
+    # an export never chooses code to import: a user's module runs only when the user allows it
+    with pytest.raises(
+        ValueError, match=r"decoder.type: 'tests.plugins.echo_decoder' is a module of someone's own"
+    ):
+        open_model(copy, decoder_factory=decoder_for_export)
+    refused = _client("--model", copy, "--audio", CLIPS[2])
+    assert refused.returncode == 2 and "--allow-plugin tests.plugins.echo_decoder" in refused.stderr
+    model = open_model(copy, decoder_factory=lambda m: decoder_for_export(m, allowed=[ECHO]))
     assert model.decoder.name == "echo"
     result = model.transcribe_file(CLIPS[2], candidates=2)
     greedy = Model(copy).transcribe_file(CLIPS[2]).text
     assert result.text == f"{os.getpid()} 0.25 2 {greedy.upper()}".strip()
     assert [c.text for c in result.candidates] == [result.text, result.text + " #2"]
 
-    run = _client("--model", copy, "--audio", CLIPS[2], "--json", "--lm_alpha", "1.5")
+    allow = ("--allow-plugin", ECHO)
+    run = _client("--model", copy, "--audio", CLIPS[2], "--json", "--lm_alpha", "1.5", *allow)
     assert run.returncode == 0, run.stderr
     record = json.loads(run.stdout)
     assert record["text"].split(" ", 1)[1] == f"1.5 2 {greedy.upper()}".strip()
     assert len(record["transcripts"]) == 3  # DeepSpeech's default --candidate_transcripts
-    extended = _client("--model", copy, "--audio", CLIPS[2], "--json", "--extended")
+    extended = _client("--model", copy, "--audio", CLIPS[2], "--json", "--extended", *allow)
     assert extended.returncode == 0 and extended.stdout.splitlines() == [extended.stdout.strip()]
     assert extended.stdout.strip().split(" ", 1)[1] == f"0.25 2 {greedy.upper()}".strip()
     # a decoder module this machine does not have is named, with the file that asks for it
     metadata["decoder"]["type"] = "mylab.decoders.wfst"
     (copy / "metadata.json").write_text(json.dumps(metadata))
     write_manifest(copy)
-    missing = _client("--model", copy, "--audio", CLIPS[2])
+    missing = _client("--model", copy, "--audio", CLIPS[2], "--allow-plugin", "mylab.decoders.wfst")
     assert missing.returncode == 2
     assert (
         f"\nerror: {copy / 'metadata.json'}: decoder.type: no module 'mylab.decoders.wfst'" in missing.stderr

@@ -39,7 +39,7 @@ its own from the spec).
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,9 +114,19 @@ class Decoder(abc.ABC):
         return self
 
 
-def decoder_class(type_name: str, what: str = "decoder.type") -> type[Decoder]:
+def decoder_class(
+    type_name: str, what: str = "decoder.type", allowed: Iterable[str] | None = None
+) -> type[Decoder]:
     """The ``Decoder`` subclass named ``type_name`` (a module of this package, or a dotted module path
-    whose ``DECODER`` it is). Raises PluginError (a ValueError) naming ``what`` when there is none."""
+    whose ``DECODER`` it is). Raises PluginError (a ValueError) naming ``what`` when there is none.
+
+    ``allowed``: when the name comes from a file someone else made (an export's metadata), the dotted
+    names that may be imported (the client's ``--allow-plugin``); built-in names need none."""
+    if allowed is not None and "." in type_name and type_name not in set(allowed):
+        raise PluginError(
+            f"{what}: {type_name!r} is a module of someone's own, not a built-in one (beam, greedy); "
+            f"load it only if you trust it (the client's --allow-plugin {type_name})"
+        )
     found = find_plugin(__name__, type_name, "DECODER", what)
     if not (isinstance(found, type) and issubclass(found, Decoder)):
         raise PluginError(

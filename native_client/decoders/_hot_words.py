@@ -94,12 +94,14 @@ class SpellingBoostLM(LM):
                 for end in range(1, len(word) + 1):
                     share = boost * end / len(word)
                     self.advance[word[:end]] = max(self.advance.get(word[:end], 0.0), share)
+        # state -> (base LM state, letters of the current word, {token: (child, score)}): the decoder asks
+        # for the same (state, token) again at every frame the hypothesis survives
         self._states: dict = {}
 
     def start(self, start_with_nothing: bool):
         """A fresh root state over the base LM's start state (forgetting the last utterance's states)."""
         root = LMState()
-        self._states = {root: (self.base.start(start_with_nothing), "")}
+        self._states = {root: (self.base.start(start_with_nothing), "", {})}
         return root
 
     def _settle(self, word: str) -> float:
@@ -107,7 +109,10 @@ class SpellingBoostLM(LM):
 
     def score(self, state, token: int):
         """The base LM's score of ``token`` plus the change of the hot-word bonus it makes."""
-        base_state, word = self._states[state]
+        base_state, word, scored = self._states[state]
+        known = scored.get(token)
+        if known is not None:
+            return known
         next_base, score = self.base.score(base_state, token)
         if token == self.separator:
             score, next_word = score + self._settle(word), ""
@@ -115,13 +120,14 @@ class SpellingBoostLM(LM):
             next_word = word + self.tokens[token]
             score += self.advance.get(next_word, 0.0) - self.advance.get(word, 0.0)
         child = state.child(token)
-        self._states[child] = (next_base, next_word)
+        self._states[child] = (next_base, next_word, {})
+        scored[token] = child, score
         return child, score
 
     def finish(self, state):
         """The base LM's end-of-sentence score, settling a last word that has no separator after it."""
-        base_state, word = self._states[state]
+        base_state, word, _ = self._states[state]
         end_state, score = self.base.finish(base_state)
         child = state.child(-1)
-        self._states[child] = (end_state, "")
+        self._states[child] = (end_state, "", {})
         return child, score + self._settle(word)

@@ -18,7 +18,11 @@ def transcribe_stage(layout: Layout, export: ExportFiles, audio: str | Path) -> 
 
     ``export`` is the config's current export (the Export stage's output), so the record is keyed on
     the config's export fingerprint."""
-    model = open_model(export.root, decoder_factory=decoder_for_export)
+    # The config names the decoder: its module (a user's own too) is trusted like the config itself.
+    allowed = (layout.config.decoder.type,)
+    model = open_model(
+        export.root, decoder_factory=lambda metadata: decoder_for_export(metadata, allowed=allowed)
+    )
     result = model.transcribe_file(audio, convert_rate=layout.config.features.resample)
     manifests = [f for split in SPLITS for f in layout.config.split_files(split)]
     record = {
