@@ -6,12 +6,11 @@ Reading YAML into these (``extends:``, type checks, error messages) is
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from native_client.decoders import decoder_class
-from native_client.plugins import PluginError
 
 APP_NAME = "luigi-deepspeech"
 
@@ -430,6 +429,17 @@ class Config:
         return getattr(self.data, f"limit_{split}")
 
 
+def _module_exists(package: str, name: str) -> bool:
+    """Whether the implementation module ``name`` (of ``package`` unless dotted) can be found; found, not
+    imported: reading a config runs no one's code."""
+    if not name or not all(part.isidentifier() for part in name.split(".")):
+        return False
+    try:
+        return importlib.util.find_spec(name if "." in name else f"{package}.{name}") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def validate_config(config: Config) -> None:
     """Checks that involve more than one key; raises ConfigError naming the file and the key."""
     src = config.source
@@ -462,10 +472,11 @@ def validate_config(config: Config) -> None:
     if config.training.epochs == 0:
         raise ConfigError(f"{src}: training.epochs: expected a non-zero integer, got 0")
     decoder = config.decoder
-    try:
-        decoder_class(decoder.type)
-    except PluginError as error:
-        raise ConfigError(f"{src}: {error}") from None
+    if not _module_exists("native_client.decoders", decoder.type):
+        raise ConfigError(
+            f"{src}: decoder.type: no decoder {decoder.type!r} (a module of native_client/decoders/ such as "
+            f"beam or greedy, or the dotted name of your own)"
+        )
     if not re.fullmatch(r"\d+(\.\d+)?[%bBkKmMgGtT]?", decoder.lm_memory):
         raise ConfigError(
             f"{src}: decoder.lm_memory: expected a size such as 2G, 500M or 50%, got {decoder.lm_memory!r}"

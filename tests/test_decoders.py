@@ -91,7 +91,7 @@ def test_the_config_names_the_decoder_and_only_another_type_moves_the_fingerprin
     assert all(a != b for a, b in zip(fingerprints[0], fingerprints[2], strict=True))
     assert (echo.train_fingerprint, echo.lm_fingerprint) == (base.train_fingerprint, base.lm_fingerprint)
     with pytest.raises(
-        ConfigError, match=r"bad.yaml: decoder.type: no module 'native_client.decoders.beams'"
+        ConfigError, match=r"bad.yaml: decoder.type: no decoder 'beams' \(a module of native_client/decoders/"
     ):
         load_config(write_config("decoder:\n  type: beams\n", "bad.yaml"))
 
