@@ -22,9 +22,7 @@ class PluginError(ValueError):
 def builtin_names(package: str) -> list[str]:
     """The modules of ``package`` that are implementations (every module not starting with ``_``)."""
     module = importlib.import_module(package)
-    return sorted(
-        info.name for info in pkgutil.iter_modules(module.__path__) if not info.name.startswith("_")
-    )
+    return sorted(info.name for info in pkgutil.iter_modules(module.__path__) if not info.name.startswith("_"))
 
 
 def find_plugin(package: str, name: str, attribute: str, what: str) -> object:
@@ -35,9 +33,7 @@ def find_plugin(package: str, name: str, attribute: str, what: str) -> object:
     """
     module_name = name if "." in name else f"{package}.{name}"
     if not name or not all(part.isidentifier() for part in name.split(".")):
-        raise PluginError(
-            f"{what}: {name!r} is not a module name; built in: {', '.join(builtin_names(package))}"
-        )
+        raise PluginError(f"{what}: {name!r} is not a module name; built in: {', '.join(builtin_names(package))}")
     try:
         module: ModuleType = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
