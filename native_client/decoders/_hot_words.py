@@ -13,7 +13,7 @@ flashlight-text lets a Python ``LM`` subclass stand in for KenLM; written by han
 because flashlight has no hot-word option. The wrapper sits in the search loop, so
 it is used only when hot words are given, and it costs: on the sample test split
 (bench/hot_words.py, a busy 2-core AMD EPYC) lexicon decoding took about 2x as long
-(the LM is asked once per completed word), lexicon-free about 15x (it is asked for
+(the LM is asked once per completed word), lexicon-free about 12x (it is asked for
 every letter each hypothesis tries, about 140,000 times per audio second at beam 256,
 each a call from C++ into Python).
 """
