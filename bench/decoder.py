@@ -54,7 +54,7 @@ def lm_load_times(alphabet, lm: Path, settings, vocabulary) -> dict:
     """Seconds to set up a decoder (KenLM load and lexicon trie) on the export's LM as ARPA and as a KenLM
     binary (the one made from the other with build_binary when KenLM's tools are installed)."""
     from native_client.arpa import is_arpa
-    from native_client.beam import BeamDecoder
+    from native_client.decoders.beam import BeamDecoder
     from pipeline.lm.kenlm_tools import build_binary, find_tools
 
     def timed(path: Path) -> float:
@@ -82,7 +82,8 @@ def main(argv=None) -> int:
 
     from native_client import Model
     from native_client.audio import load_for_model
-    from native_client.beam import BeamDecoder, BeamSettings, log_softmax
+    from native_client.decoders.beam import BeamDecoder, BeamSettings
+    from native_client.decoders.greedy import log_softmax
     from pipeline.config_loader import load_config
     from pipeline.layout import Layout
 

@@ -2,7 +2,8 @@
 
     deepspeech-transcribe --model <export dir | model.tflite | output_graph.pb> --audio a.wav [--audio ...]
         [--scorer lm.binary | --no-scorer] [--beam_width N] [--lm_alpha A] [--lm_beta B]
-        [--candidate_transcripts N] [--extended] [--json] [--no-resample] [--version]
+        [--hot_words word:boost,...] [--candidate_transcripts N] [--extended] [--json] [--no-resample]
+        [--allow-plugin MODULE] [--version]
 
 (also ``python -m native_client``). Hyphen and underscore spellings of the options are both accepted.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -51,15 +53,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         "(confidence and words with start_time and duration)",
     )
     parser.add_argument(
-        "--extended", action="store_true", help="after the text, one line per word: start, duration, word"
+        "--extended",
+        action="store_true",
+        help="print the best transcript from its extended metadata (as DeepSpeech's client; the same text)",
     )
     parser.add_argument(
         "--candidate_transcripts",
         "--candidate-transcripts",
         type=int,
-        default=1,
+        default=3,
         metavar="N",
-        help="how many transcripts to report with --json (beam search; default 1)",
+        help="how many transcripts to report with --json (beam search; default 3)",
     )
     parser.add_argument(
         "--backend",
@@ -84,6 +88,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--lm_beta", "--lm-beta", type=float, help="word insertion score (default: the export's)"
     )
     parser.add_argument(
+        "--hot_words",
+        "--hot-words",
+        type=parse_hot_words,
+        metavar="WORD:BOOST,...",
+        help="boost words (or, with a negative boost, suppress them): each boost is added to the word's "
+        "natural-log LM probability before lm_alpha, as DeepSpeech 0.9's --hot_words",
+    )
+    parser.add_argument(
         "--no-resample",
         "--no_resample",
         action="store_true",
@@ -94,11 +106,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     )  # the default now; kept for old scripts
     parser.add_argument(
         "--allow-plugin", "--allow_plugin", action="append", default=[], metavar="MODULE",
-        help="let the export load this module of one's own (a front end named by its dotted name in the "
-             "export's metadata); repeat for several. Built-in front ends need none",
+        help="let the export load this module of one's own (a front end or decoder named by its dotted name "
+             "in the export's metadata); repeat for several. Built-in ones need none",
     )
     parser.add_argument("--version", action="version", version=_version())
     return parser.parse_args(argv)
+
+
+def parse_hot_words(text: str) -> dict[str, float]:
+    """DeepSpeech's ``--hot_words`` value: comma-separated ``word:boost`` pairs -> ``{word: boost}``."""
+    hot_words = {}
+    for pair in text.split(","):
+        word, colon, boost = pair.strip().rpartition(":")
+        try:
+            value = float(boost)
+        except ValueError:
+            value = math.nan
+        if not colon or not word or not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected word:boost pairs separated by commas, got {pair!r}")
+        hot_words[word] = value
+    return hot_words
 
 
 def model_location(model: str, backend: str | None) -> tuple[Path, str]:
@@ -119,14 +146,15 @@ def model_location(model: str, backend: str | None) -> tuple[Path, str]:
     return path.parent, implied
 
 
-def _print(result, args, several: bool) -> None:
-    if args.json:
-        print(json.dumps(result.to_dict()), flush=True)
-        return
-    print(result.text if not several else f"{result.audio}: {result.text}", flush=True)
-    if args.extended:
-        for word in result.candidates[0].words if result.candidates else ():
-            print(f"  {word.start_time:8.2f} {word.duration:6.2f}  {word.word}", flush=True)
+def format_result(result, json_output: bool = False, extended: bool = False, several: bool = False) -> str:
+    """What the CLI prints for one transcript, as DeepSpeech's client: the text (``path: text`` when
+    several files are given); ``json_output``: the JSON record; ``extended`` (which wins over
+    ``json_output``, as in DeepSpeech): the best candidate's text from its metadata, the same text
+    (DeepSpeech 0.9 printed ``sttWithMetadata(audio, 1).transcripts[0]``'s tokens joined)."""
+    if json_output and not extended:
+        return json.dumps(result.to_dict())
+    text = result.candidates[0].text if extended and result.candidates else result.text
+    return text if not several else f"{result.audio}: {text}"
 
 
 def main(argv=None) -> int:
@@ -138,14 +166,24 @@ def main(argv=None) -> int:
     if args.candidate_transcripts < 1:
         print("error: --candidate_transcripts must be at least 1", file=sys.stderr)
         return 2
-    from native_client.beam import beam_decoder_for_export
+    if args.hot_words and args.no_scorer:
+        print(
+            "error: --hot_words boost words through the language model; --no-scorer has none", file=sys.stderr
+        )
+        return 2
+    from native_client.export_decoder import decoder_for_export
     from native_client.model import open_model
 
-    overrides = {"beam_width": args.beam_width, "lm_alpha": args.lm_alpha, "lm_beta": args.lm_beta}
+    overrides = {
+        "beam_width": args.beam_width,
+        "lm_alpha": args.lm_alpha,
+        "lm_beta": args.lm_beta,
+        "hot_words": args.hot_words,
+    }
     factory = (
         None
         if args.no_scorer
-        else (lambda metadata: beam_decoder_for_export(metadata, args.scorer, overrides))
+        else (lambda metadata: decoder_for_export(metadata, args.scorer, overrides, args.allow_plugin))
     )
     try:
         directory, backend = model_location(args.model, args.backend)
@@ -153,6 +191,12 @@ def main(argv=None) -> int:
                            plugins=tuple(args.allow_plugin))
     except (ExportError, ValueError, FileNotFoundError) as error:  # PluginError is a ValueError
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.hot_words and model.decoder is model.greedy:
+        print(
+            f"error: --hot_words needs a language model: {directory} has none (give --scorer)",
+            file=sys.stderr,
+        )
         return 2
     failed = 0
     for path in args.audio:
@@ -169,14 +213,14 @@ def main(argv=None) -> int:
             result = model.transcribe_file(
                 path,
                 convert_rate=not args.no_resample,
-                candidates=args.candidate_transcripts,
+                candidates=args.candidate_transcripts if args.json and not args.extended else 1,
                 on_resample=warn,
             )
         except AudioError as error:
             print(f"error: {error}", file=sys.stderr)
             failed += 1
             continue
-        _print(result, args, len(args.audio) > 1)
+        print(format_result(result, args.json, args.extended, len(args.audio) > 1), flush=True)
     return 1 if failed else 0
 
 

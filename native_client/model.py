@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from native_client.audio import stream_for_model
-from native_client.decoding import GreedyDecoder
+from native_client.decoders.greedy import GreedyDecoder
 from native_client.metadata import ExportMetadata, load_metadata, verify_manifest
 from native_client.runtime import make_runner
 from native_client.stream import Stream, run_frames
@@ -47,8 +47,9 @@ class Model:
     """An exported acoustic model with its decoder.
 
     ``backend`` is ``tflite`` (default), ``saved_model`` or ``frozen_graph``; ``decoder``
-    is any object with ``decode(logits) -> str`` (default: greedy). ``plugins``: dotted names of
-    implementations of one's own (a front end) the export may load; built-in ones need none.
+    is a ``native_client.decoders.Decoder`` (default: greedy; ``decoder_for_export`` builds the one
+    the export's metadata describes). ``plugins``: dotted names of implementations of one's own (a front
+    end) the export may load; built-in ones need none.
     """
 
     def __init__(self, export_dir: str | Path, backend: str = "tflite", threads: int = 1, decoder=None,
@@ -109,7 +110,8 @@ def open_model(
     export_dir: str | Path, backend: str = "tflite", threads: int = 1, decoder_factory=None,
     plugins: tuple[str, ...] = (),
 ) -> Model:
-    """Load an export; ``decoder_factory(metadata)`` may build a decoder (e.g. beam search with the LM);
+    """Load an export; ``decoder_factory(metadata)`` may build a decoder (e.g.
+    ``native_client.export_decoder.decoder_for_export``: the export's own, beam search with its LM);
     ``plugins`` as for ``Model``."""
     model = Model(export_dir, backend, threads, plugins=plugins)
     if decoder_factory is not None:

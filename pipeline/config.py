@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
+
 APP_NAME = "luigi-deepspeech"
 
 
@@ -344,10 +345,17 @@ class ExportConfig:
 
 @dataclass(frozen=True)
 class DecoderConfig:
-    """The language model and CTC beam search."""
+    """The language model and the decoder (CTC beam search by default)."""
 
     STAGES: ClassVar[tuple[str, ...]] = ("lm",)
 
+    type: str = _opt(
+        "beam",
+        "The decoder of Evaluate's LM figures, TuneDecoder, the export and the client: beam (CTC beam "
+        "search with the LM, flashlight-text), greedy (best path, no LM), or the dotted path of a module of "
+        "your own whose DECODER is a native_client.decoders.Decoder.",
+        stages=("tune", "evaluate", "export"),
+    )
     lm_corpus_files: tuple[str, ...] = _opt(
         (), "Text files the LanguageModel task learns from (never dev or test text).", path=True
     )
@@ -554,6 +562,11 @@ def validate_config(config: Config) -> None:
     if config.training.epochs == 0:
         raise ConfigError(f"{src}: training.epochs: expected a non-zero integer, got 0")
     decoder = config.decoder
+    if not plugin_exists("native_client.decoders", decoder.type):
+        raise ConfigError(
+            f"{src}: decoder.type: no decoder {decoder.type!r} (a module of native_client/decoders/ such as "
+            f"beam or greedy, or the dotted name of your own)"
+        )
     if not re.fullmatch(r"\d+(\.\d+)?[%bBkKmMgGtT]?", decoder.lm_memory):
         raise ConfigError(
             f"{src}: decoder.lm_memory: expected a size such as 2G, 500M or 50%, got {decoder.lm_memory!r}"

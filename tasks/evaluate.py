@@ -8,7 +8,7 @@ from tasks.base import ConfigTask, Progress
 
 
 class Evaluate(ConfigTask):
-    """Test-set report of the best-dev checkpoint, greedy and with beam search + LM:
+    """Test-set report of the best-dev checkpoint, greedy and with the configured decoder + LM:
     ``evaluation.json`` (wer, cer, wer_lm, cer_lm, loss, samples) and ``evaluation.txt``."""
 
     stage = "evaluate"
@@ -38,7 +38,8 @@ class Evaluate(ConfigTask):
         self.set_progress_percentage(100)
         summary = (
             f"greedy WER {report.wer:.4f} CER {report.cer:.4f}; "
-            f"beam+LM WER {report.wer_lm:.4f} CER {report.cer_lm:.4f}; loss {report.loss:.3f}"
+            f"{report.decoder_lm['type']}+LM WER {report.wer_lm:.4f} CER {report.cer_lm:.4f}; "
+            f"loss {report.loss:.3f}"
         )
         self.set_status_message(summary)
         print(f"Test {summary} ({report.samples_count} samples) -> {self.output().path}")

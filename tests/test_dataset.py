@@ -87,7 +87,8 @@ def test_eval_dataset_reads_every_utterance_once(small_config, cap):
 
 
 def test_a_decoder_pool_gives_the_sequential_transcripts(tmp_path):
-    from native_client.beam import BeamDecoder, BeamSettings
+    from native_client.decoders import DecoderSpec
+    from native_client.decoders.beam import BeamDecoder, BeamSettings
     from pipeline.decode.pool import DecodePool
     from tests.conftest import ALPHABET, SAMPLE
 
@@ -104,7 +105,8 @@ def test_a_decoder_pool_gives_the_sequential_transcripts(tmp_path):
     ]
     settings = BeamSettings(beam_width=8)
     sequential = BeamDecoder(alphabet, arpa, settings, vocabulary)
-    with DecodePool(alphabet, arpa, settings, vocabulary, workers=2, chunk=3) as pool:
+    spec = DecoderSpec("beam", alphabet.labels, str(arpa), tuple(vocabulary), {"beam_width": 8})
+    with DecodePool(spec, workers=2, chunk=3) as pool:
         assert pool.decode(iter(logits)) == [sequential.decode(l) for l in logits]
         reweighted = BeamDecoder(
             alphabet, arpa, BeamSettings(beam_width=8, lm_alpha=0.3, lm_beta=4.0), vocabulary

@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import kenlm
 import luigi
 import pytest
 
 from native_client import Model, load_metadata, open_model
-from native_client.beam import BeamDecoder, beam_decoder_for_export
+from native_client.decoders.beam import BeamDecoder
+from native_client.export_decoder import decoder_for_export
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout, LMFiles
 from pipeline.lm.kneser_ney import LanguageModelError
 from pipeline.stages.language_model import build_language_model
-from tasks import Evaluate, Export, LanguageModel
+from tasks import Evaluate, Export, LanguageModel, Transcribe
 from tests.conftest import ROOT, SAMPLE
 
 pytestmark = pytest.mark.usefixtures("tasks_in_process")
+
+ECHO = "tests.plugins.echo_decoder"  # a decoder of the user's own (see tests/plugins)
 
 
 def test_language_model_task_writes_an_arpa_kenlm_reads(small_config):
@@ -102,7 +107,7 @@ def test_tune_evaluate_and_export_use_the_lm(small_config, tmp_path):
     assert (metadata.directory / metadata.decoder["lm"]).is_file() and (
         metadata.directory / "vocab.txt"
     ).is_file()
-    model = open_model(metadata.directory, decoder_factory=beam_decoder_for_export)
+    model = open_model(metadata.directory, decoder_factory=decoder_for_export)
     assert isinstance(model.decoder, BeamDecoder) and model.decoder.settings.lm_alpha == best["lm_alpha"]
     assert isinstance(Model(metadata.directory).decoder, type(model.greedy))
 
@@ -127,3 +132,32 @@ def test_tune_evaluate_and_export_use_the_lm(small_config, tmp_path):
     # with the LM every word is a vocabulary word; greedy output has no such guarantee
     vocabulary = set((metadata.directory / "vocab.txt").read_text().split())
     assert set(runs[""].split()) <= vocabulary and set(runs["--scorer"].split()) <= vocabulary
+
+    # decoder.type names a module of the user's own: TuneDecoder, Evaluate (in 2 spawned workers), the
+    # export and the client decode with it; the model, the features and the LM are the beam run's.
+    echo = path.with_name("echo.yaml")
+    echo.write_text(
+        f"extends: {path.name}\npaths:\n  export_dir: {tmp_path / 'echo-export'}\n"
+        f"decoder:\n  type: {ECHO}\n  workers: 2\n"
+    )
+    transcribe = Transcribe(config=str(echo), audio=str(clip))
+    assert luigi.build([Evaluate(config=str(echo)), transcribe], local_scheduler=True)
+    layout = Layout(load_config(echo))
+    assert (layout.train_fingerprint, layout.lm_fingerprint) == (
+        Layout(config).train_fingerprint,
+        Layout(config).lm_fingerprint,
+    )
+    tuned = json.loads(layout.tune_report.read_text())
+    assert tuned["search"]["decoder"] == ECHO
+    alpha, beta = tuned["best"]["lm_alpha"], tuned["best"]["lm_beta"]
+    evaluation = json.loads((layout.evaluate_dir / "evaluation.json").read_text())
+    assert evaluation["decoder_lm"]["type"] == ECHO and evaluation["decoder_lm"]["lm_alpha"] == alpha
+    for sample in evaluation["all_samples_lm"]:
+        pid, weights = sample["hypothesis"].split(" ", 1)
+        assert int(pid) != os.getpid() and weights.startswith(f"{alpha:g} {beta:g}")
+    metadata = load_metadata(tmp_path / "echo-export")
+    assert metadata.decoder["type"] == ECHO and metadata.decoder["lm_alpha"] == alpha
+    record = json.loads(Path(transcribe.output().path).read_text())
+    assert record["decoder"] == "echo" and record["text"].startswith(f"{os.getpid()} {alpha:g} {beta:g}")
+    model = open_model(metadata.directory, decoder_factory=lambda m: decoder_for_export(m, allowed=[ECHO]))
+    assert model.decoder.name == "echo"

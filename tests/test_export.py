@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -15,10 +17,13 @@ import soundfile
 
 from native_client import ExportError, Model, load_metadata
 from native_client.audio import load_for_model
+from native_client.export_decoder import decoder_for_export
 from native_client.windows import context_windows
 from native_client.metadata import write_manifest
+from native_client.model import open_model
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
+from pipeline.lm.kneser_ney import estimate, write_arpa
 from pipeline.model.checkpoints import load_trained_model
 from pipeline.reports import TrainReport, read_report
 from pipeline.stages.export import export_stage
@@ -27,6 +32,7 @@ from tasks import Export, Transcribe
 from tests.conftest import ROOT, SAMPLE, build_features, small_config_text
 
 CLIPS = [SAMPLE / "test" / f"{i:05d}.flac" for i in range(6)]
+ECHO = "tests.plugins.echo_decoder"  # a decoder of the user's own (see tests/plugins)
 
 
 def _trained_config(directory: Path, normalize: bool, epochs: int = 2, train: bool = True) -> Path:
@@ -239,7 +245,8 @@ def test_cli_prints_json_without_luigi_or_training_code(trained, tmp_path):
 
 def test_deepspeech_style_client_options_and_word_timings(trained, tmp_path):
     """DeepSpeech's flags: --model as a .tflite file, underscore options, --candidate_transcripts, --json
-    with words (start_time, duration) from the best path, --extended, --version, clear audio errors."""
+    with words (start_time, duration) from the best path, --extended (the transcript), --version, clear
+    audio errors."""
     _, export = trained
     command = [
         sys.executable,
@@ -291,12 +298,25 @@ def test_deepspeech_style_client_options_and_word_timings(trained, tmp_path):
         cwd=ROOT,
         timeout=120,
     )
-    lines = extended.stdout.splitlines()
-    assert (
-        extended.returncode == 0 and len(lines) == 1 + len(lines[0].split())
-        if lines
-        else extended.returncode == 0
+    plain = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "native_client",
+            "--model",
+            str(export),
+            "--audio",
+            str(CLIPS[2]),
+            "--no_scorer",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
     )
+    # --extended prints the transcript, as DeepSpeech's client does (no lines per word)
+    assert extended.returncode == plain.returncode == 0 and extended.stdout == plain.stdout
+    assert len(extended.stdout.splitlines()) == 1
     version = subprocess.run(
         [sys.executable, "-m", "native_client", "--version"], capture_output=True, text=True, cwd=ROOT
     )
@@ -388,8 +408,8 @@ def test_word_timings_come_from_the_frames_of_the_best_path(tmp_path):
     """Greedy and beam search report each word's first frame and length (10 ms frames), and up to N
     distinct candidates, best first."""
     from native_client.alphabet import load_alphabet
-    from native_client.beam import BeamDecoder, BeamSettings
-    from native_client.decoding import GreedyDecoder
+    from native_client.decoders.beam import BeamDecoder, BeamSettings
+    from native_client.decoders.greedy import GreedyDecoder
     from pipeline.lm.kneser_ney import estimate, write_arpa
     from tests.conftest import ALPHABET
 
@@ -416,3 +436,99 @@ def test_word_timings_come_from_the_frames_of_the_best_path(tmp_path):
     assert [(w.word, round(w.start_time, 3), round(w.duration, 3)) for w in found[0].words] == expected
     assert len({c.text for c in found}) == len(found) <= 3
     assert [c.confidence for c in found] == sorted((c.confidence for c in found), reverse=True)
+
+
+def _sample_arpa(path: Path, lines: int = 3000) -> Path:
+    """A bigram ARPA of the first ``lines`` of the sample LM corpus."""
+    text = (SAMPLE / "lm_corpus.txt").read_text().splitlines()[:lines]
+    write_arpa(estimate([line.split() for line in text if line.strip()], 2), path)
+    return path
+
+
+def _client(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "native_client", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=180,
+    )
+
+
+def test_the_client_decodes_with_the_decoder_its_export_names(trained, tmp_path):
+    """The metadata's decoder entry names the decoder type (here a test-local module, as a user's own)
+    and its settings; Model (through decoder_for_export) and the CLI build that decoder from them, the
+    CLI's options overriding the settings. --json gives DeepSpeech's 3 candidates unless told."""
+    _, export = trained
+    copy = tmp_path / "export"
+    shutil.copytree(export, copy)
+    _sample_arpa(copy / "lm.arpa", 200)
+    (copy / "vocab.txt").write_text("amen\n")
+    metadata = json.loads((copy / "metadata.json").read_text())
+    metadata["decoder"] = {
+        "type": ECHO,
+        "lm_alpha": 0.25,
+        "lm_beta": 2.0,
+        "beam_width": 8,
+        "lexicon": True,
+        "lm": "lm.arpa",
+        "vocabulary": "vocab.txt",
+    }
+    (copy / "metadata.json").write_text(json.dumps(metadata))
+    write_manifest(copy)
+
+    # an export never chooses code to import: a user's module runs only when the user allows it
+    with pytest.raises(
+        ValueError, match=r"decoder.type: 'tests.plugins.echo_decoder' is a module of someone's own"
+    ):
+        open_model(copy, decoder_factory=decoder_for_export)
+    refused = _client("--model", copy, "--audio", CLIPS[2])
+    assert refused.returncode == 2 and "--allow-plugin tests.plugins.echo_decoder" in refused.stderr
+    model = open_model(copy, decoder_factory=lambda m: decoder_for_export(m, allowed=[ECHO]))
+    assert model.decoder.name == "echo"
+    result = model.transcribe_file(CLIPS[2], candidates=2)
+    greedy = Model(copy).transcribe_file(CLIPS[2]).text
+    assert result.text == f"{os.getpid()} 0.25 2 {greedy.upper()}".strip()
+    assert [c.text for c in result.candidates] == [result.text, result.text + " #2"]
+
+    allow = ("--allow-plugin", ECHO)
+    run = _client("--model", copy, "--audio", CLIPS[2], "--json", "--lm_alpha", "1.5", *allow)
+    assert run.returncode == 0, run.stderr
+    record = json.loads(run.stdout)
+    assert record["text"].split(" ", 1)[1] == f"1.5 2 {greedy.upper()}".strip()
+    assert len(record["transcripts"]) == 3  # DeepSpeech's default --candidate_transcripts
+    extended = _client("--model", copy, "--audio", CLIPS[2], "--json", "--extended", *allow)
+    assert extended.returncode == 0 and extended.stdout.splitlines() == [extended.stdout.strip()]
+    assert extended.stdout.strip().split(" ", 1)[1] == f"0.25 2 {greedy.upper()}".strip()
+    # a decoder module this machine does not have is named, with the file that asks for it
+    metadata["decoder"]["type"] = "mylab.decoders.wfst"
+    (copy / "metadata.json").write_text(json.dumps(metadata))
+    write_manifest(copy)
+    missing = _client("--model", copy, "--audio", CLIPS[2], "--allow-plugin", "mylab.decoders.wfst")
+    assert missing.returncode == 2
+    assert (
+        f"\nerror: {copy / 'metadata.json'}: decoder.type: no module 'mylab.decoders.wfst'" in missing.stderr
+    )
+
+
+def test_client_hot_words_boost_words_through_the_language_model(trained, tmp_path):
+    """--hot_words word:boost (DeepSpeech 0.9): a boosted word enters the beam search's transcript; the
+    option is refused without a language model and names a word the alphabet cannot spell."""
+    _, export = trained
+    scorer = _sample_arpa(tmp_path / "lm.arpa")
+    common = ["--model", export, "--audio", CLIPS[2], "--scorer", scorer, "--beam_width", "32"]
+    plain = _client(*common)
+    # (this tiny model's letters are nearly uniform: only a short word's letters are among the 8
+    # tokens the search tries per frame, so the test boosts one)
+    boosted = _client(*common, "--hot_words", "in:10,zebra:1")
+    assert plain.returncode == boosted.returncode == 0, plain.stderr + boosted.stderr
+    assert "in" not in plain.stdout.split() and "in" in boosted.stdout.split()
+    refused = _client("--model", export, "--audio", CLIPS[2], "--no-scorer", "--hot_words", "unto:4")
+    assert refused.returncode == 2 and "--hot_words" in refused.stderr and "--no-scorer" in refused.stderr
+    no_lm = _client("--model", export, "--audio", CLIPS[2], "--hot_words", "unto:4")
+    assert no_lm.returncode == 2 and f"--hot_words needs a language model: {export} has none" in no_lm.stderr
+    spelt = _client(*common, "--hot_words", "Unto:4")
+    assert spelt.returncode == 2
+    assert "error: hot word 'Unto': characters not in the alphabet: 'U'" in spelt.stderr
+    malformed = _client(*common, "--hot_words", "unto")
+    assert malformed.returncode == 2 and "expected word:boost pairs" in malformed.stderr

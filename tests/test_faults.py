@@ -310,7 +310,7 @@ def test_damaged_language_model_is_named_before_decoding(finished, restore_files
     LanguageModel is incomplete (it is built again), a stage refuses it before its greedy pass, and the
     client refuses the export's copy, each naming the file."""
     from native_client import ExportError
-    from native_client.beam import beam_decoder_for_export
+    from native_client.export_decoder import decoder_for_export
     from native_client.metadata import load_metadata
     from pipeline.lm.files import LanguageModelDamaged
     from pipeline.stages.evaluate import evaluate_stage
@@ -332,7 +332,7 @@ def test_damaged_language_model_is_named_before_decoding(finished, restore_files
     garbled[100:110] = b"##########"
     exported_lm.write_bytes(bytes(garbled))
     with pytest.raises(ExportError, match=f"^{exported_lm}: its SHA-256 differs"):
-        beam_decoder_for_export(load_metadata(export.root))
+        decoder_for_export(load_metadata(export.root))
 
 
 def _dead_pid() -> int:

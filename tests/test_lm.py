@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from native_client.alphabet import Alphabet, load_alphabet
-from native_client.beam import BeamDecoder, BeamSettings
-from native_client.decoding import best_path
+from native_client.decoders import DecoderSpec, build_decoder
+from native_client.decoders.beam import BeamDecoder, BeamSettings
+from native_client.decoders.greedy import best_path
 from pipeline.lm.kneser_ney import BOS, UNK, estimate, write_arpa
 from pipeline.lm.text import char_tokens
 from tests.conftest import ALPHABET, SAMPLE
@@ -124,3 +125,41 @@ def test_no_lm_weight_equals_greedy_on_clear_logits(models, lexicon):
     for text in ["the dog ate the cat", "a mat", "cat on the mat sat"]:
         logits = _logits(text, alphabet)
         assert decoder.decode(logits) == best_path(logits, alphabet) == text
+
+
+@pytest.mark.parametrize("lexicon", [True, False])
+def test_a_hot_word_changes_the_transcript(models, lexicon):
+    """--hot_words: "kat" is not in the vocabulary and the LM prefers "cat", which the acoustics favour
+    by a little; boosting "kat" makes it the transcript (lexicon: it joins the vocabulary, scored as
+    <unk> plus the boost; lexicon-free: the boost is earned letter by letter). A negative boost
+    suppresses a word. Boosts are natural-log units, as DeepSpeech's."""
+    words, chars, vocabulary = models
+    alphabet = load_alphabet(ALPHABET)
+    logits = _logits("the kat sat", alphabet, confusions={4: ("c", 0.5)}, sharp=4.0)
+    settings = BeamSettings(beam_width=64, lm_alpha=2.0, lm_beta=0.0, lexicon=lexicon)
+
+    def decode(hot_words):
+        return BeamDecoder(alphabet, words if lexicon else chars, settings, vocabulary, hot_words).decode(
+            logits
+        )
+
+    assert decode(None) == decode({"kat": 0.0}) == "the cat sat"
+    assert decode({"kat": 20.0}) == "the kat sat"
+    assert decode({"cat": -20.0}) not in ("the cat sat", "the kat sat")  # suppressed
+    assert decode({"dog": 20.0}) == "the cat sat"  # a boost alone does not make a word heard
+
+
+def test_hot_words_are_checked_and_need_a_language_model(models):
+    words, _, vocabulary = models
+    alphabet = load_alphabet(ALPHABET)
+    settings = BeamSettings(beam_width=8)
+    for hot_words, message in [
+        ({"ka t": 1.0}, "hot word 'ka t': expected one word without spaces"),
+        ({"kät": 1.0}, "hot word 'kät': characters not in the alphabet: 'ä'"),
+        ({"kat": float("nan")}, "hot word 'kat': boost nan is not a finite number"),
+    ]:
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            BeamDecoder(alphabet, words, settings, vocabulary, hot_words)
+    spec = DecoderSpec("greedy", alphabet.labels, settings={"hot_words": {"kat": 1.0}})
+    with pytest.raises(ValueError, match="hot words need a decoder with a language model"):
+        build_decoder(spec)

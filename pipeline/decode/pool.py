@@ -1,8 +1,10 @@
-"""Beam search over many utterances in ``decoder.workers`` processes, each building its decoder once.
+"""Decoding many utterances in ``decoder.workers`` processes, each building its decoder once.
 
-KenLM's model and the lexicon trie are loaded once per worker process and
-serve every utterance and every (alpha, beta) weighting it is given (tuning
-re-weights the same decoder instead of reloading the LM per trial). Results
+Each worker process builds the decoder a ``DecoderSpec`` names (``decoder.type``:
+beam search with KenLM, greedy, or a user's module), so its LM and lexicon trie
+are loaded once per process and serve every utterance and every (alpha, beta)
+weighting it is given (tuning re-weights the same decoder instead of reloading
+the LM per trial). Results
 come back in submission order, so they equal a sequential decode. Work in
 flight is bounded, so logits waiting to be decoded never pile up in memory.
 
@@ -15,31 +17,29 @@ from __future__ import annotations
 import multiprocessing
 import os
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ProcessPoolExecutor
-from pathlib import Path
-from typing import Optional
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from native_client.alphabet import Alphabet
-from native_client.beam import BeamDecoder, BeamSettings
+from native_client.decoders import Decoder, DecoderSpec, build_decoder, decoder_class
 
 # Weights: (lm_alpha, lm_beta), or None for the settings the decoder was built with.
-Weights = Optional[tuple[float, float]]
+Weights = tuple[float, float] | None
 
 _worker_decoder: dict = {}  # in a worker process only: the decoder it built, and its re-weighted copies
 
 
-def _start_worker(
-    labels: tuple[str, ...], lm: str, settings: dict, vocabulary: Sequence[str] | None
-) -> None:
+def _start_worker(spec: DecoderSpec) -> None:
     threadpool_limits(1)
-    _worker_decoder[None] = BeamDecoder(Alphabet(labels), lm, BeamSettings(**settings), vocabulary)
+    try:
+        _worker_decoder[None] = build_decoder(spec)
+    except Exception as error:  # raised again by each task: the caller sees it, not a broken pool
+        _worker_decoder["error"] = error
 
 
-def _decoder_for(base: BeamDecoder, cache: dict, weights: Weights) -> BeamDecoder:
+def _decoder_for(base: Decoder, cache: dict, weights: Weights) -> Decoder:
     if weights not in cache:
         if len(cache) > 8:  # keep the base and a few weightings
             for key in [k for k in cache if k is not None][:4]:
@@ -49,27 +49,24 @@ def _decoder_for(base: BeamDecoder, cache: dict, weights: Weights) -> BeamDecode
 
 
 def _decode_in_worker(chunk: list[np.ndarray], weights: Weights) -> list[str]:
+    if "error" in _worker_decoder:
+        raise _worker_decoder["error"]
     decoder = _decoder_for(_worker_decoder[None], _worker_decoder, weights)
     return [decoder.decode(logits) for logits in chunk]
 
 
 class DecodePool:
-    """Decodes logits with one beam decoder per worker process (in this process when ``workers`` is 1)."""
+    """Decodes logits with the decoder ``spec`` describes, one per worker process (in this process when
+    ``workers`` is 1; 0 means one per core). The spec is all a worker receives: it finds the decoder by
+    ``spec.type`` and builds it, so any ``Decoder`` module, a user's included, works here."""
 
-    def __init__(
-        self,
-        alphabet: Alphabet,
-        lm_path: str | Path,
-        settings: BeamSettings,
-        vocabulary: Sequence[str] | None,
-        workers: int = 0,
-        chunk: int = 8,
-    ):
+    def __init__(self, spec: DecoderSpec, workers: int = 0, chunk: int = 8):
         self.workers = workers or os.cpu_count() or 1
         self.chunk = chunk
-        self.settings = settings
+        self.spec = spec
+        decoder_class(spec.type)  # an unknown type fails here, by name, before any process starts
         if self.workers == 1:
-            self._local = BeamDecoder(alphabet, lm_path, settings, vocabulary)
+            self._local = build_decoder(spec)
             self._local_cache: dict = {None: self._local}
             self._pool = None
         else:
@@ -77,12 +74,7 @@ class DecodePool:
                 max_workers=self.workers,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_start_worker,
-                initargs=(
-                    tuple(alphabet.labels),
-                    str(lm_path),
-                    vars(settings).copy(),
-                    list(vocabulary) if vocabulary is not None else None,
-                ),
+                initargs=(spec,),
             )
 
     def decode(

@@ -1,18 +1,19 @@
-"""Beam search with the LanguageModel stage's output: settings (tuned when tuning is on) and decoders."""
+"""The configured decoder over the LanguageModel stage's output: its settings (tuned when tuning is on),
+its ``DecoderSpec``, and the pool that decodes with it."""
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
-
 from native_client.alphabet import Alphabet
-from native_client.beam import BeamDecoder, BeamSettings
+from native_client.decoders import DecoderSpec
 from pipeline.config import Config
 from pipeline.decode.pool import DecodePool
 from pipeline.evaluation.metrics import SampleResult, score_sample
 from pipeline.layout import Layout
 from pipeline.lm.files import read_lm_report
 from pipeline.reports import TuneReport, read_report
+
+# The decoder config keys a decoder is built with (DecoderSpec.settings, the export's ``decoder`` entry).
+SEARCH_KEYS = ("beam_width", "beam_threshold", "beam_size_token", "lm_alpha", "lm_beta", "lexicon")
 
 
 def tuned_values(layout: Layout) -> dict | None:
@@ -23,56 +24,43 @@ def tuned_values(layout: Layout) -> dict | None:
     return {"lm_alpha": best.lm_alpha, "lm_beta": best.lm_beta}
 
 
-def configured_settings(config: Config) -> BeamSettings:
-    """Beam settings exactly as the config writes them (no tuning)."""
-    decoder = config.decoder
-    return BeamSettings(
-        beam_width=decoder.beam_width,
-        beam_threshold=decoder.beam_threshold,
-        beam_size_token=decoder.beam_size_token,
-        lm_alpha=decoder.lm_alpha,
-        lm_beta=decoder.lm_beta,
-        lexicon=decoder.lexicon,
-    )
+def configured_settings(config: Config) -> dict:
+    """The decoder's settings exactly as the config writes them (no tuning)."""
+    return {key: getattr(config.decoder, key) for key in SEARCH_KEYS}
 
 
-def beam_settings(layout: Layout) -> BeamSettings:
-    """Beam settings of the config, with TuneDecoder's alpha and beta when ``decoder.tune`` is on."""
-    tuned = tuned_values(layout)
-    settings = configured_settings(layout.config)
-    return dataclasses.replace(settings, **tuned) if tuned else settings
+def decoder_settings(layout: Layout) -> dict:
+    """The decoder's settings, with TuneDecoder's alpha and beta when ``decoder.tune`` is on."""
+    return {**configured_settings(layout.config), **(tuned_values(layout) or {})}
 
 
-def lm_paths(layout: Layout) -> tuple[Path, Path]:
-    """(the LM the decoder uses, the vocabulary) from the LanguageModel stage's report."""
+def decoder_spec(layout: Layout, alphabet: Alphabet, settings: dict | None = None) -> DecoderSpec:
+    """``decoder.type`` over the LanguageModel stage's LM (the word LM and its vocabulary with a lexicon,
+    the character LM without), with ``settings`` (default: ``decoder_settings``)."""
+    settings = dict(settings or decoder_settings(layout))
     report = read_lm_report(layout)
-    return layout.lm.resolve(
-        report.lm if layout.config.decoder.lexicon else report.char_lm
-    ), layout.lm.vocabulary
-
-
-def _vocabulary(layout: Layout, vocab: Path) -> list[str] | None:
-    return vocab.read_text(encoding="utf-8").split() if layout.config.decoder.lexicon else None
-
-
-def make_beam_decoder(
-    layout: Layout, alphabet: Alphabet, settings: BeamSettings | None = None
-) -> BeamDecoder:
-    """A beam decoder over the LanguageModel stage's LM with ``settings`` (default: ``beam_settings``)."""
-    lm, vocab = lm_paths(layout)
-    return BeamDecoder(alphabet, lm, settings or beam_settings(layout), _vocabulary(layout, vocab))
-
-
-def decode_pool(layout: Layout, alphabet: Alphabet, settings: BeamSettings | None = None) -> DecodePool:
-    """``decoder.workers`` processes decoding with the LanguageModel stage's LM (see ``DecodePool``)."""
-    lm, vocab = lm_paths(layout)
-    return DecodePool(
-        alphabet,
-        lm,
-        settings or beam_settings(layout),
-        _vocabulary(layout, vocab),
-        workers=layout.config.decoder.workers,
+    lexicon = settings["lexicon"]
+    return DecoderSpec(
+        type=layout.config.decoder.type,
+        labels=tuple(alphabet.labels),
+        lm=str(layout.lm.resolve(report.lm if lexicon else report.char_lm)),
+        vocabulary=str(layout.lm.vocabulary) if lexicon else None,
+        settings=settings,
     )
+
+
+def decode_pool(layout: Layout, spec: DecoderSpec) -> DecodePool:
+    """``decoder.workers`` processes decoding with the decoder ``spec`` describes (see ``DecodePool``)."""
+    return DecodePool(spec, workers=layout.config.decoder.workers)
+
+
+def describe(spec: DecoderSpec) -> str:
+    """A short label of the decoder for reports: ``beam 256 + LM, alpha 1.50, beta 2.25``."""
+    settings = spec.settings
+    weights = f"alpha {settings['lm_alpha']:.2f}, beta {settings['lm_beta']:.2f}"
+    if spec.type == "beam":
+        return f"beam {settings['beam_width']} + LM, {weights}"
+    return f"decoder {spec.type}, {weights}"
 
 
 def rescore(greedy: list[SampleResult], texts: list[str]) -> list[SampleResult]:

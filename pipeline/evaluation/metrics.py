@@ -8,7 +8,7 @@ import numpy as np
 from rapidfuzz.distance import Levenshtein
 
 from native_client.alphabet import Alphabet
-from native_client.decoding import best_path
+from native_client.decoders.greedy import best_path
 
 
 @dataclass
@@ -40,7 +40,7 @@ class SampleResult:
 
 
 def greedy_decode(logits: np.ndarray, length: int, alphabet: Alphabet) -> str:
-    """Best path over ``logits[:length]`` ``[time, classes]`` (``native_client.decoding.best_path``)."""
+    """Best path over ``logits[:length]`` ``[time, classes]`` (``decoders.greedy.best_path``)."""
     return best_path(logits[:length], alphabet)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ from tensorflow.python.framework.convert_to_constants import convert_variables_t
 from native_client.alphabet import Alphabet
 from native_client.arpa import is_arpa
 from native_client.metadata import FORMAT, FORMAT_VERSION
-from pipeline.decode.settings import beam_settings
+from pipeline.decode.settings import decoder_settings
 from pipeline.export.inference_graph import SIGNATURE, InferenceGraph
 from pipeline.features.frontend import feature_pipeline
 from pipeline.model import model_family
@@ -78,11 +77,16 @@ def write_tflite(saved_model: Path, path: Path, quantize: bool) -> None:
 
 
 def copy_language_model(layout: Layout, staging: ExportFiles) -> dict:
-    """Copy the LanguageModel stage's LM files into the export; returns the metadata ``decoder`` entry."""
+    """Copy the LanguageModel stage's LM files into the export; returns the metadata ``decoder`` entry:
+    the decoder's type and settings (tuned ones when tuning is on) and the LM files' names."""
     verify_lm_files(layout, deep=True)
     report = read_lm_report(layout)
     lm = layout.lm
-    entry = {**dataclasses.asdict(beam_settings(layout)), "tuned": layout.config.decoder.tune}
+    entry = {
+        "type": layout.config.decoder.type,
+        **decoder_settings(layout),
+        "tuned": layout.config.decoder.tune,
+    }
     word_lm = lm.resolve(report.lm)
     entry["lm"] = WORD_ARPA if is_arpa(word_lm) else WORD_BINARY
     shutil.copyfile(word_lm, staging.root / entry["lm"])

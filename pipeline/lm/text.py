@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from native_client.alphabet import Alphabet
-from native_client.beam import SPACE_TOKEN
+from native_client.decoders.beam import SPACE_TOKEN
 from pipeline.config import Config
 from pipeline.data.manifests import read_manifests
 from pipeline.lm.kneser_ney import LanguageModelError

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from native_client.alphabet import load_alphabet
-from pipeline.decode.settings import beam_settings, decode_pool, rescore
+from pipeline.decode.settings import decode_pool, decoder_spec, describe, rescore
 from pipeline.evaluation.logits_store import LogitsStore
 from pipeline.evaluation.metrics import best_and_worst, corpus_rates, format_report
 from pipeline.evaluation.run import run_split
@@ -31,7 +31,8 @@ def evaluate_stage(
     on_progress: Callable[[str, int, int], None] = lambda phase, done, total: None,
 ) -> EvaluationReport:
     """Test-set WER, CER and loss of the best-dev checkpoint (or ``checkpoint``), greedy and (``beam``)
-    with beam search and the LM as ``wer_lm``/``cer_lm``; ``beam=None`` uses the LM when the
+    with the configured decoder (``decoder.type``, beam search by default) and the LM as
+    ``wer_lm``/``cer_lm``; ``beam=None`` uses the LM when the
     LanguageModel stage has run. Writes ``evaluation.json`` and ``evaluation.txt`` into ``out_dir``
     (default: the fingerprinted Evaluate directory). ``on_progress(phase, done, total)`` follows the
     greedy pass and the beam decoding, utterance by utterance."""
@@ -99,9 +100,9 @@ def _report(
     )
     text = format_report("Test (greedy)", rates, samples)
     if beam:
-        settings = beam_settings(layout)
+        spec = decoder_spec(layout, alphabet)
         started = time.time()
-        with decode_pool(layout, alphabet, settings) as pool:
+        with decode_pool(layout, spec) as pool:
             beam_results = rescore(results, pool.decode(logits, on_done=on_done))
         beam_rates = corpus_rates(beam_results)
         beam_samples = best_and_worst(beam_results, config.training.report_count)
@@ -109,14 +110,13 @@ def _report(
             report,
             wer_lm=beam_rates["wer"],
             cer_lm=beam_rates["cer"],
-            decoder_lm=dataclasses.asdict(settings),
+            decoder_lm={"type": spec.type, **spec.settings},
             decode_lm_s=round(time.time() - started, 2),
             samples_lm=beam_samples,
             all_samples_lm=[r.to_dict() for r in beam_results],
         )
         text += "\n" + format_report(
-            f"Test (beam {settings.beam_width} + LM, alpha {settings.lm_alpha:.2f}, "
-            f"beta {settings.lm_beta:.2f})",
+            f"Test ({describe(spec)})",
             {**beam_rates, "loss": rates["loss"]},
             beam_samples,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from native_client import open_model
-from native_client.beam import beam_decoder_for_export
+from native_client.export_decoder import decoder_for_export
 from pipeline.data.manifests import find_reference
 from pipeline.files import write_json_atomic
 from pipeline.layout import ExportFiles, Layout
@@ -13,14 +13,18 @@ from pipeline.stages.graph import SPLITS
 
 
 def transcribe_stage(layout: Layout, export: ExportFiles, audio: str | Path) -> dict:
-    """Transcribe ``audio`` with ``export`` (beam search + its LM) and write the record to
-    ``export.transcript(audio)``; the record holds the text, timings and, when a manifest of the
+    """Transcribe ``audio`` with ``export`` (the decoder its metadata names, with its LM) and write the
+    record to ``export.transcript(audio)``; the record holds the text, timings and, when a manifest of the
     config lists the file, its reference transcript.
 
     ``export`` is the config's current export (the Export stage's output), so the record is keyed on
     the config's export fingerprint."""
-    # The config names the front end: its module (a user's own too) is trusted like the config itself.
-    model = open_model(export.root, decoder_factory=beam_decoder_for_export, plugins=(layout.config.features.type,))
+    # The config names the front end and the decoder: their modules (a user's own too) are trusted like the
+    # config itself.
+    allowed = (layout.config.features.type, layout.config.decoder.type)
+    model = open_model(
+        export.root, decoder_factory=lambda metadata: decoder_for_export(metadata, allowed=allowed), plugins=allowed
+    )
     result = model.transcribe_file(audio, convert_rate=layout.config.features.resample)
     manifests = [f for split in SPLITS for f in layout.config.split_files(split)]
     record = {

@@ -11,7 +11,7 @@ import optuna
 
 from native_client.alphabet import load_alphabet
 from pipeline.decode.pool import DecodePool
-from pipeline.decode.settings import configured_settings, decode_pool, rescore
+from pipeline.decode.settings import configured_settings, decode_pool, decoder_spec, rescore
 from pipeline.evaluation.logits_store import LogitsStore
 from pipeline.evaluation.metrics import corpus_rates
 from pipeline.evaluation.run import run_split
@@ -33,9 +33,10 @@ def tune_decoder(
     on_trial: Callable[[int, int, dict], None] = lambda done, total, best: None,
     report_path: Path | None = None,
 ) -> TuneReport:
-    """Decode the dev split's logits over ``decoder.tune_trials`` (alpha, beta) pairs; the best pair
-    has the lowest dev WER (CER breaks ties). Writes ``tune.json`` (default: the fingerprinted TuneDecoder
-    directory's) with the best pair and every trial."""
+    """Decode the dev split's logits with the configured decoder (``decoder.type``) over
+    ``decoder.tune_trials`` (alpha, beta) pairs; the best pair has the lowest dev WER (CER breaks ties).
+    Writes ``tune.json`` (default: the fingerprinted TuneDecoder directory's) with the best pair and
+    every trial."""
     config = layout.config
     alphabet = load_alphabet(layout.alphabet)
     dev = read_cache(layout.features_cache("dev"), config.features)
@@ -53,7 +54,7 @@ def tune_decoder(
             on_logits=logits.put,
             max_batch_frames=config.training.max_batch_frames,
         )
-        with decode_pool(layout, alphabet, base) as pool:
+        with decode_pool(layout, decoder_spec(layout, alphabet, base)) as pool:
             trials = _search(config, base, greedy, logits, pool, on_trial)
     best = min(trials, key=lambda t: (t["wer"], t["cer"]))
     greedy_rates = corpus_rates(greedy)
@@ -64,8 +65,9 @@ def tune_decoder(
             "sampler": "optuna TPE",
             "alpha_range": list(ALPHA_RANGE),
             "beta_range": list(BETA_RANGE),
-            "beam_width": base.beam_width,
-            "lexicon": base.lexicon,
+            "decoder": config.decoder.type,
+            "beam_width": base["beam_width"],
+            "lexicon": base["lexicon"],
             "dev_samples": len(dev),
         },
         trials=trials,
@@ -117,8 +119,8 @@ def _search(
     # Start from the configured pair so tuning can only improve on it.
     study.enqueue_trial(
         {
-            "lm_alpha": min(max(base.lm_alpha, ALPHA_RANGE[0]), ALPHA_RANGE[1]),
-            "lm_beta": min(max(base.lm_beta, BETA_RANGE[0]), BETA_RANGE[1]),
+            "lm_alpha": min(max(base["lm_alpha"], ALPHA_RANGE[0]), ALPHA_RANGE[1]),
+            "lm_beta": min(max(base["lm_beta"], BETA_RANGE[0]), BETA_RANGE[1]),
         }
     )
     study.optimize(objective, n_trials=config.decoder.tune_trials)

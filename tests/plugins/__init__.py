@@ -1,1 +1,2 @@
-"""Implementations that live outside the project, as a user's would: found by dotted module name."""
+"""Implementations that live outside the project, as a user's would: found by dotted module name
+(``features.type: tests.plugins.band_energies``, ``decoder.type: tests.plugins.echo_decoder``)."""

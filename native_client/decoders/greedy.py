@@ -1,11 +1,12 @@
-"""Turning logits into text. Greedy (best path) decoding; the beam search with a language model
-lives in ``native_client.beam`` and offers the same ``decode(logits)`` method."""
+"""Greedy (best path) CTC decoding: the most likely label of each frame, repeats merged, blanks dropped.
+No language model; the client's intermediate transcripts and Evaluate's first figures use it."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from native_client.alphabet import Alphabet
+from native_client.decoders import Decoder, DecoderSpec
 from native_client.transcripts import Candidate, word_timings
 
 
@@ -18,13 +19,27 @@ def best_path(logits: np.ndarray, alphabet: Alphabet) -> str:
     return alphabet.decode(best[keep])
 
 
-class GreedyDecoder:
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax in float32, C-contiguous (what the beam decoder reads)."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    out = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return np.ascontiguousarray(out, dtype=np.float32)
+
+
+class GreedyDecoder(Decoder):
     """Best-path CTC decoding, no language model."""
 
     name = "greedy"
 
     def __init__(self, alphabet: Alphabet):
         self.alphabet = alphabet
+
+    @classmethod
+    def from_spec(cls, spec: DecoderSpec) -> GreedyDecoder:
+        """A greedy decoder over ``spec``'s alphabet; the LM and weights are not used, hot words refused."""
+        if spec.settings.get("hot_words"):
+            raise ValueError("hot words need a decoder with a language model; greedy decoding has none")
+        return cls(spec.alphabet())
 
     def decode(self, logits: np.ndarray) -> str:
         """Text of ``logits`` ``[time, classes]``."""
@@ -40,8 +55,4 @@ class GreedyDecoder:
         ]
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax in float32, C-contiguous (what the beam decoder reads)."""
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    out = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-    return np.ascontiguousarray(out, dtype=np.float32)
+DECODER = GreedyDecoder

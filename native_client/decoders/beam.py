@@ -1,4 +1,4 @@
-"""CTC beam search with a KenLM language model, through flashlight-text.
+"""CTC beam search with a KenLM language model, through flashlight-text (``decoder.type: beam``).
 
 Two modes, as ``decoder.lexicon`` says:
 
@@ -6,6 +6,10 @@ Two modes, as ``decoder.lexicon`` says:
   word n-gram LM scores each completed word; ``lm_beta`` is the score per word.
 - lexicon-free: any spelling; a character n-gram LM scores every character
   (space written ``|``); ``lm_beta`` is the score per word boundary.
+
+Hot words (``hot_words`` ``{word: boost}``, the client's ``--hot_words``) add their
+boost to the word's LM score in both modes (see ``_hot_words``); with a lexicon, a hot
+word missing from the vocabulary joins it, scored as the LM's ``<unk>`` plus its boost.
 """
 
 from __future__ import annotations
@@ -14,16 +18,15 @@ import copy
 import dataclasses
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from native_client.alphabet import Alphabet
-from native_client.arpa import arpa_unigrams, is_arpa
-from native_client.decoding import log_softmax
-from native_client.metadata import METADATA_NAME, verify_manifest
+from native_client.decoders import Decoder, DecoderSpec
+from native_client.decoders.greedy import log_softmax
 from native_client.transcripts import Candidate, word_timings
 
 SPACE_TOKEN = "|"
@@ -51,6 +54,14 @@ class BeamSettings:
 SEGMENT_FRAMES = 6000
 
 
+def _checked_hot_words(hot_words: Mapping[str, float] | None, alphabet: Alphabet) -> dict[str, float]:
+    if not hot_words:
+        return {}
+    from native_client.decoders._hot_words import check_hot_words
+
+    return check_hot_words(hot_words, alphabet.labels)
+
+
 def pause_segments(logits: np.ndarray, quiet: Sequence[int], max_frames: int) -> list[tuple[int, int]]:
     """(start, stop) frame ranges of at most ``max_frames`` covering ``logits``: each cut is in the middle
     of the longest run of frames whose best label is in ``quiet`` (blank, space) within the second half
@@ -70,8 +81,8 @@ def pause_segments(logits: np.ndarray, quiet: Sequence[int], max_frames: int) ->
     return segments
 
 
-class BeamDecoder:
-    """Beam search over CTC logits with an n-gram LM; ``decode(logits) -> str`` like GreedyDecoder."""
+class BeamDecoder(Decoder):
+    """Beam search over CTC logits with an n-gram LM (see the module docstring for the two modes)."""
 
     name = "beam+lm"
 
@@ -81,6 +92,7 @@ class BeamDecoder:
         lm_path: str | Path,
         settings: BeamSettings,
         vocabulary: Sequence[str] | None = None,
+        hot_words: Mapping[str, float] | None = None,
     ):
         from flashlight.lib.text.decoder import SmearingMode, Trie
         from flashlight.lib.text.decoder.kenlm import KenLM
@@ -96,15 +108,22 @@ class BeamDecoder:
         self.blank = alphabet.blank_index
         token_dict = Dictionary(self.tokens)
         tokens_per_frame = min(settings.beam_size_token or len(self.tokens), len(self.tokens))
+        hot = _checked_hot_words(hot_words, alphabet)
+        self.hot_words = hot
         if settings.lexicon:
             if vocabulary is None:
                 raise ValueError("lexicon decoding needs a vocabulary")
             known = set(alphabet.labels) - {" "}
-            words = [w for w in dict.fromkeys(vocabulary) if w and set(w) <= known]
+            words = [w for w in dict.fromkeys([*vocabulary, *hot]) if w and set(w) <= known]
             lexicon = {w: [list(w)] for w in words}
             lexicon[UNK_WORD] = [[]]
             self.word_dict = create_word_dict(lexicon)
             self.lm = KenLM(self.lm_path, self.word_dict)
+            if hot:
+                from native_client.decoders._hot_words import LOG10_E, WordBoostLM
+
+                boosts = {self.word_dict.get_index(w): boost * LOG10_E for w, boost in hot.items()}
+                self.lm = WordBoostLM(self.lm, boosts)
             trie = Trie(len(self.tokens), self.space)
             start = self.lm.start(False)
             for word in words:
@@ -120,9 +139,23 @@ class BeamDecoder:
             self.word_dict = None
             self.trie = None
             self.lm = KenLM(self.lm_path, token_dict)
+            if hot:
+                from native_client.decoders._hot_words import SpellingBoostLM
+
+                self.lm = SpellingBoostLM(self.lm, self.tokens, self.space, hot)
             self.vocabulary_size = None
         self.tokens_per_frame = tokens_per_frame
         self.decoder = self._make_decoder()
+
+    @classmethod
+    def from_spec(cls, spec: DecoderSpec) -> BeamDecoder:
+        """The beam decoder over ``spec.lm`` with ``spec.settings`` (``BeamSettings`` keys and
+        ``hot_words``); the vocabulary is read only for lexicon decoding."""
+        if spec.lm is None:
+            raise ValueError("beam search needs a language model, and none was given")
+        settings = BeamSettings.from_dict(spec.settings)
+        vocabulary = spec.words() if settings.lexicon else None
+        return cls(spec.alphabet(), spec.lm, settings, vocabulary, spec.settings.get("hot_words"))
 
     def _make_decoder(self):
         """The flashlight decoder for ``self.settings`` over the loaded LM (and trie); cheap to make."""
@@ -244,34 +277,4 @@ class BeamDecoder:
         return self.decoder.decode(emissions.ctypes.data, emissions.shape[0], emissions.shape[1])
 
 
-def beam_decoder_for_export(metadata, scorer: str | Path | None = None, overrides: dict | None = None):
-    """The beam decoder an export describes (its LM and vocabulary), or with another ``scorer``;
-    None when the export has no LM and no scorer is given."""
-    decoder = dict(metadata.decoder or {})
-    decoder.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    settings = BeamSettings.from_dict(decoder)
-    key = "lm" if settings.lexicon else "char_lm"
-    lm = Path(scorer) if scorer else (metadata.directory / decoder[key] if decoder.get(key) else None)
-    if lm is None:
-        return None
-    if not scorer:
-        verify_manifest(
-            metadata.directory,
-            [decoder[key]]
-            + ([decoder["vocabulary"]] if settings.lexicon and decoder.get("vocabulary") else []),
-        )
-    if not lm.is_file():
-        raise FileNotFoundError(f"{lm}: language model file not found")
-    vocabulary = None
-    if settings.lexicon:
-        vocab_file = metadata.directory / decoder["vocabulary"] if decoder.get("vocabulary") else None
-        if scorer and is_arpa(lm):
-            vocabulary = arpa_unigrams(lm)
-        elif vocab_file is not None and vocab_file.is_file():
-            vocabulary = vocab_file.read_text(encoding="utf-8").split()
-        else:
-            raise FileNotFoundError(
-                f"{vocab_file or metadata.directory / METADATA_NAME}: vocabulary needed for "
-                f"lexicon decoding is missing" + ("" if vocab_file else " (no decoder.vocabulary entry)")
-            )
-    return BeamDecoder(metadata.alphabet, lm, settings, vocabulary)
+DECODER = BeamDecoder

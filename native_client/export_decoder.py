@@ -1,0 +1,77 @@
+"""The decoder an export describes: its metadata's ``decoder`` entry (type, settings, LM files) as a
+``DecoderSpec``, so the client decodes as Evaluate did; the CLI's options override parts of it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from native_client.arpa import arpa_unigrams, is_arpa
+from native_client.decoders import DEFAULT_TYPE, Decoder, DecoderSpec, decoder_class
+from native_client.metadata import METADATA_NAME, ExportMetadata, verify_manifest
+
+
+def decoder_spec_for_export(
+    metadata: ExportMetadata, scorer: str | Path | None = None, overrides: dict | None = None
+) -> DecoderSpec | None:
+    """The spec of the export's decoder, with another LM (``scorer``) and ``overrides`` of its settings
+    (``beam_width``, ``lm_alpha``, ``lm_beta``, ``hot_words``; None values are ignored). None when the
+    export has no LM and no scorer is given (the client then decodes greedily).
+
+    ``type`` is the entry's (exports written before decoders had types: ``beam``). The LM is the word
+    LM with a lexicon and the character LM without; the export's files are checked against its
+    manifest, and a scorer given as ARPA brings its own vocabulary (its unigrams)."""
+    entry = dict(metadata.decoder or {})
+    settings = {
+        key: value for key, value in entry.items() if key not in ("type", "lm", "char_lm", "vocabulary")
+    }
+    settings.update({key: value for key, value in (overrides or {}).items() if value is not None})
+    lexicon = bool(settings.get("lexicon", True))
+    key = "lm" if lexicon else "char_lm"
+    lm = Path(scorer) if scorer else (metadata.directory / entry[key] if entry.get(key) else None)
+    if lm is None:
+        return None
+    if not scorer:
+        verify_manifest(
+            metadata.directory,
+            [entry[key]] + ([entry["vocabulary"]] if lexicon and entry.get("vocabulary") else []),
+        )
+    if not lm.is_file():
+        raise FileNotFoundError(f"{lm}: language model file not found")
+    vocabulary: str | tuple[str, ...] | None = None
+    if lexicon:
+        vocab_file = metadata.directory / entry["vocabulary"] if entry.get("vocabulary") else None
+        if scorer and is_arpa(lm):
+            vocabulary = tuple(arpa_unigrams(lm))
+        elif vocab_file is not None and vocab_file.is_file():
+            vocabulary = str(vocab_file)
+        else:
+            raise FileNotFoundError(
+                f"{vocab_file or metadata.directory / METADATA_NAME}: vocabulary needed for "
+                f"lexicon decoding is missing" + ("" if vocab_file else " (no decoder.vocabulary entry)")
+            )
+    return DecoderSpec(
+        type=entry.get("type") or DEFAULT_TYPE,
+        labels=tuple(metadata.alphabet.labels),
+        lm=str(lm),
+        vocabulary=vocabulary,
+        settings=settings,
+    )
+
+
+def decoder_for_export(
+    metadata: ExportMetadata,
+    scorer: str | Path | None = None,
+    overrides: dict | None = None,
+    allowed: Iterable[str] = (),
+) -> Decoder | None:
+    """The decoder ``decoder_spec_for_export`` describes, or None (greedy) when the export has no LM.
+
+    An export never chooses code to import by itself: a decoder type that is a dotted module (a user's
+    own) is loaded only when it is in ``allowed`` (the client's ``--allow-plugin``; Transcribe allows the
+    config's own ``decoder.type``). A refused or unknown type is a PluginError naming the metadata file."""
+    spec = decoder_spec_for_export(metadata, scorer, overrides)
+    if spec is None:
+        return None
+    what = f"{metadata.directory / METADATA_NAME}: decoder.type"
+    return decoder_class(spec.type, what, allowed=tuple(allowed)).from_spec(spec)
