@@ -137,7 +137,10 @@ def main(argv=None) -> int:
     root = make_tree(args.cache_dir, small, large)
     machine = cpu()
     print(f"CPU: {machine}", file=sys.stderr)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     sizes = []
     for count, parts in ((small, ["train-clean-100"]), (large, ["train-clean-100", "train-clean-360"])):
         out = Path(tempfile.mkdtemp(prefix="import-", dir=args.cache_dir))
@@ -156,8 +159,9 @@ def main(argv=None) -> int:
         }
         sizes.append(figures)
         print(
-            f"{count} files: import {figures['import_files_per_s']} files/s ({result['import_s']} s), listing "
-            f"{figures['listing_files_per_s']} files/s ({result['listing_s']} s), peak RSS {rss:.0f} MiB",
+            f"{count} files: import {figures['import_files_per_s']} files/s ({result['import_s']} s), "
+            f"listing {figures['listing_files_per_s']} files/s ({result['listing_s']} s), "
+            f"peak RSS {rss:.0f} MiB",
             file=sys.stderr,
             flush=True,
         )

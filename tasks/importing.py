@@ -18,18 +18,22 @@ class Import(ConfigTask):
     )
 
     def output(self):
+        """The import's ``report.json`` (written last)."""
         return luigi.LocalTarget(str(self.layout.import_files(self.corpus).report))
 
     def stage_paths(self):
+        """The import folder (the converted copies under ``imports/converted`` are shared and kept)."""
         return [self.layout.import_files(self.corpus).root]
 
     def stage_complete(self):
+        """Whether the import folder holds every file its report recorded, at the recorded size."""
         from pipeline.stages.imports import import_intact
 
         # Stats only: the report and each file it recorded, at the size it recorded.
         return import_intact(self.layout.import_files(self.corpus))
 
     def run_stage(self):
+        """Import the corpus, the progress and a summary shown in the Luigi UI."""
         from pipeline.stages.imports import import_stage
 
         progress = Progress(self, total=100, unit="%", description=f"import {self.corpus}")
@@ -63,6 +67,7 @@ class Imports(luigi.WrapperTask):
     config = luigi.Parameter(description="Path of the YAML config file.")
 
     def requires(self):
+        """An Import per ``data.corpora`` entry."""
         from pipeline.config_loader import load_config
 
         return [

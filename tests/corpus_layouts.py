@@ -345,5 +345,6 @@ def common_voice_speech(root: Path, counts: dict[str, int], per_speaker: int = 4
                 handle.write("\t".join(values[name] for name in CV_HEADER_V17) + "\n")
                 if audio is not None:
                     samples, rate = soundfile.read(audio, dtype="float32")
-                    soundfile.write(base / "clips" / clip, soxr.resample(samples, rate, 48000), 48000, format="MP3")
+                    clip_48k = soxr.resample(samples, rate, 48000)
+                    soundfile.write(base / "clips" / clip, clip_48k, 48000, format="MP3")
     return base

@@ -72,16 +72,29 @@ def _check_run(config_path: Path, key: str, speakers: dict[str, int], dropped: d
 
 
 def test_librispeech_layout_end_to_end_from_the_command_line(tmp_path):
-    corpus = corpus_layouts.librispeech_speech(tmp_path / "corpus", COUNTS)
+    corpus_layouts.librispeech_speech(tmp_path / "corpus", COUNTS)  # corpus/LibriSpeech/...
     config = tmp_path / "librispeech.yaml"
-    config.write_text(yaml.safe_dump(_tiny("librispeech.yaml", tmp_path / "work", {
-        "importer": "librispeech", "path": "corpus", "train": ["train-clean-100"],
-    })))
+    config.write_text(
+        yaml.safe_dump(
+            _tiny(
+                "librispeech.yaml",
+                tmp_path / "work",
+                {
+                    "importer": "librispeech",
+                    "path": "corpus",
+                    "train": ["train-clean-100"],
+                },
+            )
+        )
+    )
     command = Path(sys.executable).parent / "deepspeech-train"
     run = [str(command)] if command.exists() else [sys.executable, "-m", "tasks.cli"]
     result = subprocess.run(
         [*run, "Evaluate", "--config", str(config), "--local-scheduler"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=1200,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=1200,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     _check_run(config, "librispeech-corpus", {"train": 6, "dev": 2, "test": 2}, {})
@@ -93,9 +106,22 @@ def test_common_voice_mp3_release_end_to_end_through_luigi(tmp_path):
     data.max_reject_fraction)."""
     folder = corpus_layouts.common_voice_speech(tmp_path / "cv", COUNTS)
     config = tmp_path / "common_voice.yaml"
-    config.write_text(yaml.safe_dump(_tiny("common_voice.yaml", tmp_path / "work", {
-        "importer": "common_voice", "path": str(folder.parent),  # the release folder: its one language is found
-    })))
+    config.write_text(
+        yaml.safe_dump(
+            _tiny(
+                "common_voice.yaml",
+                tmp_path / "work",
+                {
+                    "importer": "common_voice",
+                    "path": str(folder.parent),  # the release folder: its one language is found
+                },
+            )
+        )
+    )
     assert luigi.build([Evaluate(config=str(config))], local_scheduler=True)
-    _check_run(config, "common_voice-cv-corpus-17.0-2024-03-15", {"train": 6, "dev": 2, "test": 2},
-               {"missing_file": 1})
+    _check_run(
+        config,
+        "common_voice-cv-corpus-17.0-2024-03-15",
+        {"train": 6, "dev": 2, "test": 2},
+        {"missing_file": 1},
+    )

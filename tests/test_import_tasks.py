@@ -46,7 +46,9 @@ def fresh_tasks():
 def _merge(base: dict, extra: dict) -> dict:
     out = dict(base)
     for key, value in extra.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        out[key] = (
+            _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
     return out
 
 
@@ -72,11 +74,17 @@ def test_import_writes_manifests_rejects_and_report_and_is_done_once(tmp_path):
     path = _config(tmp_path, [{"importer": "librispeech", "path": str(corpus)}])
     assert luigi.build([Imports(config=str(path))], local_scheduler=True)
     files = Layout(load_config(path)).import_files("librispeech-corpus")
-    assert files.root.parent == tmp_path / "work" / "imports" and files.root.name.startswith("librispeech-corpus-")
+    assert files.root.parent == tmp_path / "work" / "imports" and files.root.name.startswith(
+        "librispeech-corpus-"
+    )
     report = json.loads(files.report.read_text())
     assert (report["rows"], report["kept"], report["dropped"]) == (7, 5, 2)
     assert report["dropped_by_reason"] == {"missing_file": 1, "missing_transcript": 1}
-    assert report["rejected_by_split"] == {"train": {"missing_file": 1, "missing_transcript": 1}, "dev": {}, "test": {}}
+    assert report["rejected_by_split"] == {
+        "train": {"missing_file": 1, "missing_transcript": 1},
+        "dev": {},
+        "test": {},
+    }
     assert report["splits"]["train"] == {"utterances": 2, "hours": round(2.1 / 3600, 6), "speakers": 1}
     assert report["splits"]["test"]["speakers"] == 1
     rejects = _rows(files.rejects)
@@ -106,7 +114,7 @@ def test_complete_lists_the_corpus_once_and_never_reads_it(tmp_path, monkeypatch
     forget_corpus_listings()
 
     listings = []
-    real_listing, real_open, real_info = layout_module.corpus_listing, builtins.open, soundfile.info
+    real_listing, real_open = layout_module.corpus_listing, builtins.open
 
     def counted(*args):
         listings.append(args[1])
@@ -124,7 +132,12 @@ def test_complete_lists_the_corpus_once_and_never_reads_it(tmp_path, monkeypatch
     monkeypatch.setattr(builtins, "open", guarded_open)
     monkeypatch.setattr(soundfile, "info", no_header)
     tasks = dag([Evaluate(config=str(path))])
-    assert {task.task_family for task in tasks.values()} >= {"Import", "FeaturesSplit", "Train", "LanguageModel"}
+    assert {task.task_family for task in tasks.values()} >= {
+        "Import",
+        "FeaturesSplit",
+        "Train",
+        "LanguageModel",
+    }
     for _ in range(2):
         for task in tasks.values():
             assert task.complete() == (task.task_family == "Import")
@@ -165,15 +178,21 @@ def test_features_read_the_imports_after_data_files_and_fingerprint_them(tmp_pat
 
     folder = tmp_path / "more"
     corpus_layouts.folder(folder)
-    other = Layout(load_config(_config(tmp_path, [entry, {"importer": "folder", "path": str(folder)}], "two.yaml")))
+    other = Layout(
+        load_config(_config(tmp_path, [entry, {"importer": "folder", "path": str(folder)}], "two.yaml"))
+    )
     assert other.fingerprint("import", corpus="librispeech-corpus") == layout.fingerprint(
         "import", corpus="librispeech-corpus"
     )
-    digits = Layout(load_config(_config(tmp_path, [entry], "digits.yaml", data={"text": {"digits": "reject"}})))
+    digits = Layout(
+        load_config(_config(tmp_path, [entry], "digits.yaml", data={"text": {"digits": "reject"}}))
+    )
     assert digits.fingerprint("import", corpus="librispeech-corpus") != layout.fingerprint(
         "import", corpus="librispeech-corpus"
     )
-    numcep = Layout(load_config(_config(tmp_path, [entry], "numcep.yaml", features={"numcep": 13, "nfilt": 26})))
+    numcep = Layout(
+        load_config(_config(tmp_path, [entry], "numcep.yaml", features={"numcep": 13, "nfilt": 26}))
+    )
     assert numcep.fingerprint("import", corpus="librispeech-corpus") == layout.fingerprint(
         "import", corpus="librispeech-corpus"
     )
@@ -200,12 +219,28 @@ def test_import_rejects_count_towards_max_reject_fraction_and_selections_do_not(
     assert "missing_file (1)" in message and "missing_transcript (1)" in message
     assert str(layout.import_files("librispeech-corpus").rejects) in message
     assert not layout.features_cache("train").exists()
-    raised = Layout(load_config(_config(tmp_path, [{"importer": "librispeech", "path": str(corpus)}], "raised.yaml",
-                                        data={"max_reject_fraction": 0.5})))
+    raised = Layout(
+        load_config(
+            _config(
+                tmp_path,
+                [{"importer": "librispeech", "path": str(corpus)}],
+                "raised.yaml",
+                data={"max_reject_fraction": 0.5},
+            )
+        )
+    )
     assert raised.features_fingerprint("train") == layout.features_fingerprint("train")
     assert build_split_cache(raised, "train").kept == 2
-    limited = Layout(load_config(_config(tmp_path, [{"importer": "librispeech", "path": str(corpus)}], "limit.yaml",
-                                         data={"limit_train": 10})))
+    limited = Layout(
+        load_config(
+            _config(
+                tmp_path,
+                [{"importer": "librispeech", "path": str(corpus)}],
+                "limit.yaml",
+                data={"limit_train": 10},
+            )
+        )
+    )
     assert build_split_cache(limited, "train").kept == 2
 
     timit = corpus_layouts.timit(tmp_path / "timit")
@@ -219,19 +254,38 @@ def test_import_rejects_count_towards_max_reject_fraction_and_selections_do_not(
 @pytest.mark.parametrize(
     "entries, expected",
     [
-        ([{"importer": "librispeech", "path": "{corpus}"}, {"importer": "folder"}], r"data\.corpora\[1\]\.path: required"),
-        ([{"importer": "librispech", "path": "{corpus}"}], r"data\.corpora\[0\]\.importer: no module .*librispech"),
-        ([{"importer": "librispeech", "path": "{corpus}", "train": ["train-clean-500"]}],
-         r"data\.corpora\[0\]: .*librispeech part\(s\) train-clean-500 not found; found: dev-clean"),
-        ([{"importer": "librispeech", "path": "{corpus}", "dev": ["test-clean"]}],
-         r"data\.corpora\[0\]: part 'test-clean' is in both dev and test: a split leak"),
-        ([{"importer": "common_voice", "path": "{corpus}", "train_from_validate": True}],
-         r"data\.corpora\[0\]: unknown key 'train_from_validate' for this importer"),
-        ([{"importer": "folder", "path": "{corpus}", "split_fractions": {"train": 0.8}}],
-         r"data\.corpora\[0\]\.split_fractions: fractions add up to 0\.8"),
-        ([{"importer": "folder", "path": "{corpus}", "trian": ["x"], "name": 5}], r"data\.corpora\[0\]\.name: expected a string"),
-        ([{"importer": "folder", "path": "{corpus}"}, {"importer": "folder", "path": "{corpus}"}],
-         r"data\.corpora\[1\]: its key 'folder-corpus' is also data\.corpora\[0\]'s"),
+        (
+            [{"importer": "librispeech", "path": "{corpus}"}, {"importer": "folder"}],
+            r"data\.corpora\[1\]\.path: required",
+        ),
+        (
+            [{"importer": "librispech", "path": "{corpus}"}],
+            r"data\.corpora\[0\]\.importer: no module .*librispech",
+        ),
+        (
+            [{"importer": "librispeech", "path": "{corpus}", "train": ["train-clean-500"]}],
+            r"data\.corpora\[0\]: .*librispeech part\(s\) train-clean-500 not found; found: dev-clean",
+        ),
+        (
+            [{"importer": "librispeech", "path": "{corpus}", "dev": ["test-clean"]}],
+            r"data\.corpora\[0\]: part 'test-clean' is in both dev and test: a split leak",
+        ),
+        (
+            [{"importer": "common_voice", "path": "{corpus}", "train_from_validate": True}],
+            r"data\.corpora\[0\]: unknown key 'train_from_validate' for this importer",
+        ),
+        (
+            [{"importer": "folder", "path": "{corpus}", "split_fractions": {"train": 0.8}}],
+            r"data\.corpora\[0\]\.split_fractions: fractions add up to 0\.8",
+        ),
+        (
+            [{"importer": "folder", "path": "{corpus}", "trian": ["x"], "name": 5}],
+            r"data\.corpora\[0\]\.name: expected a string",
+        ),
+        (
+            [{"importer": "folder", "path": "{corpus}"}, {"importer": "folder", "path": "{corpus}"}],
+            r"data\.corpora\[1\]: its key 'folder-corpus' is also data\.corpora\[0\]'s",
+        ),
         ("{corpus}", r"data\.corpora: expected a list of mappings"),
     ],
 )
@@ -241,7 +295,9 @@ def test_corpus_mistakes_are_one_line_naming_the_entry(tmp_path, entries, expect
     def fill(value):
         return str(corpus) if value == "{corpus}" else value
 
-    entries = fill(entries) if isinstance(entries, str) else [{k: fill(v) for k, v in e.items()} for e in entries]
+    entries = (
+        fill(entries) if isinstance(entries, str) else [{k: fill(v) for k, v in e.items()} for e in entries]
+    )
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"data": {"corpora": entries}}))
     with pytest.raises(ConfigError, match=expected) as error:
@@ -263,12 +319,20 @@ def test_data_text_mistakes_are_named(tmp_path):
 
 def test_a_missing_corpus_folder_is_one_line_and_exit_2(tmp_path):
     corpus = corpus_layouts.folder(tmp_path)
-    path = _config(tmp_path, [{"importer": "folder", "path": str(corpus)},
-                              {"importer": "librispeech", "path": str(tmp_path / "LibriSpeech")}])
+    path = _config(
+        tmp_path,
+        [
+            {"importer": "folder", "path": str(corpus)},
+            {"importer": "librispeech", "path": str(tmp_path / "LibriSpeech")},
+        ],
+    )
     load_config(path)  # a folder that is not there yet is left to the checks before a run
     result = subprocess.run(
         [sys.executable, "-m", "tasks.cli", "Evaluate", "--config", str(path), "--local-scheduler"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1, result.stderr
@@ -283,7 +347,9 @@ def test_templates_load_and_their_placeholders_are_named(name, capsys):
 
     config = load_config(ROOT / "configs" / f"{name}.yaml")
     assert len(config.data.corpora) == 1 and config.data.corpora[0].importer == name
-    with pytest.raises(PreflightError, match=r"data\.corpora\[0\]\.path still hold the template's placeholder"):
+    with pytest.raises(
+        PreflightError, match=r"data\.corpora\[0\]\.path still hold the template's placeholder"
+    ):
         check_inputs(config)
     assert main(["--template", name]) == 0
     assert capsys.readouterr().out == (ROOT / "configs" / f"{name}.yaml").read_text()
@@ -317,7 +383,10 @@ def test_a_failed_import_leaves_nothing_a_rerun_trusts(tmp_path):
     luigi.task_register.Register.clear_instance_cache()
     assert not Import(config=str(path), corpus="kaldi-train").complete()
     assert luigi.build([Import(config=str(path), corpus="kaldi-train")], local_scheduler=True)
-    assert files.manifest("dev").read_text().strip() == "wav_filename,wav_filesize,transcript,offset,duration,speaker"
+    assert (
+        files.manifest("dev").read_text().strip()
+        == "wav_filename,wav_filesize,transcript,offset,duration,speaker"
+    )
 
 
 def test_rerun_import_removes_the_import_and_what_follows(tmp_path, capsys):
