@@ -308,8 +308,14 @@ def _check_corpora(config: Config) -> None:
             if Path(corpus.path).is_dir():
                 plan_import(spec, where)
         except ValueError as error:  # CorpusLayoutError and PluginError are ValueErrors
-            message = str(error) if str(error).startswith(where) else f"{where}: {error}"
-            raise ConfigError(f"{src}: {message}") from None
+            raise corpus_error(error, where, src) from None
+
+
+def corpus_error(error: ValueError, where: str, source: str) -> ConfigError:
+    """A planning error of the corpus entry ``where`` (``data.corpora[1]``) as a one-line ConfigError
+    naming the config file and the entry."""
+    message = str(error) if str(error).startswith(where) else f"{where}: {error}"
+    return ConfigError(f"{source}: {message}")
 
 
 def load_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = None) -> Config:

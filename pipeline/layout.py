@@ -28,6 +28,7 @@ from xdg import BaseDirectory
 
 from native_client.metadata import METADATA_NAME
 from pipeline.config import APP_NAME, Config, ConfigError, CorpusConfig, field_stages
+from pipeline.config_loader import corpus_error
 from pipeline.data.importing import (
     REJECTS_NAME,
     REPORT_NAME,
@@ -449,18 +450,13 @@ class Layout:
         """The resolved import of corpus ``key`` (made once per layout); ConfigError naming
         ``data.corpora[i]`` when the corpus cannot be imported (e.g. its folder is missing)."""
         if key not in self._plans:
-            index = self.corpora[key][0] if key in self.corpora else None
-            where = f"data.corpora[{index}]"
-            folder = self.corpus(key).path
-            if not Path(folder).is_dir():
-                raise ConfigError(f"{self.config.source}: {where}.path: {folder}: no such corpus folder")
+            corpus, where = self.corpus(key), f"data.corpora[{self.corpora[key][0]}]"
+            if not Path(corpus.path).is_dir():
+                raise ConfigError(f"{self.config.source}: {where}.path: {corpus.path}: no such corpus folder")
             try:
-                self._plans[key] = plan_import(corpus_spec(self.corpus(key), self.config.data.text), where)
+                self._plans[key] = plan_import(corpus_spec(corpus, self.config.data.text), where)
             except ValueError as error:
-                message = str(error)
-                raise ConfigError(
-                    f"{self.config.source}: {message if message.startswith(where) else f'{where}: {message}'}"
-                ) from None
+                raise corpus_error(error, where, self.config.source) from None
         return self._plans[key]
 
     def import_listing(self, key: str) -> Listing:
@@ -486,10 +482,6 @@ class Layout:
         ``data.corpora`` order."""
         imported = tuple(str(self.import_files(key).manifest(split)) for key in self.corpora)
         return tuple(self.config.split_files(split)) + imported
-
-    def import_reports(self) -> list[Path]:
-        """The report of each corpus's import, in ``data.corpora`` order."""
-        return [self.import_files(key).report for key in self.corpora]
 
     # -- Features ------------------------------------------------------------------------------
     def features_cache(self, split: str) -> Path:

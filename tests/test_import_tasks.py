@@ -412,3 +412,25 @@ def test_features_without_corpora_keep_their_fingerprint(tmp_path, write_config)
     text = Layout(load_config(write_config(base + "  text:\n    case: keep\n", "b.yaml")))
     assert plain.features_fingerprint("train") == text.features_fingerprint("train")
     assert plain.lm_fingerprint == text.lm_fingerprint
+
+
+def test_corpora_round_trip_through_the_saved_config(tmp_path):
+    """Train saves the resolved config as YAML: data.corpora (with an importer option and named parts)
+    and data.text come back the same."""
+    from pipeline.config_loader import config_from_dict, config_to_dict
+
+    corpus = corpus_layouts.librispeech(tmp_path / "corpus")
+    folder = corpus_layouts.folder(tmp_path)
+    path = _config(
+        tmp_path,
+        [
+            {"importer": "librispeech", "path": str(corpus), "train": ["train-clean-100"], "dev": []},
+            {"importer": "folder", "path": str(folder), "audio_suffixes": [".wav"], "salt": "x", "name": "mine"},
+        ],
+        data={"text": {"digits": "reject"}},
+    )
+    config = load_config(path)
+    assert config.data.corpora[1].options == (("audio_suffixes", (".wav",)),)
+    assert [c.key for c in config.data.corpora] == ["librispeech-corpus", "mine"]
+    again = config_from_dict(yaml.safe_load(yaml.safe_dump(config_to_dict(config))), config.source)
+    assert again == config
