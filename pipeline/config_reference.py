@@ -36,7 +36,8 @@ inherits another config and overrides any subset of its keys. An unknown key, a 
 value out of range stops with one line naming the file, the key and what was expected; checks that
 involve several keys are in `pipeline/config.py` `validate_config`. `configs/sample.yaml` is the
 embedded default; `configs/en.yaml` holds the full-size DeepSpeech settings
-(`deepspeech-train --template en` prints it).
+(`deepspeech-train --template en` prints it); `configs/librispeech.yaml`, `configs/common_voice.yaml`
+and `configs/folder.yaml` train on a corpus in its own layout (`data.corpora`, docs/DATA.md).
 
 Types: a `path` is relative to the config file that names it (or absolute). Ranges: `[a, b]`
 includes both ends, `(a, b]` and `> a` exclude `a`; a list's range applies to each of its items.
