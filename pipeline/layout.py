@@ -118,7 +118,7 @@ def path_digest(path: str | Path) -> str:
 
 @functools.cache
 def _remembered_listing(importer, root: Path, parts: tuple[str, ...], options) -> Listing:
-    # The corpus listing (one stat per file, ~2 s per 100,000 files) is made once per process: every
+    # The corpus listing (one stat per file, ~3.5 s per 100,000 files) is made once per process: every
     # task's Layout asks for the Import fingerprints, and Luigi asks each task many times. A corpus
     # changed while one process runs is seen by the next run (``forget_corpus_listings`` for tests).
     return corpus_listing(importer, root, parts, options)
