@@ -77,6 +77,7 @@ bench: setup
 	$(BIN)/python bench/decoder.py
 	$(BIN)/python bench/scale.py
 	$(BIN)/python bench/lm.py
+	$(BIN)/python bench/importers.py
 
 ## docs/CONFIGURATION.md, generated from the config schema's field docs (a test fails when it is stale).
 docs: setup

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from pipeline.data.text import TextSettings
 
 APP_NAME = "luigi-deepspeech"
 
@@ -19,7 +21,8 @@ class ConfigError(ValueError):
 
 
 def _opt(default, doc: str, *, minimum=None, maximum=None, path: bool = False, stages=None,
-         exclusive_min: bool = False, mapping: bool = False, when=None, located: bool = False):
+         exclusive_min: bool = False, mapping: bool = False, when=None, located: bool = False,
+         required: bool = False, rest: bool = False, keyed_by: str | None = None):
     """A dataclass field with its documentation, range, and the stages whose output it changes.
 
     ``stages``: names of stages (``pipeline.stages.graph``) that re-run when the key
@@ -32,9 +35,14 @@ def _opt(default, doc: str, *, minimum=None, maximum=None, path: bool = False, s
     A path is fingerprinted by its content; ``located``: by its place too (a manifest,
     whose relative audio paths resolve from its folder).
     ``mapping``: the value is a mapping of settings (kept as sorted (key, value) pairs).
+    ``required``: the key must be given (in an entry of a list of mappings).
+    ``rest``: a mapping that takes every key of the entry the schema does not name (a plug-in's options).
+    ``keyed_by``: a list of entries each of which feeds one instance of the tagged stage, the one whose
+    parameter of that name is the entry's ``key`` (its fingerprint takes that entry only).
     """
     meta = {"doc": doc, "min": minimum, "max": maximum, "path": path, "stages": stages,
-            "exclusive_min": exclusive_min, "mapping": mapping, "when": dict(when or {}), "located": located}
+            "exclusive_min": exclusive_min, "mapping": mapping, "when": dict(when or {}), "located": located,
+            "required": required, "rest": rest, "keyed_by": keyed_by}
     if isinstance(default, (list, dict)):
         raise TypeError("use tuples for sequence defaults")
     return field(default=default, metadata=meta)
@@ -105,8 +113,63 @@ class PathsConfig:
 
 
 @dataclass(frozen=True)
+class CorpusConfig:
+    """A corpus imported from its own layout: one entry of ``data.corpora``. Any other key of the entry is
+    an option of its importer (docs/DATA.md lists them, e.g. ``train_from_validated: true`` for
+    common_voice)."""
+
+    importer: str = _opt(
+        "",
+        "The importer that reads the corpus's layout: librispeech, mls, common_voice, tedlium, timit, "
+        "mailabs, kaldi, folder (modules of pipeline/data/importers/), or the dotted name of a module of "
+        "your own defining IMPORTER.",
+        required=True,
+    )
+    path: str = _opt("", "The corpus folder, as its release unpacks.", path=True, required=True)
+    train: tuple[str, ...] | None = _opt(
+        None,
+        "The corpus parts that make the training split (e.g. [train-clean-100, train-clean-360]); default: "
+        "the importer's official ones. A corpus without official splits is split by speaker.",
+    )
+    dev: tuple[str, ...] | None = _opt(None, "The parts that make the dev split; default: the official ones.")
+    test: tuple[str, ...] | None = _opt(
+        None, "The parts that make the test split; default: the official ones."
+    )
+    split_fractions: tuple = _opt(
+        (("dev", 0.05), ("test", 0.05), ("train", 0.9)),
+        "Corpora without official splits: the share of speakers (not utterances) each split gets, by a "
+        "hash of the speaker id, as a mapping {train: 0.9, dev: 0.05, test: 0.05} adding up to 1.",
+        mapping=True,
+    )
+    salt: str = _opt("", "Speaker-hash splits: another salt puts other speakers in dev and test.")
+    name: str | None = _opt(
+        None,
+        "The corpus's key: the Import task's --corpus and its folder under <work_dir>/imports "
+        "(default <importer>-<folder name>).",
+    )
+    options: tuple = _opt(
+        (),
+        "The importer's own options, as a mapping; they may also be written as keys of the entry itself.",
+        mapping=True,
+        rest=True,
+    )
+
+    @property
+    def key(self) -> str:
+        """The corpus's key: ``name``, else ``<importer>-<folder name>`` (characters other than letters,
+        digits, ``.``, ``_`` and ``-`` as ``_``)."""
+        key = self.name or f"{self.importer.rsplit('.', 1)[-1]}-{Path(self.path).name}"
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", key)
+
+    def named_splits(self) -> dict[str, tuple[str, ...]]:
+        """The parts of each split the entry names (splits it leaves out take the importer's defaults)."""
+        named = {split: getattr(self, split) for split in ("train", "dev", "test")}
+        return {split: parts for split, parts in named.items() if parts is not None}
+
+
+@dataclass(frozen=True)
 class DataConfig:
-    """The corpus: DeepSpeech CSV manifests per split."""
+    """The corpus: DeepSpeech CSV manifests per split, and corpora imported from their own layouts."""
 
     STAGES: ClassVar[tuple[str, ...]] = ("features",)
 
@@ -132,9 +195,26 @@ class DataConfig:
     )
     limit_dev: int = _opt(0, "Use at most this many dev samples (0 = all).", minimum=0, stages=("features:dev",))
     limit_test: int = _opt(0, "Use at most this many test samples (0 = all).", minimum=0, stages=("features:test",))
+    corpora: tuple[CorpusConfig, ...] = _opt(
+        (),
+        "Corpora in their own layout (LibriSpeech, Common Voice, a folder of audio with .txt files, ...), "
+        "a list of mappings with the keys below; an Import task per corpus writes its train/dev/test "
+        "manifests, which follow data.train_files, data.dev_files and data.test_files in their splits.",
+        stages=("import",),
+        keyed_by="corpus",
+    )
+    text: TextSettings = _opt(
+        TextSettings(),
+        "How the transcripts of data.corpora are normalised (the keys below); the manifests of data.*_files "
+        "are read as they are.",
+        stages=("import",),
+    )
     max_reject_fraction: float = _opt(
         0.05,
-        "Fail a split when more than this fraction of its rows is rejected (checked after extraction; raising it reuses the extracted features).",
+        "Fail a split when more than this fraction of its rows is rejected (checked after extraction; raising "
+        "it reuses the extracted features). The rows an Import rejected for the split count too (a missing, "
+        "empty or unreadable file, an empty transcript, ...), unless data.limit_<split> is set; the rows a "
+        "corpus leaves out by design (Common Voice's held-out speakers, TIMIT's dialect sentences) never do.",
         minimum=0.0,
         maximum=1.0,
         stages=(),

@@ -29,6 +29,8 @@ def _section_types() -> dict[str, type]:
 
 
 def _describe(tp) -> str:
+    if dataclasses.is_dataclass(tp):
+        return "a mapping of keys"
     origin = typing.get_origin(tp)
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
@@ -36,7 +38,10 @@ def _describe(tp) -> str:
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
         return _describe(inner[0]) + " or null"
     if origin is tuple:
-        return "a list of " + {str: "strings", int: "integers", float: "numbers"}[typing.get_args(tp)[0]]
+        item = typing.get_args(tp)[0]
+        if dataclasses.is_dataclass(item):
+            return "a list of mappings"
+        return "a list of " + {str: "strings", int: "integers", float: "numbers"}[item]
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[tp]
 
 
@@ -53,12 +58,16 @@ def _coerce(value: Any, tp, where: str, base_dir: Path | None, is_path: bool):
         if value not in typing.get_args(tp):
             raise bad
         return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad
+        return _entry(value, tp, where, base_dir)
     if origin is tuple:
-        if isinstance(value, str):
+        item = typing.get_args(tp)[0]
+        if isinstance(value, str) and not dataclasses.is_dataclass(item):
             value = [value]
         if not isinstance(value, list):
             raise bad
-        item = typing.get_args(tp)[0]
         return tuple(_coerce(v, item, f"{where}[{i}]", base_dir, is_path) for i, v in enumerate(value))
     if tp is bool:
         if not isinstance(value, bool):
@@ -84,12 +93,38 @@ def _coerce(value: Any, tp, where: str, base_dir: Path | None, is_path: bool):
     raise TypeError(f"unsupported config type {tp}")
 
 
+def _entry(value: dict, cls: type, where: str, base_dir: Path | None):
+    """A mapping checked key by key into the dataclass ``cls`` (an entry of a list of mappings, or a nested
+    group of keys): documented fields by their type and range, the other keys into the field marked
+    ``rest`` (or an error naming the key), and a one-line error for a ``required`` key left out."""
+    known = {f.name: f for f in dataclasses.fields(cls) if "doc" in f.metadata}
+    hints = typing.get_type_hints(cls)
+    rest = next((f.name for f in known.values() if f.metadata.get("rest")), None)
+    values, extra = {}, {}
+    for key, item in value.items():
+        at = f"{where}.{key}"
+        if key in known:
+            values[key] = _checked(item, hints[key], known[key].metadata, at, base_dir)
+        elif rest is not None and isinstance(key, str):
+            extra[key] = item
+        else:
+            raise ConfigError(
+                f"{at}: unknown key; {_did_you_mean(key, known)}expected one of {', '.join(known)}"
+            )
+    if extra:
+        values[rest] = tuple(sorted({**dict(values.get(rest, ())), **dict(_mapping(extra, where))}.items()))
+    for name, f in known.items():
+        if f.metadata.get("required") and values.get(name) in (None, ""):
+            raise ConfigError(f"{where}.{name}: required, not given")
+    return cls(**values)
+
+
 def _check_range(value, meta: dict, where: str) -> None:
-    if value is None or isinstance(value, (str, bool, tuple)):
+    if value is None or isinstance(value, (str, bool, tuple)) or dataclasses.is_dataclass(value):
         return
-    low, high = meta["min"], meta["max"]
-    if low is not None and (value < low or (meta["exclusive_min"] and value == low)):
-        relation = "greater than" if meta["exclusive_min"] else "at least"
+    low, high = meta.get("min"), meta.get("max")
+    if low is not None and (value < low or (meta.get("exclusive_min") and value == low)):
+        relation = "greater than" if meta.get("exclusive_min") else "at least"
         raise ConfigError(f"{where}: expected a value {relation} {low}, got {value!r}")
     if high is not None and value > high:
         raise ConfigError(f"{where}: expected a value at most {high}, got {value!r}")
@@ -246,7 +281,45 @@ def _freeze(merged: dict, source: str) -> Config:
         sections[name] = types[name](**values)
     config = Config(**sections, source=source)
     validate_config(config)
+    _check_corpora(config)
     return config
+
+
+def _check_corpora(config: Config) -> None:
+    """``data.text`` and each ``data.corpora`` entry as the import will read them, so a mistake is one line
+    when the config loads: the importer, its options, the split names and fractions, and, when the corpus
+    folder exists, its parts (a glance at the folder's top levels; a missing folder is left to preflight
+    and to the Import task, so that a template's placeholder paths load)."""
+    from pipeline.data.importing import check_spec, corpus_spec, plan_import
+
+    src = config.source
+    try:
+        config.data.text.check("data.text")
+    except ValueError as error:
+        raise ConfigError(f"{src}: {error}") from None
+    keys: dict[str, int] = {}
+    for index, corpus in enumerate(config.data.corpora):
+        where = f"data.corpora[{index}]"
+        if corpus.key in keys:
+            raise ConfigError(
+                f"{src}: {where}: its key {corpus.key!r} is also data.corpora[{keys[corpus.key]}]'s; "
+                f"set name: on one of them"
+            )
+        keys[corpus.key] = index
+        spec = corpus_spec(corpus, config.data.text)
+        try:
+            check_spec(spec, where)
+            if Path(corpus.path).is_dir():
+                plan_import(spec, where)
+        except ValueError as error:  # CorpusLayoutError and PluginError are ValueErrors
+            raise corpus_error(error, where, src) from None
+
+
+def corpus_error(error: ValueError, where: str, source: str) -> ConfigError:
+    """A planning error of the corpus entry ``where`` (``data.corpora[1]``) as a one-line ConfigError
+    naming the config file and the entry."""
+    message = str(error) if str(error).startswith(where) else f"{where}: {error}"
+    return ConfigError(f"{source}: {message}")
 
 
 def load_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = None) -> Config:
@@ -269,14 +342,21 @@ def config_from_dict(raw: dict, source: str = "<dict>", base_dir: str | Path | N
 
 def section_values(section) -> dict:
     """A config section's keys and values as the YAML file writes them (a front end's settings inline,
-    a mapping of options as a mapping)."""
+    a mapping of options as a mapping, entries of a list of mappings as mappings without the keys left
+    unset, a ``rest`` mapping's keys inline)."""
     out = {}
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
         if f.metadata.get("frontend"):
             out.update(dataclasses.asdict(value))
+        elif f.metadata.get("rest"):
+            out.update({key: list(v) if isinstance(v, tuple) else v for key, v in value})
         elif f.metadata.get("mapping"):
             out[f.name] = dict(value)
+        elif dataclasses.is_dataclass(value):
+            out[f.name] = section_values(value)
+        elif value and isinstance(value, tuple) and dataclasses.is_dataclass(value[0]):
+            out[f.name] = [{k: v for k, v in section_values(item).items() if v is not None} for item in value]
         else:
             out[f.name] = value
     return out
@@ -286,7 +366,7 @@ def config_to_dict(config: Config) -> dict:
     """The resolved config as plain data (for saving beside outputs)."""
 
     def plain(value):
-        if isinstance(value, tuple):
+        if isinstance(value, (tuple, list)):
             return [plain(v) for v in value]
         if isinstance(value, dict):
             return {k: plain(v) for k, v in value.items()}

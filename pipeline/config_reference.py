@@ -36,7 +36,8 @@ inherits another config and overrides any subset of its keys. An unknown key, a 
 value out of range stops with one line naming the file, the key and what was expected; checks that
 involve several keys are in `pipeline/config.py` `validate_config`. `configs/sample.yaml` is the
 embedded default; `configs/en.yaml` holds the full-size DeepSpeech settings
-(`deepspeech-train --template en` prints it).
+(`deepspeech-train --template en` prints it); `configs/librispeech.yaml`, `configs/common_voice.yaml`
+and `configs/folder.yaml` train on a corpus in its own layout (`data.corpora`, docs/DATA.md).
 
 Types: a `path` is relative to the config file that names it (or absolute). Ranges: `[a, b]`
 includes both ends, `(a, b]` and `> a` exclude `a`; a list's range applies to each of its items.
@@ -60,8 +61,12 @@ def _type_name(tp: Any, is_path: bool = False) -> str:
         inner = [arg for arg in typing.get_args(tp) if arg is not type(None)]
         named = " or ".join(_type_name(arg, is_path) for arg in inner)
         return f"{named} or null" if len(inner) < len(typing.get_args(tp)) else named
+    if dataclasses.is_dataclass(tp):
+        return "mapping"
     if origin in (tuple, list):
         args = typing.get_args(tp)
+        if args and dataclasses.is_dataclass(args[0]):
+            return "list of mappings"
         return "list of " + _type_name(args[0], is_path) if args else "list"
     if tp is str and is_path:
         return "path"
@@ -74,6 +79,8 @@ def _yaml_value(value: Any) -> str:
     """A default as it would be written in YAML."""
     if value is None:
         return "null"
+    if value == "":
+        return '""'
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (tuple, list)):
@@ -84,9 +91,14 @@ def _yaml_value(value: Any) -> str:
 
 
 def _default(field: dataclasses.Field) -> str:
-    """The field's default in YAML form, or ``required`` when it has none."""
-    if field.metadata.get("mapping") and not field.default:
-        return "`{}`"
+    """The field's default in YAML form (a mapping as ``{key: value}``, a group of keys as the keys
+    below), or ``required`` when it has none or must be given."""
+    if field.metadata.get("required"):
+        return "required"
+    if dataclasses.is_dataclass(field.default):
+        return "the keys below"
+    if field.metadata.get("mapping") and field.default is not dataclasses.MISSING:
+        return "`{" + ", ".join(f"{key}: {_yaml_value(value)}" for key, value in field.default) + "}`"
     if field.default is not dataclasses.MISSING:
         return f"`{_yaml_value(field.default)}`"
     if field.default_factory is not dataclasses.MISSING:
@@ -106,11 +118,12 @@ def _range(meta: typing.Mapping[str, Any]) -> str:
     return ""
 
 
-def _stages(cls: type, field: dataclasses.Field) -> str:
+def _stages(cls: type, field: dataclasses.Field, inherited: str = "") -> str:
     """The tasks that run again when the key changes (its ``stages`` tag, else the section's ``STAGES``);
-    empty for a class without stage tags (a front end's settings take their section's)."""
+    for a class without stage tags, ``inherited`` (the tasks of the key that holds its keys, e.g.
+    ``data.corpora``'s for an entry's keys; empty for a front end's settings)."""
     if not hasattr(cls, "STAGES"):
-        return ""
+        return inherited
     tags = field_stages(cls, field.name)
     guards = field.metadata.get("when") or {}
     named = [describe_tag(tag) + (f" ({guards[tag].__doc__})" if tag in guards else "") for tag in tags]
@@ -138,36 +151,48 @@ def class_doc(cls: type) -> str:
     return " ".join(doc.split())
 
 
-def section_table(cls: type, prefix: str) -> list[str]:
+def _entry_type(tp: Any) -> type | None:
+    """The dataclass of a group of keys (``tp`` itself) or of a list of mappings' entries; else None."""
+    if dataclasses.is_dataclass(tp):
+        return tp
+    args = typing.get_args(tp) if typing.get_origin(tp) in (tuple, list) else ()
+    return args[0] if args and dataclasses.is_dataclass(args[0]) else None
+
+
+def section_table(cls: type, prefix: str, inherited: str = "") -> list[str]:
     """Markdown table rows of every field of the dataclass ``cls``, keys spelt ``<prefix><name>``.
 
-    A field whose type is itself a dataclass is rendered as its own table after
-    this one (keys ``<prefix><name>.<key>``). A ``re-runs`` column appears when
-    any field's metadata names a ``stage``.
+    A field whose type is itself a dataclass, or a list of dataclass entries, gets a row and its own
+    table after this one (keys ``<prefix><name>.<key>``, or ``<prefix><name>[].<key>`` for a list's
+    entries), whose keys re-run what the field re-runs unless their class says otherwise. A
+    ``re-runs`` column appears when any field's metadata names a ``stage``; ``inherited`` is the
+    re-runs of the key holding ``cls``'s keys.
     """
     fields = [f for f in dataclasses.fields(cls) if "doc" in f.metadata]
     hints = _hints(cls)
-    nested = [f for f in fields if dataclasses.is_dataclass(hints.get(f.name))]
-    plain = [f for f in fields if f not in nested]
-    with_stage = any(_stages(cls, f) for f in plain)
+    with_stage = any(_stages(cls, f, inherited) for f in fields)
     header = ["key", "type", "default", "range", "meaning"] + (["re-runs"] if with_stage else [])
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for field in plain:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] if fields else []
+    for field in fields:
         meta = field.metadata
         row = [
             f"`{prefix}{field.name}`",
-            _type_name(hints.get(field.name, field.type), meta.get("path", False)),
+            "mapping"
+            if meta.get("mapping")
+            else _type_name(hints.get(field.name, field.type), meta.get("path", False)),
             _default(field),
             _range(meta),
             meta.get("doc", ""),
-        ] + ([_stages(cls, field)] if with_stage else [])
+        ] + ([_stages(cls, field, inherited)] if with_stage else [])
         lines.append("| " + " | ".join(_cell(value) for value in row) + " |")
-    if not plain:
-        lines = []
-    for field in nested:
+    for field in fields:
+        entry = _entry_type(hints.get(field.name))
+        if entry is None:
+            continue
         doc = _cell(field.metadata.get("doc", ""))
-        lines += ["", f"`{prefix}{field.name}`" + (f": {doc}" if doc else ""), ""]
-        lines += section_table(hints[field.name], f"{prefix}{field.name}.")
+        name = f"{prefix}{field.name}" + ("" if entry is hints.get(field.name) else "[]")
+        lines += ["", f"`{name}`" + (f": {doc}" if doc else ""), ""]
+        lines += section_table(entry, f"{name}.", _stages(cls, field, inherited))
     return lines
 
 

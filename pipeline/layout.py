@@ -27,7 +27,19 @@ from pathlib import Path
 from xdg import BaseDirectory
 
 from native_client.metadata import METADATA_NAME
-from pipeline.config import APP_NAME, Config, field_stages
+from pipeline.config import APP_NAME, Config, ConfigError, CorpusConfig, field_stages
+from pipeline.config_loader import corpus_error
+from pipeline.data.importing import (
+    REJECTS_NAME,
+    REPORT_NAME,
+    ImportPlan,
+    Listing,
+    corpus_listing,
+    corpus_spec,
+    import_fingerprint,
+    manifest_name,
+    plan_import,
+)
 from pipeline.lm.kenlm_tools import find_tools
 from pipeline.stages.graph import tag_applies, upstream
 
@@ -35,7 +47,8 @@ from pipeline.stages.graph import tag_applies, upstream
 DEFAULT_ALPHABET = Path(__file__).resolve().parent / "resources" / "alphabet.txt"
 DIGEST_BLOCK = 1 << 20
 # Stage directories under the work directory.
-FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR, EXPORT_DIR = (
+IMPORT_DIR, FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR, EXPORT_DIR = (
+    "imports",
     "features",
     "train",
     "lm",
@@ -43,6 +56,8 @@ FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR, EXPORT_DIR = (
     "evaluate",
     "export",
 )
+# Under IMPORT_DIR: the one copy of corpus audio libsndfile cannot read, shared by every import.
+CONVERTED_DIR = "converted"
 
 # Checkpoint file prefixes (``ckpt-<step>``, ``best-<step>``).
 CHECKPOINT_PREFIX, BEST_PREFIX = "ckpt", "best"
@@ -135,9 +150,56 @@ def init_digest(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+@functools.cache
+def _remembered_listing(importer, root: Path, parts: tuple[str, ...], options) -> Listing:
+    # The corpus listing (one stat per file, ~3.5 s per 100,000 files) is made once per process: every
+    # task's Layout asks for the Import fingerprints, and Luigi asks each task many times. A corpus
+    # changed while one process runs is seen by the next run (``forget_corpus_listings`` for tests).
+    return corpus_listing(importer, root, parts, options)
+
+
+def forget_corpus_listings() -> None:
+    """Forget the corpus listings this process made (a test that changes a corpus and runs again)."""
+    _remembered_listing.cache_clear()
+
+
+def _plain(value):
+    """A config value as JSON can hold it (a group of keys or an entry of a list of mappings as a dict)."""
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    if isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
+        return [dataclasses.asdict(item) for item in value]
+    return value
+
+
 def _hash(payload: dict) -> str:
     text = json.dumps(payload, sort_keys=True, default=list)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class ImportFiles:
+    """The files of one Import output directory (``pipeline.data.importing`` writes them)."""
+
+    root: Path
+
+    def manifest(self, split: str) -> Path:
+        """The DeepSpeech manifest of ``split`` (absolute audio paths, optional offset/duration/speaker)."""
+        return self.root / manifest_name(split)
+
+    @property
+    def rejects(self) -> Path:
+        """Every dropped row: its ``file:line``, audio, reason and detail."""
+        return self.root / REJECTS_NAME
+
+    @property
+    def report(self) -> Path:
+        """``report.json``: rows kept and dropped, hours and speakers per split, the files' sizes."""
+        return self.root / REPORT_NAME
+
+    def staging(self) -> Path:
+        """A hidden directory beside ``root`` where an import is written before it is renamed into place."""
+        return self.root.with_name(f".{self.root.name}.staging-{os.getpid()}")
 
 
 @dataclass(frozen=True)
@@ -284,6 +346,7 @@ class Layout:
     def __init__(self, config: Config):
         self.config = config
         self._fingerprints: dict[tuple, str] = {}
+        self._plans: dict[str, ImportPlan] = {}
 
     # -- roots ---------------------------------------------------------------------------------
     @functools.cached_property
@@ -321,7 +384,7 @@ class Layout:
             self._fingerprints[key] = _hash({
                 "stage": stage,
                 "keys": self._tagged_keys(stage, params),
-                "derived": self._derived(stage),
+                "derived": self._derived(stage, params),
                 "upstream": {f"{name}{sorted(p.items())}": self.fingerprint(name, **p)
                              for name, p in upstream(self.config, stage, params)},
             })
@@ -345,6 +408,8 @@ class Layout:
                 if not any(tag_applies(tag, stage, params) for tag in tags):
                     continue
                 value = getattr(section, f.name)
+                if f.metadata.get("keyed_by"):  # only the entry this stage instance is about
+                    value = tuple(item for item in value if item.key == params.get(f.metadata["keyed_by"]))
                 if f.metadata.get("frontend"):
                     value = dataclasses.asdict(value)
                 elif (section_field.name, f.name) == ("paths", "alphabet"):
@@ -356,13 +421,18 @@ class Layout:
                         return [str(path), path_digest(path)] if located else path_digest(path)
 
                     value = [content(p) for p in value] if isinstance(value, tuple) else content(value)
-                found[f"{section_field.name}.{f.name}"] = value
+                found[f"{section_field.name}.{f.name}"] = _plain(value)
         return found
 
-    def _derived(self, stage: str) -> dict:
+    def _derived(self, stage: str, params: dict) -> dict:
         """What a stage's result depends on beyond the config's keys: the LM's builder as resolved here
-        (``decoder.lm_builder: auto`` is KenLM's tools when they are installed)."""
-        return {"lm_builder": self.lm_builder} if stage == "lm" else {}
+        (``decoder.lm_builder: auto`` is KenLM's tools when they are installed); an Import's corpus as
+        resolved (its root, parts and options) and its files' names, sizes and modification times."""
+        if stage == "lm":
+            return {"lm_builder": self.lm_builder}
+        if stage == "import":
+            return {"corpus": self.import_fingerprint(params["corpus"])}
+        return {}
 
     def features_fingerprint(self, split: str) -> str:
         """The Features fingerprint of ``split``."""
@@ -401,6 +471,58 @@ class Layout:
     def export_fingerprint(self) -> str:
         """The Export fingerprint (what an export's metadata records, and Transcribe's records are keyed on)."""
         return self.fingerprint("export")
+
+    # -- Import --------------------------------------------------------------------------------
+    @functools.cached_property
+    def corpora(self) -> dict[str, tuple[int, CorpusConfig]]:
+        """The ``data.corpora`` entries by key, with their index in the list."""
+        return {corpus.key: (index, corpus) for index, corpus in enumerate(self.config.data.corpora)}
+
+    def corpus(self, key: str) -> CorpusConfig:
+        """The ``data.corpora`` entry of ``key``; ConfigError naming the keys there are."""
+        if key not in self.corpora:
+            raise ConfigError(
+                f"{self.config.source}: data.corpora has no corpus {key!r}; its corpora: "
+                f"{', '.join(self.corpora) or 'none'}"
+            )
+        return self.corpora[key][1]
+
+    def import_plan(self, key: str) -> ImportPlan:
+        """The resolved import of corpus ``key`` (made once per layout); ConfigError naming
+        ``data.corpora[i]`` when the corpus cannot be imported (e.g. its folder is missing)."""
+        if key not in self._plans:
+            corpus, where = self.corpus(key), f"data.corpora[{self.corpora[key][0]}]"
+            if not Path(corpus.path).is_dir():
+                raise ConfigError(f"{self.config.source}: {where}.path: {corpus.path}: no such corpus folder")
+            try:
+                self._plans[key] = plan_import(corpus_spec(corpus, self.config.data.text), where)
+            except ValueError as error:
+                raise corpus_error(error, where, self.config.source) from None
+        return self._plans[key]
+
+    def import_listing(self, key: str) -> Listing:
+        """The listing of corpus ``key``'s files (made once per process: ``corpus_listing``'s cost)."""
+        plan = self.import_plan(key)
+        return _remembered_listing(plan.importer, plan.root, tuple(plan.parts), plan.options)
+
+    def import_fingerprint(self, key: str) -> str:
+        """The digest of corpus ``key``'s import settings and files (``pipeline.data.importing``)."""
+        return import_fingerprint(self.import_plan(key), self.import_listing(key))
+
+    def import_files(self, key: str) -> ImportFiles:
+        """The Import output directory of corpus ``key``: ``imports/<key>-<fingerprint>``."""
+        return ImportFiles(self.work_dir / IMPORT_DIR / f"{key}-{self.fingerprint('import', corpus=key)}")
+
+    @functools.cached_property
+    def converted_dir(self) -> Path:
+        """Where imports keep the converted copies of audio libsndfile cannot read (shared by all)."""
+        return self.work_dir / IMPORT_DIR / CONVERTED_DIR
+
+    def split_manifests(self, split: str) -> tuple[str, ...]:
+        """Every manifest of ``split``: ``data.<split>_files``, then each imported corpus's, in
+        ``data.corpora`` order."""
+        imported = tuple(str(self.import_files(key).manifest(split)) for key in self.corpora)
+        return tuple(self.config.split_files(split)) + imported
 
     # -- Features ------------------------------------------------------------------------------
     def features_cache(self, split: str) -> Path:

@@ -3,10 +3,13 @@
 from tasks.evaluate import Evaluate
 from tasks.export import Export, Transcribe
 from tasks.features import Features, FeaturesSplit
+from tasks.importing import Import, Imports
 from tasks.language_model import LanguageModel, TuneDecoder
 from tasks.training import Train
 
 __all__ = [
+    "Import",
+    "Imports",
     "Features",
     "FeaturesSplit",
     "Train",

@@ -18,9 +18,11 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent
 USAGE = (
     "deepspeech-train <Task> --config CONFIG [--local-scheduler] [other luigi options]\n"
-    "       deepspeech-train --template en   (print the full-size config template)"
+    "       deepspeech-train --template en   (print a config template: en, librispeech, common_voice, folder)"
 )
 TASKS = (
+    "Imports",
+    "Import",
     "Features",
     "FeaturesSplit",
     "Train",
@@ -44,9 +46,11 @@ def _options(argv: list[str]) -> argparse.Namespace:
 
 
 def _print_template(name: str) -> int:
-    template = PACKAGE.parent / "pipeline" / "resources" / f"{name}.yaml"
+    resources = PACKAGE.parent / "pipeline" / "resources"
+    template = resources / f"{name}.yaml"
     if not template.is_file():
-        print(f"error: no config template {name!r} (there is: en)", file=sys.stderr)
+        there = ", ".join(sorted(p.stem for p in resources.glob("*.yaml")))
+        print(f"error: no config template {name!r} (there is: {there})", file=sys.stderr)
         return 2
     print(template.read_text(encoding="utf-8"), end="")
     return 0

@@ -27,6 +27,7 @@ def input_paths(config: Config) -> list[tuple[str, str]]:
     paths = [
         (f"data.{split}_files", p) for split in ("train", "dev", "test") for p in config.split_files(split)
     ]
+    paths += [(f"data.corpora[{i}].path", corpus.path) for i, corpus in enumerate(config.data.corpora)]
     paths.append(("paths.alphabet", str(Layout(config).alphabet)))
     paths += [("decoder.lm_corpus_files", p) for p in config.decoder.lm_corpus_files]
     if config.decoder.lm_path:
@@ -45,13 +46,18 @@ def check_inputs(config: Config) -> None:
         raise PreflightError(
             f"{config.source}: {', '.join(placeholders)} still hold the template's placeholder "
             f"paths; copy the file (or write one with `extends:` it) and set "
-            f"{', '.join(placeholders)} to your own files (DeepSpeech CSV manifests, LM text)"
+            f"{', '.join(placeholders)} to your own files (DeepSpeech CSV manifests, corpus folders, LM text)"
         )
     for key, path in input_paths(config):
         if not Path(path).exists():
             raise PreflightError(f"{config.source}: {key}: {path} does not exist")
-    if not config.data.train_files:
-        raise PreflightError(f"{config.source}: data.train_files: no training manifest given")
+    if not config.data.train_files and not config.data.corpora:
+        raise PreflightError(
+            f"{config.source}: data.train_files: no training manifest (nor data.corpora) given"
+        )
+    layout = Layout(config)
+    for key in layout.corpora:
+        layout.import_plan(key)  # a corpus that is not what its importer reads: one line (ConfigError)
 
 
 def check_scheduler(host: str, port: int, timeout_s: float = 3.0) -> None:

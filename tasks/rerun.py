@@ -2,6 +2,7 @@
 
     python -m tasks.rerun Train --config configs/sample.yaml [--local-scheduler] [--audio clip.flac]
     python -m tasks.rerun FeaturesSplit --split dev --config ...
+    python -m tasks.rerun Import --corpus librispeech-LibriSpeech --config ...   (Imports: every corpus)
 
 (``make rerun STAGE=Train CONFIG=...`` calls this.) Stages before the named one
 are left untouched; the DAG's roots (Evaluate and Export, plus TuneDecoder when
@@ -20,10 +21,23 @@ from pathlib import Path
 
 import luigi
 
-from tasks import Evaluate, Export, Features, FeaturesSplit, LanguageModel, Train, Transcribe, TuneDecoder
+from tasks import (
+    Evaluate,
+    Export,
+    Features,
+    FeaturesSplit,
+    Import,
+    Imports,
+    LanguageModel,
+    Train,
+    Transcribe,
+    TuneDecoder,
+)
 
 log = logging.getLogger("luigi-interface")
 STAGES = {
+    "Imports": Imports,
+    "Import": Import,
     "Features": Features,
     "FeaturesSplit": FeaturesSplit,
     "Train": Train,
@@ -80,6 +94,9 @@ def main(argv=None) -> int:
     parser.add_argument("stage", choices=sorted(STAGES))
     parser.add_argument("--config", required=True)
     parser.add_argument("--split", choices=("train", "dev", "test"), help="for FeaturesSplit")
+    parser.add_argument(
+        "--corpus", help="for Import: the corpus's key (data.corpora[].name or <importer>-<folder>)"
+    )
     parser.add_argument("--audio", help="also run Transcribe on this file (and rerun it)")
     parser.add_argument("--local-scheduler", action="store_true", help="do not use the central scheduler")
     parser.add_argument("--scheduler-host", help="central scheduler host (default: luigi.cfg)")
@@ -90,6 +107,8 @@ def main(argv=None) -> int:
         parser.error("FeaturesSplit needs --split")
     if args.stage == "Transcribe" and not args.audio:
         parser.error("Transcribe needs --audio")
+    if args.stage == "Import" and not args.corpus:
+        parser.error("Import needs --corpus")
 
     roots = [Evaluate(config=args.config), Export(config=args.config)]
     if roots[0].cfg.decoder.tune:
@@ -103,6 +122,10 @@ def main(argv=None) -> int:
         targets = [FeaturesSplit(config=args.config, split=args.split)]
     elif args.stage == "Transcribe":
         targets = [Transcribe(config=args.config, audio=args.audio)]
+    elif args.stage == "Import":
+        targets = [Import(config=args.config, corpus=args.corpus)]
+    elif args.stage == "Imports":
+        targets = Imports(config=args.config).requires()
     else:
         targets = [STAGES[args.stage](config=args.config)]
     doomed = dependents({t.task_id for t in targets}, tasks)

@@ -283,3 +283,68 @@ def folder(root: Path, speakers: int = 0) -> Path:
         tone(base / f"speaker{index:03d}" / "a.wav", 0.2, 300 + index, subtype="PCM_16")
         (base / f"speaker{index:03d}" / "a.txt").write_text(f"utterance of speaker {index}\n")
     return base
+
+
+def _sample_rows(split: str, count: int) -> list[tuple[Path, str]]:
+    """(audio, transcript) of the first ``count`` rows of the sample corpus's ``split`` (data/sample)."""
+    import csv
+
+    sample = Path(__file__).resolve().parent.parent / "data" / "sample"
+    with open(sample / f"{split}.csv", newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))[:count]
+    assert len(rows) == count, f"the sample's {split} split has fewer than {count} rows"
+    return [(sample / row["wav_filename"], row["transcript"]) for row in rows]
+
+
+def librispeech_speech(root: Path, counts: dict[str, int], per_speaker: int = 4) -> Path:
+    """``LibriSpeech/`` with ``train-clean-100``, ``dev-clean`` and ``test-clean`` holding speech: the
+    sample corpus's FLAC files of the same split (``counts[split]`` of them), ``per_speaker`` per speaker
+    (one chapter each, speaker ids of their own per split), transcripts upper-cased as LibriSpeech writes
+    them. Returns the folder holding ``LibriSpeech/``."""
+    import shutil
+
+    parts = {"train": "train-clean-100", "dev": "dev-clean", "test": "test-clean"}
+    for number, (split, part) in enumerate(parts.items(), 1):
+        for index, (audio, text) in enumerate(_sample_rows(split, counts[split])):
+            speaker, chapter = f"{number}{index // per_speaker:02d}", f"{number}{index // per_speaker:03d}0"
+            folder = root / "LibriSpeech" / part / speaker / chapter
+            folder.mkdir(parents=True, exist_ok=True)
+            ident = f"{speaker}-{chapter}-{index % per_speaker:04d}"
+            shutil.copy(audio, folder / f"{ident}.flac")
+            with open(folder / f"{speaker}-{chapter}.trans.txt", "a", encoding="utf-8") as handle:
+                handle.write(f"{ident} {text.upper()}\n")
+    return root
+
+
+def common_voice_speech(root: Path, counts: dict[str, int], per_speaker: int = 4, missing: int = 1) -> Path:
+    """A Common Voice language folder (``en``) of the MP3 release layout holding speech: the sample
+    corpus's audio of each split resampled to 48 kHz (soxr) and written as MP3 clips by soundfile,
+    ``train.tsv``/``dev.tsv``/``test.tsv`` (the v17 header) with each sentence capitalised and ending
+    with a full stop, a speaker (``client_id``) every ``per_speaker`` clips, none shared by two splits,
+    and ``missing`` train rows whose clip is absent (as releases have). Returns the language folder."""
+    import soxr
+
+    base = root / "cv-corpus-17.0-2024-03-15" / "en"
+    (base / "clips").mkdir(parents=True)
+    for split, count in counts.items():
+        with open(base / f"{split}.tsv", "w", encoding="utf-8", newline="") as handle:
+            handle.write("\t".join(CV_HEADER_V17) + "\n")
+            rows = _sample_rows(split, count)
+            extra = [(None, "a clip the release lost")] * (missing if split == "train" else 0)
+            for index, (audio, text) in enumerate(rows + extra):
+                clip = f"common_voice_en_{split}_{index:05d}.mp3"
+                values = {name: "" for name in CV_HEADER_V17}
+                values.update(
+                    client_id=f"{split}{index // per_speaker:03d}" + "f" * 40,
+                    path=clip,
+                    sentence=text[:1].upper() + text[1:] + ".",
+                    up_votes="2",
+                    down_votes="0",
+                    locale="en",
+                )
+                handle.write("\t".join(values[name] for name in CV_HEADER_V17) + "\n")
+                if audio is not None:
+                    samples, rate = soundfile.read(audio, dtype="float32")
+                    clip_48k = soxr.resample(samples, rate, 48000)
+                    soundfile.write(base / "clips" / clip, clip_48k, 48000, format="MP3")
+    return base

@@ -155,18 +155,31 @@ def _segment(row: dict) -> tuple[float, float | None]:
 
 
 def check_reject_fraction(
-    split: str, total: int, rejects: list[Reject], max_fraction: float, report: Path
+    split: str,
+    total: int,
+    rejects: list[Reject],
+    max_fraction: float,
+    report: Path,
+    earlier: Counter | None = None,
+    earlier_reports: tuple[Path, ...] = (),
 ) -> None:
-    """Raise CorpusError naming the split and the top reasons if too many rows were rejected."""
+    """Raise CorpusError naming the split and the top reasons if too many rows were rejected.
+
+    ``earlier``: rows rejected for this split before its manifests were written (an Import's rejects,
+    by reason), listed in ``earlier_reports``; they count in the rows and in the rejects."""
+    earlier = earlier or Counter()
+    total += sum(earlier.values())
     if total == 0:
-        raise CorpusError(f"split {split!r} has no rows: check data.{split}_files")
-    fraction = len(rejects) / total
+        raise CorpusError(f"split {split!r} has no rows: check data.{split}_files and data.corpora")
+    reasons = Counter(r.reason for r in rejects) + earlier
+    rejected = sum(reasons.values())
+    fraction = rejected / total
     if fraction > max_fraction:
-        top = Counter(r.reason for r in rejects).most_common(3)
-        reasons = ", ".join(f"{reason} ({count})" for reason, count in top)
+        top = ", ".join(f"{reason} ({count})" for reason, count in reasons.most_common(3))
+        where = ", ".join(str(p) for p in (report, *earlier_reports))
         raise CorpusError(
-            f"split {split!r}: {len(rejects)} of {total} rows rejected ({fraction:.1%} > data.max_reject_fraction "
-            f"{max_fraction:.1%}); top reasons: {reasons}; see {report}"
+            f"split {split!r}: {rejected} of {total} rows rejected ({fraction:.1%} > data.max_reject_fraction "
+            f"{max_fraction:.1%}); top reasons: {top}; see {where}"
         )
 
 

@@ -32,7 +32,7 @@ import importlib
 import re
 import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 NORMAL_FORMS = ("NFC", "NFKC")
@@ -57,11 +57,32 @@ class TranscriptRejected(ValueError):
 class TextSettings:
     """How raw corpus transcripts are normalised (``data.text`` in the config)."""
 
-    normal_form: str = "NFC"  # Unicode normal form: NFC (default) or NFKC (also folds ligatures, widths)
-    case: str = "lower"  # lower | keep
-    keep_punctuation: str = "'"  # punctuation/symbol characters kept as they are
-    digits: str = "keep"  # keep | reject | hook
-    digits_hook: str = ""  # module.function(text) -> text, used when digits is "hook"
+    normal_form: str = field(
+        default="NFC",
+        metadata={
+            "doc": "Unicode normal form of transcripts: NFC, or NFKC (also folds ligatures and widths)."
+        },
+    )
+    case: str = field(default="lower", metadata={"doc": "lower (str.lower, which keeps ß) or keep."})
+    keep_punctuation: str = field(
+        default="'",
+        metadata={
+            "doc": "Punctuation and symbol characters kept as they are; every other one becomes a space."
+        },
+    )
+    digits: str = field(
+        default="keep",
+        metadata={
+            "doc": "Transcripts with digits: keep, reject (dropped as digits), or hook (digits_hook "
+            "rewrites them)."
+        },
+    )
+    digits_hook: str = field(
+        default="",
+        metadata={
+            "doc": "With digits: hook, a function module.function(text) -> text, e.g. spelling out numbers."
+        },
+    )
 
     def check(self, where: str = "data.text") -> None:
         """Raise ValueError naming the key when a setting has no meaning."""

@@ -21,9 +21,14 @@ def clean_line(line: str, alphabet: Alphabet) -> str:
     return " ".join("".join(ch for ch in text if ch in known).split())
 
 
-def lm_sentences(config: Config, alphabet: Alphabet, stats: Counter) -> Iterator[str]:
-    """The LM text, one normalised sentence per item; ``stats`` counts lines read, used and emptied."""
-    held_out = {Path(f).resolve() for split in ("dev", "test") for f in config.split_files(split)}
+def lm_sentences(
+    config: Config, alphabet: Alphabet, stats: Counter, manifests: dict[str, tuple[str, ...]] | None = None
+) -> Iterator[str]:
+    """The LM text, one normalised sentence per item; ``stats`` counts lines read, used and emptied.
+    ``manifests``: every manifest of each split (``Layout.split_manifests``: imported corpora too);
+    default the config's ``data.<split>_files``."""
+    manifests = manifests or {split: config.split_files(split) for split in ("train", "dev", "test")}
+    held_out = {Path(f).resolve() for split in ("dev", "test") for f in manifests[split]}
     for path in config.decoder.lm_corpus_files:
         if Path(path).resolve() in held_out:
             raise LanguageModelError(
@@ -43,7 +48,7 @@ def lm_sentences(config: Config, alphabet: Alphabet, stats: Counter) -> Iterator
                 else:
                     stats["empty_lines"] += 1
     if config.decoder.lm_include_train:
-        samples, _ = read_manifests(config.data.train_files, config.data.limit_train, alphabet)
+        samples, _ = read_manifests(manifests["train"], config.data.limit_train, alphabet)
         for sample in samples:
             stats["train_transcripts"] += 1
             stats["sentences"] += 1
@@ -54,10 +59,14 @@ class HeldOutCheck:
     """Counts dev/test transcripts that appear verbatim in the LM text, from digests of the held-out
     transcripts only: the LM text streams past and is never collected."""
 
-    def __init__(self, config: Config, alphabet: Alphabet):
+    def __init__(
+        self, config: Config, alphabet: Alphabet, manifests: dict[str, tuple[str, ...]] | None = None
+    ):
+        """``manifests``: as ``lm_sentences`` takes them."""
         self._counts: Counter = Counter()
+        manifests = manifests or {split: config.split_files(split) for split in ("dev", "test")}
         for split in ("dev", "test"):
-            samples, _ = read_manifests(config.split_files(split), config.split_limit(split), alphabet)
+            samples, _ = read_manifests(manifests[split], config.split_limit(split), alphabet)
             self._counts.update(_digest(s.transcript) for s in samples)
         self._seen: set[bytes] = set()
 

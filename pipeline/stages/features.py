@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import logging
 import multiprocessing
 import os
@@ -204,6 +205,21 @@ def _with_copies(samples: list[Sample], augment: AugmentConfig) -> tuple[list[Sa
     return expanded, sources
 
 
+def _import_rejects(layout: Layout, split: str) -> tuple[Counter, tuple[Path, ...]]:
+    """The rows the imports of ``data.corpora`` rejected for ``split``, by reason (none when
+    ``data.limit_<split>`` takes only the first rows), and the rejects files that list them."""
+    if layout.config.split_limit(split) or not layout.corpora:
+        return Counter(), ()
+    found, files = Counter(), []
+    for key in layout.corpora:
+        imported = layout.import_files(key)
+        rejected = json.loads(imported.report.read_text(encoding="utf-8"))["rejected_by_split"][split]
+        if rejected:
+            found.update(rejected)
+            files.append(imported.rejects)
+    return found, tuple(files)
+
+
 def _existing_summary(split: str, cache: Path, report: Path) -> FeaturesSummary:
     summary = cache_summary(cache)
     reasons = (
@@ -225,7 +241,7 @@ def _existing_summary(split: str, cache: Path, report: Path) -> FeaturesSummary:
 def _build_split_cache(layout: Layout, split: str, progress: ProgressFn | None) -> FeaturesSummary:
     config = layout.config
     alphabet = load_alphabet(layout.alphabet)
-    samples, rejects = read_manifests(config.split_files(split), config.split_limit(split), alphabet)
+    samples, rejects = read_manifests(layout.split_manifests(split), config.split_limit(split), alphabet)
     samples, audio_sources = _with_copies(samples, config.augment if split == "train" else AugmentConfig())
     cache = layout.features_cache(split)
     parts_dir = layout.features_parts(split)
@@ -328,7 +344,10 @@ def _merge_parts(
             durations.append(float(part["durations"][position]))
 
     write_rejects(report, rejects)
-    check_reject_fraction(split, total, rejects, config.data.max_reject_fraction, report)
+    imported, import_rejects = _import_rejects(layout, split)
+    check_reject_fraction(
+        split, total, rejects, config.data.max_reject_fraction, report, imported, import_rejects
+    )
     lengths = np.array([frames for _, _, frames in kept], np.int64)
     order = np.argsort(lengths, kind="stable")  # where each cache row comes from
     row_of = np.empty_like(order)

@@ -36,6 +36,11 @@ class Stage:
     upstream: Callable[[Config, dict], list[Node]] = field(default=lambda config, params: [])
 
 
+def _imports(config: Config, params: dict | None = None) -> list[Node]:
+    """Every corpus's Import (``data.corpora``): the manifests the Features splits and the LM text read."""
+    return [("import", {"corpus": corpus.key}) for corpus in config.data.corpora]
+
+
 def _train(config: Config, params: dict) -> list[Node]:
     """The train features, and the dev features when there is a dev split (without one, no validation)."""
     return [("features", {"split": split}) for split in ("train", "dev") if split == "train" or config.data.dev_files]
@@ -49,9 +54,10 @@ def _decoding(config: Config) -> list[Node]:
 STAGES: dict[str, Stage] = {
     stage.name: stage
     for stage in (
-        Stage("features", "FeaturesSplit", params=("split",)),
+        Stage("import", "Import", params=("corpus",)),
+        Stage("features", "FeaturesSplit", params=("split",), upstream=_imports),
         Stage("train", "Train", upstream=_train),
-        Stage("lm", "LanguageModel"),
+        Stage("lm", "LanguageModel", upstream=_imports),
         Stage("tune", "TuneDecoder",
               upstream=lambda config, params: [("train", {}), ("lm", {}), ("features", {"split": "dev"})]),
         Stage("evaluate", "Evaluate", upstream=lambda config, params: [("train", {}), ("features", {"split": "test"}),

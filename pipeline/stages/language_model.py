@@ -72,14 +72,15 @@ def _build(layout: Layout, staging: LMFiles, on_status: Callable[[str, float], N
     decoder = config.decoder
     started = time.time()
     stats: Counter = Counter()
-    held_out = HeldOutCheck(config, alphabet)
+    manifests = {split: layout.split_manifests(split) for split in ("train", "dev", "test")}
+    held_out = HeldOutCheck(config, alphabet, manifests)
     has_text = bool(decoder.lm_corpus_files or decoder.lm_include_train)
 
     def text() -> Iterator[str]:
         """The LM text, streamed (each pass reads the corpus files again)."""
         stats.clear()
         if has_text:
-            for sentence in lm_sentences(config, alphabet, stats):
+            for sentence in lm_sentences(config, alphabet, stats, manifests):
                 held_out.see(sentence)
                 yield sentence
 

@@ -26,7 +26,7 @@ def transcribe_stage(layout: Layout, export: ExportFiles, audio: str | Path) -> 
         export.root, decoder_factory=lambda metadata: decoder_for_export(metadata, allowed=allowed), plugins=allowed
     )
     result = model.transcribe_file(audio, convert_rate=layout.config.features.resample)
-    manifests = [f for split in SPLITS for f in layout.config.split_files(split)]
+    manifests = [f for split in SPLITS for f in layout.split_manifests(split)]
     record = {
         **result.to_dict(),
         "reference": find_reference(manifests, audio),

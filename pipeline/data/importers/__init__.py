@@ -81,11 +81,15 @@ class CorpusImporter:
 
     ``Options`` is a frozen dataclass of the importer's own settings (the extra keys of its
     ``data.corpora`` entry), every field with a default; ``CHOICES`` maps a field to its allowed
-    values."""
+    values; ``SELECTIONS`` names the drop reasons that leave rows out on purpose."""
 
     name: str = ""
     Options: type = NoOptions
     CHOICES: typing.ClassVar[dict[str, tuple]] = {}
+    # Drop reasons that are the corpus's own exclusions, made by design or by the importer's options
+    # (Common Voice's held-out speakers, TIMIT's dialect sentences): rows left out on purpose, not
+    # defects, so they never count towards ``data.max_reject_fraction``.
+    SELECTIONS: typing.ClassVar[frozenset[str]] = frozenset()
 
     def options(self, mapping: Mapping[str, object] | None = None, where: str = "data.corpora[]") -> object:
         """The importer's options from a config mapping; ValueError naming ``where`` and the key for an

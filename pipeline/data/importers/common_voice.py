@@ -47,6 +47,7 @@ class CommonVoice(CorpusImporter):
     """The Common Voice layout (TSVs beside a ``clips`` folder of MP3 files)."""
 
     name = "common_voice"
+    SELECTIONS = frozenset({"held_out_speaker"})
     Options = CommonVoiceOptions
 
     def locate(self, path: Path) -> Path:

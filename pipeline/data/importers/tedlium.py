@@ -45,6 +45,7 @@ class Tedlium(CorpusImporter):
     """The TED-LIUM layout (SPHERE talks and STM segment files per part)."""
 
     name = "tedlium"
+    SELECTIONS = frozenset({"ignored_segment", "unknown_word"})
     Options = TedliumOptions
     CHOICES = {"unk": ("drop", "remove")}
 

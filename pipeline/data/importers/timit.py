@@ -56,6 +56,7 @@ class Timit(CorpusImporter):
     """The TIMIT layout (dialect region / speaker folders of SPHERE audio and text files)."""
 
     name = "timit"
+    SELECTIONS = frozenset({"dialect_sentence"})
     Options = TimitOptions
     CHOICES = {"transcript": ("txt", "wrd")}
 

@@ -1,0 +1,75 @@
+"""Import: a corpus of ``data.corpora`` in its own layout -> train/dev/test manifests, a task per corpus."""
+
+from __future__ import annotations
+
+import luigi
+
+from tasks.base import ConfigTask, Progress
+
+
+class Import(ConfigTask):
+    """The import of one corpus (``--corpus``: its key, ``data.corpora[].name`` or ``<importer>-<folder
+    name>``); output: its ``report.json``, the manifests, rejects beside it, in a folder named by the
+    Import fingerprint (the importer's settings and the corpus files' names, sizes and modification times)."""
+
+    stage = "import"
+    corpus = luigi.Parameter(
+        description="The corpus's key (data.corpora[].name, default <importer>-<folder name>)."
+    )
+
+    def output(self):
+        """The import's ``report.json`` (written last)."""
+        return luigi.LocalTarget(str(self.layout.import_files(self.corpus).report))
+
+    def stage_paths(self):
+        """The import folder (the converted copies under ``imports/converted`` are shared and kept)."""
+        return [self.layout.import_files(self.corpus).root]
+
+    def stage_complete(self):
+        """Whether the import folder holds every file its report recorded, at the recorded size."""
+        from pipeline.stages.imports import import_intact
+
+        # Stats only: the report and each file it recorded, at the size it recorded.
+        return import_intact(self.layout.import_files(self.corpus))
+
+    def run_stage(self):
+        """Import the corpus, the progress and a summary shown in the Luigi UI."""
+        from pipeline.stages.imports import import_stage
+
+        progress = Progress(self, total=100, unit="%", description=f"import {self.corpus}")
+
+        def report(read, kept, dropped, fraction):
+            progress.update(
+                round(100 * fraction),
+                f"{self.corpus}: {read} rows read, {kept} kept, {dropped} dropped",
+                percent=100 * fraction,
+                force=fraction >= 1.0,
+            )
+
+        try:
+            result = import_stage(self.layout, self.corpus, report)
+        finally:
+            progress.close()
+        splits = ", ".join(
+            f"{split} {s['utterances']} ({s['hours']:.2f} h, {s['speakers']} speakers)"
+            for split, s in result["splits"].items()
+        )
+        self.set_progress_percentage(100)
+        self.set_status_message(
+            f"{self.corpus}: {result['kept']} kept, {result['dropped']} dropped "
+            f"{result['dropped_by_reason'] or ''}; {splits}"
+        )
+
+
+class Imports(luigi.WrapperTask):
+    """Every corpus of a config's ``data.corpora``."""
+
+    config = luigi.Parameter(description="Path of the YAML config file.")
+
+    def requires(self):
+        """An Import per ``data.corpora`` entry."""
+        from pipeline.config_loader import load_config
+
+        return [
+            Import(config=self.config, corpus=corpus.key) for corpus in load_config(self.config).data.corpora
+        ]
