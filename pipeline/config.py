@@ -613,6 +613,10 @@ class Config:
         """The CSV manifests of ``split`` (train, dev or test)."""
         return getattr(self.data, f"{split}_files")
 
+    def has_split(self, split: str) -> bool:
+        """Whether the config gives ``split`` any data: its manifests, or corpora that may hold it."""
+        return bool(self.split_files(split) or self.data.corpora)
+
     def split_limit(self, split: str) -> int:
         """The sample cap of ``split`` (0 = all)."""
         return getattr(self.data, f"limit_{split}")

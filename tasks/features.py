@@ -70,5 +70,5 @@ class Features(luigi.WrapperTask):
         return [
             FeaturesSplit(config=self.config, split=split)
             for split in SPLITS
-            if split == "train" or config.split_files(split)
+            if split == "train" or config.has_split(split)
         ]

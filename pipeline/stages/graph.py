@@ -43,7 +43,7 @@ def _imports(config: Config, params: dict | None = None) -> list[Node]:
 
 def _train(config: Config, params: dict) -> list[Node]:
     """The train features, and the dev features when there is a dev split (without one, no validation)."""
-    return [("features", {"split": split}) for split in ("train", "dev") if split == "train" or config.data.dev_files]
+    return [("features", {"split": split}) for split in ("train", "dev") if split == "train" or config.has_split(split)]
 
 
 def _decoding(config: Config) -> list[Node]:

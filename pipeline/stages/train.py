@@ -33,7 +33,7 @@ def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks |
     """Train on the cached train split, validate on dev; write the resolved config and ``train_report.json``.
 
     Resumes from the checkpoints in ``run`` (default: the fingerprinted Train run directory). Without
-    ``data.dev_files`` it trains without validation (the trainer warns; the last checkpoint is the best).
+    a dev split (``data.dev_files`` or corpora) it trains without validation (the trainer warns; the last checkpoint is the best).
     """
     config = layout.config
     run = run or layout.train_run
@@ -42,7 +42,7 @@ def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks |
     strategy = make_strategy(config.distribution)
     alphabet = load_alphabet(layout.alphabet)
     train_data = read_cache(layout.features_cache("train"), config.features)
-    dev_data = read_cache(layout.features_cache("dev"), config.features) if config.data.dev_files else None
+    dev_data = read_cache(layout.features_cache("dev"), config.features) if config.has_split("dev") else None
     if role.is_chief:
         run.root.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run.resolved_config, yaml.safe_dump(config_to_dict(config), sort_keys=False))
