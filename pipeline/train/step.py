@@ -13,7 +13,7 @@ import keras
 import tensorflow as tf
 
 from pipeline.config import TrainingConfig
-from pipeline.train.ctc import ctc_loss, sparse_labels_supported
+from pipeline.train.ctc import ctc_implementation, ctc_loss
 
 
 @dataclass(frozen=True)
@@ -69,15 +69,15 @@ class TrainStep:
         jit = training.jit_compile
         clip = training.clip_grad_norm
         guard = training.revert_nonfinite_updates
-        # XLA has no kernel for the sparse-label CTC op: with jit_compile the dense-label loss is used.
-        sparse = sparse_labels_supported() and not jit
+        # The C++ CTC kernel has no XLA kernel and runs only on a CPU: elsewhere the exact log-space CTC.
+        ctc = ctc_implementation(jit)
 
         def gradients(features, lengths, labels, label_lengths):
             """(the tower's share of the loss, its gradients): forward and backward, one XLA cluster with
             jit_compile."""
             with tf.GradientTape() as tape:
                 logits = model(features, training=True)  # [batch, time, classes], float32
-                per_sample = ctc_loss(labels, label_lengths, logits, lengths, blank, sparse)
+                per_sample = ctc_loss(labels, label_lengths, logits, lengths, blank, ctc)
                 # The step's global batch: every tower gets as many utterances (max_batch_frames may
                 # make a step smaller than training.batch_size).
                 step_batch = tf.cast(tf.shape(lengths)[0] * towers, per_sample.dtype)
