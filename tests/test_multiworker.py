@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,7 +20,7 @@ from pipeline.config_loader import load_config
 from pipeline.layout import Layout, TrainRun
 from pipeline.train.distribute import DistributionError
 from pipeline.train.multiworker import wait_for_workers
-from tests.conftest import build_features
+from tests.conftest import ROOT, build_features
 
 pytestmark = pytest.mark.slow
 
@@ -185,3 +190,106 @@ def test_train_task_launches_local_workers(small_config):
         "worker-1.log",
     ]
     assert _result(run_dir / "logs" / "worker-1.log")["weights_sha256"] == report["weights_sha256"]
+
+
+# The launcher of local workers, as the Train task runs it, in a process a test can kill.
+_LAUNCHER = """
+import sys
+from pipeline.config_loader import load_config
+from pipeline.layout import Layout
+from pipeline.train.multiworker import launch_local_workers
+launch_local_workers(sys.argv[1], 2, Layout(load_config(sys.argv[1])).train_run.worker_log, grace_s=150)
+"""
+
+
+def _steps(directory: Path) -> set[int]:
+    """The step numbers of the complete checkpoints in ``directory`` (their index files)."""
+    return {
+        int(m.group(1))
+        for p in directory.glob("ckpt-*.index")
+        if (m := re.match(r"ckpt-(\d+)\.index", p.name))
+    }
+
+
+def _pids(log: Path) -> set[int]:
+    try:
+        return {int(pid) for pid in re.findall(r" worker (\d+) [A-Z]+ ", log.read_text(errors="replace"))}
+    except OSError:
+        return set()
+
+
+def _kill_workers(logs: list[Path]) -> None:
+    """Kill the worker processes named in ``logs`` that still run (a failed test must not leave them)."""
+    for pid in set().union(*(_pids(log) for log in logs)):
+        try:
+            if b"pipeline.train.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def test_mid_epoch_saves_are_collective_and_every_worker_resumes_from_the_chiefs(small_config):
+    """Issue 26 H4, its recipe: 2 local workers, 400 utterances in batches of 4 (50 steps per epoch),
+    checkpoint_secs 2, 3 epochs; the launcher is killed mid-epoch once both workers have saved mid-epoch
+    checkpoints; worker 1's scratch copies are lost (a replaced machine); a rerun must restore the chief's
+    checkpoint on both workers and end as an uninterrupted run would (150 steps, one model)."""
+    path = small_config(
+        "mid.yaml",
+        limit_train=400,
+        limit_dev=4,
+        limit_test=4,
+        extra="""
+distribution:
+  strategy: multi_worker
+  local_workers: 2
+  collective_timeout_s: 60
+training:
+  epochs: 3
+  batch_size: 4
+  checkpoint_secs: 2
+  max_to_keep: 1000
+  validation_epochs: 1000
+""",
+    )
+    config = load_config(path)
+    build_features(config, ("train", "dev"))
+    run = Layout(config).train_run
+    logs = [run.worker_log(0), run.worker_log(1)]
+    chief_dir, scratch_dir = run.checkpoints, run.worker_scratch(1).checkpoints
+    try:
+        launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(path)], cwd=ROOT)
+        deadline = time.monotonic() + 900
+        while True:
+            mid = [{s for s in _steps(d) if s % 50} for d in (chief_dir, scratch_dir)]
+            if min(len(m) for m in mid) >= 2:
+                break
+            assert launcher.poll() is None, "the run ended before it could be killed mid-epoch"
+            assert time.monotonic() < deadline, logs[0].read_text()[-2000:]
+            time.sleep(0.2)
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 60
+        while any(Path(f"/proc/{pid}").exists() for log in logs for pid in _pids(log)):
+            assert time.monotonic() < deadline, "the workers outlived their launcher"
+            time.sleep(0.2)
+        chief, other = _steps(chief_dir), _steps(scratch_dir)
+        # Saved after the same steps; only the save under way at the kill may be missing on one side.
+        assert chief - {max(chief)} <= other and other - {max(other)} <= chief, (sorted(chief), sorted(other))
+        assert len({s for s in chief & other if s % 50}) >= 2, (sorted(chief), sorted(other))
+        assert not run.report.exists()
+        for leftover in scratch_dir.parent.iterdir():  # worker 1's machine was replaced
+            leftover.unlink() if leftover.is_file() else shutil.rmtree(leftover)
+
+        subprocess.run([sys.executable, "-c", _LAUNCHER, str(path)], cwd=ROOT, check=True, timeout=900)
+        restored = [[line for line in log.read_text().splitlines() if " Restored " in line] for log in logs]
+        assert all(len(lines) == 1 for lines in restored), restored
+        named = [re.search(r"Restored (\S+): epoch \d+, step (\d+)", lines[0]).groups() for lines in restored]
+        assert named[0] == named[1], named  # worker 1 restored the chief's checkpoint, from its directory
+        # The chief's latest (or the one before, when the kill came before its state file named the last).
+        assert Path(named[0][0]).parent == chief_dir and int(named[0][1]) in sorted(chief)[-2:], named
+        results = [_result(log) for log in logs]
+        assert results[0]["global_step"] == results[1]["global_step"] == 150  # 3 epochs x 400 / (2 x 4)
+        assert results[0]["weights_sha256"] == results[1]["weights_sha256"]
+        assert json.loads(run.report.read_text())["weights_sha256"] == results[0]["weights_sha256"]
+    finally:
+        _kill_workers(logs)
