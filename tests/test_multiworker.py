@@ -293,3 +293,101 @@ training:
         assert json.loads(run.report.read_text())["weights_sha256"] == results[0]["weights_sha256"]
     finally:
         _kill_workers(logs)
+
+
+@pytest.mark.usefixtures("tasks_in_process")
+def test_a_leftover_tf_config_does_not_discard_training(small_config, monkeypatch, caplog):
+    """Issue 26 H3: a TF_CONFIG naming worker 1, left in the environment, with distribution.strategy auto:
+    the run trains alone, writes its report and checkpoints, and says once that TF_CONFIG is ignored."""
+    import luigi
+
+    from tasks import Train
+
+    path = small_config("leftover.yaml", limit_train=8, extra="training:\n  epochs: 1\n")
+    config = load_config(path)
+    build_features(config, ("train", "dev"))
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps({"cluster": {"worker": ["h:1", "h:2"]}, "task": {"type": "worker", "index": 1}}),
+    )
+    with caplog.at_level("WARNING"):
+        assert luigi.build([Train(config=str(path))], local_scheduler=True)
+    run = Layout(config).train_run
+    assert run.report.is_file() and list(run.checkpoints.glob("ckpt-*.index"))
+    assert not list(run.root.glob(".worker-*"))
+    ignored = [r.getMessage() for r in caplog.records if "TF_CONFIG is ignored" in r.getMessage()]
+    assert len(ignored) == 1 and "strategy is auto" in ignored[0], ignored
+
+
+@pytest.fixture
+def train_failures():
+    """The exceptions Train tasks fail with while the test runs (Luigi's FAILURE event)."""
+    import luigi
+
+    from tasks import Train
+
+    failures = []
+    handler = Train.event_handler(luigi.Event.FAILURE)(lambda task, error: failures.append(error))
+    yield failures
+    Train.remove_event_handler(luigi.Event.FAILURE, handler)
+
+
+@pytest.mark.usefixtures("tasks_in_process")
+def test_a_non_chief_train_task_succeeds_only_on_the_chiefs_report(
+    small_config, tmp_path, monkeypatch, train_failures
+):
+    """Issue 26 H3: a cluster of a chief (``python -m pipeline.train.worker``) and a Train task as worker 1.
+    On a shared work directory the worker's task ends when the chief's report of the same run (step and
+    weights) is there; when its work directory is not the chief's, its task fails in one line instead of
+    succeeding without a report."""
+    import luigi
+
+    from tasks import Train
+
+    path = _config(small_config, "cluster.yaml", epochs=1)
+    elsewhere = tmp_path / "elsewhere.yaml"
+    elsewhere.write_text(f"extends: cluster.yaml\npaths:\n  work_dir: {tmp_path / 'elsewhere'}\n")
+    for config in (load_config(path), load_config(elsewhere)):
+        build_features(config, ("train", "dev"))
+
+    def cluster(chief_log: Path) -> subprocess.Popen:
+        """Start the chief on the cluster config; this process's TF_CONFIG becomes worker 1's."""
+        addresses = [f"127.0.0.1:{port}" for port in multiworker.free_ports(2)]
+        env = {**os.environ, "TF_CONFIG": multiworker.tf_config(addresses, 0)}
+        with open(chief_log, "w") as log:
+            chief = subprocess.Popen(
+                [sys.executable, "-m", "pipeline.train.worker", "--config", str(path)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+        monkeypatch.setenv("TF_CONFIG", multiworker.tf_config(addresses, 1))
+        return chief
+
+    chief = cluster(tmp_path / "chief.log")
+    try:
+        assert luigi.build([Train(config=str(path))], local_scheduler=True)  # on the chief's work directory
+        assert chief.wait(timeout=300) == 0
+    finally:
+        chief.kill()
+    run = Layout(load_config(path)).train_run
+    report = json.loads(run.report.read_text())
+    assert report["weights_sha256"] == _result(run.worker_log(1))["weights_sha256"]
+    assert report["global_step"] == 2
+
+    run.report.unlink()  # train the same run again, worker 1 on a work directory of its own
+    shutil.rmtree(run.checkpoints)
+    shutil.rmtree(run.best)
+    chief = cluster(tmp_path / "chief2.log")
+    try:
+        assert not luigi.build([Train(config=str(elsewhere))], local_scheduler=True)
+        assert chief.wait(timeout=300) == 0
+    finally:
+        chief.kill()
+    assert len(train_failures) == 1 and isinstance(train_failures[0], DistributionError), train_failures
+    message = str(train_failures[0])
+    assert "\n" not in message and "did not appear at" in message and "every worker shares" in message, (
+        message
+    )
+    assert not Layout(load_config(elsewhere)).train_run.report.exists() and run.report.is_file()
