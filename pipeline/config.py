@@ -322,9 +322,10 @@ class DistributionConfig:
     )
     cpu_devices: int = _opt(
         0,
-        "Split the CPU into this many logical devices (towers without GPUs; 0 = no split). Like the number of "
-        "GPUs, not in the Train fingerprint: a run resumed on other towers continues when its batch plan is "
-        "the same (training.global_batch_size) or at an epoch boundary, and is refused mid-epoch otherwise.",
+        "Split the CPU into this many logical devices (towers without GPUs; 0 = no split). Like the "
+        "number of GPUs, not in the Train fingerprint: a run resumed on other towers continues when its "
+        "batch plan is the same (training.global_batch_size) or at an epoch boundary, and is refused "
+        "mid-epoch otherwise.",
         minimum=0,
         stages=(),
     )
