@@ -30,7 +30,7 @@ from pipeline.layout import Layout
 from pipeline.features.frontend import feature_pipeline
 from pipeline.model import build_model
 from pipeline.stages.features import build_split_cache
-from pipeline.train.ctc import ctc_loss
+from pipeline.train.ctc import KERNEL, ctc_loss
 from pipeline.train.dataset import SplitReader, batch_plan, train_dataset
 from pipeline.train.distribute import make_strategy
 from pipeline.train.hooks import TrainHooks
@@ -70,7 +70,7 @@ class _CTCModel(keras.Model):
         windows, lengths, labels, label_lengths, _ = batch
         with tf.GradientTape() as tape:
             logits = self.inner(windows, training=True)
-            loss = tf.reduce_mean(ctc_loss(labels, label_lengths, logits, lengths, self.blank, sparse=True))
+            loss = tf.reduce_mean(ctc_loss(labels, label_lengths, logits, lengths, self.blank, KERNEL))
         grads = tape.gradient(loss, self.inner.trainable_variables)
         self.optimizer.apply(grads, self.inner.trainable_variables)
         return {"loss": loss}

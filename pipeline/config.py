@@ -315,7 +315,12 @@ class TrainingConfig:
         "If set: the global batch, split evenly over the towers (must divide); 0 = batch_size x towers.",
         minimum=0,
     )
-    dev_batch_size: int = _opt(16, "Batch size per tower for dev and test passes.", minimum=1)
+    dev_batch_size: int = _opt(
+        16,
+        "Batch size per tower for dev and test passes (each utterance's result does not depend on it).",
+        minimum=1,
+        stages=(),
+    )
     learning_rate: float = _opt(0.001, "Adam learning rate.", minimum=0.0, exclusive_min=True)
     beta1: float = _opt(0.9, "Adam beta1.", minimum=0.0, maximum=1.0)
     beta2: float = _opt(0.999, "Adam beta2.", minimum=0.0, maximum=1.0)
@@ -335,7 +340,7 @@ class TrainingConfig:
         stages=(),
     )
     max_nonfinite_batches: int = _opt(
-        10, "Stop after this many consecutive batches with a non-finite loss.", minimum=1
+        10, "Stop after this many consecutive batches with a non-finite loss.", minimum=1, stages=()
     )
     checkpoint_secs: int = _opt(
         600, "Save a checkpoint at least this often (and at each epoch end).", minimum=1, stages=()
@@ -397,7 +402,13 @@ class DistributionConfig:
         "auto", "auto: all local GPUs as towers, else the CPU."
     )
     cpu_devices: int = _opt(
-        0, "Split the CPU into this many logical devices (towers without GPUs; 0 = no split).", minimum=0
+        0,
+        "Split the CPU into this many logical devices (towers without GPUs; 0 = no split). Like the "
+        "number of GPUs, not in the Train fingerprint: a run resumed on other towers continues when its "
+        "batch plan is the same (training.global_batch_size) or at an epoch boundary, and is refused "
+        "mid-epoch otherwise.",
+        minimum=0,
+        stages=(),
     )
     local_workers: int = _opt(
         0,

@@ -41,10 +41,16 @@ class Train(ConfigTask):
 
     def run_stage(self):
         distribution = self.cfg.distribution
-        if distribution.local_workers and "TF_CONFIG" not in os.environ:
+        if distribution.local_workers:
+            if os.environ.get("TF_CONFIG"):
+                log.warning(
+                    "TF_CONFIG is set but distribution.local_workers is %d: TF_CONFIG is ignored (each local "
+                    "worker gets its own)",
+                    distribution.local_workers,
+                )
             self._run_local_workers()
             return
-        if distribution.strategy == "multi_worker" and "TF_CONFIG" in os.environ:
+        if distribution.strategy == "multi_worker" and os.environ.get("TF_CONFIG"):
             self._run_cluster_worker()
             return
         from pipeline.stages.train import train_stage
@@ -93,9 +99,10 @@ class Train(ConfigTask):
 
     def _run_cluster_worker(self):
         """This machine's worker of a cluster described by ``TF_CONFIG``, in a child process that listens
-        on this worker's own TF_CONFIG address only."""
+        on this worker's own TF_CONFIG address only. A non-chief worker's task succeeds when the chief's
+        report of the same run (its step and weights) is readable here: that report is its output too."""
         from pipeline.train.distribute import cluster_role
-        from pipeline.train.multiworker import run_cluster_worker
+        from pipeline.train.multiworker import run_cluster_worker, wait_for_chief_report
 
         role = cluster_role()
         run_cluster_worker(
@@ -107,8 +114,28 @@ class Train(ConfigTask):
         )
         if role.is_chief:
             report = read_report(self.layout.train_run.report, TrainReport)
-            self.set_progress_percentage(100)
-            self.set_status_message(f"done: {report.epochs_completed} epochs, {report.global_step} steps")
+        else:
+            # This task's output is the chief's report of the same run: succeed only once it is readable.
+            report = wait_for_chief_report(
+                self.layout.train_run,
+                _worker_result(self.layout.train_run.worker_log(role.index)),
+                timeout_s=self.cfg.distribution.collective_timeout_s + 30,
+            )
+        self.set_progress_percentage(100)
+        self.set_status_message(
+            f"worker {role.index} done: {report.epochs_completed} epochs, {report.global_step} steps"
+        )
+
+
+def _worker_result(log_path) -> dict:
+    """The result line of a worker that exited 0 (it always prints one)."""
+    from pipeline.train.distribute import DistributionError
+    from pipeline.train.multiworker import worker_result
+
+    result = worker_result(log_path)
+    if result is None:
+        raise DistributionError(f"{log_path}: the worker exited 0 without its result line")
+    return result
 
 
 class _TrainProgress(Progress):

@@ -176,3 +176,36 @@ def test_complete_on_the_whole_dag_reads_a_1_gb_lm_text_at_most_once(write_confi
             task.output()
     assert reads[big.resolve()] == 1
     assert max(reads.values()) == 1, reads
+
+
+def test_settings_that_change_no_result_keep_the_train_fingerprint():
+    """Issue 26 L3: raising max_nonfinite_batches, another dev_batch_size or another cpu_devices (the
+    checkpoint records the towers and refuses a mid-epoch resume on another batch plan) continue the same
+    run; a setting that changes the model does not."""
+    base = Layout(config_from_dict({})).train_fingerprint
+    for section, key, value in (
+        ("training", "max_nonfinite_batches", 50),
+        ("training", "dev_batch_size", 64),
+        ("distribution", "cpu_devices", 2),
+    ):
+        assert Layout(config_from_dict({section: {key: value}})).train_fingerprint == base, key
+    assert Layout(config_from_dict({"training": {"batch_size": 8}})).train_fingerprint != base
+
+
+def test_the_decoder_weights_and_an_init_from_checkpoint_are_in_their_fingerprints(tmp_path):
+    """The rest of issue 26 L3, done before this round: TuneDecoder's search starts from lm_alpha/lm_beta,
+    and a warm start is fingerprinted by its checkpoint's content, not its path."""
+    base = Layout(config_from_dict({}))
+    for key in ("lm_alpha", "lm_beta"):
+        other = Layout(config_from_dict({"decoder": {key: 0.75}}))
+        assert other.fingerprint("tune") != base.fingerprint("tune"), key
+        assert other.train_fingerprint == base.train_fingerprint
+    run = tmp_path / "run" / "checkpoints"
+    run.mkdir(parents=True)
+    (run / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
+    (run / "ckpt-1.index").write_bytes(b"index")
+    (run / "ckpt-1.data-00000-of-00001").write_bytes(b"weights")
+    warm = {"training": {"init_from": str(tmp_path / "run")}}
+    before = Layout(config_from_dict(warm)).train_fingerprint
+    (run / "ckpt-1.data-00000-of-00001").write_bytes(b"other weights")
+    assert Layout(config_from_dict(warm)).train_fingerprint != before

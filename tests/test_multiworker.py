@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,7 +20,7 @@ from pipeline.config_loader import load_config
 from pipeline.layout import Layout, TrainRun
 from pipeline.train.distribute import DistributionError
 from pipeline.train.multiworker import wait_for_workers
-from tests.conftest import build_features
+from tests.conftest import ROOT, build_features
 
 pytestmark = pytest.mark.slow
 
@@ -185,3 +190,204 @@ def test_train_task_launches_local_workers(small_config):
         "worker-1.log",
     ]
     assert _result(run_dir / "logs" / "worker-1.log")["weights_sha256"] == report["weights_sha256"]
+
+
+# The launcher of local workers, as the Train task runs it, in a process a test can kill.
+_LAUNCHER = """
+import sys
+from pipeline.config_loader import load_config
+from pipeline.layout import Layout
+from pipeline.train.multiworker import launch_local_workers
+launch_local_workers(sys.argv[1], 2, Layout(load_config(sys.argv[1])).train_run.worker_log, grace_s=150)
+"""
+
+
+def _steps(directory: Path) -> set[int]:
+    """The step numbers of the complete checkpoints in ``directory`` (their index files)."""
+    return {
+        int(m.group(1))
+        for p in directory.glob("ckpt-*.index")
+        if (m := re.match(r"ckpt-(\d+)\.index", p.name))
+    }
+
+
+def _pids(log: Path) -> set[int]:
+    try:
+        return {int(pid) for pid in re.findall(r" worker (\d+) [A-Z]+ ", log.read_text(errors="replace"))}
+    except OSError:
+        return set()
+
+
+def _kill_workers(logs: list[Path]) -> None:
+    """Kill the worker processes named in ``logs`` that still run (a failed test must not leave them)."""
+    for pid in set().union(*(_pids(log) for log in logs)):
+        try:
+            if b"pipeline.train.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def test_mid_epoch_saves_are_collective_and_every_worker_resumes_from_the_chiefs(small_config):
+    """Issue 26 H4, its recipe: 2 local workers, 400 utterances in batches of 4 (50 steps per epoch),
+    checkpoint_secs 2, 3 epochs; the launcher is killed mid-epoch once both workers have saved mid-epoch
+    checkpoints; worker 1's scratch copies are lost (a replaced machine); a rerun must restore the chief's
+    checkpoint on both workers and end as an uninterrupted run would (150 steps, one model)."""
+    path = small_config(
+        "mid.yaml",
+        limit_train=400,
+        limit_dev=4,
+        limit_test=4,
+        extra="""
+distribution:
+  strategy: multi_worker
+  local_workers: 2
+  collective_timeout_s: 60
+training:
+  epochs: 3
+  batch_size: 4
+  checkpoint_secs: 2
+  max_to_keep: 1000
+  validation_epochs: 1000
+""",
+    )
+    config = load_config(path)
+    build_features(config, ("train", "dev"))
+    run = Layout(config).train_run
+    logs = [run.worker_log(0), run.worker_log(1)]
+    chief_dir, scratch_dir = run.checkpoints, run.worker_scratch(1).checkpoints
+    try:
+        launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(path)], cwd=ROOT)
+        deadline = time.monotonic() + 900
+        while True:
+            mid = [{s for s in _steps(d) if s % 50} for d in (chief_dir, scratch_dir)]
+            if min(len(m) for m in mid) >= 2:
+                break
+            assert launcher.poll() is None, "the run ended before it could be killed mid-epoch"
+            assert time.monotonic() < deadline, logs[0].read_text()[-2000:]
+            time.sleep(0.2)
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 60
+        while any(Path(f"/proc/{pid}").exists() for log in logs for pid in _pids(log)):
+            assert time.monotonic() < deadline, "the workers outlived their launcher"
+            time.sleep(0.2)
+        chief, other = _steps(chief_dir), _steps(scratch_dir)
+        # Saved after the same steps; only the save under way at the kill may be missing on one side.
+        assert chief - {max(chief)} <= other and other - {max(other)} <= chief, (sorted(chief), sorted(other))
+        assert len({s for s in chief & other if s % 50}) >= 2, (sorted(chief), sorted(other))
+        assert not run.report.exists()
+        for leftover in scratch_dir.parent.iterdir():  # worker 1's machine was replaced
+            leftover.unlink() if leftover.is_file() else shutil.rmtree(leftover)
+
+        subprocess.run([sys.executable, "-c", _LAUNCHER, str(path)], cwd=ROOT, check=True, timeout=900)
+        restored = [[line for line in log.read_text().splitlines() if " Restored " in line] for log in logs]
+        assert all(len(lines) == 1 for lines in restored), restored
+        named = [re.search(r"Restored (\S+): epoch \d+, step (\d+)", lines[0]).groups() for lines in restored]
+        assert named[0] == named[1], named  # worker 1 restored the chief's checkpoint, from its directory
+        # The chief's latest (or the one before, when the kill came before its state file named the last).
+        assert Path(named[0][0]).parent == chief_dir and int(named[0][1]) in sorted(chief)[-2:], named
+        results = [_result(log) for log in logs]
+        assert results[0]["global_step"] == results[1]["global_step"] == 150  # 3 epochs x 400 / (2 x 4)
+        assert results[0]["weights_sha256"] == results[1]["weights_sha256"]
+        assert json.loads(run.report.read_text())["weights_sha256"] == results[0]["weights_sha256"]
+    finally:
+        _kill_workers(logs)
+
+
+@pytest.mark.usefixtures("tasks_in_process")
+def test_a_leftover_tf_config_does_not_discard_training(small_config, monkeypatch, caplog):
+    """Issue 26 H3: a TF_CONFIG naming worker 1, left in the environment, with distribution.strategy auto:
+    the run trains alone, writes its report and checkpoints, and says once that TF_CONFIG is ignored."""
+    import luigi
+
+    from tasks import Train
+
+    path = small_config("leftover.yaml", limit_train=8, extra="training:\n  epochs: 1\n")
+    config = load_config(path)
+    build_features(config, ("train", "dev"))
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps({"cluster": {"worker": ["h:1", "h:2"]}, "task": {"type": "worker", "index": 1}}),
+    )
+    with caplog.at_level("WARNING"):
+        assert luigi.build([Train(config=str(path))], local_scheduler=True)
+    run = Layout(config).train_run
+    assert run.report.is_file() and list(run.checkpoints.glob("ckpt-*.index"))
+    assert not list(run.root.glob(".worker-*"))
+    ignored = [r.getMessage() for r in caplog.records if "TF_CONFIG is ignored" in r.getMessage()]
+    assert len(ignored) == 1 and "strategy is auto" in ignored[0], ignored
+
+
+@pytest.fixture
+def train_failures():
+    """The exceptions Train tasks fail with while the test runs (Luigi's FAILURE event)."""
+    import luigi
+
+    from tasks import Train
+
+    failures = []
+    handler = Train.event_handler(luigi.Event.FAILURE)(lambda task, error: failures.append(error))
+    yield failures
+    Train.remove_event_handler(luigi.Event.FAILURE, handler)
+
+
+@pytest.mark.usefixtures("tasks_in_process")
+def test_a_non_chief_train_task_succeeds_only_on_the_chiefs_report(
+    small_config, tmp_path, monkeypatch, train_failures
+):
+    """Issue 26 H3: a cluster of a chief (``python -m pipeline.train.worker``) and a Train task as worker 1.
+    On a shared work directory the worker's task ends when the chief's report of the same run (step and
+    weights) is there; when its work directory is not the chief's, its task fails in one line instead of
+    succeeding without a report."""
+    import luigi
+
+    from tasks import Train
+
+    path = _config(small_config, "cluster.yaml", epochs=1)
+    elsewhere = tmp_path / "elsewhere.yaml"
+    elsewhere.write_text(f"extends: cluster.yaml\npaths:\n  work_dir: {tmp_path / 'elsewhere'}\n")
+    for config in (load_config(path), load_config(elsewhere)):
+        build_features(config, ("train", "dev"))
+
+    def cluster(chief_log: Path) -> subprocess.Popen:
+        """Start the chief on the cluster config; this process's TF_CONFIG becomes worker 1's."""
+        addresses = [f"127.0.0.1:{port}" for port in multiworker.free_ports(2)]
+        env = {**os.environ, "TF_CONFIG": multiworker.tf_config(addresses, 0)}
+        with open(chief_log, "w") as log:
+            chief = subprocess.Popen(
+                [sys.executable, "-m", "pipeline.train.worker", "--config", str(path)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+        monkeypatch.setenv("TF_CONFIG", multiworker.tf_config(addresses, 1))
+        return chief
+
+    chief = cluster(tmp_path / "chief.log")
+    try:
+        assert luigi.build([Train(config=str(path))], local_scheduler=True)  # on the chief's work directory
+        assert chief.wait(timeout=300) == 0
+    finally:
+        chief.kill()
+    run = Layout(load_config(path)).train_run
+    report = json.loads(run.report.read_text())
+    assert report["weights_sha256"] == _result(run.worker_log(1))["weights_sha256"]
+    assert report["global_step"] == 2
+
+    run.report.unlink()  # train the same run again, worker 1 on a work directory of its own
+    shutil.rmtree(run.checkpoints)
+    shutil.rmtree(run.best)
+    chief = cluster(tmp_path / "chief2.log")
+    try:
+        assert not luigi.build([Train(config=str(elsewhere))], local_scheduler=True)
+        assert chief.wait(timeout=300) == 0
+    finally:
+        chief.kill()
+    assert len(train_failures) == 1 and isinstance(train_failures[0], DistributionError), train_failures
+    message = str(train_failures[0])
+    assert "\n" not in message and "did not appear at" in message and "every worker shares" in message, (
+        message
+    )
+    assert not Layout(load_config(elsewhere)).train_run.report.exists() and run.report.is_file()

@@ -70,7 +70,7 @@ def test_bfloat16_trains_resumes_in_float32_and_exports_float32_logits(small_con
 
 @pytest.mark.slow
 def test_jit_compiled_training_step_trains(small_config):
-    """training.jit_compile: forward and backward as one XLA cluster (with the dense-label CTC loss)."""
+    """training.jit_compile: forward and backward as one XLA cluster (with the log-space CTC loss)."""
     from pipeline.stages.train import train_stage
 
     config = load_config(

@@ -10,7 +10,7 @@ import tensorflow as tf
 from native_client.alphabet import Alphabet
 from pipeline.evaluation.metrics import SampleResult, greedy_decode, score_sample
 from pipeline.features.cache import CacheIndex
-from pipeline.train.ctc import ctc_loss, sparse_labels_supported
+from pipeline.train.ctc import ctc_implementation, ctc_loss
 from pipeline.train.dataset import SplitReader, checked, eval_dataset
 
 # on_logits(sample index, logits [time, classes])
@@ -20,12 +20,12 @@ LogitsSink = Callable[[int, np.ndarray], None]
 def make_forward(model, blank_index: int):
     """A compiled function: features, lengths, labels, label lengths -> (logits ``[b, t, classes]``,
     per-sample loss)."""
-    sparse = sparse_labels_supported()
+    ctc = ctc_implementation(jit_compile=False)
 
     @tf.function(reduce_retracing=True)
     def forward(features, lengths, labels, label_lengths):
         logits = model(features, training=False)
-        return logits, ctc_loss(labels, label_lengths, logits, lengths, blank_index, sparse)
+        return logits, ctc_loss(labels, label_lengths, logits, lengths, blank_index, ctc)
 
     return forward
 

@@ -15,7 +15,7 @@ from pipeline.files import write_text_atomic
 from pipeline.layout import Layout, TrainRun
 from pipeline.locks import stage_lock
 from pipeline.reports import TrainReport, write_report
-from pipeline.train.distribute import DistributionError, cluster_role, configure_devices, make_strategy
+from pipeline.train.distribute import DistributionError, configure_devices, make_strategy, training_role
 from pipeline.train.hooks import TrainHooks
 from pipeline.train.loop import Trainer
 
@@ -33,12 +33,15 @@ def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks |
     """Train on the cached train split, validate on dev; write the resolved config and ``train_report.json``.
 
     Resumes from the checkpoints in ``run`` (default: the fingerprinted Train run directory). Without
-    a dev split (``data.dev_files`` or corpora) it trains without validation (the trainer warns; the last checkpoint is the best).
+    a dev split (``data.dev_files`` or corpora) it trains without validation (the trainer warns; the last
+    checkpoint is the best). The process takes a cluster role from ``TF_CONFIG`` only with
+    ``distribution.strategy: multi_worker``; then only the chief writes the config and the report (the
+    report returned by another worker is its own account of the same run, which it does not write).
     """
     config = layout.config
     run = run or layout.train_run
     configure_devices(config.distribution)
-    role = cluster_role()
+    role = training_role(config.distribution)
     strategy = make_strategy(config.distribution)
     alphabet = load_alphabet(layout.alphabet)
     train_data = read_cache(layout.features_cache("train"), config.features)

@@ -14,6 +14,7 @@ features are read from the cache file when tf.data makes the batch.
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
@@ -53,6 +54,16 @@ def batch_plan(
         step = fits * towers
         plan.extend(batch[start : start + step] for start in range(0, global_batch, step))
     return plan
+
+
+def plan_digest(plan: list[np.ndarray]) -> int:
+    """A 63-bit digest of a batch plan (which utterances form each step, in plan order): two plans with
+    the same digest give the same batches at every (epoch, step) position. Kept in the checkpoint."""
+    digest = hashlib.sha256()
+    for batch in plan:
+        digest.update(len(batch).to_bytes(8, "little"))
+        digest.update(np.asarray(batch, np.int64).tobytes())
+    return int.from_bytes(digest.digest()[:8], "little") >> 1
 
 
 def epoch_batches(plan: list[np.ndarray], epoch: int, seed: int) -> list[np.ndarray]:
@@ -200,9 +211,7 @@ def train_dataset(
     return _batches(reader, epochs.flat_map(one_epoch), augment)
 
 
-def eval_dataset(
-    reader: SplitReader, batch_size: int, max_batch_frames: int = 0
-) -> tf.data.Dataset:
+def eval_dataset(reader: SplitReader, batch_size: int, max_batch_frames: int = 0) -> tf.data.Dataset:
     """Every sample once, in length-sorted batches."""
     flat, starts, sizes = _flat(eval_batches(reader.index.lengths, batch_size, max_batch_frames))
     return _batches(reader, _sliced(tf.constant(flat), tf.constant(starts), tf.constant(sizes)))

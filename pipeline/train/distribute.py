@@ -10,12 +10,15 @@ device (or the logical CPUs when ``cpu_devices`` > 1).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 
 import tensorflow as tf
 
 from pipeline.config import DistributionConfig
+
+log = logging.getLogger(__name__)
 
 
 class DistributionError(RuntimeError):
@@ -49,33 +52,72 @@ def configure_devices(config: DistributionConfig) -> None:
 
 @dataclass(frozen=True)
 class ClusterRole:
-    """This process's place in a cluster: worker index, count, and whether it is the chief."""
+    """This process's place in a cluster: its rank (0 = the chief), the number of processes, and whether
+    it is the chief."""
 
     index: int
     count: int
 
     @property
     def is_chief(self) -> bool:
-        """Worker 0 writes checkpoints, summaries and reports."""
+        """Rank 0 (the ``chief`` task when ``TF_CONFIG`` has one, else worker 0) writes checkpoints,
+        summaries and reports."""
         return self.index == 0
 
 
+SINGLE_PROCESS = ClusterRole(0, 1)
+
+
 def cluster_role() -> ClusterRole:
-    """Read this process's role from ``TF_CONFIG`` (a single process when it is unset)."""
+    """This process's role from ``TF_CONFIG`` (a single process when it is unset).
+
+    With a ``chief`` job, as TensorFlow's cluster specs allow, the chief is rank 0 and
+    ``worker`` i is rank i + 1; without one, worker 0 is the chief (MultiWorkerMirroredStrategy's rule).
+    """
     raw = os.environ.get("TF_CONFIG")
     if not raw:
-        return ClusterRole(0, 1)
+        return SINGLE_PROCESS
     try:
         spec = json.loads(raw)
-        workers = spec["cluster"]["worker"]
+        cluster = spec["cluster"]
+        chiefs = list(cluster.get("chief", []))
+        workers = list(cluster.get("worker", []))
         task = spec["task"]
-    except (ValueError, KeyError, TypeError) as error:
+        kind, index = task.get("type"), int(task.get("index", 0))
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise DistributionError(
-            f"TF_CONFIG: expected {{'cluster': {{'worker': [...]}}, 'task': {{'type': 'worker', 'index': N}}}} ({error})"
+            "TF_CONFIG: expected {'cluster': {'worker': [...]}, 'task': {'type': 'worker', 'index': N}} "
+            f"({error})"
         ) from error
-    if task.get("type") not in ("worker", "chief"):
-        raise DistributionError(f"TF_CONFIG: task type {task.get('type')!r} is not supported; use 'worker'")
-    return ClusterRole(int(task.get("index", 0)), len(workers))
+    if kind not in ("worker", "chief"):
+        raise DistributionError(f"TF_CONFIG: task type {kind!r} is not supported; use 'worker' (or 'chief')")
+    if len(chiefs) > 1:
+        raise DistributionError(f"TF_CONFIG: {len(chiefs)} chief tasks; a cluster has at most one")
+    members = chiefs if kind == "chief" else workers
+    if not 0 <= index < len(members):
+        raise DistributionError(
+            f"TF_CONFIG: task {kind} {index} is not in the cluster ({len(members)} {kind} addresses)"
+        )
+    rank = index if kind == "chief" else len(chiefs) + index
+    return ClusterRole(rank, len(chiefs) + len(workers))
+
+
+def training_role(config: DistributionConfig) -> ClusterRole:
+    """The role training takes: ``TF_CONFIG``'s only with ``distribution.strategy: multi_worker``.
+
+    With any other strategy a ``TF_CONFIG`` in the environment (a leftover of a cluster run) is ignored
+    with a warning: taking a worker role there made a non-chief run train into a scratch folder and
+    delete it.
+    """
+    if config.strategy == "multi_worker":
+        return cluster_role()
+    if os.environ.get("TF_CONFIG"):
+        log.warning(
+            "TF_CONFIG is set but distribution.strategy is %s, not multi_worker: TF_CONFIG is ignored and "
+            "this process trains alone",
+            config.strategy,
+        )
+    return SINGLE_PROCESS
 
 
 def make_strategy(config: DistributionConfig) -> tf.distribute.Strategy:

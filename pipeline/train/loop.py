@@ -5,8 +5,18 @@ Position is kept in the checkpoint (global step, epoch, step inside the epoch,
 the epoch target and the ``training.epochs`` it came from) together with the
 run's history (``history.py``), and the batch order of an epoch is a pure function
 of its seed and number, so a restarted run continues at the very next batch: no
-batch seen twice or skipped. What one step computes is ``step.py``; what happens
-after an epoch (validation, best-dev, plateau halving, early stop) is ``policy.py``.
+batch seen twice or skipped. The checkpoint also records the towers, global batch
+and a digest of the batch plan the position refers to: a run resumed mid-epoch on
+another plan (other devices) is refused, one resumed at an epoch boundary warned.
+
+Multi-worker runs save together: the chief's clock decides when a checkpoint is
+due and its vote reaches every worker in the step's all-reduce, so all save after
+the same step; on restart the chief restores its latest checkpoint and every other
+worker that same one (from the chief's directory on a shared work directory, else
+its own scratch copy), or every worker stops with one line.
+
+What one step computes is ``step.py``; what happens after an epoch (validation,
+best-dev, plateau halving, early stop) is ``policy.py``.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ from pipeline.model.checkpoints import (
 )
 from pipeline.model import build_model
 from pipeline.reports import DevFigures, StopRecord, TrainReport
-from pipeline.train.dataset import SplitReader, batch_plan, train_dataset
+from pipeline.train.dataset import SplitReader, batch_plan, plan_digest, train_dataset
 from pipeline.train.distribute import ClusterRole
 from pipeline.train.epochs import RunRecord, epoch_target
 from pipeline.train.history import EpochLoss, HistoryState, SkippedBatch, TrainHistory
@@ -63,7 +73,8 @@ def _counter(dtype=tf.int64, value=0):
 @dataclass
 class _State:
     """Training position, saved in every checkpoint. ``epochs_setting`` is the ``training.epochs`` the
-    target came from (0: not recorded, a checkpoint from before it was)."""
+    target came from (0: not recorded, a checkpoint from before it was). ``towers``, ``global_batch`` and
+    ``plan_digest`` describe the batch plan the position counts in (0: not recorded)."""
 
     global_step: tf.Variable = _counter()
     epoch: tf.Variable = _counter()
@@ -74,6 +85,9 @@ class _State:
     lr_factor: tf.Variable = _counter(tf.float64, 1.0)
     epoch_loss_sum: tf.Variable = _counter(tf.float64, 0.0)
     epoch_loss_count: tf.Variable = _counter()
+    towers: tf.Variable = _counter()
+    global_batch: tf.Variable = _counter()
+    plan_digest: tf.Variable = _counter()
 
     def variables(self) -> dict:
         """{checkpoint name: variable}."""
@@ -135,6 +149,7 @@ class Trainer:
             train_data.lengths, self.global_batch, self.towers, config.training.max_batch_frames
         )
         self.steps_per_epoch = len(self.plan)
+        self.plan_digest = plan_digest(self.plan)
         writes = self.run if role.is_chief else self.run.worker_scratch(role.index)
         self.scratch = None if role.is_chief else writes.root
         training = config.training
@@ -205,20 +220,46 @@ class Trainer:
     # -- persistence ---------------------------------------------------------------------------
     def _save(self) -> None:
         """Write a checkpoint of everything (the history is serialised only here, never per step)."""
-        self.manager.save(checkpoint_number=int(self.state.global_step.numpy()))
+        saved = self.manager.save(checkpoint_number=int(self.state.global_step.numpy()))
+        log.info(
+            "Saved %s: epoch %d, step %d (%d of this epoch)",
+            saved,
+            int(self.state.epoch.numpy()),
+            int(self.state.global_step.numpy()),
+            int(self.state.step_in_epoch.numpy()),
+        )
 
     def restore(self) -> str | None:
         """Restore the latest checkpoint (or warm-start from ``training.init_from``); returns what was loaded.
 
         A damaged checkpoint (unreadable data, a malformed history) is skipped with a warning for the one
-        before it; ``resumed`` says whether a checkpoint of this run was restored.
+        before it; ``resumed`` says whether a checkpoint of this run was restored. In a multi-worker run
+        every worker restores the checkpoint the chief chose (``_restore_agreed``).
         """
         self.resumed = False
-        candidates = list(reversed(self.manager.checkpoints)) or checkpoints_on_disk(self.run.checkpoints)
+        if self.role.count > 1:
+            return self._restore_agreed()
+        return self._restore_latest()
+
+    def _restore_prefix(self, prefix: str, directory: Path) -> None:
+        """Restore checkpoint ``prefix`` (of ``directory``, named in errors) and log where training stands."""
+        check_geometry(prefix, self.model, directory)
+        self.checkpoint.restore(prefix).expect_partial()
+        self.resumed = True
+        log.info(
+            "Restored %s: epoch %d, step %d (%d of this epoch)",
+            prefix,
+            int(self.state.epoch.numpy()),
+            int(self.state.global_step.numpy()),
+            int(self.state.step_in_epoch.numpy()),
+        )
+
+    def _restore_latest(self) -> str | None:
+        """The latest intact checkpoint of this process's directory, else the warm start, else None."""
+        candidates = list(reversed(self.manager.checkpoints)) or checkpoints_on_disk(self.manager.directory)
         for prefix in candidates:
             try:
-                check_geometry(prefix, self.model, self.run.checkpoints)
-                self.checkpoint.restore(prefix).expect_partial()
+                self._restore_prefix(prefix, Path(self.manager.directory))
             except (tf.errors.OpError, ValueError) as error:
                 # Every checkpoint holds every variable, so the next restore overwrites a partial one.
                 log.warning(
@@ -227,32 +268,119 @@ class Trainer:
                     str(error).splitlines()[0][:200],
                 )
                 continue
-            self.resumed = True
-            log.info(
-                "Restored %s: epoch %d, step %d (%d of this epoch)",
-                prefix,
-                int(self.state.epoch.numpy()),
-                int(self.state.global_step.numpy()),
-                int(self.state.step_in_epoch.numpy()),
-            )
             return prefix
         if candidates:
             raise TrainingError(
                 f"{self.run.checkpoints}: no intact checkpoint among {len(candidates)}; "
                 f"delete the directory (make rerun STAGE=Train) to train from the start"
             )
-        if self.config.training.init_from:
-            copied = warm_start(
-                self.model, self.config.training.init_from, self.config.training.drop_source_layers
+        return self._warm_start()
+
+    def _warm_start(self) -> str | None:
+        """Copy the weights of ``training.init_from`` when it is set; returns it (None when unset)."""
+        if not self.config.training.init_from:
+            return None
+        copied = warm_start(
+            self.model, self.config.training.init_from, self.config.training.drop_source_layers
+        )
+        log.info(
+            "Warm start from %s: %d weights copied, %d last layers fresh",
+            self.config.training.init_from,
+            len(copied),
+            self.config.training.drop_source_layers,
+        )
+        return self.config.training.init_from
+
+    def _sum_over_workers(self, value: int) -> int:
+        """``value`` summed over the workers of a multi-worker run: one collective operation, which every
+        worker must reach (each worker's first tower contributes its value, the others 0)."""
+        local = self.towers // self.role.count
+
+        def contribution(context: tf.distribute.ValueContext):
+            first = context.replica_id_in_sync_group % local == 0
+            return tf.constant(float(value) if first else 0.0, tf.float64)
+
+        values = self.strategy.experimental_distribute_values_from_function(contribution)
+        return int(round(float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, values, axis=None).numpy())))
+
+    def _restore_agreed(self) -> str | None:
+        """Multi-worker restore: the chief restores its latest intact checkpoint (``_restore_latest``) and
+        every other worker the checkpoint of that same step, so that all resume at one position with one
+        model. A non-chief reads it from the chief's directory when it can (a shared work directory), else
+        from its own scratch directory (saves happen at the same steps everywhere). When any worker cannot,
+        every worker raises TrainingError with the same line."""
+        loaded = self._restore_latest() if self.role.is_chief else None
+        chief_step = int(self.state.global_step.numpy()) if self.resumed else -1
+        agreed = self._sum_over_workers(chief_step if self.role.is_chief else 0)
+        problem = None
+        if not self.role.is_chief:
+            if agreed < 0:
+                loaded = self._warm_start()
+            else:
+                loaded, problem = self._restore_step(agreed)
+        failures = self._sum_over_workers(1 if problem else 0)
+        if problem:
+            log.error("%s", problem)
+        if failures:
+            raise TrainingError(
+                f"{failures} worker(s) could not restore ckpt-{agreed}, the chief's latest checkpoint in "
+                f"{self.run.checkpoints} (see their logs): put paths.work_dir on a filesystem every worker "
+                f"shares, or delete the run directory (make rerun STAGE=Train) to train from the start"
             )
-            log.info(
-                "Warm start from %s: %d weights copied, %d last layers fresh",
-                self.config.training.init_from,
-                len(copied),
-                self.config.training.drop_source_layers,
+        return loaded
+
+    def _restore_step(self, step: int) -> tuple[str | None, str | None]:
+        """Restore the checkpoint numbered ``step``: the chief's copy, else this worker's scratch copy.
+        Returns (the prefix restored, None) or (None, why not)."""
+        tried = []
+        for directory in dict.fromkeys([self.run.checkpoints, Path(self.manager.directory)]):
+            prefix = directory / f"{CHECKPOINT_PREFIX}-{step}"
+            if not Path(f"{prefix}.index").is_file():
+                tried.append(f"{directory}: none")
+                continue
+            try:
+                self._restore_prefix(str(prefix), directory)
+            except (tf.errors.OpError, ValueError) as error:
+                tried.append(f"{directory}: {str(error).splitlines()[0][:200]}")
+                continue
+            return str(prefix), None
+        return (
+            None,
+            f"worker {self.role.index}: cannot restore {CHECKPOINT_PREFIX}-{step} ({'; '.join(tried)})",
+        )
+
+    def _check_plan(self) -> None:
+        """Compare the restored position's batch plan (towers, global batch, plan digest in the checkpoint)
+        with this run's, then record this run's. Mid-epoch on another plan the position would skip or
+        repeat batches: TrainingError. At an epoch boundary the next epoch starts on the new plan: a
+        warning. A checkpoint from before these were recorded is taken as it is."""
+        state = self.state
+        old_digest, old_towers, old_global = (
+            int(v.numpy()) for v in (state.plan_digest, state.towers, state.global_batch)
+        )
+        epoch, step = int(state.epoch.numpy()), int(state.step_in_epoch.numpy())
+        if self.resumed and old_digest and old_digest != self.plan_digest:
+            was = f"{old_towers} towers x {old_global // max(old_towers, 1)} = global batch {old_global}"
+            now = f"{self.towers} towers x {self.per_tower_batch} = global batch {self.global_batch}"
+            if step > 0:
+                # training.global_batch_size is in the Train fingerprint: setting it would start another run.
+                raise TrainingError(
+                    f"{self.run.checkpoints}: the run stopped in epoch {epoch + 1} at step {step} of a batch "
+                    f"plan of {was}; this run has {now}, on which that position would skip or repeat "
+                    f"batches. Finish the epoch on the old devices first (training.epochs: -1 stops at its "
+                    f"end), or delete the run (make rerun STAGE=Train) to start again"
+                )
+            log.warning(
+                "%s: resuming at the start of epoch %d with %s (the run had %s): the epochs from here follow "
+                "the new batch plan",
+                self.run.checkpoints,
+                epoch + 1,
+                now,
+                was,
             )
-            return self.config.training.init_from
-        return None
+        state.plan_digest.assign(self.plan_digest)
+        state.towers.assign(self.towers)
+        state.global_batch.assign(self.global_batch)
 
     def _last_run(self) -> RunRecord | None:
         """What the restored checkpoint says about its run (None when none of this run was restored)."""
@@ -467,6 +595,7 @@ class Trainer:
         started = time.monotonic()
         self.restore()
         target = epoch_target(self.config.training.epochs, self._last_run())
+        self._check_plan()
         plan_before = self._plan()
         self.state.target_epochs.assign(target)
         self.state.epochs_setting.assign(self.config.training.epochs)
@@ -522,9 +651,11 @@ class Trainer:
                 if lr != current_lr:
                     self.optimizer.learning_rate.assign(lr)
                     current_lr = lr
-                result = self._train_step(batch, dataset.element_spec)
+                # The chief's clock decides; every worker learns the decision from the step itself.
+                vote = self.role.is_chief and time.monotonic() - last_save >= training.checkpoint_secs
+                result = self._train_step(batch, dataset.element_spec, save_vote=vote)
                 consecutive_bad = self._after_step(result, consecutive_bad, lr)
-                if time.monotonic() - last_save >= training.checkpoint_secs:
+                if result.save:
                     self._save()
                     last_save = time.monotonic()
                 if self.hooks.on_step:

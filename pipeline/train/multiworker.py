@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from pipeline.layout import TrainRun
+from pipeline.reports import ReportError, TrainReport, read_report
 from pipeline.train.bind_address import bound_environment
 from pipeline.train.distribute import DistributionError
 
@@ -153,3 +155,51 @@ def run_cluster_worker(
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def worker_result(log: Path) -> dict | None:
+    """The result a worker printed (``pipeline.train.worker``: its index, final global step and weights
+    digest), read from its log: the last such line, as gRPC may log after it; None when there is none."""
+    try:
+        lines = [
+            line for line in log.read_text(errors="replace").splitlines() if line.startswith('{"worker"')
+        ]
+    except OSError:
+        return None
+    try:
+        return json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+
+
+def wait_for_chief_report(run: TrainRun, result: dict, timeout_s: float, poll_s: float = 1.0) -> TrainReport:
+    """The chief's ``train_report.json`` of the run a non-chief worker just finished with ``result``
+    (``worker_result``): the report whose global step and weights digest are the worker's own, waited for
+    up to ``timeout_s`` (the chief writes it after its last save).
+
+    This is what a non-chief worker's Train task stands on: it succeeds only when the run it took part in
+    has a report this machine can read. Raises DistributionError naming the path when none appears (the
+    work directory is not shared, or the chief failed).
+    """
+    deadline = time.monotonic() + timeout_s
+    found = None
+    while True:
+        if run.report.is_file():
+            try:
+                report = read_report(run.report, TrainReport)
+            except ReportError:
+                report = None  # being replaced, or damaged: look again until the deadline
+            if report is not None:
+                found = (report.global_step, report.weights_sha256)
+                if found == (result["global_step"], result["weights_sha256"]):
+                    return report
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(poll_s)
+    other = f" (the one there does not match: step {found[0]}, weights {found[1][:12]})" if found else ""
+    raise DistributionError(
+        f"worker {result['worker']} finished its part of the run (step {result['global_step']}) but the "
+        f"chief's report of it did not appear at {run.report} within {timeout_s:.0f} s{other}. A non-chief "
+        f"worker's Train output is the chief's report: put paths.work_dir on a filesystem every worker "
+        f"shares, and see the chief's log if it failed"
+    )

@@ -13,18 +13,20 @@ import keras
 import tensorflow as tf
 
 from pipeline.config import TrainingConfig
-from pipeline.train.ctc import ctc_loss, sparse_labels_supported
+from pipeline.train.ctc import ctc_implementation, ctc_loss
 
 
 @dataclass(frozen=True)
 class StepResult:
     """What one step did: its loss (summed over towers), whether that loss and the gradients were finite,
-    whether the update was applied, and the per-tower tensors of the batch's utterance indices."""
+    whether the update was applied, the per-tower tensors of the batch's utterance indices, and whether
+    any worker asked for a checkpoint after this step (the same answer on every worker)."""
 
     loss: float
     finite: bool
     applied: bool
     indices: tuple
+    save: bool = False
 
     def batch_indices(self) -> list[int]:
         """The utterance indices (into the train split) of the step's batch, all towers, sorted."""
@@ -46,6 +48,10 @@ class TrainStep:
     ``optimizer`` is the Adam whose slots are checkpointed; ``step_optimizer`` is
     what applies the update (the same object, or a ``LossScaleOptimizer`` around it
     with ``mixed_float16``).
+
+    A step also carries a save vote: each worker's vote travels in the step's own
+    all-reduce (no extra round trip), so that every worker of a multi-worker run
+    learns after the same step that a checkpoint is due, and saves at the same step.
     """
 
     def __init__(
@@ -69,15 +75,15 @@ class TrainStep:
         jit = training.jit_compile
         clip = training.clip_grad_norm
         guard = training.revert_nonfinite_updates
-        # XLA has no kernel for the sparse-label CTC op: with jit_compile the dense-label loss is used.
-        sparse = sparse_labels_supported() and not jit
+        # The C++ CTC kernel has no XLA kernel and runs only on a CPU: elsewhere the exact log-space CTC.
+        ctc = ctc_implementation(jit)
 
         def gradients(features, lengths, labels, label_lengths):
             """(the tower's share of the loss, its gradients): forward and backward, one XLA cluster with
             jit_compile."""
             with tf.GradientTape() as tape:
                 logits = model(features, training=True)  # [batch, time, classes], float32
-                per_sample = ctc_loss(labels, label_lengths, logits, lengths, blank, sparse)
+                per_sample = ctc_loss(labels, label_lengths, logits, lengths, blank, ctc)
                 # The step's global batch: every tower gets as many utterances (max_batch_frames may
                 # make a step smaller than training.batch_size).
                 step_batch = tf.cast(tf.shape(lengths)[0] * towers, per_sample.dtype)
@@ -119,14 +125,17 @@ class TrainStep:
                 distribution.experimental_local_results(finite)[0], apply, lambda: tf.constant(False)
             )
 
-        def replica_step(features, lengths, labels, label_lengths, indices):
+        def replica_step(batch, save_vote):
+            features, lengths, labels, label_lengths, indices = batch
             scaled, grads = gradients(features, lengths, labels, label_lengths)
             context = tf.distribute.get_replica_context()
-            reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads + [scaled])
-            grads, loss = reduced[:-1], reduced[-1]
+            # The vote comes in as one tensor for every tower: made on the tower's device to be reduced.
+            vote = tf.zeros_like(scaled) + tf.cast(save_vote, scaled.dtype)
+            reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads + [scaled, vote])
+            grads, loss, votes = reduced[:-2], reduced[-2], reduced[-1]
             # With loss scaling, the LossScaleOptimizer skips steps whose gradients overflowed (and lowers
             # the scale); only the loss decides here.
-            checked = [loss] if scaled_loss else reduced
+            checked = [loss] if scaled_loss else reduced[:-1]
             finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in checked])
             if clip > 0:
                 # Scaled gradients are clipped at the scaled norm: the same as clipping the true ones.
@@ -136,23 +145,27 @@ class TrainStep:
             # The optimizer all-reduces (sums) again: hand it each tower's share of the global gradient.
             grads = [g / towers for g in grads]
             applied = context.merge_call(apply_if_finite, args=(finite, grads))
-            return loss, finite, applied, indices
+            return loss, finite, applied, indices, votes > 0
 
         return replica_step
 
-    def __call__(self, batch, element_spec) -> StepResult:
+    def __call__(self, batch, element_spec, save_vote: bool = False) -> StepResult:
         """Run one step on ``batch``, an element of a distributed dataset whose ``element_spec`` is given
-        (one trace serves every batch shape: the signature has unknown batch and time sizes)."""
+        (one trace serves every batch shape: the signature has unknown batch and time sizes).
+        ``save_vote``: this worker asks for a checkpoint after the step (``StepResult.save`` says whether
+        any worker did)."""
         if self._compiled is None:
             replica_step, strategy = self._replica_step, self.strategy
             self._compiled = tf.function(
-                lambda b: strategy.run(replica_step, args=b), input_signature=[element_spec]
+                lambda b, vote: strategy.run(replica_step, args=(b, vote)),
+                input_signature=[element_spec, tf.TensorSpec([], tf.float32)],
             )
-        loss, finite, applied, indices = self._compiled(batch)
+        loss, finite, applied, indices, save = self._compiled(batch, tf.constant(float(save_vote)))
         local = self.strategy.experimental_local_results
         return StepResult(
             loss=float(local(loss)[0].numpy()),
             finite=bool(local(finite)[0].numpy()),
             applied=bool(local(applied)[0].numpy()),
             indices=tuple(local(indices)),
+            save=bool(local(save)[0].numpy()),
         )

@@ -40,7 +40,13 @@ def main(argv=None) -> int:
     from pipeline.train.distribute import DistributionError, cluster_role
 
     try:
-        report = train_stage(Layout(load_config(args.config)))
+        config = load_config(args.config)
+        if config.distribution.strategy != "multi_worker":
+            raise DistributionError(
+                f"{args.config}: a cluster worker needs distribution.strategy: multi_worker "
+                f"(it is {config.distribution.strategy})"
+            )
+        report = train_stage(Layout(config))
     except DistributionError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 3
