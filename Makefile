@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 GPU ?=
 TF_EXTRA := $(if $(GPU),gpu,cpu)
 
-.PHONY: setup kenlm train rerun test test-fast scheduler bench docs lint clean
+.PHONY: setup kenlm fetch-models train rerun test test-fast scheduler bench docs lint clean
 
 ## The venv in .venv with everything (TensorFlow's CPU build; GPU=1: the CUDA build, in a fresh venv).
 setup: $(VENV)/.installed-$(TF_EXTRA)
@@ -45,6 +45,11 @@ $(BIN)/lmplz: | setup
 	cmake -S build/kenlm/kenlm-$(KENLM_VERSION) -B build/kenlm/build -DKENLM_MAX_ORDER=6 -DCMAKE_BUILD_TYPE=Release >/dev/null
 	cmake --build build/kenlm/build --target lmplz build_binary filter query -j $$(nproc)
 	install -m 755 build/kenlm/build/bin/lmplz build/kenlm/build/bin/build_binary build/kenlm/build/bin/filter build/kenlm/build/bin/query $(BIN)/
+
+## The real DeepSpeech-family models some tests and bench/finetune.py need (armspeech 0.1.4's Coqui STT
+## .tflite), into ~/.cache/luigi-deepspeech/models (see data/fetch_models.py); checked by SHA-256, fetched once.
+fetch-models: | setup
+	$(BIN)/python data/fetch_models.py
 
 ## Run the whole DAG on CONFIG (default: the embedded sample corpus), then transcribe CLIP.
 train: setup

@@ -237,8 +237,8 @@ class FeaturesConfig:
 
     STAGES: ClassVar[tuple[str, ...]] = ("features",)
 
-    type: str = _opt("mfcc", "The feature front end: a module of native_client/frontends/ (mfcc, logfbank) "
-                     "or the dotted name of a module of your own defining FRONTEND.")
+    type: str = _opt("mfcc", "The feature front end: a module of native_client/frontends/ (mfcc, logfbank, "
+                     "deepspeech) or the dotted name of a module of your own defining FRONTEND.")
     sample_rate: int = _opt(16000, "Expected sample rate in Hz.", minimum=1000)
     resample: bool = _opt(False, "Resample audio of another rate instead of rejecting it.")
     downmix: bool = _opt(False, "Average multi-channel audio to mono instead of rejecting it.")

@@ -82,6 +82,25 @@ def build_features(config, splits=("train", "dev", "test")) -> None:
             build_split_cache(Layout(config), split)
 
 
+@pytest.fixture(scope="session")
+def armspeech_model() -> Path:
+    """The armspeech 0.1.4 Coqui STT model (``make fetch-models``). Missing, the test fails with one line
+    saying how to get it: never a skip, so CI cannot pass without running these tests."""
+    from data.fetch_models import missing_message, model_path
+
+    path = model_path("armspeech")
+    if not path.is_file():
+        pytest.fail(missing_message("armspeech"), pytrace=False)
+    return path
+
+
+def pytest_collection_modifyitems(items):
+    """Tests using a fetched model get the ``needs_models`` mark (``-m 'not needs_models'`` deselects)."""
+    for item in items:
+        if "armspeech_model" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.needs_models)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def luigi_leaves_logging_to_pytest():
     """Tasks built in this process must not install luigi.cfg's logging handlers: they would hold the

@@ -218,7 +218,8 @@ def test_killed_run_resumes_and_matches_an_uninterrupted_run(write_config, tmp_p
 
 @pytest.mark.parametrize(
     "name, settings",
-    [("mfcc", {}), ("logfbank", {"nfilt": 40, "highfreq": 7000.0}), ("tests.plugins.band_energies", {"bands": 8})],
+    [("mfcc", {}), ("logfbank", {"nfilt": 40, "highfreq": 7000.0}), ("deepspeech", {}),
+     ("deepspeech", {"final_window": True}), ("tests.plugins.band_energies", {"bands": 8})],
 )
 def test_every_front_end_streams_frame_for_frame_what_it_computes_whole(name, settings):
     from native_client.frontends import frontend_class
