@@ -26,7 +26,7 @@ from functools import cached_property
 
 import numpy as np
 
-from native_client.frontends.base import FrontEnd, setting
+from native_client.frontends._base import FrontEnd, setting
 
 # Below this a mel band's log is taken of the floor instead (TensorFlow's kFilterbankFloor).
 FILTERBANK_FLOOR = 1e-12
