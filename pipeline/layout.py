@@ -250,6 +250,8 @@ class Layout:
     def __init__(self, config: Config):
         self.config = config
         self._fingerprints: dict[tuple, str] = {}
+        # input file -> the digest the fingerprints were computed from (the first one seen)
+        self._digests_used: dict[str, str] = {}
 
     # -- roots ---------------------------------------------------------------------------------
     @functools.cached_property
@@ -313,10 +315,22 @@ class Layout:
                 elif (section_field.name, f.name) == ("paths", "alphabet"):
                     value = [str(self.alphabet), path_digest(self.alphabet)]
                 elif f.metadata.get("path") and value is not None:
-                    value = ([[str(p), path_digest(p)] for p in value] if isinstance(value, tuple)
-                             else [value, path_digest(value)])
+                    value = ([[str(p), self._input_digest(p)] for p in value] if isinstance(value, tuple)
+                             else [value, self._input_digest(value)])
                 found[f"{section_field.name}.{f.name}"] = value
         return found
+
+    def _input_digest(self, path: str) -> str:
+        """``path_digest`` of an input file, remembered as the digest this layout's fingerprints used."""
+        digest = path_digest(path)
+        self._digests_used.setdefault(str(path), digest)
+        return digest
+
+    def changed_inputs(self, read: dict[str, str]) -> list[str]:
+        """The input files of ``read`` ({path: SHA-256 of the bytes a stage read}) whose content differs from
+        what this layout's fingerprints were computed from: files edited after the run was scheduled."""
+        return [path for path, digest in read.items()
+                if self._digests_used.get(str(path), digest) != digest]
 
     def _derived(self, stage: str) -> dict:
         """What a stage's result depends on beyond the config's keys: the LM's builder as resolved here
@@ -377,9 +391,9 @@ class Layout:
         return cache.with_name(cache.stem + ".parts")
 
     @staticmethod
-    def features_part(parts: Path, index: int) -> Path:
-        """Shard ``index`` inside a parts folder."""
-        return parts / f"{index:05d}.npz"
+    def features_part(parts: Path, index: int, key: str) -> Path:
+        """Shard ``index`` inside a parts folder, made from the jobs whose digest is ``key``."""
+        return parts / f"{index:05d}-{key}.npz"
 
     # -- Train, LanguageModel, TuneDecoder, Evaluate -----------------------------------------
     @functools.cached_property

@@ -574,7 +574,8 @@ def test_a_damaged_feature_shard_part_is_recomputed(write_config, tmp_path, capl
     with a warning naming it and computed again."""
     import logging
 
-    from pipeline.stages.features import _process_shard, build_split_cache
+    from pipeline.features.frontend import ctc_min_frames
+    from pipeline.stages.features import _process_shard, build_split_cache, shard_key
     from tests.conftest import ALPHABET, SAMPLE
 
     path = write_config(f"""
@@ -595,8 +596,9 @@ def test_a_damaged_feature_shard_part_is_recomputed(write_config, tmp_path, capl
     from pipeline.data.manifests import read_manifests
 
     samples, _ = read_manifests(config.split_files("train"), 40, load_alphabet(ALPHABET))
-    part = layout.features_part(parts, 0)
-    _process_shard(str(part), [(s.audio_path, 1) for s in samples[:32]], config.features, 0.0)
+    jobs = [(s.audio_path, ctc_min_frames(s.labels), None, s.offset, s.duration) for s in samples[:32]]
+    part = layout.features_part(parts, 0, shard_key(jobs))
+    _process_shard(str(part), jobs, config.features, 0.0, shard_key(jobs))
     part.write_bytes(part.read_bytes()[:200])
     with caplog.at_level(logging.WARNING):
         summary = build_split_cache(layout, "train")
