@@ -348,3 +348,43 @@ def test_a_linked_manifest_finds_its_audio_beside_its_real_file(write_config, tm
     link.symlink_to(manifest)
     samples, rejects = read_manifests([link], 0, load_alphabet(ALPHABET))
     assert len(samples) == 3 and not rejects
+
+
+_FEATURISE_ONE = """
+import sys
+from pipeline.config import FeaturesConfig
+from pipeline.stages.features import _process_shard
+count, rejected, seconds = _process_shard(sys.argv[2], [(sys.argv[1], 1)], FeaturesConfig(), 0.0)
+print(rejected, round(seconds))
+"""
+
+
+@pytest.mark.slow
+def test_a_long_file_is_featurised_in_bounded_memory(tmp_path):
+    """Issue 26 N9: one long file's features were computed whole (a 1-hour WAV peaked at 5.8 GB with
+    max_duration_s 0: the windows of the whole signal as float64); the audio is now read and featurised
+    in blocks. A 20-minute file may need at most 100 MB more than a 10-second one: its frames (26 floats
+    per 10 ms, 12.5 MB) in a few copies while they are joined, normalised and saved; the 1-hour file
+    took 218 MB against 138 MB for 10 s."""
+    clip, rate = soundfile.read(SAMPLE / "test" / "00003.flac", dtype="int16")
+    short, long_ = tmp_path / "short.wav", tmp_path / "long.wav"
+    soundfile.write(short, np.tile(clip, int(np.ceil(10 * rate / len(clip))))[: 10 * rate], rate)
+    with soundfile.SoundFile(long_, "w", rate, 1, subtype="PCM_16") as sink:
+        written = 0
+        while written < 20 * 60 * rate:
+            sink.write(clip)
+            written += len(clip)
+    script = tmp_path / "one.py"
+    script.write_text(_FEATURISE_ONE)
+    peaks = {}
+    for audio in (short, long_):
+        process = subprocess.Popen(
+            [sys.executable, str(script), str(audio), str(tmp_path / "part.npz")],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        _, status, usage = os.wait4(process.pid, 0)
+        out, err = process.stdout.read(), process.stderr.read()
+        assert status == 0 and out.split()[0] == "0", err[-2000:]
+        peaks[audio.name] = usage.ru_maxrss / 1024
+    assert int(out.split()[1]) >= 1200
+    assert peaks["long.wav"] - peaks["short.wav"] < 100, peaks
