@@ -26,8 +26,9 @@ from pathlib import Path
 
 from xdg import BaseDirectory
 
-from native_client.metadata import METADATA_NAME
+from native_client.metadata import MANIFEST_NAME, METADATA_NAME
 from pipeline.config import APP_NAME, Config, field_stages
+from pipeline.files import writer_tag
 from pipeline.lm.kenlm_tools import find_tools
 from pipeline.stages.graph import tag_applies, upstream
 
@@ -48,14 +49,19 @@ FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR, EXPORT_DIR = (
 CHECKPOINT_PREFIX, BEST_PREFIX = "ckpt", "best"
 # LM files, in the LanguageModel directory and in an export.
 WORD_ARPA, WORD_BINARY, CHAR_ARPA, VOCABULARY = "lm.arpa", "lm.binary", "chars.arpa", "vocab.txt"
-# Temporary names of killed runs' leftovers (group ``pid``: the writer): files.atomic_path's
-# ``.<name>.<pid>.tmp``, an export's staging and old directories, Evaluate's logits scratch file.
+# Temporary names of killed runs' leftovers (group ``pid``: the writer; ``host``: its machine, see
+# files.writer_tag; names without one come from versions before host tags): files.atomic_path's
+# ``.<name>.<host>-<pid>.tmp``, an export's staging directory (inside the export directory; beside it
+# and its ``.old-`` twin in older versions), Evaluate's and TuneDecoder's logits scratch file.
+_WRITER = r"(?:(?P<host>[^.]+)-)?(?P<pid>\d+)"
 LEFTOVER_PATTERNS = (
-    r"\..+\.(?P<pid>\d+)\.tmp.*",
-    r"\..+\.staging-(?P<pid>\d+)",
-    r"\..+\.old-(?P<pid>\d+)",
-    r"\.logits-(?P<pid>\d+)\.h5",
+    rf"\..+\.{_WRITER}\.tmp.*",
+    rf"\.(?:.+\.)?staging-{_WRITER}",
+    rf"\..+\.old-{_WRITER}",
+    rf"\.logits-{_WRITER}\.h5",
 )
+# The staging directories inside an export directory (all made under its lock).
+EXPORT_STAGING_PREFIX = ".staging-"
 # File names inside an export; the client learns them from metadata.json ("files", "decoder").
 EXPORT_FILES = {
     "saved_model": "saved_model",
@@ -236,8 +242,18 @@ class ExportFiles:
         return self.transcripts / f"{audio.stem}-{key}.json"
 
     def staging(self) -> Path:
-        """A hidden directory beside ``root`` where a new export is assembled."""
-        return self.root.with_name(f".{self.root.name}.staging-{os.getpid()}")
+        """A hidden directory inside ``root`` where a new export is assembled: on the same file system as
+        the export, also when ``root`` is a mount point."""
+        return self.root / f"{EXPORT_STAGING_PREFIX}{writer_tag()}"
+
+    def written_entries(self) -> list[str]:
+        """The top-level names this export wrote, from its manifest (plus the manifest itself); empty when
+        there is no readable manifest (a directory holding no export of ours)."""
+        try:
+            listed = json.loads((self.root / MANIFEST_NAME).read_text(encoding="utf-8"))["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+        return sorted({name.split("/", 1)[0] for name in listed} | {MANIFEST_NAME})
 
 
 class Layout:
@@ -429,7 +445,7 @@ class Layout:
     @staticmethod
     def logits_scratch(directory: Path) -> Path:
         """A scratch file of logits while Evaluate or TuneDecoder runs in ``directory`` (removed after)."""
-        return Path(directory) / f".logits-{os.getpid()}.h5"
+        return Path(directory) / f".logits-{writer_tag()}.h5"
 
     @staticmethod
     def evaluation_text(directory: Path) -> Path:
@@ -442,7 +458,8 @@ class Layout:
         return ExportFiles(self.export_root / str(version) if version is not None else self.export_root)
 
     def export_versions(self) -> list[int]:
-        """The numbered versions under ``export_root``, highest first."""
+        """The numbered versions under ``export_root`` (finished or claimed by a running export), highest
+        first."""
         root = self.export_root
         numbers = (
             [int(p.name) for p in root.iterdir() if re.fullmatch(r"\d+", p.name)] if root.is_dir() else []

@@ -42,8 +42,14 @@ class Export(ConfigTask):
         return True
 
     def stage_paths(self):
+        """A numbered version's directory, or, for an export in ``paths.export_dir`` itself, only the
+        files and folders it wrote (the directory may hold other versions and a user's files)."""
         found = self.layout.find_export()
-        return [found.root] if found else []
+        if found is None:
+            return []
+        if found.root != self.layout.export_root:
+            return [found.root]
+        return [found.root / name for name in found.written_entries()]
 
     def run_stage(self):
         from pipeline.stages.export import export_stage

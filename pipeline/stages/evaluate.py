@@ -17,6 +17,7 @@ from pipeline.features.cache import read_cache
 from pipeline.files import remove_leftovers, write_text_atomic
 from pipeline.layout import LEFTOVER_PATTERNS, Layout
 from pipeline.lm.files import lm_built, verify_lm_files
+from pipeline.locks import stage_lock
 from pipeline.model.checkpoints import load_trained_model, resolve_checkpoint
 from pipeline.reports import EvaluationReport, write_report
 
@@ -43,7 +44,14 @@ def evaluate_stage(
     beam = beam or (beam is None and lm_built(layout))
     if beam:
         verify_lm_files(layout, deep=True)  # before the greedy pass, not after it
-    remove_leftovers(out_dir, LEFTOVER_PATTERNS)
+    with stage_lock(out_dir):
+        # Every Evaluate writing here holds this lock: the scratch files found now are dead.
+        remove_leftovers(out_dir, LEFTOVER_PATTERNS, locked_prefixes=(".logits-",))
+        return _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progress)
+
+
+def _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progress) -> EvaluationReport:
+    config = layout.config
     model = load_trained_model(config, checkpoint, test_data.n_input, alphabet.n_classes)
     total = len(test_data)
     with LogitsStore(layout.logits_scratch(out_dir), total, alphabet.n_classes) as logits:

@@ -237,8 +237,9 @@ def build_split_cache(layout: Layout, split: str, progress: ProgressFn | None = 
     """
     cache = layout.features_cache(split)
     with stage_lock(cache):
-        remove_leftovers(cache.parent, LEFTOVER_PATTERNS)
-        remove_leftovers(layout.features_parts(split), LEFTOVER_PATTERNS)
+        # This cache's temporaries (its own, its rejects report's, its parts') are written under this lock.
+        remove_leftovers(cache.parent, LEFTOVER_PATTERNS, locked_prefixes=(f".{cache.stem}.",))
+        remove_leftovers(layout.features_parts(split), LEFTOVER_PATTERNS, locked_prefixes=(".",))
         if cache.is_file():
             return _existing_summary(split, cache, layout.rejects_report(split))
         return _build_split_cache(layout, split, progress)
