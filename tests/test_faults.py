@@ -3,10 +3,12 @@ an exact recovery (issue 15's table; the row numbers are in each test's docstrin
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -303,49 +305,178 @@ def _dead_pid() -> int:
 
 @pytest.mark.slow
 def test_export_is_never_missing_while_a_new_one_is_published(finished, tmp_path):
-    """Row 9: a kill between Export's two renames left no export; now old and new are exchanged in one
-    step (renameat2), so a reader polling the export never finds it missing, and the next Export removes
-    the staging and old directories of killed runs."""
+    """Row 9: a kill between Export's two renames left no export; now each file and folder of the new
+    export is exchanged with the old one in one step (renameat2), metadata.json last, so a reader polling
+    the export never finds a file missing, and the next Export removes the staging directories of killed
+    runs (inside the export directory; a leftover beside it from older versions is left to its owner)."""
     import threading
 
-    from pipeline.files import replace_directory
+    from pipeline.files import host_name, publish_entries
     from pipeline.stages.export import export_stage
 
     _, config = finished
     layout = Layout(config)
     export = layout.find_export().root
     target = tmp_path / "export"
-    (target).mkdir()
+    (target / "saved_model").mkdir(parents=True)
     (target / "metadata.json").write_text("0")
     missing, stop = [], threading.Event()
 
     def poll():
         while not stop.is_set():
-            if not (target / "metadata.json").exists():
+            if not (target / "metadata.json").exists() or not (target / "saved_model").exists():
                 missing.append(1)
 
     reader = threading.Thread(target=poll)
     reader.start()
     for round_ in range(300):
-        new = tmp_path / f".export.staging-{round_}"
-        new.mkdir()
+        new = target / f".staging-{round_}"
+        (new / "saved_model").mkdir(parents=True)
         (new / "metadata.json").write_text(str(round_))
-        replace_directory(new, target)
+        publish_entries(new, target, last=("metadata.json",))
+        shutil.rmtree(new)
     stop.set()
     reader.join()
     assert not missing and (target / "metadata.json").read_text() == "299"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+    assert sorted(p.name for p in target.iterdir()) == ["metadata.json", "saved_model"]
 
     dead = _dead_pid()
-    leftovers = [
-        export.with_name(f".{export.name}.staging-{dead}"),
-        export.with_name(f".{export.name}.old-{dead}"),
-    ]
-    for leftover in leftovers:
-        leftover.mkdir()
-        (leftover / "model.tflite").write_bytes(b"partial")
+    leftover = export / f".staging-{host_name()}-{dead}"
+    leftover.mkdir()
+    (leftover / "model.tflite").write_bytes(b"partial")
     export_stage(layout)
-    assert not any(leftover.exists() for leftover in leftovers)
+    assert not leftover.exists()
+
+
+@pytest.mark.slow
+def test_export_never_removes_what_it_did_not_write(finished, tmp_path):
+    """Issue 26 H2: an unversioned Export swapped the whole of paths.export_dir and removed the old one:
+    numbered versions of earlier exports and a user's own files went with it. Now only the entries an
+    export wrote (its manifest lists them) are replaced or removed; `make rerun STAGE=Export` removes those
+    entries, not the directory."""
+    from pipeline.stages.export import export_stage
+    from tasks import Export
+
+    path, config = finished
+    shared = tmp_path / "models"
+    versioned = load_config(_with_export(path, tmp_path, shared, versioned=True))
+    for _ in range(2):
+        export_stage(Layout(versioned))
+    (shared / "README.txt").write_text("my notes")
+    plain_path = _with_export(path, tmp_path, shared, versioned=False, name="plain.yaml")
+    plain = load_config(plain_path)
+    export_stage(Layout(plain))
+    first = {p.name for p in shared.iterdir()}
+    assert {"1", "2", "README.txt", "metadata.json", "model.tflite", "saved_model"} <= first
+    assert (shared / "1" / "metadata.json").is_file() and (shared / "2" / "metadata.json").is_file()
+    again = export_stage(Layout(plain))
+    assert again.root == shared and {p.name for p in shared.iterdir()} == first
+    assert (shared / "README.txt").read_text() == "my notes"
+    doomed = Export(config=str(plain_path)).stage_paths()
+    assert shared not in doomed and not any(p.name in ("1", "2", "README.txt", ".lock") for p in doomed)
+    assert shared / "metadata.json" in doomed and shared / "saved_model" in doomed
+
+
+def _with_export(base: Path, tmp_path: Path, export_dir: Path, versioned: bool, n_steps: int | None = None,
+                 name: str = "versioned.yaml") -> Path:
+    """A config extending ``base`` that exports to ``export_dir``."""
+    config = tmp_path / name
+    steps = f"\n  n_steps: {n_steps}" if n_steps else ""
+    config.write_text(
+        f"extends: {base}\npaths:\n  export_dir: {export_dir}\nexport:\n  versioned: {str(versioned).lower()}{steps}\n"
+    )
+    return config
+
+
+_EXPORT_AT_ONCE = textwrap.dedent("""
+    import sys, time
+    from pipeline.config_loader import load_config
+    from pipeline.layout import Layout
+    from pipeline.stages.export import export_stage
+    layout = Layout(load_config(sys.argv[1]))
+    import tensorflow  # loaded before the start line, so both exports begin together
+    while time.time() < float(sys.argv[2]):
+        time.sleep(0.01)
+    print("EXPORTED", export_stage(layout).root, flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_two_versioned_exports_at_once_take_two_versions(finished, tmp_path):
+    """Issue 26 N2: two versioned Exports at once both took version 1 (the number was chosen as the
+    highest plus one, minutes before the export was published); one model was lost and both printed
+    the same path. Each export now claims its number by creating its directory."""
+    import time
+
+    path, _ = finished
+    shared = tmp_path / "models"
+    script = tmp_path / "export.py"
+    script.write_text(_EXPORT_AT_ONCE)
+    configs = [_with_export(path, tmp_path, shared, True, n_steps, f"n{n_steps}.yaml") for n_steps in (8, 12)]
+    start = time.time() + 25
+    processes = [
+        subprocess.Popen([sys.executable, str(script), str(c), str(start)], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for c in configs
+    ]
+    roots = []
+    for process in processes:
+        out, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err[-3000:]
+        roots.append(Path(out.split("EXPORTED ")[1].strip()))
+    assert sorted(r.name for r in roots) == ["1", "2"]
+    for root, n_steps in zip(roots, (8, 12), strict=True):
+        assert json.loads((root / "metadata.json").read_text())["n_steps"] == n_steps
+
+
+@pytest.mark.slow
+def test_export_into_a_mount_point(finished, tmp_path):
+    """Issue 26 N7: Export failed when paths.export_dir was itself a mount point (a Docker volume, a
+    PVC): "Device or resource busy" from renaming the directory. Publishing now never renames it. The
+    test mounts a tmpfs there (root only; the code itself needs no privilege)."""
+    from native_client import open_model
+    from pipeline.stages.export import export_stage
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    path, _ = finished
+    mount = tmp_path / "volume"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mount)], check=True)
+    try:
+        for versioned in (False, True, False):
+            config = load_config(_with_export(path, tmp_path, mount, versioned, name=f"m{versioned}.yaml"))
+            export = export_stage(Layout(config))
+            open_model(export.root)
+        assert (mount / "1" / "metadata.json").is_file() and (mount / "metadata.json").is_file()
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.mark.slow
+def test_rerun_refuses_to_remove_what_a_live_run_holds(finished):
+    """Issue 26 L1: `make rerun` removed a Train folder a live run (maybe on another machine) was using.
+    The stage lock a live run holds now makes it refuse, naming the folder and the lock, removing nothing."""
+    path, config = finished
+    run = Layout(config).train_run.root
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom pipeline.locks import stage_lock\n"
+         f"with stage_lock({str(run)!r}):\n    print('held', flush=True)\n    time.sleep(120)"],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for extra in (["--dry-run"], []):
+            result = subprocess.run(
+                [sys.executable, "-m", "tasks.rerun", "Train", "--config", str(path), "--local-scheduler", *extra],
+                cwd=ROOT, capture_output=True, text=True, timeout=120,
+            )
+            assert result.returncode == 2, result.stdout + result.stderr
+            assert f"error: {run} is in use by a running pipeline (it holds {run}.lock)" in result.stderr
+            assert run.is_dir() and (run / "train_report.json").is_file()
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 @pytest.mark.slow
