@@ -236,9 +236,10 @@ class ExportFiles:
 
     def transcript(self, audio: str | Path, export_fingerprint: str) -> Path:
         """The record of one audio file by the export of ``export_fingerprint``: the file's stem plus a hash
-        of its resolved path and the fingerprint (so a changed export is never answered by an old record)."""
+        of its resolved path, its content (``file_digest``: remembered per size and modification time) and
+        the fingerprint, so neither a changed export nor a changed file is answered by an old record."""
         audio = Path(audio).resolve()
-        key = hashlib.sha256(f"{audio}\n{export_fingerprint}".encode()).hexdigest()[:10]
+        key = hashlib.sha256(f"{audio}\n{file_digest(audio)}\n{export_fingerprint}".encode()).hexdigest()[:10]
         return self.transcripts / f"{audio.stem}-{key}.json"
 
     def staging(self) -> Path:

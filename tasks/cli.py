@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -50,6 +51,21 @@ def _print_template(name: str) -> int:
         return 2
     print(template.read_text(encoding="utf-8"), end="")
     return 0
+
+
+def _log_file(wanted: Path) -> Path:
+    """``wanted`` when its folder can be written, else a file of the same name in the temporary directory
+    (a read-only work directory: a run with nothing to do, or a Transcribe, still works there)."""
+    try:
+        wanted.parent.mkdir(parents=True, exist_ok=True)
+        with open(wanted, "a", encoding="utf-8"):
+            pass
+        return wanted
+    except OSError as error:
+        fallback = Path(tempfile.gettempdir()) / "deepspeech-logs" / wanted.name
+        fallback.parent.mkdir(parents=True, exist_ok=True)
+        print(f"note: {wanted.parent} cannot be written ({error.strerror}); logging to {fallback}", file=sys.stderr)
+        return fallback
 
 
 def main(argv=None) -> int:
@@ -91,8 +107,7 @@ def main(argv=None) -> int:
     except (ConfigError, PreflightError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    log_file = Layout(config).run_log(argv[0])
-    log_file.parent.mkdir(parents=True, exist_ok=True)
+    log_file = _log_file(Layout(config).run_log(argv[0]))
     os.environ["DEEPSPEECH_LOG_FILE"] = str(log_file)
 
     import luigi.retcodes
