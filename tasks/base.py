@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -36,6 +37,35 @@ def _unusable_errors() -> tuple:
     return (ReportError, CacheError, ExportError, LanguageModelDamaged, ConfigError)
 
 
+class ConfigParameter(luigi.Parameter):
+    """``--config``: the path of a YAML config file. Given on the command line (``luigi --module tasks
+    Train --config my.yaml``), the config and the input files it names are checked once, before anything
+    is scheduled: a mistake is one line on stderr and exit status 2, as with ``deepspeech-train``, instead
+    of the same error from every task's ``complete()`` and a failed run's summary."""
+
+    def parse(self, x):
+        """Check the config at ``x`` (``tasks.preflight.check_inputs``); returns ``x``."""
+        from pipeline.config import ConfigError
+        from tasks.preflight import PreflightError, check_inputs
+
+        try:
+            check_inputs(load_config(x))
+        except (ConfigError, PreflightError) as error:
+            print(f"error: {error}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        return x
+
+
+# luigi.cfg's [core] rpc-* keys are read by Luigi's RPC client (luigi/rpc.py), not by a parameter of
+# luigi.interface.core, which then warns that they are "not consumed": declared consumed here, so that
+# `luigi --module tasks ...` does not warn about the project's own settings.
+luigi.interface.core.ignore_unconsumed = set(luigi.interface.core.ignore_unconsumed) | {
+    "rpc_connect_timeout",
+    "rpc_retry_attempts",
+    "rpc_retry_wait",
+    "rpc_log_retries",
+}
+
 # stage name (pipeline.stages.graph) -> the task that runs it; filled as task classes are defined
 TASK_OF_STAGE: dict[str, type] = {}
 
@@ -47,7 +77,7 @@ class ConfigTask(luigi.Task):
     stage's parameters, and ``requires()`` is the stage's declared upstream.
     """
 
-    config = luigi.Parameter(description="Path of the YAML config file (see configs/).")
+    config = ConfigParameter(description="Path of the YAML config file (see configs/).")
     # The stage of pipeline.stages.graph this task runs.
     stage: ClassVar[str] = ""
     # Stages that load TensorFlow have it imported first with its start-up chatter filtered.

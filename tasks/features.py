@@ -8,7 +8,7 @@ import luigi
 
 from pipeline.stages.graph import SPLITS
 from pipeline.stages.features import build_split_cache
-from tasks.base import ConfigTask, Progress
+from tasks.base import ConfigParameter, ConfigTask, Progress
 
 log = logging.getLogger("luigi-interface")
 
@@ -62,7 +62,7 @@ class FeaturesSplit(ConfigTask):
 class Features(luigi.WrapperTask):
     """All three feature caches of a config (train, dev, test)."""
 
-    config = luigi.Parameter(description="Path of the YAML config file.")
+    config = ConfigParameter(description="Path of the YAML config file.")
 
     def requires(self):
         return [FeaturesSplit(config=self.config, split=split) for split in SPLITS]
