@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -51,6 +52,31 @@ def _print_template(name: str) -> int:
         return 2
     print(template.read_text(encoding="utf-8"), end="")
     return 0
+
+
+# Luigi's options about its process lock: with one of them, Luigi handles the lock itself.
+LOCK_OPTIONS = ("--no-lock", "--take-lock", "--lock-size", "--lock-pid-dir")
+
+
+def _same_command_running() -> str:
+    """Take Luigi's process lock (one process per command line, ``luigi.lock``) as ``luigi`` would; when
+    another process holds it, their pids (Luigi itself prints only "Pid(s) {...} already running")."""
+    import contextlib
+    import io
+
+    import luigi.configuration
+    import luigi.lock
+
+    pid_dir = luigi.configuration.get_config().get(
+        "core", "lock_pid_dir", os.path.join(tempfile.gettempdir(), "luigi")
+    )
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        acquired = luigi.lock.acquire_for(pid_dir, 1)
+    if acquired:
+        return ""
+    found = re.search(r"Pid\(s\) \{(.*)\} already running", said.getvalue())
+    return found.group(1) if found else "unknown"
 
 
 def _log_file(wanted: Path) -> Path:
@@ -116,6 +142,17 @@ def main(argv=None) -> int:
     # luigi.cfg's [core] rpc-* keys are read by Luigi's RPC client, not by a parameter: not a mistake.
     warnings.filterwarnings("ignore", category=UnconsumedParameterWarning)
     luigi_args = ["--module", "tasks", *argv]
+    if not any(arg.split("=")[0] in LOCK_OPTIONS for arg in argv):
+        running = _same_command_running()
+        if running:
+            print(
+                f"error: the same command is already running (pid {running}); it runs the same stages, so "
+                f"wait for it to finish (a second run then finds them done), or pass --no-lock to start "
+                f"another anyway",
+                file=sys.stderr,
+            )
+            return luigi.configuration.get_config().getint("retcode", "already_running", 10)
+        luigi_args.append("--no-lock")  # this process holds Luigi's lock now
     if not options.logging_conf_file:
         luigi_args += [
             "--logging-conf-file",
