@@ -816,3 +816,22 @@ def test_a_read_only_work_directory_still_answers(finished, tmp_path):
         assert "the transcript is not kept (Read-only file system)" in transcribe.stderr
     finally:
         subprocess.run(["umount", str(work)], check=True)
+
+
+@pytest.mark.slow
+def test_a_directory_given_as_audio_is_named(finished, tmp_path):
+    """Issue 26 N10: ``--audio <directory>`` said "cannot decode audio ... Format not recognised", in the
+    client and in Transcribe; both now say the path is a directory."""
+    path, config = finished
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    export = Layout(config).find_export().root
+    client = subprocess.run(
+        [sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(folder)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert client.returncode == 1 and f"error: {folder}: is a directory, not an audio file" in client.stderr
+    transcribe = _deepspeech_train("Transcribe", "--config", str(path), "--audio", str(folder))
+    assert transcribe.returncode != 0
+    assert f"{folder}: is a directory, not an audio file" in transcribe.stderr, transcribe.stderr[-3000:]
+    assert "Format not recognised" not in client.stderr + transcribe.stderr
