@@ -136,7 +136,7 @@ def main(argv=None) -> int:
     log_file = _log_file(Layout(config).run_log(argv[0]))
     os.environ["DEEPSPEECH_LOG_FILE"] = str(log_file)
 
-    import luigi.retcodes
+    import luigi.configuration
     from luigi.parameter import UnconsumedParameterWarning
 
     # luigi.cfg's [core] rpc-* keys are read by Luigi's RPC client, not by a parameter: not a mistake.
@@ -158,14 +158,58 @@ def main(argv=None) -> int:
             "--logging-conf-file",
             str(PACKAGE / ("logging-debug.ini" if debug else "logging.ini")),
         ]
+    code = _run_luigi(luigi_args)
+    if not options.local_scheduler and code in (_retcode("not_run", 25), _retcode("unhandled_exception", 40)):
+        code = _after_scheduler_trouble(code, luigi_args, options)
+    print(f"log of this run: {log_file}", file=sys.stderr)
+    return code
+
+
+def _run_luigi(luigi_args: list[str]) -> int:
+    import luigi.retcodes
+
     try:
         luigi.retcodes.run_with_retcodes(luigi_args)
     except SystemExit as done:
-        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-    else:
-        code = 0
-    print(f"log of this run: {log_file}", file=sys.stderr)
-    return code
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    return 0
+
+
+def _retcode(name: str, default: int) -> int:
+    import luigi.configuration
+
+    return luigi.configuration.get_config().getint("retcode", name, default)
+
+
+def _after_scheduler_trouble(code: int, luigi_args: list[str], options) -> int:
+    """A run that ended with tasks the scheduler never let run (``not_run``) or with an uncaught error
+    may have lost its scheduler: luigid stopped (one line saying what to do) or was restarted without
+    this run's tasks (they are scheduled again, once: what finished is complete and is not redone)."""
+    import luigi.configuration
+
+    from tasks.preflight import PreflightError, check_scheduler
+
+    settings = luigi.configuration.get_config()
+    host = options.scheduler_host or settings.get("core", "scheduler_host", "127.0.0.1")
+    port = options.scheduler_port or settings.getint("core", "scheduler_port", 8082)
+    try:
+        check_scheduler(host, port)
+    except PreflightError:
+        print(
+            f"error: the scheduler at {host}:{port} stopped answering during the run; the stages that "
+            f"finished are kept: start it again (make scheduler) and run the same command to go on, or "
+            f"run it with --local-scheduler",
+            file=sys.stderr,
+        )
+        return code
+    if code != _retcode("not_run", 25):
+        return code
+    print(
+        f"note: the scheduler at {host}:{port} did not let the remaining tasks run (restarted during the "
+        f"run, it no longer knew them); scheduling them again",
+        file=sys.stderr,
+    )
+    return _run_luigi(luigi_args)
 
 
 if __name__ == "__main__":

@@ -59,8 +59,8 @@ class Export(ConfigTask):
             destination = export_stage(self.layout, on_status=progress.percent, with_lm=True)
         finally:
             progress.close()
-        self.set_progress_percentage(100)
-        self.set_status_message(f"exported to {destination.root}")
+        self.tell_scheduler(percent=100)
+        self.tell_scheduler(message=f"exported to {destination.root}")
 
 
 class Transcribe(ConfigTask):
@@ -91,16 +91,16 @@ class Transcribe(ConfigTask):
 
         record = stored_transcript(self.layout, self._export(), self.audio)
         if record is None:
-            self.set_status_message(f"transcribing {self.audio}")
+            self.tell_scheduler(message=f"transcribing {self.audio}")
             record = transcribe_stage(self.layout, self._export(), self.audio)
             self._print(record)
             keep_transcript(self.layout, self._export(), self.audio, record)
         else:
             self._print(record)
-        self.set_status_message(
+        self.tell_scheduler(message=
             f"{record['text']!r} ({record['duration_s']:.1f} s audio, RTF {record['rtf']:.3f})"
         )
-        self.set_progress_percentage(100)
+        self.tell_scheduler(percent=100)
 
     def _print(self, record: dict) -> None:
         lines = [f"audio:      {self.audio}"]

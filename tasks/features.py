@@ -53,7 +53,7 @@ class FeaturesSplit(ConfigTask):
             summary.audio_seconds / 3600,
             summary.rejects_report,
         )
-        self.set_status_message(
+        self.tell_scheduler(message=
             f"{self.split}: {summary.kept} kept, {summary.rejected} rejected "
             f"{summary.reasons or ''}, {summary.audio_seconds / 3600:.2f} h audio"
         )

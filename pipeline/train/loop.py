@@ -50,6 +50,11 @@ class TrainingError(RuntimeError):
     """Training cannot go on (too many non-finite batches, bad batch geometry, ...)."""
 
 
+class StopTraining(Exception):  # noqa: N818 - a request, not an error
+    """Raised by a hook to stop training now (a signal, a user): the trainer saves a checkpoint of the
+    position the step ended at first, so that a rerun resumes there."""
+
+
 @dataclass
 class TrainHooks:
     """Callbacks a caller (a Luigi task, a test) can attach; each gets a dict of figures."""
@@ -597,17 +602,21 @@ class Trainer:
                         self._save(history)
                         last_save = time.monotonic()
                     if self.hooks.on_step:
-                        self.hooks.on_step(
-                            {
-                                "epoch": epoch,
-                                "target_epochs": target,
-                                "step": int(self.state.global_step.numpy()),
-                                "step_in_epoch": int(self.state.step_in_epoch.numpy()),
-                                "steps_per_epoch": self.steps_per_epoch,
-                                "loss": self._last_loss,
-                                "elapsed_s": time.monotonic() - started,
-                            }
-                        )
+                        try:
+                            self.hooks.on_step(
+                                {
+                                    "epoch": epoch,
+                                    "target_epochs": target,
+                                    "step": int(self.state.global_step.numpy()),
+                                    "step_in_epoch": int(self.state.step_in_epoch.numpy()),
+                                    "steps_per_epoch": self.steps_per_epoch,
+                                    "loss": self._last_loss,
+                                    "elapsed_s": time.monotonic() - started,
+                                }
+                            )
+                        except StopTraining:
+                            self._save(history)  # the step's book-keeping is done: a consistent position
+                            raise
             best_loss = self._end_epoch(epoch, target, history, best_loss)
             last_save = time.monotonic()
 
