@@ -216,7 +216,6 @@ def test_a_killed_luigid_never_costs_the_training_run(small_config, tmp_path, re
                 process.kill()
                 process.wait()
     assert "Logging error" not in err
-    assert "the scheduler did not take this task's progress (RPCError" in err
     report = Layout(load_config(path)).train_run.report
     assert report.is_file(), err[-3000:]
     assert json.loads(report.read_text())["global_step"] == 12 * 16
@@ -227,5 +226,6 @@ def test_a_killed_luigid_never_costs_the_training_run(small_config, tmp_path, re
         assert (tmp_path / "export" / "metadata.json").is_file()
     else:
         assert run.returncode == 40, err[-3000:]
+        assert "the scheduler did not take this task's progress (RPCError" in err
         assert f"error: the scheduler at 127.0.0.1:{port} stopped answering during the run; the stages that " \
                "finished are kept" in err

@@ -835,3 +835,55 @@ def test_a_directory_given_as_audio_is_named(finished, tmp_path):
     assert transcribe.returncode != 0
     assert f"{folder}: is a directory, not an audio file" in transcribe.stderr, transcribe.stderr[-3000:]
     assert "Format not recognised" not in client.stderr + transcribe.stderr
+
+
+def _task_process(work: Path, task: str) -> int:
+    """The pid of the process Luigi's worker runs ``task`` in, from the run's log file."""
+    import re
+
+    for log in (work / "logs").glob("*.log"):
+        found = re.search(rf"\[pid (\d+)\] Worker .* running   {task}\(", log.read_text())
+        if found:
+            return int(found.group(1))
+    raise AssertionError(f"no {task} process in the logs of {work}")
+
+
+@pytest.mark.slow
+def test_sigterm_stops_training_with_a_checkpoint_of_its_last_step(small_config, tmp_path):
+    """Issue 26 N6: Luigi's worker stops its task processes with SIGTERM (when it lost its scheduler, on
+    Ctrl-C), as does a container stopping; Train died at once, losing every step since its last checkpoint.
+    It now stops at the end of the step with a checkpoint of that step, and a rerun resumes there."""
+    import re
+    import time
+
+    path = small_config("term.yaml", limit_train=64, limit_dev=4, limit_test=4,
+                        extra="training:\n  epochs: 6\n")
+    checkpoints = Layout(load_config(path)).train_run.checkpoints
+    run = subprocess.Popen(
+        [sys.executable, "-m", "tasks.cli", "Train", "--config", str(path), "--local-scheduler"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not list(checkpoints.glob("ckpt-*.index")):
+            assert run.poll() is None and time.monotonic() < deadline, run.stderr.read()[-3000:]
+            time.sleep(0.1)
+        time.sleep(1.5)  # some steps into the second epoch
+        os.kill(_task_process(Layout(load_config(path)).work_dir, "Train"), signal.SIGTERM)
+        out, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode != 0
+    stopped = re.search(r"training stopped by SIGTERM after step (\d+); a checkpoint of that step was saved", err)
+    assert stopped, err[-3000:]
+    step = int(stopped.group(1))
+    assert step % 16 and (checkpoints / f"ckpt-{step}.index").is_file()  # mid-epoch, saved
+    again = subprocess.run(
+        [sys.executable, "-m", "tasks.cli", "Train", "--config", str(path), "--local-scheduler"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"ckpt-{step}" in again.stderr  # restored from it
+    assert json.loads(Layout(load_config(path)).train_run.report.read_text())["global_step"] == 6 * 16
