@@ -63,6 +63,20 @@ class Train(ConfigTask):
             f"done: {report.epochs_completed} epochs, {report.global_step} steps; stop: {report.stop.reason}"
         )
 
+    def _scheduled_config(self) -> str:
+        """The config this task was scheduled with, written as the run's resolved config (``config.yaml`` in
+        the run directory) for the worker processes to read: the YAML file may have been edited since, and
+        workers reading it would train (and report) under another fingerprint than the one this task
+        waits for."""
+        import yaml
+
+        from pipeline.config_loader import config_to_dict
+        from pipeline.files import write_text_atomic
+
+        snapshot = self.layout.train_run.resolved_config
+        write_text_atomic(snapshot, yaml.safe_dump(config_to_dict(self.cfg), sort_keys=False))
+        return str(snapshot)
+
     def _run_local_workers(self):
         """``distribution.local_workers`` worker processes on this machine (multi-worker all-reduce)."""
         from pipeline.train.distribute import DistributionError
@@ -79,7 +93,7 @@ class Train(ConfigTask):
             self.tell_scheduler(message=f"{distribution.local_workers} workers; worker 0: {last_line[-200:]}")
 
         launch_local_workers(
-            self.config,
+            self._scheduled_config(),
             distribution.local_workers,
             run.worker_log,
             grace_s=distribution.collective_timeout_s + 30,
@@ -100,7 +114,7 @@ class Train(ConfigTask):
 
         role = cluster_role()
         run_cluster_worker(
-            self.config,
+            self._scheduled_config(),
             role.index,
             self.layout.train_run.worker_log,
             grace_s=self.cfg.distribution.collective_timeout_s + 30,
