@@ -449,6 +449,12 @@ class Layout:
         return Path(directory) / f".logits-{writer_tag()}.h5"
 
     @staticmethod
+    def evaluation_samples(directory: Path, lm: bool = False) -> Path:
+        """``samples.jsonl`` (``samples_lm.jsonl`` with beam search + LM): every test utterance's result,
+        one JSON line each, in an Evaluate output directory."""
+        return Path(directory) / ("samples_lm.jsonl" if lm else "samples.jsonl")
+
+    @staticmethod
     def evaluation_text(directory: Path) -> Path:
         """``evaluation.txt`` (the human-readable report) in an Evaluate output directory."""
         return Path(directory) / "evaluation.txt"

@@ -887,3 +887,47 @@ def test_sigterm_stops_training_with_a_checkpoint_of_its_last_step(small_config,
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"ckpt-{step}" in again.stderr  # restored from it
     assert json.loads(Layout(load_config(path)).train_run.report.read_text())["global_step"] == 6 * 16
+
+
+@pytest.mark.slow
+def test_evaluate_streams_every_result_to_a_file(finished, tmp_path):
+    """Issue 26 L5: Evaluate held every utterance's result in memory and in evaluation.json (about 6 MiB per
+    test hour). They now go to samples.jsonl / samples_lm.jsonl as they come; the report keeps the figures
+    and the best and worst samples, which equal what the whole list gives."""
+    from pipeline.evaluation.metrics import SampleResult, best_and_worst, corpus_rates
+    from pipeline.stages.evaluate import evaluate_stage
+
+    _, config = finished
+    build_features(config, ("test",))
+    report = evaluate_stage(Layout(config), out_dir=tmp_path / "eval", beam=True)
+    saved = json.loads((tmp_path / "eval" / "evaluation.json").read_text())
+    assert not any(isinstance(value, list) and len(value) == report.samples_count for value in saved.values())
+    fields = [f for f in SampleResult.__dataclass_fields__]
+    for name, rates, samples in (("samples_file", ("wer", "cer"), "samples"),
+                                 ("samples_lm_file", ("wer_lm", "cer_lm"), "samples_lm")):
+        lines = [json.loads(line) for line in (tmp_path / "eval" / saved[name]).read_text().splitlines()]
+        assert sorted(line["index"] for line in lines) == list(range(report.samples_count))
+        results = [SampleResult(**{f: line[f] for f in fields}) for line in sorted(lines, key=lambda x: x["index"])]
+        whole = corpus_rates(results)
+        assert (saved[rates[0]], saved[rates[1]]) == pytest.approx((whole["wer"], whole["cer"]))
+        assert saved[samples] == best_and_worst(results, config.training.report_count)
+    assert saved["loss"] == pytest.approx(corpus_rates(results)["loss"])
+
+
+def test_a_score_board_holds_only_the_samples_it_reports(tmp_path):
+    """Issue 26 L5: the figures of 200,000 utterances gathered in about the memory of the few kept."""
+    import tracemalloc
+
+    from pipeline.evaluation.metrics import ScoreBoard, SampleResult
+
+    with open(os.devnull, "w") as sink:
+        board = ScoreBoard(5, sink)
+        tracemalloc.start()
+        for index in range(200_000):
+            words = 5 + index % 7
+            board.add(index, SampleResult(f"/corpus/clip-{index}.flac", "a reference sentence " * 3,
+                                          "a hypothesis", float(index % 13), index % 4, words, index % 9, 60))
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    assert board.rates()["samples_count"] == 200_000
+    assert peak < 1 << 20, peak
