@@ -624,6 +624,7 @@ def test_leftovers_of_killed_runs_are_removed_by_the_next_run(finished, tmp_path
 
     out = tmp_path / "evaluate"
     out.mkdir()
+    build_features(config, ("test",))
     scratch = Layout.logits_scratch(out).with_name(f".logits-{dead}.h5")
     scratch.write_bytes(b"partial")
     evaluate_stage(layout, out_dir=out, beam=False)
