@@ -90,7 +90,8 @@ def _log_file(wanted: Path) -> Path:
     except OSError as error:
         fallback = Path(tempfile.gettempdir()) / "deepspeech-logs" / wanted.name
         fallback.parent.mkdir(parents=True, exist_ok=True)
-        print(f"note: {wanted.parent} cannot be written ({error.strerror}); logging to {fallback}", file=sys.stderr)
+        note = f"note: {wanted.parent} cannot be written ({error.strerror}); logging to {fallback}"
+        print(note, file=sys.stderr)
         return fallback
 
 

@@ -52,10 +52,9 @@ class Train(ConfigTask):
 
         progress = _TrainProgress(self)
         try:
+            hooks = TrainHooks(on_step=progress.on_step, on_validation=progress.on_validation)
             with _stop_on_signals(progress):
-                report = train_stage(
-                    self.layout, hooks=TrainHooks(on_step=progress.on_step, on_validation=progress.on_validation)
-                )
+                report = train_stage(self.layout, hooks=hooks)
         finally:
             progress.close()
         self.tell_scheduler(percent=100)
@@ -145,7 +144,7 @@ def _stop_on_signals(progress: _TrainProgress):
             signal.raise_signal(number)
             return
         progress.stop_requested = name
-        log.warning("%s: training stops after this step, with a checkpoint (%s again stops at once)", name, name)
+        log.warning("%s: training stops after this step, with a checkpoint (%s again: at once)", name, name)
 
     previous = {number: signal.getsignal(number) or signal.SIG_DFL for number in numbers}
     for number in numbers:

@@ -65,7 +65,8 @@ def test_config_mistakes_are_one_line_before_anything_runs(tmp_path):
 def _plain_luigi(*args, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """``luigi --module tasks ...`` as a user types it in the checkout (luigi.cfg read from there)."""
     return subprocess.run(
-        [sys.executable, "-c", "from luigi.cmdline import luigi_run; luigi_run()", "--module", "tasks", *args],
+        [sys.executable, "-c", "from luigi.cmdline import luigi_run; luigi_run()", "--module", "tasks",
+         *args],
         cwd=cwd, capture_output=True, text=True, timeout=300,
     )
 
@@ -77,7 +78,9 @@ def test_plain_luigi_checks_the_config_once_before_scheduling(tmp_path):
     A good config runs without warnings about the project's own luigi.cfg."""
     work = tmp_path / "work"
     bad = tmp_path / "bad.yaml"
-    bad.write_text(f"extends: {ROOT / 'configs' / 'sample.yaml'}\npaths:\n  work_dir: {work}\ntraining:\n  epoch: 3\n")
+    bad.write_text(
+        f"extends: {ROOT / 'configs' / 'sample.yaml'}\npaths:\n  work_dir: {work}\ntraining:\n  epoch: 3\n"
+    )
     result = _plain_luigi("Features", "--config", str(bad), "--local-scheduler")
     assert result.returncode == 2, result.stderr
     assert not result.stdout.strip()
@@ -104,8 +107,8 @@ def test_the_same_command_twice_at_once_says_so_in_one_line(tmp_path):
     config = tmp_path / "long.yaml"
     config.write_text(f"extends: {ROOT / 'configs' / 'sample.yaml'}\npaths:\n  work_dir: {work}\n"
                       "features:\n  workers: 1\n")
-    command = [sys.executable, "-m", "tasks.cli", "FeaturesSplit", "--split", "train", "--config", str(config),
-               "--local-scheduler"]
+    command = [sys.executable, "-m", "tasks.cli", "FeaturesSplit", "--split", "train", "--config",
+               str(config), "--local-scheduler"]
     first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)
     try:

@@ -85,7 +85,8 @@ def test_extends_of_a_directory_names_the_file_that_says_it(write_config, tmp_pa
     path = write_config("extends: configs\n")
     with pytest.raises(ConfigError) as error:
         load_config(path)
-    assert str(error.value) == f"{path}: extends: {tmp_path / 'configs'} is a directory; expected a YAML config file"
+    expected = f"{path}: extends: {tmp_path / 'configs'} is a directory; expected a YAML config file"
+    assert str(error.value) == expected
 
 
 def test_yaml_anchors_and_merge_keys_work(write_config):

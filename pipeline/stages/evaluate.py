@@ -121,8 +121,8 @@ def _beam_pass(layout, alphabet, test_data, logits, losses, out_dir, report, tex
             block = itertools.islice(stream, DECODE_BLOCK)
             texts = pool.decode(block, on_done=lambda count, first=first: on_done(first + count))
             for index, hypothesis in enumerate(texts, first):
-                board.add(index, score_sample(test_data.paths[index], test_data.transcripts[index], hypothesis,
-                                              float(losses[index])))
+                path, reference = test_data.paths[index], test_data.transcripts[index]
+                board.add(index, score_sample(path, reference, hypothesis, float(losses[index])))
     beam_rates, beam_samples = board.rates(), board.best_and_worst()
     report = dataclasses.replace(
         report,
