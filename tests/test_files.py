@@ -144,9 +144,21 @@ def test_a_live_writer_on_another_host_keeps_its_temporary_file(tmp_path):
         pytest.skip("needs unshare")
     target = _free_pid()
     writer = subprocess.Popen(
-        ["unshare", "--uts", "--pid", "--fork", sys.executable, "-c", _OTHER_HOST_WRITER,
-         str(tmp_path / "dev.h5"), str(target)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            "unshare",
+            "--uts",
+            "--pid",
+            "--fork",
+            sys.executable,
+            "-c",
+            _OTHER_HOST_WRITER,
+            str(tmp_path / "dev.h5"),
+            str(target),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
@@ -184,9 +196,15 @@ def test_an_output_a_live_process_holds_is_in_use(tmp_path):
 
     output = tmp_path / "train" / "abc"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom pipeline.locks import stage_lock\n"
-         f"with stage_lock({str(output)!r}):\n    print('held', flush=True)\n    time.sleep(60)"],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom pipeline.locks import stage_lock\n"
+            f"with stage_lock({str(output)!r}):\n    print('held', flush=True)\n    time.sleep(60)",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "held"
