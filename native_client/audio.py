@@ -308,6 +308,82 @@ def load_checked(
     return to_int16(resample(to_mono(samples), rate, sample_rate))
 
 
+@dataclass(frozen=True)
+class CheckedAudio:
+    """A sound file, or a segment of it, whose header passed the checks of ``open_checked``: ready to be
+    read block by block (``blocks``), so that a long recording is never in memory whole."""
+
+    path: str
+    info: AudioInfo
+    start: int  # first frame of the segment, at the file's rate
+    count: int  # frames of the segment, at the file's rate
+    sample_rate: int  # the rate the blocks come at
+
+    @property
+    def seconds(self) -> float:
+        """The segment's length in seconds, as the header says."""
+        return self.count / self.info.sample_rate
+
+    @property
+    def resampled(self) -> bool:
+        """Whether the blocks are resampled from the file's rate."""
+        return self.info.sample_rate != self.sample_rate
+
+    def blocks(self, block_seconds: float = 10.0) -> Iterator[np.ndarray]:
+        """int16 mono blocks of about ``block_seconds`` at ``sample_rate`` (libsoxr's stream keeps the
+        filter state between blocks); AudioError ``unreadable_audio``, ``truncated_audio`` (decoding
+        ended before the header's length) or ``empty_audio`` (nothing decoded)."""
+        rate = self.info.sample_rate
+        stream = None
+        if self.resampled:
+            stream = soxr.ResampleStream(rate, self.sample_rate, 1, dtype="float32", quality=RESAMPLE_QUALITY)
+        decoded = 0
+        try:
+            for block in soundfile.blocks(
+                self.path,
+                blocksize=max(1, int(block_seconds * rate)),
+                start=self.start,
+                frames=self.count,
+                dtype="float32",
+                always_2d=True,
+            ):
+                decoded += len(block)
+                mono = to_mono(block)
+                if stream is not None:
+                    mono = stream.resample_chunk(mono)
+                if len(mono):
+                    yield to_int16(mono)
+        except DECODE_ERRORS as error:
+            raise AudioError("unreadable_audio", f"{self.path}: cannot decode audio: {error}") from error
+        _check_length(self.info, self.count, decoded)
+        if decoded == 0:
+            raise AudioError("empty_audio", f"{self.path}: no audio samples in the segment")
+        if stream is not None:
+            tail = stream.resample_chunk(np.zeros(0, np.float32), last=True)
+            if len(tail):
+                yield to_int16(tail)
+
+
+def open_checked(
+    path: str | Path,
+    sample_rate: int,
+    *,
+    offset: float = 0.0,
+    duration: float | None = None,
+    convert_rate: bool = False,
+    downmix: bool = True,
+    convert_hint: str = "",
+    downmix_hint: str = "",
+) -> CheckedAudio:
+    """``load_checked``'s checks on the header only (nothing decoded yet): the file, or its segment
+    ``offset``/``duration`` in seconds, to be read in blocks with ``CheckedAudio.blocks``. Raises the same
+    AudioErrors as ``load_checked`` for what the header tells."""
+    info = probe(path)
+    _check_shape(info, sample_rate, convert_rate, downmix, convert_hint, downmix_hint)
+    start, count = _segment_frames(info, offset, duration)
+    return CheckedAudio(str(path), info, start, count, int(sample_rate))
+
+
 def stream_for_model(
     path: str | Path,
     sample_rate: int,
@@ -316,46 +392,17 @@ def stream_for_model(
     on_resample=None,
 ) -> Iterator[np.ndarray]:
     """``load_for_model`` in blocks of about ``block_seconds`` (int16 mono), so that a long recording is
-    never in memory whole, resampled or not (libsoxr's stream keeps the filter state between blocks);
-    the same checks and errors. ``on_resample(rate)`` is called first when the file is resampled."""
-    info = probe(path)
-    _check_shape(
-        info,
+    never in memory whole, resampled or not; the same checks and errors. ``on_resample(rate)`` is called
+    first when the file is resampled."""
+    audio = open_checked(
+        path,
         sample_rate,
-        convert_rate,
-        True,
-        "without --no-resample the client resamples it; accuracy may suffer",
-        "",
+        convert_rate=convert_rate,
+        convert_hint="without --no-resample the client resamples it; accuracy may suffer",
     )
-    stream = None
-    if info.sample_rate != sample_rate:
-        if on_resample is not None:
-            on_resample(info.sample_rate)
-        stream = soxr.ResampleStream(
-            info.sample_rate, sample_rate, 1, dtype="float32", quality=RESAMPLE_QUALITY
-        )
-    decoded = 0
-    try:
-        blocks = soundfile.blocks(
-            str(path),
-            blocksize=max(1, int(block_seconds * info.sample_rate)),
-            dtype="float32",
-            always_2d=True,
-        )
-        for block in blocks:
-            decoded += len(block)
-            mono = to_mono(block)
-            if stream is not None:
-                mono = stream.resample_chunk(mono)
-            if len(mono):
-                yield to_int16(mono)
-    except DECODE_ERRORS as error:
-        raise AudioError("unreadable_audio", f"{path}: cannot decode audio: {error}") from error
-    _check_length(info, info.frames, decoded)
-    if stream is not None:
-        tail = stream.resample_chunk(np.zeros(0, np.float32), last=True)
-        if len(tail):
-            yield to_int16(tail)
+    if audio.resampled and on_resample is not None:
+        on_resample(audio.info.sample_rate)
+    yield from audio.blocks(block_seconds)
 
 
 def load_for_model(path: str | Path, sample_rate: int, convert_rate: bool = False) -> np.ndarray:

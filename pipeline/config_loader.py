@@ -2,8 +2,11 @@
 
 Layering: dataclass defaults <- the ``extends:`` chain of YAML files (each
 overriding a subset) <- explicit overrides -> validate -> freeze. Paths in a
-file are relative to that file. Every error is one line naming the file, the
-key and what was expected. The schema itself is ``pipeline.config``.
+file are relative to that file; symlinks are followed (a path is relative to the
+real file a linked config points to). YAML anchors and merge keys (``<<: *name``)
+work; top-level keys starting with ``x-`` are ignored, a place to define anchors.
+Every error is one line naming the file, the key and what was expected. The
+schema itself is ``pipeline.config``.
 """
 
 from __future__ import annotations
@@ -131,11 +134,14 @@ def _check_range(value, meta: dict, where: str) -> None:
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """A safe loader that refuses duplicate keys (YAML would silently keep the last one)."""
+    """A safe loader that refuses duplicate keys (YAML would silently keep the last one) and takes YAML's
+    merge key (``<<: *anchor``): a mapping's own keys override the merged ones, as YAML says."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # flatten_mapping (in the base class) merges these; only own keys must be unique
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
@@ -181,11 +187,15 @@ def _layer(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, dict[str, Any]
         parent_path = Path(parent) if Path(parent).is_absolute() else path.parent / parent
         if not parent_path.exists():
             raise ConfigError(f"{path}: extends: file {parent_path} does not exist")
+        if parent_path.is_dir():
+            raise ConfigError(f"{path}: extends: {parent_path} is a directory; expected a YAML config file")
         merged = _layer(parent_path, chain + (path,))
     _merge_into(merged, raw, str(path), path.parent)
     return merged
 
 
+# A top-level key starting with this is ignored: a place for YAML anchors that sections merge (``<<: *name``).
+EXTENSION_PREFIX = "x-"
 # Where a section keeps the keys it hands on to a plug-in (the front end's settings), checked at freeze time
 # against the plug-in the final config names.
 PENDING = "__plugin_keys__"
@@ -194,6 +204,8 @@ PENDING = "__plugin_keys__"
 def _merge_into(merged: dict, raw: dict, source: str, base_dir: Path | None) -> None:
     types = _section_types()
     for section, values in raw.items():
+        if isinstance(section, str) and section.startswith(EXTENSION_PREFIX):
+            continue
         if section not in SECTIONS:
             raise ConfigError(f"{source}: unknown section {section!r}; expected one of {', '.join(SECTIONS)}")
         if values is None:

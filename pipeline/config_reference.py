@@ -39,7 +39,13 @@ embedded default; `configs/en.yaml` holds the full-size DeepSpeech settings
 (`deepspeech-train --template en` prints it); `configs/librispeech.yaml`, `configs/common_voice.yaml`
 and `configs/folder.yaml` train on a corpus in its own layout (`data.corpora`, docs/DATA.md).
 
-Types: a `path` is relative to the config file that names it (or absolute). Ranges: `[a, b]`
+YAML anchors and merge keys work (`training: {<<: *common, epochs: 3}`); a top-level key starting
+with `x-` is ignored, a place to define anchors (`x-common: &common {...}`).
+
+Types: a `path` is relative to the config file that names it (or absolute); symlinks are followed,
+so a path in a linked config is relative to the real file's folder, and a relative audio path in a
+manifest is relative to the folder of the real manifest file (a manifest linked from elsewhere
+finds its audio). Ranges: `[a, b]`
 includes both ends, `(a, b]` and `> a` exclude `a`; a list's range applies to each of its items.
 
 Re-runs: the tasks whose outputs a changed key invalidates (their fingerprints move); every task

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from xdg import BaseDirectory
 
-from native_client.metadata import METADATA_NAME
+from native_client.metadata import MANIFEST_NAME, METADATA_NAME
 from pipeline.config import APP_NAME, Config, ConfigError, CorpusConfig, field_stages
 from pipeline.config_loader import corpus_error
 from pipeline.data.importing import (
@@ -40,6 +40,7 @@ from pipeline.data.importing import (
     manifest_name,
     plan_import,
 )
+from pipeline.files import writer_tag
 from pipeline.lm.kenlm_tools import find_tools
 from pipeline.stages.graph import tag_applies, upstream
 
@@ -63,14 +64,19 @@ CONVERTED_DIR = "converted"
 CHECKPOINT_PREFIX, BEST_PREFIX = "ckpt", "best"
 # LM files, in the LanguageModel directory and in an export.
 WORD_ARPA, WORD_BINARY, CHAR_ARPA, VOCABULARY = "lm.arpa", "lm.binary", "chars.arpa", "vocab.txt"
-# Temporary names of killed runs' leftovers (group ``pid``: the writer): files.atomic_path's
-# ``.<name>.<pid>.tmp``, an export's staging and old directories, Evaluate's logits scratch file.
+# Temporary names of killed runs' leftovers (group ``pid``: the writer; ``host``: its machine, see
+# files.writer_tag; names without one come from versions before host tags): files.atomic_path's
+# ``.<name>.<host>-<pid>.tmp``, an export's staging directory (inside the export directory; beside it
+# and its ``.old-`` twin in older versions), Evaluate's and TuneDecoder's logits scratch file.
+_WRITER = r"(?:(?P<host>[^.]+)-)?(?P<pid>\d+)"
 LEFTOVER_PATTERNS = (
-    r"\..+\.(?P<pid>\d+)\.tmp.*",
-    r"\..+\.staging-(?P<pid>\d+)",
-    r"\..+\.old-(?P<pid>\d+)",
-    r"\.logits-(?P<pid>\d+)\.h5",
+    rf"\..+\.{_WRITER}\.tmp.*",
+    rf"\.(?:.+\.)?staging-{_WRITER}",
+    rf"\..+\.old-{_WRITER}",
+    rf"\.logits-{_WRITER}\.h5",
 )
+# The staging directories inside an export directory (all made under its lock).
+EXPORT_STAGING_PREFIX = ".staging-"
 # File names inside an export; the client learns them from metadata.json ("files", "decoder").
 EXPORT_FILES = {
     "saved_model": "saved_model",
@@ -326,14 +332,25 @@ class ExportFiles:
 
     def transcript(self, audio: str | Path, export_fingerprint: str) -> Path:
         """The record of one audio file by the export of ``export_fingerprint``: the file's stem plus a hash
-        of its resolved path and the fingerprint (so a changed export is never answered by an old record)."""
+        of its resolved path, its content (``file_digest``: remembered per size and modification time) and
+        the fingerprint, so neither a changed export nor a changed file is answered by an old record."""
         audio = Path(audio).resolve()
-        key = hashlib.sha256(f"{audio}\n{export_fingerprint}".encode()).hexdigest()[:10]
+        key = hashlib.sha256(f"{audio}\n{file_digest(audio)}\n{export_fingerprint}".encode()).hexdigest()[:10]
         return self.transcripts / f"{audio.stem}-{key}.json"
 
     def staging(self) -> Path:
-        """A hidden directory beside ``root`` where a new export is assembled."""
-        return self.root.with_name(f".{self.root.name}.staging-{os.getpid()}")
+        """A hidden directory inside ``root`` where a new export is assembled: on the same file system as
+        the export, also when ``root`` is a mount point."""
+        return self.root / f"{EXPORT_STAGING_PREFIX}{writer_tag()}"
+
+    def written_entries(self) -> list[str]:
+        """The top-level names this export wrote, from its manifest (plus the manifest itself); empty when
+        there is no readable manifest (a directory holding no export of ours)."""
+        try:
+            listed = json.loads((self.root / MANIFEST_NAME).read_text(encoding="utf-8"))["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+        return sorted({name.split("/", 1)[0] for name in listed} | {MANIFEST_NAME})
 
 
 class Layout:
@@ -347,6 +364,8 @@ class Layout:
         self.config = config
         self._fingerprints: dict[tuple, str] = {}
         self._plans: dict[str, ImportPlan] = {}
+        # input file -> the digest the fingerprints were computed from (the first one seen)
+        self._digests_used: dict[str, str] = {}
 
     # -- roots ---------------------------------------------------------------------------------
     @functools.cached_property
@@ -417,12 +436,25 @@ class Layout:
                 elif (section_field.name, f.name) == ("training", "init_from") and value is not None:
                     value = init_digest(value)
                 elif f.metadata.get("path") and value is not None:
+
                     def content(path, located=f.metadata.get("located")):
-                        return [str(path), path_digest(path)] if located else path_digest(path)
+                        digest = self._input_digest(path)
+                        return [str(path), digest] if located else digest
 
                     value = [content(p) for p in value] if isinstance(value, tuple) else content(value)
                 found[f"{section_field.name}.{f.name}"] = _plain(value)
         return found
+
+    def _input_digest(self, path: str) -> str:
+        """``path_digest`` of an input file, remembered as the digest this layout's fingerprints used."""
+        digest = path_digest(path)
+        self._digests_used.setdefault(str(path), digest)
+        return digest
+
+    def changed_inputs(self, read: dict[str, str]) -> list[str]:
+        """The input files of ``read`` ({path: SHA-256 of the bytes a stage read}) whose content differs from
+        what this layout's fingerprints were computed from: files edited after the run was scheduled."""
+        return [path for path, digest in read.items() if self._digests_used.get(str(path), digest) != digest]
 
     def _derived(self, stage: str, params: dict) -> dict:
         """What a stage's result depends on beyond the config's keys: the LM's builder as resolved here
@@ -540,9 +572,9 @@ class Layout:
         return cache.with_name(cache.stem + ".parts")
 
     @staticmethod
-    def features_part(parts: Path, index: int) -> Path:
-        """Shard ``index`` inside a parts folder."""
-        return parts / f"{index:05d}.npz"
+    def features_part(parts: Path, index: int, key: str) -> Path:
+        """Shard ``index`` inside a parts folder, made from the jobs whose digest is ``key``."""
+        return parts / f"{index:05d}-{key}.npz"
 
     # -- Train, LanguageModel, TuneDecoder, Evaluate -----------------------------------------
     @functools.cached_property
@@ -578,7 +610,13 @@ class Layout:
     @staticmethod
     def logits_scratch(directory: Path) -> Path:
         """A scratch file of logits while Evaluate or TuneDecoder runs in ``directory`` (removed after)."""
-        return Path(directory) / f".logits-{os.getpid()}.h5"
+        return Path(directory) / f".logits-{writer_tag()}.h5"
+
+    @staticmethod
+    def evaluation_samples(directory: Path, lm: bool = False) -> Path:
+        """``samples.jsonl`` (``samples_lm.jsonl`` with beam search + LM): every test utterance's result,
+        one JSON line each, in an Evaluate output directory."""
+        return Path(directory) / ("samples_lm.jsonl" if lm else "samples.jsonl")
 
     @staticmethod
     def evaluation_text(directory: Path) -> Path:
@@ -591,7 +629,8 @@ class Layout:
         return ExportFiles(self.export_root / str(version) if version is not None else self.export_root)
 
     def export_versions(self) -> list[int]:
-        """The numbered versions under ``export_root``, highest first."""
+        """The numbered versions under ``export_root`` (finished or claimed by a running export), highest
+        first."""
         root = self.export_root
         numbers = (
             [int(p.name) for p in root.iterdir() if re.fullmatch(r"\d+", p.name)] if root.is_dir() else []

@@ -141,13 +141,15 @@ class EvaluationReport:
     checkpoint: str
     decoder: str
     samples: dict
-    all_samples: list
+    # Every utterance's result, one JSON line each, in a file beside the report (not in it: a report of a
+    # 100-hour test set would hold ~600 MB of them, and so would Evaluate's memory).
+    samples_file: str
     wer_lm: float | None = None
     cer_lm: float | None = None
     decoder_lm: dict | None = None
     decode_lm_s: float | None = None
     samples_lm: dict | None = None
-    all_samples_lm: list | None = None
+    samples_lm_file: str | None = None
 
 
 @dataclass(frozen=True)

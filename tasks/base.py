@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -36,6 +39,35 @@ def _unusable_errors() -> tuple:
     return (ReportError, CacheError, ExportError, LanguageModelDamaged, ConfigError)
 
 
+class ConfigParameter(luigi.Parameter):
+    """``--config``: the path of a YAML config file. Given on the command line (``luigi --module tasks
+    Train --config my.yaml``), the config and the input files it names are checked once, before anything
+    is scheduled: a mistake is one line on stderr and exit status 2, as with ``deepspeech-train``, instead
+    of the same error from every task's ``complete()`` and a failed run's summary."""
+
+    def parse(self, x):
+        """Check the config at ``x`` (``tasks.preflight.check_inputs``); returns ``x``."""
+        from pipeline.config import ConfigError
+        from tasks.preflight import PreflightError, check_inputs
+
+        try:
+            check_inputs(load_config(x))
+        except (ConfigError, PreflightError) as error:
+            print(f"error: {error}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        return x
+
+
+# luigi.cfg's [core] rpc-* keys are read by Luigi's RPC client (luigi/rpc.py), not by a parameter of
+# luigi.interface.core, which then warns that they are "not consumed": declared consumed here, so that
+# `luigi --module tasks ...` does not warn about the project's own settings.
+luigi.interface.core.ignore_unconsumed = set(luigi.interface.core.ignore_unconsumed) | {
+    "rpc_connect_timeout",
+    "rpc_retry_attempts",
+    "rpc_retry_wait",
+    "rpc_log_retries",
+}
+
 # stage name (pipeline.stages.graph) -> the task that runs it; filled as task classes are defined
 TASK_OF_STAGE: dict[str, type] = {}
 
@@ -47,7 +79,7 @@ class ConfigTask(luigi.Task):
     stage's parameters, and ``requires()`` is the stage's declared upstream.
     """
 
-    config = luigi.Parameter(description="Path of the YAML config file (see configs/).")
+    config = ConfigParameter(description="Path of the YAML config file (see configs/).")
     # The stage of pipeline.stages.graph this task runs.
     stage: ClassVar[str] = ""
     # Stages that load TensorFlow have it imported first with its start-up chatter filtered.
@@ -118,15 +150,88 @@ class ConfigTask(luigi.Task):
         """Everything this stage wrote (what a forced re-run removes); by default its output."""
         return [Path(self.output().path)]
 
+    def tell_scheduler(self, percent: float | None = None, message: str | None = None) -> None:
+        """Luigi's ``set_progress_percentage``/``set_status_message`` (which Luigi's worker sets on the task
+        while it runs), except that a scheduler that does not answer (luigid stopped or restarting: Luigi's
+        RPCError after its retries) never fails the task: a warning, once, and the work goes on."""
+        try:
+            if percent is not None and callable(self.set_progress_percentage):
+                self.set_progress_percentage(percent)
+            if message is not None and callable(self.set_status_message):
+                self.set_status_message(message)
+        except Exception as error:  # noqa: BLE001 - whatever the scheduler's client raises
+            if not getattr(self, "_scheduler_silent", False):
+                self._scheduler_silent = True
+                log.warning(
+                    "%s: the scheduler did not take this task's progress (%s: %s); the task goes on, "
+                    "its progress is no longer shown there",
+                    self.task_id,
+                    type(error).__name__,
+                    str(error).splitlines()[0] if str(error) else "",
+                )
+
+
+class _SchedulerMessenger:
+    """Sends a task's latest progress and status message to the scheduler from a thread of its own, so
+    that the work never waits for the scheduler: a luigid that stopped answering costs Luigi's client
+    its retries (seconds per call), which would otherwise stall every reporting step. Only the latest
+    state is sent; older ones it replaces are dropped."""
+
+    def __init__(self, task: luigi.Task):
+        self.task = task
+        self._latest: tuple[float, str] | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def send(self, percent: float, message: str) -> None:
+        """Queue (percent, message) to be sent, replacing what was not sent yet."""
+        with self._lock:
+            self._latest = (percent, message)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="scheduler-progress", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                latest, self._latest, closed = self._latest, None, self._closed
+            if latest is not None:
+                percent, message = latest
+                # A ConfigTask's tell_scheduler never raises; a plain task's setters may: the thread goes on.
+                with contextlib.suppress(Exception):
+                    if hasattr(self.task, "tell_scheduler"):
+                        self.task.tell_scheduler(percent, message)
+                    else:
+                        self.task.set_progress_percentage(percent)
+                        self.task.set_status_message(message)
+            if closed:
+                return
+
+    def close(self, timeout_s: float = 15.0) -> None:
+        """Send what is queued (waiting at most ``timeout_s``), then stop the thread."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        self._wake.set()
+        if thread is not None:
+            thread.join(timeout_s)
+
 
 class Progress:
-    """Reports progress to the Luigi scheduler UI and to a terminal progress bar."""
+    """Reports progress to the Luigi scheduler UI (from a thread: the work never waits for the
+    scheduler) and to a terminal progress bar."""
 
     def __init__(self, task: luigi.Task, total: int, unit: str, description: str, min_interval: float = 1.0):
         self.task = task
         self.bar = tqdm(total=total, unit=unit, desc=description, dynamic_ncols=True)
         self.min_interval = min_interval
         self._last = 0.0
+        self._messenger = _SchedulerMessenger(task)
 
     def update(self, done: int, message: str, percent: float | None = None, force: bool = False) -> None:
         """Move the bar to ``done`` and, at most every ``min_interval`` seconds, tell the scheduler."""
@@ -137,13 +242,13 @@ class Progress:
         if force or now - self._last >= self.min_interval:
             self._last = now
             total = self.bar.total or 1
-            self.task.set_progress_percentage(round(100.0 * done / total if percent is None else percent, 1))
-            self.task.set_status_message(message)
+            self._messenger.send(round(100.0 * done / total if percent is None else percent, 1), message)
 
     def percent(self, message: str, percent: float) -> None:
         """A stage's ``on_status(message, percent)``: a bar of 100 steps, the UI told at every status."""
         self.update(round(percent), message, percent, force=True)
 
     def close(self) -> None:
-        """Close the terminal bar."""
+        """Close the terminal bar and send the last progress to the scheduler."""
         self.bar.close()
+        self._messenger.close()

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -56,6 +58,47 @@ def _print_template(name: str) -> int:
     return 0
 
 
+# Luigi's options about its process lock: with one of them, Luigi handles the lock itself.
+LOCK_OPTIONS = ("--no-lock", "--take-lock", "--lock-size", "--lock-pid-dir")
+
+
+def _same_command_running() -> str:
+    """Take Luigi's process lock (one process per command line, ``luigi.lock``) as ``luigi`` would; when
+    another process holds it, their pids (Luigi itself prints only "Pid(s) {...} already running")."""
+    import contextlib
+    import io
+
+    import luigi.configuration
+    import luigi.lock
+
+    pid_dir = luigi.configuration.get_config().get(
+        "core", "lock_pid_dir", os.path.join(tempfile.gettempdir(), "luigi")
+    )
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        acquired = luigi.lock.acquire_for(pid_dir, 1)
+    if acquired:
+        return ""
+    found = re.search(r"Pid\(s\) \{(.*)\} already running", said.getvalue())
+    return found.group(1) if found else "unknown"
+
+
+def _log_file(wanted: Path) -> Path:
+    """``wanted`` when its folder can be written, else a file of the same name in the temporary directory
+    (a read-only work directory: a run with nothing to do, or a Transcribe, still works there)."""
+    try:
+        wanted.parent.mkdir(parents=True, exist_ok=True)
+        with open(wanted, "a", encoding="utf-8"):
+            pass
+        return wanted
+    except OSError as error:
+        fallback = Path(tempfile.gettempdir()) / "deepspeech-logs" / wanted.name
+        fallback.parent.mkdir(parents=True, exist_ok=True)
+        note = f"note: {wanted.parent} cannot be written ({error.strerror}); logging to {fallback}"
+        print(note, file=sys.stderr)
+        return fallback
+
+
 def main(argv=None) -> int:
     """Check, then run the task through Luigi; returns the exit status (Luigi's retcodes from luigi.cfg)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -95,29 +138,83 @@ def main(argv=None) -> int:
     except (ConfigError, PreflightError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    log_file = Layout(config).run_log(argv[0])
-    log_file.parent.mkdir(parents=True, exist_ok=True)
+    log_file = _log_file(Layout(config).run_log(argv[0]))
     os.environ["DEEPSPEECH_LOG_FILE"] = str(log_file)
 
-    import luigi.retcodes
+    import luigi.configuration
     from luigi.parameter import UnconsumedParameterWarning
 
     # luigi.cfg's [core] rpc-* keys are read by Luigi's RPC client, not by a parameter: not a mistake.
     warnings.filterwarnings("ignore", category=UnconsumedParameterWarning)
     luigi_args = ["--module", "tasks", *argv]
+    if not any(arg.split("=")[0] in LOCK_OPTIONS for arg in argv):
+        running = _same_command_running()
+        if running:
+            print(
+                f"error: the same command is already running (pid {running}); it runs the same stages, so "
+                f"wait for it to finish (a second run then finds them done), or pass --no-lock to start "
+                f"another anyway",
+                file=sys.stderr,
+            )
+            return luigi.configuration.get_config().getint("retcode", "already_running", 10)
+        luigi_args.append("--no-lock")  # this process holds Luigi's lock now
     if not options.logging_conf_file:
         luigi_args += [
             "--logging-conf-file",
             str(PACKAGE / ("logging-debug.ini" if debug else "logging.ini")),
         ]
+    code = _run_luigi(luigi_args)
+    if not options.local_scheduler and code in (_retcode("not_run", 25), _retcode("unhandled_exception", 40)):
+        code = _after_scheduler_trouble(code, luigi_args, options)
+    print(f"log of this run: {log_file}", file=sys.stderr)
+    return code
+
+
+def _run_luigi(luigi_args: list[str]) -> int:
+    import luigi.retcodes
+
     try:
         luigi.retcodes.run_with_retcodes(luigi_args)
     except SystemExit as done:
-        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-    else:
-        code = 0
-    print(f"log of this run: {log_file}", file=sys.stderr)
-    return code
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    return 0
+
+
+def _retcode(name: str, default: int) -> int:
+    import luigi.configuration
+
+    return luigi.configuration.get_config().getint("retcode", name, default)
+
+
+def _after_scheduler_trouble(code: int, luigi_args: list[str], options) -> int:
+    """A run that ended with tasks the scheduler never let run (``not_run``) or with an uncaught error
+    may have lost its scheduler: luigid stopped (one line saying what to do) or was restarted without
+    this run's tasks (they are scheduled again, once: what finished is complete and is not redone)."""
+    import luigi.configuration
+
+    from tasks.preflight import PreflightError, check_scheduler
+
+    settings = luigi.configuration.get_config()
+    host = options.scheduler_host or settings.get("core", "scheduler_host", "127.0.0.1")
+    port = options.scheduler_port or settings.getint("core", "scheduler_port", 8082)
+    try:
+        check_scheduler(host, port)
+    except PreflightError:
+        print(
+            f"error: the scheduler at {host}:{port} stopped answering during the run; the stages that "
+            f"finished are kept: start it again (make scheduler) and run the same command to go on, or "
+            f"run it with --local-scheduler",
+            file=sys.stderr,
+        )
+        return code
+    if code != _retcode("not_run", 25):
+        return code
+    print(
+        f"note: the scheduler at {host}:{port} did not let the remaining tasks run (restarted during the "
+        f"run, it no longer knew them); scheduling them again",
+        file=sys.stderr,
+    )
+    return _run_luigi(luigi_args)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ class OneLineFormatter(logging.Formatter):
     def formatException(self, exc_info) -> str:
         """``Type: message`` of the exception, plus where its traceback went."""
         kind, error = exc_info[0], exc_info[1]
+        if kind is None:  # exc_info=True outside an exception (Luigi's RPC retry warnings): nothing to show
+            return ""
         message = str(error).strip().splitlines()
         text = f"{kind.__name__}: {message[0] if message else ''}".rstrip(": ")
         log_file = os.environ.get("DEEPSPEECH_LOG_FILE")

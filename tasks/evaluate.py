@@ -35,11 +35,11 @@ class Evaluate(ConfigTask):
             report = evaluate_stage(self.layout, beam=True, on_progress=on_progress)
         finally:
             progress.close()
-        self.set_progress_percentage(100)
+        self.tell_scheduler(percent=100)
         summary = (
             f"greedy WER {report.wer:.4f} CER {report.cer:.4f}; "
             f"{report.decoder_lm['type']}+LM WER {report.wer_lm:.4f} CER {report.cer_lm:.4f}; "
             f"loss {report.loss:.3f}"
         )
-        self.set_status_message(summary)
+        self.tell_scheduler(message=summary)
         print(f"Test {summary} ({report.samples_count} samples) -> {self.output().path}")

@@ -42,8 +42,14 @@ class Export(ConfigTask):
         return True
 
     def stage_paths(self):
+        """A numbered version's directory, or, for an export in ``paths.export_dir`` itself, only the
+        files and folders it wrote (the directory may hold other versions and a user's files)."""
         found = self.layout.find_export()
-        return [found.root] if found else []
+        if found is None:
+            return []
+        if found.root != self.layout.export_root:
+            return [found.root]
+        return [found.root / name for name in found.written_entries()]
 
     def run_stage(self):
         from pipeline.stages.export import export_stage
@@ -53,8 +59,8 @@ class Export(ConfigTask):
             destination = export_stage(self.layout, on_status=progress.percent, with_lm=True)
         finally:
             progress.close()
-        self.set_progress_percentage(100)
-        self.set_status_message(f"exported to {destination.root}")
+        self.tell_scheduler(percent=100)
+        self.tell_scheduler(message=f"exported to {destination.root}")
 
 
 class Transcribe(ConfigTask):
@@ -75,17 +81,30 @@ class Transcribe(ConfigTask):
     def output(self):
         return luigi.LocalTarget(str(self._export().transcript(self.audio, self.layout.export_fingerprint)))
 
-    def run_stage(self):
-        from pipeline.stages.transcribe import transcribe_stage
+    def complete(self):
+        """Never: a Transcribe asked for again prints its transcript again (from the record an earlier run
+        kept for this very file and export, without decoding)."""
+        return False
 
-        self.set_status_message(f"transcribing {self.audio}")
-        record = transcribe_stage(self.layout, self._export(), self.audio)
+    def run_stage(self):
+        from pipeline.stages.transcribe import keep_transcript, stored_transcript, transcribe_stage
+
+        record = stored_transcript(self.layout, self._export(), self.audio)
+        if record is None:
+            self.tell_scheduler(message=f"transcribing {self.audio}")
+            record = transcribe_stage(self.layout, self._export(), self.audio)
+            self._print(record)
+            keep_transcript(self.layout, self._export(), self.audio, record)
+        else:
+            self._print(record)
+        self.tell_scheduler(message=
+            f"{record['text']!r} ({record['duration_s']:.1f} s audio, RTF {record['rtf']:.3f})"
+        )
+        self.tell_scheduler(percent=100)
+
+    def _print(self, record: dict) -> None:
         lines = [f"audio:      {self.audio}"]
         if record["reference"] is not None:
             lines.append(f"reference:  {record['reference']}")
         lines.append(f"hypothesis: {record['text']}")
         print("\n".join(lines), flush=True)
-        self.set_status_message(
-            f"{record['text']!r} ({record['duration_s']:.1f} s audio, RTF {record['rtf']:.3f})"
-        )
-        self.set_progress_percentage(100)

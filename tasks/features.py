@@ -9,7 +9,7 @@ import luigi
 from pipeline.config_loader import load_config
 from pipeline.stages.graph import SPLITS
 from pipeline.stages.features import build_split_cache
-from tasks.base import ConfigTask, Progress
+from tasks.base import ConfigParameter, ConfigTask, Progress
 
 log = logging.getLogger("luigi-interface")
 
@@ -54,7 +54,7 @@ class FeaturesSplit(ConfigTask):
             summary.audio_seconds / 3600,
             summary.rejects_report,
         )
-        self.set_status_message(
+        self.tell_scheduler(message=
             f"{self.split}: {summary.kept} kept, {summary.rejected} rejected "
             f"{summary.reasons or ''}, {summary.audio_seconds / 3600:.2f} h audio"
         )
@@ -63,7 +63,7 @@ class FeaturesSplit(ConfigTask):
 class Features(luigi.WrapperTask):
     """The feature caches of a config: train, and dev and test when the config lists their files."""
 
-    config = luigi.Parameter(description="Path of the YAML config file.")
+    config = ConfigParameter(description="Path of the YAML config file.")
 
     def requires(self):
         config = load_config(self.config)

@@ -54,9 +54,9 @@ class Import(ConfigTask):
             f"{split} {s['utterances']} ({s['hours']:.2f} h, {s['speakers']} speakers)"
             for split, s in result["splits"].items()
         )
-        self.set_progress_percentage(100)
-        self.set_status_message(
-            f"{self.corpus}: {result['kept']} kept, {result['dropped']} dropped "
+        self.tell_scheduler(percent=100)
+        self.tell_scheduler(
+            message=f"{self.corpus}: {result['kept']} kept, {result['dropped']} dropped "
             f"{result['dropped_by_reason'] or ''}; {splits}"
         )
 

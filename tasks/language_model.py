@@ -32,8 +32,8 @@ class LanguageModel(ConfigTask):
             report = build_language_model(self.layout, on_status=progress.percent)
         finally:
             progress.close()
-        self.set_progress_percentage(100)
-        self.set_status_message(
+        self.tell_scheduler(percent=100)
+        self.tell_scheduler(message=
             f"{report.sentences} sentences, vocabulary {report.vocabulary}, "
             f"n-grams {report.ngrams or 'from lm_path'}"
         )

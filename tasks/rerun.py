@@ -21,6 +21,7 @@ from pathlib import Path
 
 import luigi
 
+from pipeline.locks import in_use
 from tasks import (
     Evaluate,
     Export,
@@ -88,8 +89,21 @@ def remove(path: Path) -> None:
         doomed.unlink()
 
 
+def _in_use(paths: list[Path]) -> tuple[Path, Path] | None:
+    """(path, lock) of the first stage output a live process holds locked: the output itself (Features'
+    cache, Train's and LanguageModel's directory, Evaluate's) or the export directory an export entry
+    lies in. The locks are flocks, held across machines on NFS (``pipeline.locks``)."""
+    for path in paths:
+        for output in (path, path.parent):
+            lock = in_use(output)
+            if lock is not None:
+                return path, lock
+    return None
+
+
 def main(argv=None) -> int:
-    """Remove the stage's outputs and its dependents', then run the roots; exit 0 on success, 30 on failure."""
+    """Remove the stage's outputs and its dependents', then run the roots; exit 0 on success, 30 on failure,
+    2 when an output is in use by a running pipeline (nothing is removed then)."""
     parser = argparse.ArgumentParser(prog="python -m tasks.rerun", description=__doc__.splitlines()[0])
     parser.add_argument("stage", choices=sorted(STAGES))
     parser.add_argument("--config", required=True)
@@ -131,6 +145,14 @@ def main(argv=None) -> int:
     doomed = dependents({t.task_id for t in targets}, tasks)
     # Stage outputs are computed before anything is removed: Export and Transcribe find theirs by content.
     paths = [(task_id, path) for task_id in sorted(doomed) for path in tasks[task_id].stage_paths()]
+    busy = _in_use([Path(path) for _, path in paths])
+    if busy:
+        print(
+            f"error: {busy[0]} is in use by a running pipeline (it holds {busy[1]}), maybe on another "
+            f"machine; wait for it to finish or stop it, then rerun (nothing was removed)",
+            file=sys.stderr,
+        )
+        return 2
     for task_id, path in paths:
         print(f"{'would remove' if args.dry_run else 'removing'} {path}  ({task_id})", flush=True)
         if not args.dry_run:

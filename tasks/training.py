@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
+import threading
 import time
 
 import luigi
@@ -58,15 +61,29 @@ class Train(ConfigTask):
 
         progress = _TrainProgress(self)
         try:
-            report = train_stage(
-                self.layout, hooks=TrainHooks(on_step=progress.on_step, on_validation=progress.on_validation)
-            )
+            hooks = TrainHooks(on_step=progress.on_step, on_validation=progress.on_validation)
+            with _stop_on_signals(progress):
+                report = train_stage(self.layout, hooks=hooks)
         finally:
-            progress.bar.close()
-        self.set_progress_percentage(100)
-        self.set_status_message(
+            progress.close()
+        self.tell_scheduler(percent=100)
+        self.tell_scheduler(message=
             f"done: {report.epochs_completed} epochs, {report.global_step} steps; stop: {report.stop.reason}"
         )
+
+    def _scheduled_config(self) -> str:
+        """The config this task was scheduled with, written as the run's resolved config (``config.yaml`` in
+        the run directory) for the worker processes to read: the YAML file may have been edited since, and
+        workers reading it would train (and report) under another fingerprint than the one this task
+        waits for."""
+        import yaml
+
+        from pipeline.config_loader import config_to_dict
+        from pipeline.files import write_text_atomic
+
+        snapshot = self.layout.train_run.resolved_config
+        write_text_atomic(snapshot, yaml.safe_dump(config_to_dict(self.cfg), sort_keys=False))
+        return str(snapshot)
 
     def _run_local_workers(self):
         """``distribution.local_workers`` worker processes on this machine (multi-worker all-reduce)."""
@@ -81,18 +98,18 @@ class Train(ConfigTask):
         run = self.layout.train_run
 
         def poll(last_line: str) -> None:
-            self.set_status_message(f"{distribution.local_workers} workers; worker 0: {last_line[-200:]}")
+            self.tell_scheduler(message=f"{distribution.local_workers} workers; worker 0: {last_line[-200:]}")
 
         launch_local_workers(
-            self.config,
+            self._scheduled_config(),
             distribution.local_workers,
             run.worker_log,
             grace_s=distribution.collective_timeout_s + 30,
             on_poll=poll,
         )
         report = read_report(run.report, TrainReport)
-        self.set_progress_percentage(100)
-        self.set_status_message(
+        self.tell_scheduler(percent=100)
+        self.tell_scheduler(message=
             f"done on {distribution.local_workers} workers: {report.epochs_completed} epochs, "
             f"{report.global_step} steps"
         )
@@ -106,11 +123,11 @@ class Train(ConfigTask):
 
         role = cluster_role()
         run_cluster_worker(
-            self.config,
+            self._scheduled_config(),
             role.index,
             self.layout.train_run.worker_log,
             grace_s=self.cfg.distribution.collective_timeout_s + 30,
-            on_poll=lambda line: self.set_status_message(f"worker {role.index}: {line[-200:]}"),
+            on_poll=lambda line: self.tell_scheduler(message=f"worker {role.index}: {line[-200:]}"),
         )
         if role.is_chief:
             report = read_report(self.layout.train_run.report, TrainReport)
@@ -121,9 +138,9 @@ class Train(ConfigTask):
                 _worker_result(self.layout.train_run.worker_log(role.index)),
                 timeout_s=self.cfg.distribution.collective_timeout_s + 30,
             )
-        self.set_progress_percentage(100)
-        self.set_status_message(
-            f"worker {role.index} done: {report.epochs_completed} epochs, {report.global_step} steps"
+        self.tell_scheduler(percent=100)
+        self.tell_scheduler(
+            message=f"worker {role.index} done: {report.epochs_completed} epochs, {report.global_step} steps"
         )
 
 
@@ -138,6 +155,37 @@ def _worker_result(log_path) -> dict:
     return result
 
 
+@contextlib.contextmanager
+def _stop_on_signals(progress: _TrainProgress):
+    """While training: SIGTERM (Luigi's worker stopping its task processes, e.g. when it lost the
+    scheduler; a container stopping), SIGINT (Ctrl-C) and SIGHUP ask for a stop at the end of the current
+    step, where the trainer saves a checkpoint (``StopTraining``) before the task exits, instead of dying
+    with everything since the last checkpoint. The same signal again acts at once, as it would have.
+    Only in the main thread (signals cannot be set elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    numbers = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+    def request(number, frame):
+        name = signal.Signals(number).name
+        if progress.stop_requested == name:  # asked twice: do what the signal would have done
+            signal.signal(number, previous[number])
+            signal.raise_signal(number)
+            return
+        progress.stop_requested = name
+        log.warning("%s: training stops after this step, with a checkpoint (%s again: at once)", name, name)
+
+    previous = {number: signal.getsignal(number) or signal.SIG_DFL for number in numbers}
+    for number in numbers:
+        signal.signal(number, request)
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
 class _TrainProgress(Progress):
     """Train's progress: percent of all target steps; epoch, step, loss, last dev WER and ETA."""
 
@@ -146,9 +194,17 @@ class _TrainProgress(Progress):
         self.first_done = None
         self.started = time.monotonic()
         self.dev_wer = None
+        self.stop_requested = ""  # the signal that asked training to stop
 
     def on_step(self, info: StepInfo) -> None:
-        """TrainHooks.on_step."""
+        """TrainHooks.on_step; raises StopTraining (the trainer saves first) when a signal asked to stop."""
+        if self.stop_requested:
+            from pipeline.train.hooks import StopTraining
+
+            raise StopTraining(
+                f"training stopped by {self.stop_requested} after step {info.step}; a checkpoint of that "
+                f"step was saved: run Train again to resume"
+            )
         total = info.target_epochs * info.steps_per_epoch
         done = info.epoch * info.steps_per_epoch + info.step_in_epoch
         if self.first_done is None:

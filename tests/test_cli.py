@@ -62,6 +62,71 @@ def test_config_mistakes_are_one_line_before_anything_runs(tmp_path):
     assert not work.exists()
 
 
+def _plain_luigi(*args, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``luigi --module tasks ...`` as a user types it in the checkout (luigi.cfg read from there)."""
+    return subprocess.run(
+        [sys.executable, "-c", "from luigi.cmdline import luigi_run; luigi_run()", "--module", "tasks",
+         *args],
+        cwd=cwd, capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_plain_luigi_checks_the_config_once_before_scheduling(tmp_path):
+    """Issue 26 L6: `luigi --module tasks Features --config bad.yaml` printed 34 lines (the error seven
+    times, three UnconsumedParameterWarnings about luigi.cfg's rpc-* keys, failed tasks, a summary);
+    the --config parameter now checks the config when parsed: one line, exit status 2, nothing written.
+    A good config runs without warnings about the project's own luigi.cfg."""
+    work = tmp_path / "work"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        f"extends: {ROOT / 'configs' / 'sample.yaml'}\npaths:\n  work_dir: {work}\ntraining:\n  epoch: 3\n"
+    )
+    result = _plain_luigi("Features", "--config", str(bad), "--local-scheduler")
+    assert result.returncode == 2, result.stderr
+    assert not result.stdout.strip()
+    line = _one_line(result.stderr)
+    assert line.startswith(f"error: {bad}: training.epoch: unknown key; did you mean 'epochs'?"), line
+    assert not work.exists()
+    good = tmp_path / "good.yaml"
+    good.write_text(f"extends: {ROOT / 'configs' / 'sample.yaml'}\npaths:\n  work_dir: {work}\n"
+                    "data:\n  limit_dev: 3\nfeatures:\n  workers: 1\n")
+    result = _plain_luigi("FeaturesSplit", "--split", "dev", "--config", str(good), "--local-scheduler")
+    assert result.returncode == 0, result.stderr
+    assert "UnconsumedParameterWarning" not in result.stderr and "not consumed" not in result.stderr
+
+
+def test_the_same_command_twice_at_once_says_so_in_one_line(tmp_path):
+    """Issue 26 N10: the same deepspeech-train command started while it runs ended with only Luigi's
+    "Pid(s) {...} already running"; now one line says what runs and what to do (exit status 10, Luigi's
+    already_running)."""
+    import os
+    import signal
+    import time
+
+    work = tmp_path / "work"
+    config = tmp_path / "long.yaml"
+    config.write_text(f"extends: {ROOT / 'configs' / 'sample.yaml'}\npaths:\n  work_dir: {work}\n"
+                      "features:\n  workers: 1\n")
+    command = [sys.executable, "-m", "tasks.cli", "FeaturesSplit", "--split", "train", "--config",
+               str(config), "--local-scheduler"]
+    first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((work / "features").glob("*.parts")) and time.monotonic() < deadline:
+            assert first.poll() is None
+            time.sleep(0.2)
+        second = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert first.poll() is None, "the first run ended before the second started"
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    assert second.returncode == 10, second.stderr
+    assert "Pid(s)" not in second.stdout, second.stderr
+    line = _one_line(second.stderr)
+    assert line.startswith(f"error: the same command is already running (pid {first.pid});"), line
+
+
 def test_no_scheduler_is_one_line_naming_the_fix(tmp_path):
     """Without --local-scheduler and with no luigid listening: one line, not 241 lines of RPC traceback."""
     with socket.socket() as probe:

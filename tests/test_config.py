@@ -79,6 +79,36 @@ def test_bad_configs_fail_with_one_line_naming_file_and_key(write_config, body, 
     assert str(path.name) in message
 
 
+def test_extends_of_a_directory_names_the_file_that_says_it(write_config, tmp_path):
+    """Issue 26 N10: ``extends: <directory>`` named only the directory ("Is a directory")."""
+    (tmp_path / "configs").mkdir()
+    path = write_config("extends: configs\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    expected = f"{path}: extends: {tmp_path / 'configs'} is a directory; expected a YAML config file"
+    assert str(error.value) == expected
+
+
+def test_yaml_anchors_and_merge_keys_work(write_config):
+    """Issue 26 N10: YAML's merge key failed with "could not determine a constructor for the tag merge"."""
+    path = write_config("""
+        x-common: &common
+          batch_size: 3
+          epochs: 2
+        training:
+          <<: *common
+          epochs: 5
+        model:
+          n_hidden: 10
+          n_hidden: 11
+    """)
+    with pytest.raises(ConfigError, match=r"duplicate key 'n_hidden'"):  # own keys must still be unique
+        load_config(path)
+    path.write_text(path.read_text().replace("  n_hidden: 11\n", ""))
+    training = load_config(path).training
+    assert (training.batch_size, training.epochs) == (3, 5)
+
+
 def test_extends_cycle_is_reported(write_config):
     write_config("extends: b.yaml\n", "a.yaml")
     b = write_config("extends: a.yaml\n", "b.yaml")

@@ -152,7 +152,8 @@ def test_tune_evaluate_and_export_use_the_lm(small_config, tmp_path):
     alpha, beta = tuned["best"]["lm_alpha"], tuned["best"]["lm_beta"]
     evaluation = json.loads((layout.evaluate_dir / "evaluation.json").read_text())
     assert evaluation["decoder_lm"]["type"] == ECHO and evaluation["decoder_lm"]["lm_alpha"] == alpha
-    for sample in evaluation["all_samples_lm"]:
+    lines = (layout.evaluate_dir / evaluation["samples_lm_file"]).read_text().splitlines()
+    for sample in map(json.loads, lines):
         pid, weights = sample["hypothesis"].split(" ", 1)
         assert int(pid) != os.getpid() and weights.startswith(f"{alpha:g} {beta:g}")
     metadata = load_metadata(tmp_path / "echo-export")

@@ -149,3 +149,83 @@ decoder:
     assert (features.stat().st_mtime_ns, _digest(features)) == before
     assert report.stat().st_mtime_ns != report_before
     assert json.loads(report.read_text())["global_step"] == 8
+
+
+def _start_luigid(port: int, state: Path) -> subprocess.Popen:
+    """A luigid on ``port`` keeping its state in ``state``, answering when this returns."""
+    state.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(
+        [str(BIN / "luigid"), "--address", "127.0.0.1", "--port", str(port), "--state-path",
+         str(state / "state.pickle"), "--logdir", str(state)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            _api(port, "task_list", status="DONE", upstream_status="", search="")
+            return process
+        except OSError:
+            assert time.monotonic() < deadline and process.poll() is None, "luigid did not start"
+            time.sleep(0.3)
+
+
+def _training_config(small_config, tmp_path, epochs: int) -> Path:
+    return small_config(
+        "scheduler.yaml",
+        limit_train=64,
+        limit_dev=4,
+        limit_test=4,
+        extra=f"paths:\n  export_dir: {tmp_path / 'export'}\ntraining:\n  epochs: {epochs}\n"
+        "decoder:\n  beam_width: 16\n",
+    )
+
+
+@pytest.mark.parametrize("restarted", [False, True])
+def test_a_killed_luigid_never_costs_the_training_run(small_config, tmp_path, restarted):
+    """Issue 26 N6: with luigid killed mid-epoch, Train's next progress call raised RPCError and the task
+    failed (exit 40) without saving what it had trained since its last checkpoint, and the terminal showed
+    six "--- Logging error ---" tracebacks; a luigid restarted within a second left Export "not granted run
+    permission" (exit 25). Now progress goes to the scheduler from a thread and a scheduler that does not
+    answer is one warning: training runs to its end. Killed for good, the run ends with one line saying
+    what to do; restarted, deepspeech-train schedules the remaining stages again and the run completes."""
+    path = _training_config(small_config, tmp_path, epochs=12)
+    port = free_ports(1)[0]
+    luigid = _start_luigid(port, tmp_path / "luigid")
+    checkpoints = Layout(load_config(path)).train_run.checkpoints
+    task = "Export" if restarted else "Train"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "tasks.cli", task, "--config", str(path), "--scheduler-port", str(port)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    second = None
+    try:
+        deadline = time.monotonic() + 600
+        while not list(checkpoints.glob("ckpt-*.index")):
+            assert run.poll() is None and time.monotonic() < deadline, run.stderr.read()[-3000:]
+            time.sleep(0.2)
+        luigid.kill()  # SIGKILL: luigid keeps no state
+        luigid.wait()
+        killed_at = len(list(checkpoints.glob("ckpt-*.index")))
+        if restarted:
+            time.sleep(1)
+            second = _start_luigid(port, tmp_path / "luigid-again")
+        out, err = run.communicate(timeout=900)
+    finally:
+        for process in (run, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+    assert "Logging error" not in err
+    report = Layout(load_config(path)).train_run.report
+    assert report.is_file(), err[-3000:]
+    assert json.loads(report.read_text())["global_step"] == 12 * 16
+    assert killed_at < 12, "luigid was killed after training"
+    if restarted:
+        assert run.returncode == 0, err[-3000:]
+        assert "scheduling them again" in err
+        assert (tmp_path / "export" / "metadata.json").is_file()
+    else:
+        assert run.returncode == 40, err[-3000:]
+        assert "the scheduler did not take this task's progress (RPCError" in err
+        expected = f"error: the scheduler at 127.0.0.1:{port} stopped answering during the run; the stages"
+        assert f"{expected} that finished are kept" in err

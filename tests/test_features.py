@@ -14,14 +14,14 @@ from python_speech_features import mfcc
 
 from native_client.alphabet import load_alphabet
 from native_client.frontends.mfcc import MfccSettings
+from native_client.windows import context_windows
 from pipeline.config import FeaturesConfig
 from pipeline.config_loader import load_config
 from pipeline.data.manifests import CorpusError, read_manifests
 from pipeline.features.cache import CacheError, check_settings, read_cache
-from native_client.windows import context_windows
 from pipeline.features.frontend import ctc_min_frames
 from pipeline.layout import Layout
-from pipeline.stages.features import build_split_cache
+from pipeline.stages.features import FeaturesError, build_split_cache
 from tests.conftest import ALPHABET, ROOT, SAMPLE
 from tests.corpus_factory import bad_corpus, sample_rows, write_manifest
 
@@ -178,7 +178,7 @@ def test_context_windows_and_ctc_minimum():
 _KILLABLE = """
 import sys
 from pipeline.config_loader import load_config
-from pipeline.stages.features import build_split_cache
+from pipeline.stages.features import FeaturesError, build_split_cache
 from pipeline.layout import Layout
 if __name__ == "__main__":
     build_split_cache(Layout(load_config(sys.argv[1])), "train")
@@ -238,3 +238,154 @@ def test_every_front_end_streams_frame_for_frame_what_it_computes_whole(name, se
             start += size
         pieces.append(stream.finish())
         np.testing.assert_array_equal(np.concatenate(pieces), whole)
+
+
+def _copied_corpus(folder: Path, count: int) -> tuple[Path, list[Path]]:
+    """``count`` sample rows with their audio copied into ``folder`` (so a test may remove files)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows, files = [], []
+    for index, (audio, transcript) in enumerate(sample_rows(count=count)):
+        name = f"{index:03d}{audio.suffix}"
+        (folder / name).write_bytes(audio.read_bytes())
+        rows.append((name, transcript))
+        files.append(folder / name)
+    return write_manifest(folder / "corpus.csv", rows), files
+
+
+def _cache_by_path(cache: Path) -> dict[str, np.ndarray]:
+    with h5py.File(cache) as h5:
+        offsets, lengths, features = h5["offsets"][...], h5["lengths"][...], h5["features"][...]
+        paths = [p.decode() for p in h5["paths"][...]]
+    return {path: features[o : o + n] for path, o, n in zip(paths, offsets, lengths, strict=True)}
+
+
+@pytest.mark.parametrize("rows, missing", [(70, (3, 10, 20, 33, 45, 60)), (40, (1, 5, 9, 13, 17, 21))])
+def test_parts_of_a_failed_run_are_never_paired_with_other_rows(write_config, tmp_path, rows, missing):
+    """Issue 26 H1: with files missing, a failed run's shard parts hold other rows than a run after the
+    files are back; they were reused by position (70 rows: 63 cached rows held another file's features;
+    40 rows: the grown last shard failed every rerun with IndexError). A part now carries a digest of
+    its rows: the rerun's cache equals a clean build, row by row."""
+    manifest, files = _copied_corpus(tmp_path / "corpus", rows)
+    saved = {index: files[index].read_bytes() for index in missing}
+    for index in missing:
+        files[index].unlink()
+    text = Path(_config(write_config, tmp_path, manifest).source).read_text()
+    strict = text.replace("max_reject_fraction: 1.0", "max_reject_fraction: 0.05")
+    config = load_config(write_config(strict, "s.yaml"))
+    with pytest.raises(CorpusError, match=r"6 of \d+ rows rejected"):
+        build_split_cache(Layout(config), "train")
+    assert list(Layout(config).features_parts("train").glob("*.npz"))  # kept for a rerun
+    for index, data in saved.items():
+        files[index].write_bytes(data)
+    summary = build_split_cache(Layout(config), "train")
+    assert summary.kept == rows
+    clean = load_config(write_config(Path(config.source).read_text().replace(
+        str(tmp_path / "work"), str(tmp_path / "clean")), "clean.yaml"))
+    rerun = _cache_by_path(Path(summary.cache))
+    fresh = _cache_by_path(Path(build_split_cache(Layout(clean), "train").cache))
+    assert sorted(rerun) == sorted(fresh) and len(rerun) == rows
+    for path, features in fresh.items():
+        np.testing.assert_array_equal(rerun[path], features, err_msg=path)
+
+
+def test_augmented_copies_do_not_dilute_max_reject_fraction(write_config, tmp_path):
+    """Issue 26 M3: with two speed copies per row, 2 missing files of 20 rows (10%) passed a 5% limit
+    (2 of 56 entries); the fraction now counts manifest rows."""
+    manifest, files = _copied_corpus(tmp_path / "corpus", 20)
+    files[4].unlink()
+    files[11].unlink()
+    config = _config(write_config, tmp_path, manifest, "augment:\n          speed_factors: [0.9, 1.1]")
+    config = load_config(write_config(Path(config.source).read_text().replace(
+        "max_reject_fraction: 1.0", "max_reject_fraction: 0.05"), "s.yaml"))
+    with pytest.raises(CorpusError, match=r"split 'train': 2 of 20 rows rejected \(10\.0% > "):
+        build_split_cache(Layout(config), "train")
+
+
+def test_a_split_whose_rows_are_all_rejected_is_an_error(write_config, tmp_path):
+    """Issue 26 N3: with every row rejected and max_reject_fraction 1.0, Features wrote an empty cache;
+    Evaluate then scored WER 0 and training crashed. Features now fails naming the split and the reasons,
+    and a reader refuses an empty cache (one written before this check) naming it."""
+    from pipeline.features.cache import CacheWriter
+
+    manifest, files = _copied_corpus(tmp_path / "corpus", 5)
+    for file in files:
+        file.unlink()
+    config = _config(write_config, tmp_path, manifest)
+    with pytest.raises(CorpusError) as error:
+        build_split_cache(Layout(config), "train")
+    message = str(error.value)
+    assert "\n" not in message and "split 'train': no usable rows, all 5 rejected" in message
+    assert "missing_file (5)" in message and "rejects.csv" in message
+    cache = Layout(config).features_cache("train")
+    assert not cache.exists()
+    empty = np.zeros(0)
+    with CacheWriter(cache, "x", config.features, empty, [], [], [], empty):
+        pass
+    with pytest.raises(CacheError, match=r"holds no utterance .*run the Features task again"):
+        read_cache(cache, config.features)
+
+
+def test_a_manifest_edited_after_scheduling_is_refused(write_config, tmp_path):
+    """Issue 26 M7: the cache is named by the manifest's digest when the run is scheduled; a manifest
+    edited before Features reads it gave a cache named by the old digest holding the new rows. Features
+    now digests the manifest it reads and refuses a mismatch, naming the file."""
+    manifest, _ = _copied_corpus(tmp_path / "corpus", 6)
+    layout = Layout(_config(write_config, tmp_path, manifest))
+    scheduled = layout.features_cache("train")  # what the scheduler's complete() asks
+    lines = manifest.read_text().splitlines(keepends=True)
+    manifest.write_text("".join(lines[:-2]))
+    with pytest.raises(FeaturesError, match=rf"{manifest}: the manifest changed after this run was schedul"):
+        build_split_cache(layout, "train")
+    assert not scheduled.exists()
+    assert build_split_cache(Layout(layout.config), "train").kept == 4  # a new schedule reads the new rows
+
+
+def test_a_linked_manifest_finds_its_audio_beside_its_real_file(write_config, tmp_path):
+    """Issue 26 N10: a manifest reached through a symbolic link resolved relative audio paths from the
+    link's folder (every row missing_file); the rule is the real file's folder, as for configs."""
+    manifest, _ = _copied_corpus(tmp_path / "corpus", 3)
+    (tmp_path / "elsewhere").mkdir()
+    link = tmp_path / "elsewhere" / "linked.csv"
+    link.symlink_to(manifest)
+    samples, rejects = read_manifests([link], 0, load_alphabet(ALPHABET))
+    assert len(samples) == 3 and not rejects
+
+
+_FEATURISE_ONE = """
+import sys
+from pipeline.config import FeaturesConfig
+from pipeline.stages.features import _process_shard
+count, rejected, seconds = _process_shard(sys.argv[2], [(sys.argv[1], 1)], FeaturesConfig(), 0.0)
+print(rejected, round(seconds))
+"""
+
+
+@pytest.mark.slow
+def test_a_long_file_is_featurised_in_bounded_memory(tmp_path):
+    """Issue 26 N9: one long file's features were computed whole (a 1-hour WAV peaked at 5.8 GB with
+    max_duration_s 0: the windows of the whole signal as float64); the audio is now read and featurised
+    in blocks. A 20-minute file may need at most 100 MB more than a 10-second one: its frames (26 floats
+    per 10 ms, 12.5 MB) in a few copies while they are joined, normalised and saved; the 1-hour file
+    took 218 MB against 138 MB for 10 s."""
+    clip, rate = soundfile.read(SAMPLE / "test" / "00003.flac", dtype="int16")
+    short, long_ = tmp_path / "short.wav", tmp_path / "long.wav"
+    soundfile.write(short, np.tile(clip, int(np.ceil(10 * rate / len(clip))))[: 10 * rate], rate)
+    with soundfile.SoundFile(long_, "w", rate, 1, subtype="PCM_16") as sink:
+        written = 0
+        while written < 20 * 60 * rate:
+            sink.write(clip)
+            written += len(clip)
+    script = tmp_path / "one.py"
+    script.write_text(_FEATURISE_ONE)
+    peaks = {}
+    for audio in (short, long_):
+        process = subprocess.Popen(
+            [sys.executable, str(script), str(audio), str(tmp_path / "part.npz")],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        _, status, usage = os.wait4(process.pid, 0)
+        out, err = process.stdout.read(), process.stderr.read()
+        assert status == 0 and out.split()[0] == "0", err[-2000:]
+        peaks[audio.name] = usage.ru_maxrss / 1024
+    assert int(out.split()[1]) >= 1200
+    assert peaks["long.wav"] - peaks["short.wav"] < 100, peaks

@@ -391,3 +391,34 @@ def test_a_non_chief_train_task_succeeds_only_on_the_chiefs_report(
         message
     )
     assert not Layout(load_config(elsewhere)).train_run.report.exists() and run.report.is_file()
+
+
+@pytest.mark.usefixtures("tasks_in_process")
+def test_workers_train_the_config_the_task_was_scheduled_with(small_config, monkeypatch):
+    """Issue 26 M7: local workers read the YAML file again when they started; edited after scheduling, it
+    made them train under another fingerprint while the task waited for the report of the scheduled one
+    (a ReportError after the whole training). The task now hands the workers the config it was scheduled
+    with, written as the run's resolved config."""
+    import luigi
+
+    import pipeline.train.multiworker as multiworker
+    from tasks import Train
+
+    path = _config(small_config, "edited.yaml", epochs=1)
+    path.write_text(path.read_text().replace(
+        "  collective_timeout_s: 20\n", "  collective_timeout_s: 20\n  local_workers: 2\n"))
+    scheduled = load_config(path)
+    launch = multiworker.launch_local_workers
+
+    def edit_then_launch(*args, **kwargs):  # the user edits the file while the task starts
+        path.write_text(path.read_text() + "model:\n  n_hidden: 40\n")
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(multiworker, "launch_local_workers", edit_then_launch)
+    task = Train(config=str(path))
+    assert luigi.build([task], local_scheduler=True)
+    run = Layout(scheduled).train_run
+    assert json.loads(run.report.read_text())["global_step"] == 2
+    assert load_config(run.resolved_config).model.n_hidden == scheduled.model.n_hidden
+    edited = Layout(load_config(path)).train_run.root
+    assert edited != run.root and not edited.exists()

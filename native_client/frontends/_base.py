@@ -223,6 +223,18 @@ class FeaturePipeline:
         out = self.frontend.frames(samples)
         return normalize_frames(out) if self.normalize and len(out) else out
 
+    def frames_of_blocks(self, blocks) -> tuple[np.ndarray, int]:
+        """Features of one utterance arriving as int16 blocks, equal to ``frames`` of the whole signal
+        (``FrameStream`` is frame-exact), and the number of samples seen. Memory: the frames and one block,
+        never the whole signal or its windows (an hour of audio as windows is gigabytes)."""
+        stream, pieces, samples = self.frontend.stream(), [], 0
+        for block in blocks:
+            samples += len(block)
+            pieces.append(stream.feed(block))
+        pieces.append(stream.finish())
+        out = np.concatenate(pieces)
+        return (normalize_frames(out) if self.normalize and len(out) else out), samples
+
     def to_dict(self) -> dict:
         """The metadata entry: ``type``, ``sample_rate``, ``normalize`` and the front end's settings."""
         return {**self.frontend.describe(), "type": self.type_name, "sample_rate": self.sample_rate,

@@ -1,5 +1,8 @@
 """CSV manifests (DeepSpeech format): parse, resolve paths, check transcripts, collect rejects.
 
+A relative ``wav_filename`` is relative to the folder of the manifest's real file: a manifest reached
+through a symbolic link finds its audio where the manifest itself lives (``manifest_folder``).
+
 Besides ``wav_filename,wav_filesize,transcript``, a manifest may carry ``offset`` and ``duration``
 (seconds; empty = from the start / to the end): the row is then that segment of the file, as a
 lhotse supervision is (an importer writes them for TED-LIUM's talks and Kaldi's ``segments``).
@@ -8,6 +11,8 @@ lhotse supervision is (an importer writes them for TED-LIUM's talks and Kaldi's 
 from __future__ import annotations
 
 import csv
+import hashlib
+import io
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,11 +50,22 @@ class Reject:
     detail: str
 
 
-def read_manifests(files, limit: int, alphabet: Alphabet) -> tuple[list[Sample], list[Reject]]:
-    """Read every CSV of a split, keep at most ``limit`` rows (0 = all) in file order, check transcripts and file presence.
+def manifest_folder(manifest: str | Path) -> Path:
+    """The folder relative audio paths of ``manifest`` start from: the folder of its real file (symbolic
+    links followed), so that a manifest linked from elsewhere still finds the audio beside it."""
+    return Path(manifest).resolve().parent
+
+
+def read_manifests(
+    files, limit: int, alphabet: Alphabet, digests: dict[str, str] | None = None
+) -> tuple[list[Sample], list[Reject]]:
+    """Read every CSV of a split, keep at most ``limit`` rows (0 = all) in file order, check transcripts
+    and file presence.
 
     Audio content is checked later, while features are computed. A row whose audio file an earlier row
     of the split already lists is rejected as ``duplicate`` (training on it twice would weight it double).
+    ``digests``, when given, receives the SHA-256 of the bytes of each manifest as it was read (the whole
+    file, also past ``limit``), so a caller can tell whether what it read is what it fingerprinted.
     """
     samples: list[Sample] = []
     rejects: list[Reject] = []
@@ -57,12 +73,14 @@ def read_manifests(files, limit: int, alphabet: Alphabet) -> tuple[list[Sample],
     rows = 0
     for manifest in files:
         manifest = Path(manifest)
-        for line, row in _rows(manifest):
+        digest = hashlib.sha256() if digests is not None else None
+        reader = _rows(manifest, digest)
+        for line, row in reader:
             if limit and rows >= limit:
-                return samples, rejects
+                break
             rows += 1
             source = f"{manifest}:{line}"
-            result = _check_row(row, manifest.parent, source, alphabet)
+            result = _check_row(row, manifest_folder(manifest), source, alphabet)
             if isinstance(result, Sample):
                 key = (str(Path(result.audio_path).resolve()), result.offset, result.duration)
                 if key in first_listed:
@@ -72,16 +90,51 @@ def read_manifests(files, limit: int, alphabet: Alphabet) -> tuple[list[Sample],
                 else:
                     first_listed[key] = source
             (samples if isinstance(result, Sample) else rejects).append(result)
+        reader.close()  # closing the file digests the rest of it
+        if digest is not None:
+            digests[str(manifest)] = digest.hexdigest()
+        if limit and rows >= limit:
+            break
     return samples, rejects
 
 
-def _rows(manifest: Path):
-    """Yield (line number, row dict) of one CSV; raise CorpusError if the header lacks a column."""
+class _HashingReader(io.RawIOBase):
+    """A binary file whose bytes are added to ``digest`` as they are read (to the end when closed), so a
+    manifest is digested in the same pass that parses it (hashlib has no reader of its own)."""
+
+    def __init__(self, raw, digest):
+        self._raw, self._digest = raw, digest
+
+    def readable(self) -> bool:
+        """Always readable."""
+        return True
+
+    def readinto(self, buffer) -> int:
+        """Read into ``buffer``, digesting what came."""
+        count = self._raw.readinto(buffer)
+        if count:
+            self._digest.update(memoryview(buffer)[:count])
+        return count
+
+    def close(self) -> None:
+        """Digest the rest of the file (rows past a limit), then close it."""
+        if not self.closed:
+            for block in iter(lambda: self._raw.read(1 << 20), b""):
+                self._digest.update(block)
+            self._raw.close()
+        super().close()
+
+
+def _rows(manifest: Path, digest=None):
+    """Yield (line number, row dict) of one CSV; raise CorpusError if the header lacks a column.
+    ``digest`` (a hashlib object), when given, receives every byte of the file."""
     try:
-        # utf-8-sig: spreadsheet programs save CSVs with a byte-order mark before the header.
-        handle = open(manifest, newline="", encoding="utf-8-sig")
+        raw = open(manifest, "rb")
     except OSError as error:
         raise CorpusError(f"{manifest}: cannot read manifest: {error.strerror}") from error
+    binary = io.BufferedReader(_HashingReader(raw, digest)) if digest is not None else raw
+    # utf-8-sig: spreadsheet programs save CSVs with a byte-order mark before the header.
+    handle = io.TextIOWrapper(binary, encoding="utf-8-sig", newline="")
     with handle:
         reader = csv.reader(handle)
         header = next(reader, None)
@@ -162,8 +215,11 @@ def check_reject_fraction(
     report: Path,
     earlier: Counter | None = None,
     earlier_reports: tuple[Path, ...] = (),
+    kept: int | None = None,
 ) -> None:
-    """Raise CorpusError naming the split and the top reasons if too many rows were rejected.
+    """Raise CorpusError naming the split and the top reasons if more than ``max_fraction`` of its
+    ``total`` rows were rejected, or if no utterance is left (``kept`` 0: an empty split would score a
+    perfect WER, or fail deep inside training), whatever the limit.
 
     ``earlier``: rows rejected for this split before its manifests were written (an Import's rejects,
     by reason), listed in ``earlier_reports``; they count in the rows and in the rejects."""
@@ -174,9 +230,13 @@ def check_reject_fraction(
     reasons = Counter(r.reason for r in rejects) + earlier
     rejected = sum(reasons.values())
     fraction = rejected / total
+    top = ", ".join(f"{reason} ({count})" for reason, count in reasons.most_common(3))
+    where = ", ".join(str(p) for p in (report, *earlier_reports))
+    if kept == 0:
+        raise CorpusError(
+            f"split {split!r}: no usable rows, all {total} rejected; top reasons: {top or 'none'}; see {where}"
+        )
     if fraction > max_fraction:
-        top = ", ".join(f"{reason} ({count})" for reason, count in reasons.most_common(3))
-        where = ", ".join(str(p) for p in (report, *earlier_reports))
         raise CorpusError(
             f"split {split!r}: {rejected} of {total} rows rejected ({fraction:.1%} > data.max_reject_fraction "
             f"{max_fraction:.1%}); top reasons: {top}; see {where}"
@@ -200,7 +260,7 @@ def find_reference(manifests, audio: str | Path) -> str | None:
         try:
             for _, row in _rows(manifest):  # streamed: a manifest is never held whole
                 name = row.get("wav_filename", "")
-                path = Path(name) if Path(name).is_absolute() else manifest.parent / name
+                path = Path(name) if Path(name).is_absolute() else manifest_folder(manifest) / name
                 if path.resolve() == target:
                     return row.get("transcript")
         except CorpusError:

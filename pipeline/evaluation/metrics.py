@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import heapq
+import json
+import math
 from dataclasses import asdict, dataclass
+from typing import TextIO
 
 import numpy as np
 from rapidfuzz.distance import Levenshtein
@@ -95,3 +99,58 @@ def format_report(title: str, rates: dict, samples: dict) -> str:
             lines.append(f"  src: {s['reference']}")
             lines.append(f"  res: {s['hypothesis']}")
     return "\n".join(lines)
+
+
+class ScoreBoard:
+    """A split's figures gathered utterance by utterance, so that nobody holds every result: corpus rates
+    (as ``corpus_rates``), the ``count`` best and worst samples (as ``best_and_worst``, ties in index
+    order) and, when ``sink`` is given, every result written to it as a JSON line (with its ``index``).
+    Memory: the ``2 * count`` samples kept, whatever the number of utterances."""
+
+    def __init__(self, count: int, sink: TextIO | None = None):
+        self.count = count
+        self.sink = sink
+        self.samples = self.words = self.word_errors = self.chars = self.char_errors = 0
+        self._loss_sum, self._losses = 0.0, 0
+        self._best: list = []  # max-heap by key (negated): the count smallest keys
+        self._worst: list = []  # min-heap by key: the count largest keys
+
+    def add(self, index: int, result: SampleResult) -> None:
+        """Count one utterance's result (``index``: its position in the split, for ties and the file)."""
+        self.samples += 1
+        self.words += result.words
+        self.word_errors += result.word_errors
+        self.chars += result.chars
+        self.char_errors += result.char_errors
+        if math.isfinite(result.loss):
+            self._loss_sum += result.loss
+            self._losses += 1
+        row = result.to_dict()
+        if self.sink is not None:
+            self.sink.write(json.dumps({"index": int(index), **row}) + "\n")
+        key = (result.wer, result.loss, int(index))
+        if self.count:
+            negated = (-key[0], -key[1], -key[2])
+            if len(self._best) < self.count:
+                heapq.heappush(self._best, (negated, row))
+            elif negated > self._best[0][0]:
+                heapq.heapreplace(self._best, (negated, row))
+            if len(self._worst) < self.count:
+                heapq.heappush(self._worst, (key, row))
+            elif key > self._worst[0][0]:
+                heapq.heapreplace(self._worst, (key, row))
+
+    def rates(self) -> dict:
+        """``corpus_rates`` of everything added."""
+        return {
+            "wer": self.word_errors / max(self.words, 1),
+            "cer": self.char_errors / max(self.chars, 1),
+            "loss": self._loss_sum / self._losses if self._losses else float("nan"),
+            "samples_count": self.samples,
+        }
+
+    def best_and_worst(self) -> dict:
+        """``best_and_worst`` of everything added."""
+        best = sorted(self._best, key=lambda item: item[0], reverse=True)
+        worst = sorted(self._worst, key=lambda item: item[0], reverse=True)
+        return {"best": [row for _, row in best], "worst": [row for _, row in worst]}

@@ -39,14 +39,17 @@ def run_split(
     on_logits: LogitsSink | None = None,
     reader: SplitReader | None = None,
     max_batch_frames: int = 0,
-) -> list[SampleResult]:
+    on_result: Callable[[int, SampleResult], None] | None = None,
+) -> list[SampleResult] | None:
     """Every sample of ``data`` through ``model``; results in the cache's sample order.
 
     ``on_logits``, when given, receives each sample's logits as its batch is
     done (for decoders), so no caller has to hold a split's logits in memory.
+    ``on_result(index, result)``, when given, receives each sample's result instead of the returned list
+    (None then), so no caller has to hold a split's results either.
     """
     forward = forward or make_forward(model, alphabet.blank_index)
-    results: list[SampleResult | None] = [None] * len(data)
+    results: list[SampleResult | None] = [None] * len(data) if on_result is None else []
     reader = reader or SplitReader(data)
     for features, lengths, labels, label_lengths, indices in checked(
         eval_dataset(reader, batch_size, max_batch_frames)
@@ -55,9 +58,11 @@ def run_split(
         logits, loss, lengths = logits.numpy(), loss.numpy(), lengths.numpy()
         for row, index in enumerate(indices.numpy()):
             hypothesis = greedy_decode(logits[row], lengths[row], alphabet)
-            results[int(index)] = score_sample(
-                data.paths[index], data.transcripts[index], hypothesis, float(loss[row])
-            )
+            result = score_sample(data.paths[index], data.transcripts[index], hypothesis, float(loss[row]))
+            if on_result is None:
+                results[int(index)] = result
+            else:
+                on_result(int(index), result)
             if on_logits is not None:
                 on_logits(int(index), logits[row, : lengths[row]])
-    return results
+    return results if on_result is None else None

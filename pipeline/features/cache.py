@@ -279,9 +279,16 @@ def read_cache(path: Path, features: FeaturesConfig) -> CacheIndex:
         raise CacheError(f"{path}: feature cache does not exist; run the Features task")
     check_settings(path, features)
     try:
-        return _read_index(path)
+        index = _read_index(path)
     except (OSError, KeyError) as error:
         raise damaged(path, error) from None
+    if len(index) == 0:
+        # Features refuses to write one now; an empty split would score a perfect WER, or crash training.
+        raise CacheError(
+            f"{path}: the feature cache holds no utterance (every row of its split was rejected; see the "
+            f"rejects report beside it); fix the corpus and run the Features task again"
+        )
+    return index
 
 
 def _read_index(path: Path) -> CacheIndex:

@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from native_client.alphabet import load_alphabet
-from pipeline.decode.settings import decode_pool, decoder_spec, describe, rescore
+from pipeline.decode.settings import decode_pool, decoder_spec, describe
 from pipeline.evaluation.logits_store import LogitsStore
-from pipeline.evaluation.metrics import best_and_worst, corpus_rates, format_report
+from pipeline.evaluation.metrics import ScoreBoard, format_report, score_sample
 from pipeline.evaluation.run import run_split
 from pipeline.features.cache import read_cache
-from pipeline.files import remove_leftovers, write_text_atomic
+from pipeline.files import atomic_path, remove_leftovers, write_text_atomic
 from pipeline.layout import LEFTOVER_PATTERNS, Layout
 from pipeline.lm.files import lm_built, verify_lm_files
+from pipeline.locks import stage_lock
 from pipeline.model.checkpoints import load_trained_model, resolve_checkpoint
 from pipeline.reports import EvaluationReport, write_report
 
@@ -32,9 +36,10 @@ def evaluate_stage(
 ) -> EvaluationReport:
     """Test-set WER, CER and loss of the best-dev checkpoint (or ``checkpoint``), greedy and (``beam``)
     with the configured decoder (``decoder.type``, beam search by default) and the LM as
-    ``wer_lm``/``cer_lm``; ``beam=None`` uses the LM when the
-    LanguageModel stage has run. Writes ``evaluation.json`` and ``evaluation.txt`` into ``out_dir``
-    (default: the fingerprinted Evaluate directory). ``on_progress(phase, done, total)`` follows the
+    ``wer_lm``/``cer_lm``; ``beam=None`` uses the LM when the LanguageModel stage has run. Writes
+    ``evaluation.json``, ``evaluation.txt`` and every utterance's result (``samples.jsonl``,
+    ``samples_lm.jsonl``) into ``out_dir`` (default: the fingerprinted Evaluate directory).
+    ``on_progress(phase, done, total)`` follows the
     greedy pass and the beam decoding, utterance by utterance."""
     config = layout.config
     out_dir = Path(out_dir or layout.evaluate_dir)
@@ -44,80 +49,94 @@ def evaluate_stage(
     beam = beam or (beam is None and lm_built(layout))
     if beam:
         verify_lm_files(layout, deep=True)  # before the greedy pass, not after it
-    remove_leftovers(out_dir, LEFTOVER_PATTERNS)
+    with stage_lock(out_dir):
+        # Every Evaluate writing here holds this lock: the scratch files found now are dead.
+        remove_leftovers(out_dir, LEFTOVER_PATTERNS, locked_prefixes=(".",))
+        return _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progress)
+
+
+def _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progress) -> EvaluationReport:
+    """The greedy pass (logits to a scratch file, each result to ``samples.jsonl``), then the beam pass over
+    the stored logits (each result to ``samples_lm.jsonl``): per-utterance results are streamed to files,
+    only the figures and the best and worst samples stay in memory."""
+    config = layout.config
     model = load_trained_model(config, checkpoint, test_data.n_input, alphabet.n_classes)
     total = len(test_data)
+    losses = np.full(total, np.nan)  # the greedy pass's loss of each utterance, for the beam pass's records
     with LogitsStore(layout.logits_scratch(out_dir), total, alphabet.n_classes) as logits:
-        done = [0]
+        with atomic_path(layout.evaluation_samples(out_dir)) as tmp, open(tmp, "w", encoding="utf-8") as sink:
+            greedy = ScoreBoard(config.training.report_count, sink)
 
-        def keep(index, sample_logits):
-            logits.put(index, sample_logits)
-            done[0] += 1
-            on_progress("greedy", done[0], total)
+            def keep_logits(index, sample_logits):
+                logits.put(index, sample_logits)
+                on_progress("greedy", greedy.samples, total)  # its result was added just before
 
-        results = run_split(
-            model,
-            test_data,
-            alphabet,
-            config.training.dev_batch_size,
-            on_logits=keep,
-            max_batch_frames=config.training.max_batch_frames,
+            def keep_result(index, result):
+                losses[index] = result.loss
+                greedy.add(index, result)
+
+            run_split(
+                model,
+                test_data,
+                alphabet,
+                config.training.dev_batch_size,
+                on_logits=keep_logits,
+                max_batch_frames=config.training.max_batch_frames,
+                on_result=keep_result,
+            )
+        rates, samples = greedy.rates(), greedy.best_and_worst()
+        report = EvaluationReport(
+            **rates,
+            checkpoint=str(resolve_checkpoint(checkpoint)),
+            decoder="greedy",
+            samples=samples,
+            samples_file=layout.evaluation_samples(out_dir).name,
         )
-        report, text = _report(
-            layout,
-            alphabet,
-            results,
-            logits,
-            checkpoint,
-            beam,
-            lambda count: on_progress("beam + LM", count, total),
-        )
+        text = format_report("Test (greedy)", rates, samples)
+        if beam:
+            report, text = _beam_pass(layout, alphabet, test_data, logits, losses, out_dir, report, text,
+                                      lambda count: on_progress("beam + LM", count, total))
     log.info("%s", text)
     write_text_atomic(layout.evaluation_text(out_dir), text + "\n")
     write_report(layout.evaluation_report(out_dir), report)
     return report
 
 
-def _report(
-    layout: Layout,
-    alphabet,
-    results: list,
-    logits: LogitsStore,
-    checkpoint,
-    beam: bool | None,
-    on_done: Callable[[int], None],
-):
-    """The evaluation report and its text: greedy figures, and beam + LM ones when asked."""
+# Utterances decoded per call of the decode pool: its answer (the transcripts) is held per block only.
+DECODE_BLOCK = 512
+
+
+def _beam_pass(layout, alphabet, test_data, logits, losses, out_dir, report, text, on_done):
+    """Beam search + LM over the stored logits, block by block; returns the report and text with the
+    ``*_lm`` figures added."""
     config = layout.config
-    rates = corpus_rates(results)
-    samples = best_and_worst(results, config.training.report_count)
-    report = EvaluationReport(
-        **rates,
-        checkpoint=str(resolve_checkpoint(checkpoint)),
-        decoder="greedy",
-        samples=samples,
-        all_samples=[r.to_dict() for r in results],
+    spec = decoder_spec(layout, alphabet)
+    started = time.time()
+    board_path = layout.evaluation_samples(out_dir, lm=True)
+    stream = iter(logits)
+    with decode_pool(layout, spec) as pool, atomic_path(board_path) as tmp, open(
+        tmp, "w", encoding="utf-8"
+    ) as sink:
+        board = ScoreBoard(config.training.report_count, sink)
+        for first in range(0, len(test_data), DECODE_BLOCK):
+            block = itertools.islice(stream, DECODE_BLOCK)
+            texts = pool.decode(block, on_done=lambda count, first=first: on_done(first + count))
+            for index, hypothesis in enumerate(texts, first):
+                path, reference = test_data.paths[index], test_data.transcripts[index]
+                board.add(index, score_sample(path, reference, hypothesis, float(losses[index])))
+    beam_rates, beam_samples = board.rates(), board.best_and_worst()
+    report = dataclasses.replace(
+        report,
+        wer_lm=beam_rates["wer"],
+        cer_lm=beam_rates["cer"],
+        decoder_lm={"type": spec.type, **spec.settings},
+        decode_lm_s=round(time.time() - started, 2),
+        samples_lm=beam_samples,
+        samples_lm_file=board_path.name,
     )
-    text = format_report("Test (greedy)", rates, samples)
-    if beam:
-        spec = decoder_spec(layout, alphabet)
-        started = time.time()
-        with decode_pool(layout, spec) as pool:
-            beam_results = rescore(results, pool.decode(logits, on_done=on_done))
-        beam_rates = corpus_rates(beam_results)
-        beam_samples = best_and_worst(beam_results, config.training.report_count)
-        report = dataclasses.replace(
-            report,
-            wer_lm=beam_rates["wer"],
-            cer_lm=beam_rates["cer"],
-            decoder_lm={"type": spec.type, **spec.settings},
-            decode_lm_s=round(time.time() - started, 2),
-            samples_lm=beam_samples,
-            all_samples_lm=[r.to_dict() for r in beam_results],
-        )
-        text += "\n" + format_report(
-            f"Test ({describe(spec)})",
-            {**beam_rates, "loss": rates["loss"]},
-            beam_samples,
-        )
+    text += "\n" + format_report(
+        f"Test ({describe(spec)})",
+        {**beam_rates, "loss": report.loss},
+        beam_samples,
+    )
     return report, text

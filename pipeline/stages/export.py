@@ -1,9 +1,18 @@
 """Export: the best-dev checkpoint as SavedModel, frozen GraphDef and TFLite, with metadata.
 
-The export is assembled in a hidden staging directory beside its destination, with
-a manifest of every file's SHA-256 and size, and exchanged with the old export in
-one step only when complete: a crash never leaves a half export that a client or a
-rerun would trust, and the export path is never missing.
+The export is assembled in a hidden staging directory inside its destination, with
+a manifest of every file's SHA-256 and size, and published only when complete: each
+of its files and folders is exchanged with the old one in one step (``metadata.json``
+last), so a crash never leaves a half export that a client or a rerun would trust,
+and no file of it is ever missing. Publishing touches only what an export writes:
+other files in ``paths.export_dir`` (numbered versions, a user's own) stay, and the
+directory itself is never renamed, so it may be a mount point.
+
+With ``export.versioned`` each export claims the next number by creating its
+directory (``mkdir`` is atomic, on NFS too): two exports at once never share a
+number. Every export holds the lock inside its destination (``locks.stage_lock``)
+while it runs, so its staging directory is removed by another run only when it
+is dead, whichever machine it ran on.
 """
 
 from __future__ import annotations
@@ -21,14 +30,46 @@ from native_client.metadata import write_manifest
 from pipeline.export.inference_graph import SIGNATURE, InferenceGraph, tensor_names
 from pipeline.export.writers import build_metadata, copy_language_model, write_frozen_graph, write_tflite
 from pipeline.features.frontend import feature_pipeline
-from pipeline.files import remove_leftovers, replace_directory
-from pipeline.layout import LEFTOVER_PATTERNS, ExportFiles, Layout
+from native_client.metadata import MANIFEST_NAME, METADATA_NAME
+from pipeline.files import publish_entries, remove_leftovers
+from pipeline.layout import EXPORT_STAGING_PREFIX, LEFTOVER_PATTERNS, ExportFiles, Layout
+from pipeline.locks import in_use, lock_path, stage_lock
 from pipeline.lm.files import lm_built
 from pipeline.model import model_family
 from pipeline.model.checkpoints import load_trained_model, resolve_checkpoint
 from pipeline.reports import write_report
 
 log = logging.getLogger(__name__)
+
+
+def claim_version(root: Path) -> int:
+    """The next free version number below ``root``, claimed by creating its directory: of two exports
+    claiming at once, one gets the number and the other the next one."""
+    root.mkdir(parents=True, exist_ok=True)
+    numbers = [int(p.name) for p in root.iterdir() if p.name.isdigit()]
+    version = max(numbers, default=0) + 1
+    while True:
+        try:
+            (root / str(version)).mkdir()
+            return version
+        except FileExistsError:
+            version += 1
+
+
+def remove_abandoned_versions(root: Path) -> list[Path]:
+    """Remove numbered versions below ``root`` that a killed export claimed and never finished: no
+    ``metadata.json``, a lock file that no live process holds. (A claim without a lock file yet is a
+    starting export and is left alone.)"""
+    removed = []
+    for version in root.iterdir() if root.is_dir() else ():
+        lock = lock_path(version, inside=True)
+        if (version.name.isdigit() and version.is_dir() and not (version / METADATA_NAME).exists()
+                and lock.exists() and in_use(version) is None):
+            shutil.rmtree(version, ignore_errors=True)
+            removed.append(version)
+    if removed:
+        log.info("Removed versions killed exports left unfinished: %s", ", ".join(str(p) for p in removed))
+    return removed
 
 
 def export_stage(
@@ -42,11 +83,26 @@ def export_stage(
     With ``export.versioned`` each export goes to a new numbered directory below it. The
     LanguageModel stage's LM and vocabulary are copied in (``with_lm=None``: when it has run).
     """
-    config = layout.config
-    version = max(layout.export_versions(), default=0) + 1 if config.export.versioned else None
+    root = layout.export_root
+    root.mkdir(parents=True, exist_ok=True)
+    version = None
+    if layout.config.export.versioned:
+        remove_abandoned_versions(root)
+        version = claim_version(root)
     destination = layout.export_destination(version)
+    with stage_lock(destination.root, inside=True):
+        # Every export into this directory stages under this lock: the staging directories found now are dead.
+        remove_leftovers(destination.root, LEFTOVER_PATTERNS, locked_prefixes=(EXPORT_STAGING_PREFIX,))
+        metadata = _export(layout, destination, version, checkpoint, on_status, with_lm)
+    on_status(f"exported to {destination.root}", 100)
+    log.info("Exported %s (step %s) to %s", metadata.checkpoint, metadata.global_step, destination.root)
+    return destination
+
+
+def _export(layout, destination: ExportFiles, version, checkpoint, on_status, with_lm):
+    """Assemble the export in a staging directory inside ``destination`` and publish it there."""
+    config = layout.config
     staging = ExportFiles(destination.staging())
-    remove_leftovers(destination.root.parent, LEFTOVER_PATTERNS)
     shutil.rmtree(staging.root, ignore_errors=True)
     staging.root.mkdir(parents=True)
     try:
@@ -77,10 +133,12 @@ def export_stage(
         metadata = dataclasses.replace(metadata, frozen_graph=frozen, decoder=decoder)
         write_report(staging.metadata, metadata)
         write_manifest(staging.root)
-        replace_directory(staging.root, destination.root)
-    except BaseException:
+        publish_entries(
+            staging.root,
+            destination.root,
+            last=(MANIFEST_NAME, METADATA_NAME),
+            replaced=destination.written_entries(),
+        )
+    finally:
         shutil.rmtree(staging.root, ignore_errors=True)
-        raise
-    on_status(f"exported to {destination.root}", 100)
-    log.info("Exported %s (step %s) to %s", prefix, metadata.global_step, destination.root)
-    return destination
+    return metadata

@@ -4,13 +4,22 @@ Work is split into shards of samples; each finished shard is saved as its
 own ``.npz`` part (written under a temporary name, then renamed), so a run
 killed half-way resumes with the finished shards. The parts live in a folder
 named by the stage fingerprint, so parts made with other settings are never
-reused. The parts are merged into the cache at the end and then removed.
+reused, and each part's name carries a digest of exactly the rows it was
+computed from (audio path, size and modification time, segment, copy): which
+rows a shard holds depends on which audio files exist, so a part is reused
+only for the very same rows. The parts are merged into the cache at the end
+and then removed.
+
+A long file's features are computed block by block (the front ends stream
+frame-exactly), so memory does not grow with one file's length beyond its
+frames.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import json
 import logging
 import multiprocessing
@@ -28,7 +37,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from native_client.alphabet import load_alphabet
-from native_client.audio import AudioError, load_checked
+from native_client.audio import AudioError, open_checked
 from pipeline.config import AugmentConfig, FeaturesConfig
 from pipeline.data.manifests import Reject, Sample, check_reject_fraction, read_manifests, write_rejects
 from pipeline.features.audio_augment import apply_variant, noise_files, variants
@@ -64,47 +73,77 @@ class FeaturesSummary:
     reasons: dict = field(default_factory=dict)
 
 
+# Seconds of audio read (and featurised) at once: a long file is never in memory whole.
+AUDIO_BLOCK_S = 20.0
+
+
+def _utterance(
+    job: tuple, features: FeaturesConfig, computation, max_duration_s: float
+) -> tuple[np.ndarray, float]:
+    """The features ``[frames, feature_size]`` and duration (seconds) of one job; AudioError when unusable.
+
+    Audio longer than ``max_duration_s`` (when not 0) is refused as ``too_long`` from its header, before
+    anything is decoded. Without an augmented copy the audio is read and featurised in blocks."""
+    audio_path, _, *extra = job
+    variant = extra[0] if extra else None
+    offset, length = extra[1:3] if len(extra) >= 3 else (0.0, None)
+    audio = open_checked(
+        audio_path,
+        features.sample_rate,
+        offset=offset,
+        duration=length,
+        convert_rate=features.resample,
+        downmix=features.downmix,
+        convert_hint="set features.resample: true to convert",
+        downmix_hint="set features.downmix: true to average them",
+    )
+
+    def too_long(duration: float) -> AudioError:
+        return AudioError(
+            "too_long",
+            f"{audio_path}: {duration:.2f} s of audio, more than data.max_duration_s {max_duration_s:g} s",
+        )
+
+    speed = variant.speed if variant is not None else 1.0
+    if max_duration_s and audio.seconds / speed > max_duration_s + 0.5:  # the header's length, give or take
+        raise too_long(audio.seconds / speed)
+    if variant is not None:
+        whole = np.concatenate(list(audio.blocks(AUDIO_BLOCK_S)))
+        samples = apply_variant(whole, variant, features.sample_rate)
+        count = len(samples)
+        if max_duration_s and count / features.sample_rate > max_duration_s:
+            raise too_long(count / features.sample_rate)
+        frames = computation.frames(samples)
+    else:
+        frames, count = computation.frames_of_blocks(audio.blocks(AUDIO_BLOCK_S))
+    duration = count / features.sample_rate
+    if max_duration_s and duration > max_duration_s:
+        raise too_long(duration)
+    return frames, duration
+
+
 def _process_shard(
-    part: str, jobs: list[tuple], features: FeaturesConfig, max_duration_s: float
+    part: str, jobs: list[tuple], features: FeaturesConfig, max_duration_s: float, key: str = ""
 ) -> tuple[int, int, float]:
     """Compute one shard and save it as ``part`` (atomically); returns (count, rejected, audio seconds).
 
     A job is (audio path, minimum frames[, Variant[, offset, duration]]): a variant makes an augmented
     copy of the audio; offset and duration (seconds) read a segment of the file (None = to its end).
-    Audio longer than ``max_duration_s`` (when not 0) is rejected as ``too_long``."""
+    Audio longer than ``max_duration_s`` (when not 0) is rejected as ``too_long``. ``key`` (the digest of
+    the jobs, ``shard_key``) is stored in the part, which is valid for those jobs only."""
     utterances, lengths, durations, reasons, details = [], [], [], [], []
     computation = feature_pipeline(features)
     empty = np.zeros((0, computation.feature_size), np.float32)
-    for audio_path, min_frames, *extra in jobs:
-        variant = extra[:1]
-        offset, length = extra[1:3] if len(extra) >= 3 else (0.0, None)
+    for job in jobs:
+        min_frames = job[1]
         reason = detail = ""
         frames = empty
         duration = 0.0
         try:
-            samples = load_checked(
-                audio_path,
-                features.sample_rate,
-                offset=offset,
-                duration=length,
-                convert_rate=features.resample,
-                downmix=features.downmix,
-                convert_hint="set features.resample: true to convert",
-                downmix_hint="set features.downmix: true to average them",
-            )
-            if variant and variant[0] is not None:
-                samples = apply_variant(samples, variant[0], features.sample_rate)
-            duration = len(samples) / features.sample_rate
-            if max_duration_s and duration > max_duration_s:
-                raise AudioError(
-                    "too_long",
-                    f"{audio_path}: {duration:.2f} s of audio, more than "
-                    f"data.max_duration_s {max_duration_s:g} s",
-                )
-            frames = computation.frames(samples)
+            frames, duration = _utterance(job, features, computation, max_duration_s)
             if not np.isfinite(frames).all():
                 reason = "non_finite_features"
-                detail = f"{audio_path}: the features hold NaN or Inf (corrupt samples?)"
+                detail = f"{job[0]}: the features hold NaN or Inf (corrupt samples?)"
             elif len(frames) < min_frames:
                 reason = "too_short_for_transcript"
                 detail = f"transcript needs at least {min_frames} time steps, audio gives {len(frames)} ({duration:.2f} s)"
@@ -125,23 +164,46 @@ def _process_shard(
             durations=np.array(durations, np.float32),
             reasons=np.array(reasons, dtype=str),
             details=np.array(details, dtype=str),
+            key=np.array(key),
         )
     return len(jobs), sum(1 for r in reasons if r), float(sum(d for d, r in zip(durations, reasons, strict=False) if not r))
 
 
-def _part_summary(part: Path) -> dict | None:
+def shard_key(jobs: list[tuple]) -> str:
+    """A digest of exactly what a shard is computed from: each job (audio path, minimum frames, copy,
+    segment) with its audio file's size and modification time. Which rows fall into a shard depends on
+    which files exist, so a part is reused only when this digest is the same."""
+    digest = hashlib.sha256()
+    for audio_path, min_frames, *extra in jobs:
+        try:
+            stat = os.stat(audio_path)
+            stamp = [stat.st_size, stat.st_mtime_ns]
+        except OSError:
+            stamp = None
+        digest.update(json.dumps([str(audio_path), stamp, int(min_frames), repr(extra)]).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()[:16]
+
+
+def _part_summary(part: Path, key: str | None = None, count: int | None = None) -> dict | None:
     """The small arrays of a finished part (lengths, durations, reasons, details), read without its
-    features; None when it is missing. A damaged part is removed with a warning naming it, so that
-    it is computed again."""
+    features; None when it is missing. A damaged part, or one made from other jobs than ``key``/``count``
+    say, is removed with a warning naming it, so that it is computed again."""
     if not part.exists():
         return None
     try:
         with np.load(part, allow_pickle=False) as data:
-            return {key: data[key] for key in ("lengths", "durations", "reasons", "details")}
+            summary = {k: data[k] for k in ("lengths", "durations", "reasons", "details")}
+            stored = str(data["key"]) if "key" in data.files else None
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as error:
         log.warning("%s: damaged feature shard (%s); computing it again", part, error)
         part.unlink(missing_ok=True)
         return None
+    if (key is not None and stored != key) or (count is not None and len(summary["lengths"]) != count):
+        log.warning("%s: feature shard made from other rows; computing it again", part)
+        part.unlink(missing_ok=True)
+        return None
+    return summary
 
 
 def _part_features(part: Path) -> np.ndarray:
@@ -175,8 +237,9 @@ def build_split_cache(layout: Layout, split: str, progress: ProgressFn | None = 
     """
     cache = layout.features_cache(split)
     with stage_lock(cache):
-        remove_leftovers(cache.parent, LEFTOVER_PATTERNS)
-        remove_leftovers(layout.features_parts(split), LEFTOVER_PATTERNS)
+        # This cache's temporaries (its own, its rejects report's, its parts') are written under this lock.
+        remove_leftovers(cache.parent, LEFTOVER_PATTERNS, locked_prefixes=(f".{cache.stem}.",))
+        remove_leftovers(layout.features_parts(split), LEFTOVER_PATTERNS, locked_prefixes=(".",))
         if cache.is_file():
             return _existing_summary(split, cache, layout.rejects_report(split))
         return _build_split_cache(layout, split, progress)
@@ -241,19 +304,35 @@ def _existing_summary(split: str, cache: Path, report: Path) -> FeaturesSummary:
 def _build_split_cache(layout: Layout, split: str, progress: ProgressFn | None) -> FeaturesSummary:
     config = layout.config
     alphabet = load_alphabet(layout.alphabet)
-    samples, rejects = read_manifests(layout.split_manifests(split), config.split_limit(split), alphabet)
+    cache = layout.features_cache(split)  # the fingerprint (and the manifests' digests it used), first
+    digests: dict[str, str] = {}
+    samples, rejects = read_manifests(layout.split_manifests(split), config.split_limit(split), alphabet, digests)
+    changed = layout.changed_inputs(digests)
+    if changed:
+        raise FeaturesError(
+            f"{changed[0]}: the manifest changed after this run was scheduled (the cache name "
+            f"{cache.name} comes from its earlier content); run the Features task again"
+        )
+    rows = len(samples) + len(rejects)  # manifest rows: what data.max_reject_fraction is a fraction of
     samples, audio_sources = _with_copies(samples, config.augment if split == "train" else AugmentConfig())
-    cache = layout.features_cache(split)
     parts_dir = layout.features_parts(split)
     parts_dir.mkdir(parents=True, exist_ok=True)
+
+    def job(position: int, sample: Sample) -> tuple:
+        path, variant = audio_sources[position]
+        return path, ctc_min_frames(sample.labels), variant, sample.offset, sample.duration
+
     shards = [samples[i : i + SHARD_SIZE] for i in range(0, len(samples), SHARD_SIZE)]
-    part_paths = [layout.features_part(parts_dir, index) for index in range(len(shards))]
+    jobs = [[job(i * SHARD_SIZE + k, s) for k, s in enumerate(shard)] for i, shard in enumerate(shards)]
+    keys = [shard_key(shard_jobs) for shard_jobs in jobs]
+    part_paths = [layout.features_part(parts_dir, index, key) for index, key in enumerate(keys)]
+    _remove_other_parts(parts_dir, part_paths)
     total = len(samples) + len(rejects)
     done, rejected, seconds = len(rejects), len(rejects), 0.0
 
     todo = []
     for index, shard in enumerate(shards):
-        part = _part_summary(part_paths[index])
+        part = _part_summary(part_paths[index], keys[index], len(shard))
         if part is None:
             todo.append(index)
         else:
@@ -265,16 +344,10 @@ def _build_split_cache(layout: Layout, split: str, progress: ProgressFn | None) 
 
     workers = config.features.workers or os.cpu_count() or 1
     max_duration = config.data.max_duration_s
-
-    def job(position: int, sample: Sample) -> tuple:
-        path, variant = audio_sources[position]
-        return path, ctc_min_frames(sample.labels), variant, sample.offset, sample.duration
-
-    jobs = {index: [job(index * SHARD_SIZE + k, s) for k, s in enumerate(shards[index])] for index in todo}
     if workers == 1 or len(todo) <= 1:
         for index in todo:
             count, bad, secs = _process_shard(
-                str(part_paths[index]), jobs[index], config.features, max_duration
+                str(part_paths[index]), jobs[index], config.features, max_duration, keys[index]
             )
             done, rejected, seconds = done + count, rejected + bad, seconds + secs
             if progress:
@@ -282,7 +355,9 @@ def _build_split_cache(layout: Layout, split: str, progress: ProgressFn | None) 
     elif todo:
         with _executor(min(workers, len(todo))) as pool:
             futures = [
-                pool.submit(_process_shard, str(part_paths[i]), jobs[i], config.features, max_duration)
+                pool.submit(
+                    _process_shard, str(part_paths[i]), jobs[i], config.features, max_duration, keys[i]
+                )
                 for i in todo
             ]
             for future in as_completed(futures):
@@ -292,7 +367,10 @@ def _build_split_cache(layout: Layout, split: str, progress: ProgressFn | None) 
                     progress(done, total, rejected, seconds)
 
     report = layout.rejects_report(split)
-    kept_samples, durations = _merge_parts(layout, split, shards, part_paths, rejects, total, report)
+    is_copy = [variant is not None for _, variant in audio_sources]
+    kept_samples, durations = _merge_parts(
+        layout, split, shards, part_paths, keys, rejects, is_copy, rows, report
+    )
     return FeaturesSummary(
         split=split,
         cache=str(cache),
@@ -304,24 +382,43 @@ def _build_split_cache(layout: Layout, split: str, progress: ProgressFn | None) 
     )
 
 
+def _remove_other_parts(parts_dir: Path, wanted: list[Path]) -> None:
+    """Remove the parts of ``parts_dir`` this run does not use: made from other rows (audio files that
+    were missing then, a grown last shard), they would never be valid again."""
+    keep = {path.name for path in wanted}
+    stale = [path for path in parts_dir.glob("*.npz") if path.name not in keep]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    if stale:
+        log.info("%s: removed %d feature shards made from other rows", parts_dir, len(stale))
+
+
 def _merge_parts(
     layout: Layout,
     split: str,
     shards: list,
     part_paths: list[Path],
+    keys: list[str],
     rejects: list[Reject],
-    total: int,
+    is_copy: list[bool],
+    rows: int,
     report: Path,
 ) -> tuple[list, list[float]]:
     """Write the rejects report, check the reject fraction, then the cache from the finished parts:
     the kept utterances in length order, one shard's features in memory at a time. Returns the kept
-    samples and their durations (manifest order)."""
+    samples and their durations (manifest order).
+
+    The fraction counts manifest rows (``rows``; ``rejects`` starts with the rows the manifest check
+    refused): a rejected augmented copy (``is_copy``, per entry) is listed in the report but counted
+    neither as a row nor as a reject, so copies never dilute the limit. A split with no utterance left
+    is an error, whatever the limit."""
     config = layout.config
+    row_rejects = list(rejects)
     # The index of every kept utterance (small: no features), then the cache in length order.
     kept: list[tuple[int, int, int]] = []  # (shard, position in shard, frames)
     kept_samples, durations = [], []
     for index, shard in enumerate(shards):
-        part = _part_summary(part_paths[index])
+        part = _part_summary(part_paths[index], keys[index], len(shard))
         if part is None:
             raise FeaturesError(
                 f"{part_paths[index]}: a finished feature shard disappeared during the run; "
@@ -330,14 +427,15 @@ def _merge_parts(
         for position, sample in enumerate(shard):
             length = int(part["lengths"][position])
             if length < 0:
-                rejects.append(
-                    Reject(
-                        sample.source,
-                        sample.audio_path,
-                        str(part["reasons"][position]),
-                        str(part["details"][position]),
-                    )
+                reject = Reject(
+                    sample.source,
+                    sample.audio_path,
+                    str(part["reasons"][position]),
+                    str(part["details"][position]),
                 )
+                rejects.append(reject)
+                if not is_copy[index * SHARD_SIZE + position]:
+                    row_rejects.append(reject)
                 continue
             kept.append((index, position, length))
             kept_samples.append(sample)
@@ -346,7 +444,14 @@ def _merge_parts(
     write_rejects(report, rejects)
     imported, import_rejects = _import_rejects(layout, split)
     check_reject_fraction(
-        split, total, rejects, config.data.max_reject_fraction, report, imported, import_rejects
+        split,
+        rows,
+        row_rejects,
+        config.data.max_reject_fraction,
+        report,
+        imported,
+        import_rejects,
+        kept=len(kept),
     )
     lengths = np.array([frames for _, _, frames in kept], np.int64)
     order = np.argsort(lengths, kind="stable")  # where each cache row comes from

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from native_client.alphabet import load_alphabet
 from native_client.arpa import arpa_counts, arpa_unigrams, is_arpa
-from pipeline.files import write_text_atomic
+from pipeline.files import fsync_path, fsync_tree, write_text_atomic
 from pipeline.layout import Layout, LMFiles
 from pipeline.lm.files import LanguageModelDamaged, lm_file_records, verify_lm_files
 from pipeline.lm.kenlm_tools import build_binary, filter_vocabulary, find_tools, run_lmplz
@@ -50,7 +50,9 @@ def build_language_model(
             shutil.rmtree(staging.root, ignore_errors=True)
             raise
         shutil.rmtree(files.root, ignore_errors=True)
+        fsync_tree(staging.root)  # the files reach the disk before the rename that publishes them
         staging.root.rename(files.root)
+        fsync_path(files.root.parent)
     log.info("Language model: %s", {k: v for k, v in dataclasses.asdict(report).items() if k != "discounts"})
     return report
 

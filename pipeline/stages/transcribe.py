@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 
 from native_client import open_model
@@ -11,11 +13,34 @@ from pipeline.files import write_json_atomic
 from pipeline.layout import ExportFiles, Layout
 from pipeline.stages.graph import SPLITS
 
+log = logging.getLogger(__name__)
+
+
+def stored_transcript(layout: Layout, export: ExportFiles, audio: str | Path) -> dict | None:
+    """The record an earlier Transcribe kept for this very file (its content) and export, or None."""
+    try:
+        return json.loads(export.transcript(audio, layout.export_fingerprint).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def keep_transcript(layout: Layout, export: ExportFiles, audio: str | Path, record: dict) -> Path | None:
+    """Write ``record`` to ``export.transcript(audio)``; returns the path, or None with a one-line warning
+    when the export cannot be written (a read-only volume): the record is a convenience, the transcript
+    has been printed already."""
+    path = export.transcript(audio, layout.export_fingerprint)
+    try:
+        write_json_atomic(path, record)
+    except OSError as error:
+        log.warning("%s: the transcript is not kept (%s)", path, error.strerror or error)
+        return None
+    return path
+
 
 def transcribe_stage(layout: Layout, export: ExportFiles, audio: str | Path) -> dict:
-    """Transcribe ``audio`` with ``export`` (the decoder its metadata names, with its LM) and write the
-    record to ``export.transcript(audio)``; the record holds the text, timings and, when a manifest of the
-    config lists the file, its reference transcript.
+    """Transcribe ``audio`` with ``export`` (the decoder its metadata names, with its LM); returns the
+    record: the text, timings and, when a manifest of the config lists the file, its reference transcript
+    (``keep_transcript`` stores it).
 
     ``export`` is the config's current export (the Export stage's output), so the record is keyed on
     the config's export fingerprint."""
@@ -34,5 +59,4 @@ def transcribe_stage(layout: Layout, export: ExportFiles, audio: str | Path) -> 
         "export": str(export.root),
         "model_version": model.metadata.model_version,
     }
-    write_json_atomic(export.transcript(audio, layout.export_fingerprint), record)
     return record

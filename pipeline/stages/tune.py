@@ -17,6 +17,7 @@ from pipeline.evaluation.metrics import corpus_rates
 from pipeline.evaluation.run import run_split
 from pipeline.features.cache import read_cache
 from pipeline.files import remove_leftovers
+from pipeline.locks import stage_lock
 from pipeline.layout import LEFTOVER_PATTERNS, Layout
 from pipeline.lm.files import verify_lm_files
 from pipeline.model.checkpoints import load_trained_model
@@ -41,7 +42,14 @@ def tune_decoder(
     alphabet = load_alphabet(layout.alphabet)
     dev = read_cache(layout.features_cache("dev"), config.features)
     verify_lm_files(layout, deep=True)  # before the greedy pass, not after it
-    remove_leftovers(layout.tune_dir, LEFTOVER_PATTERNS)
+    with stage_lock(layout.tune_dir):
+        # Every TuneDecoder writing here holds this lock: the scratch files found now are dead.
+        remove_leftovers(layout.tune_dir, LEFTOVER_PATTERNS, locked_prefixes=(".logits-",))
+        return _tune(layout, alphabet, dev, on_trial, report_path)
+
+
+def _tune(layout, alphabet, dev, on_trial, report_path) -> TuneReport:
+    config = layout.config
     model = load_trained_model(config, layout.train_run.best, dev.n_input, alphabet.n_classes)
     base = configured_settings(config)
     started = time.time()

@@ -6,6 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 
+class StopTraining(Exception):  # noqa: N818 - a request, not an error
+    """Raised by a hook to stop training now (a signal, a user): the trainer saves a checkpoint of the
+    position the step ended at first, so that a rerun resumes there."""
+
+
 @dataclass(frozen=True)
 class StepInfo:
     """After each training step: where the run is (``epoch`` 0-based, ``step`` the global step after

@@ -53,7 +53,7 @@ from pipeline.train.dataset import SplitReader, batch_plan, plan_digest, train_d
 from pipeline.train.distribute import ClusterRole
 from pipeline.train.epochs import RunRecord, epoch_target
 from pipeline.train.history import EpochLoss, HistoryState, SkippedBatch, TrainHistory
-from pipeline.train.hooks import EpochInfo, StepInfo, TrainHooks, ValidationInfo
+from pipeline.train.hooks import EpochInfo, StepInfo, StopTraining, TrainHooks, ValidationInfo
 from pipeline.train.policy import EpochPolicy, EpochVerdict, learning_rate
 from pipeline.train.step import StepResult, TrainStep
 
@@ -659,17 +659,23 @@ class Trainer:
                     self._save()
                     last_save = time.monotonic()
                 if self.hooks.on_step:
-                    self.hooks.on_step(
-                        StepInfo(
-                            epoch=epoch,
-                            target_epochs=target,
-                            step=int(self.state.global_step.numpy()),
-                            step_in_epoch=int(self.state.step_in_epoch.numpy()),
-                            steps_per_epoch=self.steps_per_epoch,
-                            loss=self._last_loss,
-                            elapsed_s=time.monotonic() - started,
-                        )
+                    info = StepInfo(
+                        epoch=epoch,
+                        target_epochs=target,
+                        step=int(self.state.global_step.numpy()),
+                        step_in_epoch=int(self.state.step_in_epoch.numpy()),
+                        steps_per_epoch=self.steps_per_epoch,
+                        loss=self._last_loss,
+                        elapsed_s=time.monotonic() - started,
                     )
+                    try:
+                        self.hooks.on_step(info)
+                    except StopTraining:
+                        # The step's book-keeping is done: a consistent position. A multi-worker save is
+                        # collective, so only a lone worker can save on a request of its own.
+                        if self.role.count == 1:
+                            self._save()
+                        raise
             self._end_epoch(epoch, target)
             last_save = time.monotonic()
 
