@@ -1,7 +1,8 @@
 """Command line, compatible with DeepSpeech's client:
 
     deepspeech-transcribe --model <export dir | model.tflite | output_graph.pb> --audio a.wav [--audio ...]
-        [--scorer lm.binary | --no-scorer] [--beam_width N] [--lm_alpha A] [--lm_beta B]
+        [--scorer lm.arpa | --scorer lm.binary --vocabulary words.txt | --no-scorer] [--beam_width N]
+        [--lm_alpha A] [--lm_beta B]
         [--candidate_transcripts N] [--extended] [--json] [--no-resample] [--version]
 
 (also ``python -m native_client``). Hyphen and underscore spellings of the options are both accepted.
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 from native_client.audio import AudioError
+from native_client.deepspeech_tflite import is_deepspeech_tflite
 from native_client.metadata import FORMAT_VERSION, METADATA_NAME, ExportError
 
 BACKEND_OF_SUFFIX = {".tflite": "tflite", ".pb": "frozen_graph"}
@@ -39,7 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--model",
         required=True,
         help=f"export directory (holds {METADATA_NAME}, or numbered versions of it), or one of its "
-        f"model files (.tflite, .pb, saved_model/)",
+        f"model files (.tflite, .pb, saved_model/), or a DeepSpeech 0.7+/Coqui STT .tflite model",
     )
     parser.add_argument(
         "--audio", required=True, action="append", help="audio file (WAV, FLAC, ...); repeat for several"
@@ -69,6 +71,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for the model (default: 1)")
     parser.add_argument("--scorer", help="language model (ARPA or KenLM binary) instead of the export's own")
     parser.add_argument(
+        "--vocabulary",
+        help="the words of a KenLM binary --scorer (white-space separated; an ARPA scorer lists its own)",
+    )
+    parser.add_argument(
         "--no-scorer", "--no_scorer", action="store_true", help="greedy decoding, no language model"
     )
     parser.add_argument(
@@ -97,8 +103,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def model_location(model: str, backend: str | None) -> tuple[Path, str]:
-    """(export directory, backend) for ``--model``: a directory, or a model file inside an export."""
+    """(export directory, backend) for ``--model``: a directory, or a model file inside an export; a
+    DeepSpeech/Coqui ``.tflite`` (recognised by its metadata outputs) is returned as the file itself."""
     path = Path(model)
+    if is_deepspeech_tflite(path):  # a DeepSpeech 0.7+/Coqui STT model: the file is the whole model
+        if backend and backend != "tflite":
+            raise ExportError(f"{model}: a DeepSpeech/Coqui .tflite model, but --backend {backend} was given")
+        return path, "tflite"
     if path.is_file():
         if path.suffix not in BACKEND_OF_SUFFIX:
             raise ExportError(f"{path}: not a model file (expected an export directory, a .tflite or a .pb)")
@@ -140,7 +151,7 @@ def main(argv=None) -> int:
     factory = (
         None
         if args.no_scorer
-        else (lambda metadata: beam_decoder_for_export(metadata, args.scorer, overrides))
+        else (lambda metadata: beam_decoder_for_export(metadata, args.scorer, overrides, args.vocabulary))
     )
     try:
         directory, backend = model_location(args.model, args.backend)

@@ -244,9 +244,12 @@ class BeamDecoder:
         return self.decoder.decode(emissions.ctypes.data, emissions.shape[0], emissions.shape[1])
 
 
-def beam_decoder_for_export(metadata, scorer: str | Path | None = None, overrides: dict | None = None):
-    """The beam decoder an export describes (its LM and vocabulary), or with another ``scorer``;
-    None when the export has no LM and no scorer is given."""
+def beam_decoder_for_export(
+    metadata, scorer: str | Path | None = None, overrides: dict | None = None, vocabulary_file=None
+):
+    """The beam decoder an export describes (its LM and vocabulary), or with another ``scorer`` (an ARPA
+    file, whose unigrams are the vocabulary, or a KenLM binary with ``vocabulary_file``: words separated by
+    white space); None when the export has no LM and no scorer is given."""
     decoder = dict(metadata.decoder or {})
     decoder.update({k: v for k, v in (overrides or {}).items() if v is not None})
     settings = BeamSettings.from_dict(decoder)
@@ -265,13 +268,16 @@ def beam_decoder_for_export(metadata, scorer: str | Path | None = None, override
     vocabulary = None
     if settings.lexicon:
         vocab_file = metadata.directory / decoder["vocabulary"] if decoder.get("vocabulary") else None
-        if scorer and is_arpa(lm):
+        if vocabulary_file:
+            vocabulary = Path(vocabulary_file).read_text(encoding="utf-8").split()
+        elif scorer and is_arpa(lm):
             vocabulary = arpa_unigrams(lm)
         elif vocab_file is not None and vocab_file.is_file():
             vocabulary = vocab_file.read_text(encoding="utf-8").split()
         else:
             raise FileNotFoundError(
                 f"{vocab_file or metadata.directory / METADATA_NAME}: vocabulary needed for "
-                f"lexicon decoding is missing" + ("" if vocab_file else " (no decoder.vocabulary entry)")
+                f"lexicon decoding is missing"
+                + ("" if vocab_file else " (no decoder.vocabulary entry; --vocabulary names a word list)")
             )
     return BeamDecoder(metadata.alphabet, lm, settings, vocabulary)
