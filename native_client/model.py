@@ -56,7 +56,7 @@ class Model:
     def __init__(self, export_dir: str | Path, backend: str = "tflite", threads: int = 1, decoder=None):
         if is_deepspeech_tflite(export_dir):
             if backend != "tflite":
-                raise ExportError(f"{export_dir}: a DeepSpeech/Coqui .tflite model runs on the tflite backend")
+                raise ExportError(f"{export_dir}: a DeepSpeech/Coqui .tflite runs on the tflite backend")
             self.runner: StepRunner = DeepSpeechTFLiteRunner(export_dir, threads)
             self.metadata: ExportMetadata = self.runner.metadata
         else:
