@@ -1,7 +1,7 @@
 """Command line, compatible with DeepSpeech's client:
 
     deepspeech-transcribe --model <export dir | model.tflite | output_graph.pb> --audio a.wav [--audio ...]
-        [--scorer lm.arpa | --scorer lm.binary --vocabulary words.txt | --no-scorer] [--beam_width N]
+        [--scorer lm.arpa | lm.binary --vocabulary words.txt | kenlm.scorer | --no-scorer] [--beam_width N]
         [--lm_alpha A] [--lm_beta B]
         [--candidate_transcripts N] [--extended] [--json] [--no-resample] [--version]
 
@@ -69,7 +69,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="model runtime (default: from --model's file, else tflite)",
     )
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for the model (default: 1)")
-    parser.add_argument("--scorer", help="language model (ARPA or KenLM binary) instead of the export's own")
+    parser.add_argument(
+        "--scorer",
+        help="language model instead of the export's own: ARPA, KenLM binary (with --vocabulary) or a "
+        "DeepSpeech/Coqui .scorer package",
+    )
     parser.add_argument(
         "--vocabulary",
         help="the words of a KenLM binary --scorer (white-space separated; an ARPA scorer lists its own)",

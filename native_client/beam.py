@@ -24,6 +24,7 @@ from native_client.alphabet import Alphabet
 from native_client.arpa import arpa_unigrams, is_arpa
 from native_client.decoding import log_softmax
 from native_client.metadata import METADATA_NAME, verify_manifest
+from native_client.scorer_package import is_scorer_package, read_scorer_package
 from native_client.transcripts import Candidate, word_timings
 
 SPACE_TOKEN = "|"
@@ -107,12 +108,19 @@ class BeamDecoder:
             self.lm = KenLM(self.lm_path, self.word_dict)
             trie = Trie(len(self.tokens), self.space)
             start = self.lm.start(False)
+            unknown_score, unknown = self.lm.score(start, self.word_dict.get_index(UNK_WORD))[1], 0
             for word in words:
                 index = self.word_dict.get_index(word)
                 _, score = self.lm.score(start, index)
+                unknown += score == unknown_score
                 # Spellings end with the separator (space), as flashlight expects: a word ends when its
                 # separator is read, so a last letter held over several frames stays one letter.
                 trie.insert([self.alphabet.labels.index(ch) for ch in word] + [self.space], index, score)
+            if words and unknown > len(words) / 2:  # KenLM scores a word it lacks as <unk>
+                raise ValueError(
+                    f"{lm_path}: {unknown} of the {len(words)} vocabulary words are not in the language "
+                    f"model: a vocabulary (or .scorer) made for another alphabet?"
+                )
             trie.smear(SmearingMode.MAX)
             self.trie = trie  # the decoder only borrows it
             self.vocabulary_size = len(words)
@@ -247,10 +255,14 @@ class BeamDecoder:
 def beam_decoder_for_export(
     metadata, scorer: str | Path | None = None, overrides: dict | None = None, vocabulary_file=None
 ):
-    """The beam decoder an export describes (its LM and vocabulary), or with another ``scorer`` (an ARPA
-    file, whose unigrams are the vocabulary, or a KenLM binary with ``vocabulary_file``: words separated by
-    white space); None when the export has no LM and no scorer is given."""
+    """The beam decoder an export describes (its LM and vocabulary), or with another ``scorer``: an ARPA
+    file (its unigrams are the vocabulary), a KenLM binary with ``vocabulary_file`` (words separated by
+    white space), or a DeepSpeech ``.scorer`` package (its words and default weights,
+    ``native_client.scorer_package``). None when the export has no LM and no scorer is given."""
     decoder = dict(metadata.decoder or {})
+    package = read_scorer_package(scorer, metadata.alphabet) if scorer and is_scorer_package(scorer) else None
+    if package is not None:  # a DeepSpeech .scorer: its words, and its defaults unless overridden
+        decoder.update(lm_alpha=package.lm_alpha, lm_beta=package.beta, lexicon=True)
     decoder.update({k: v for k, v in (overrides or {}).items() if v is not None})
     settings = BeamSettings.from_dict(decoder)
     key = "lm" if settings.lexicon else "char_lm"
@@ -270,6 +282,8 @@ def beam_decoder_for_export(
         vocab_file = metadata.directory / decoder["vocabulary"] if decoder.get("vocabulary") else None
         if vocabulary_file:
             vocabulary = Path(vocabulary_file).read_text(encoding="utf-8").split()
+        elif package is not None:
+            vocabulary = list(package.words)
         elif scorer and is_arpa(lm):
             vocabulary = arpa_unigrams(lm)
         elif vocab_file is not None and vocab_file.is_file():

@@ -13,13 +13,14 @@ import json
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile
 
 from native_client import Model
-from native_client.alphabet import load_alphabet
+from native_client.alphabet import Alphabet, load_alphabet
 from native_client.deepspeech_tflite import deserialize_alphabet, is_deepspeech_tflite
 from native_client.metadata import ExportError
 from pipeline.evaluation.metrics import corpus_rates, score_sample
@@ -216,3 +217,91 @@ def test_serialised_alphabets_are_read_and_damaged_ones_refused():
         deserialize_alphabet(serialise([" ", "ա"])[:-1], "m")
     with pytest.raises(ExportError, match="multi-character or byte labels"):
         deserialize_alphabet(serialise([" ", "ու"]), "m")
+
+
+def write_scorer_package(
+    binary: Path, words: list[str], alphabet, alpha: float, beta: float, out: Path
+) -> None:
+    """A .scorer package laid out as DeepSpeech's generate_scorer_package writes one (trie not minimised)."""
+    children: list[dict] = [{}]
+    final = {0: False}
+    space = alphabet.labels.index(" ") + 1
+    for word in words:
+        state = 0
+        for label in [alphabet.labels.index(ch) + 1 for ch in word] + [space]:
+            if label not in children[state]:
+                children.append({})
+                children[state][label] = len(children) - 1
+            state = children[state][label]
+        final[state] = True
+    states, arcs = b"", b""
+    for state, arcs_of in enumerate(children):
+        weight = 0.0 if final.get(state) else float("inf")
+        states += struct.pack("<fIIII", weight, len(arcs) // 16, len(arcs_of), 0, len(arcs_of))
+        arcs += b"".join(
+            struct.pack("<iifi", label, label, 0.0, nxt) for label, nxt in sorted(arcs_of.items())
+        )
+    data = bytearray(binary.read_bytes())
+    data += b"EIRT" + struct.pack("<ib", 6, 0) + struct.pack("<dd", alpha, beta)
+    data += (
+        struct.pack("<i", 2125659606) + struct.pack("<i", 5) + b"const" + struct.pack("<i", 8) + b"standard"
+    )
+    data += struct.pack("<iiQqqq", 2, 4, 0, 0, len(children), len(arcs) // 16)
+    data += b"\0" * (-len(data) % 16) + states
+    data += b"\0" * (-len(data) % 16) + arcs
+    out.write_bytes(bytes(data))
+
+
+def test_a_deepspeech_scorer_package_is_read_with_its_words_and_weights(model, armspeech_model, tmp_path):
+    from native_client.scorer_package import ScorerPackageError, is_scorer_package, read_scorer_package
+    from pipeline.lm.kenlm_tools import find_tools
+    from pipeline.lm.kneser_ney import estimate, write_arpa
+
+    tools = find_tools()
+    if tools is None:
+        pytest.skip("KenLM's build_binary is not installed (make kenlm)")
+    texts = [text for _, _, text in clips()]
+    words = sorted({w for t in texts for w in t.split()})
+    write_arpa(estimate([t.split() for t in texts], 3), tmp_path / "lm.arpa")
+    # As DeepSpeech's generate_lm.py builds it: without the vocabulary strings (-v).
+    subprocess.run(
+        [str(tools["build_binary"]), "-v", "trie", str(tmp_path / "lm.arpa"), str(tmp_path / "lm.binary")],
+        check=True,
+        capture_output=True,
+    )
+    package = tmp_path / "hy.scorer"
+    write_scorer_package(tmp_path / "lm.binary", words, model.metadata.alphabet, 0.75, 1.25, package)
+    assert is_scorer_package(package) and not is_scorer_package(tmp_path / "lm.binary")
+    read = read_scorer_package(package, model.metadata.alphabet)
+    assert read.words == tuple(words) and (read.alpha, read.beta) == (0.75, 1.25)
+    assert read.lm_alpha == pytest.approx(0.75 * 2.302585093)
+
+    command = [
+        sys.executable,
+        "-m",
+        "native_client",
+        "--model",
+        str(armspeech_model),
+        "--scorer",
+        str(package),
+    ]
+    result = subprocess.run(
+        command + sum((["--audio", p] for p, _, _ in clips()), []), capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    found = [line.split(": ", 1)[1] for line in result.stdout.splitlines()]
+    assert all(set(t.split()) <= set(words) for t in found)
+    cer = corpus_rates([score_sample("", ref, hyp, 0.0) for ref, hyp in zip(texts, found, strict=True)])[
+        "cer"
+    ]
+    assert cer < 0.25
+
+    english = tmp_path / "other.scorer"  # the labels of another, larger alphabet
+    write_scorer_package(
+        tmp_path / "lm.binary", words, load_alphabet(ARMENIAN / "alphabet.txt"), 0.75, 1.25, english
+    )
+    small = Alphabet(tuple(" աբգ"))
+    with pytest.raises(
+        ScorerPackageError, match="beyond the model's alphabet of 4: a package built for another"
+    ):
+        read_scorer_package(english, small)
