@@ -219,7 +219,10 @@ class TrainingConfig:
         stages=(),
     )
     init_from: str | None = _opt(
-        None, "Warm start from this checkpoint directory or export (weights only).", path=True
+        None,
+        "Warm start from this checkpoint directory or Train run (weights only); the deepspeech family also "
+        "reads a DeepSpeech 0.7+/Coqui STT .tflite model or a DeepSpeech 0.6+/Coqui TF1 checkpoint directory.",
+        path=True,
     )
     drop_source_layers: int = _opt(
         0, "With init_from: re-initialise this many last layers (new alphabet).", minimum=0, maximum=6
