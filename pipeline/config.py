@@ -291,6 +291,12 @@ class ExportConfig:
     n_steps: int = _opt(16, "Time steps per streaming call.", minimum=1)
     quantize: bool = _opt(False, "Dynamic-range int8 quantisation of the TFLite model.")
     versioned: bool = _opt(False, "Keep numbered versions under export_dir.")
+    coqui_tflite: bool = _opt(
+        False,
+        "Also write output_graph.tflite in the DeepSpeech 0.9 / Coqui STT layout (their tensor names, MFCC "
+        "subgraph and metadata), which their clients and apps load; needs features.type deepspeech with its "
+        "filterbank defaults and the deepspeech family.",
+    )
 
 
 @dataclass(frozen=True)
@@ -481,6 +487,14 @@ def validate_config(config: Config) -> None:
         raise ConfigError(
             f"{src}: augment.gain_db / augment.noise_dir act on copies: set augment.speed_factors or augment.audio_copies"
         )
+    if config.export.coqui_tflite:
+        from pipeline.export.coqui_tflite import check_exportable
+        from pipeline.features.frontend import feature_pipeline
+
+        try:
+            check_exportable(feature_pipeline(config.features), config.model.architecture)
+        except ValueError as error:
+            raise ConfigError(f"{src}: export.coqui_tflite: {error}") from None
     if config.training.epochs == 0:
         raise ConfigError(f"{src}: training.epochs: expected a non-zero integer, got 0")
     decoder = config.decoder
