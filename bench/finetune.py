@@ -58,6 +58,7 @@ def write_config(path: Path, corpus: Path, work: Path, init_from: Path | None, a
           test_files: [{corpus / "test.csv"}]
           limit_train: {args.train_utterances}
           limit_dev: {args.dev_utterances}
+          limit_test: {args.test_utterances}
         features: {{type: deepspeech}}
         model: {{n_hidden: 2048, n_context: 9, dropout_rate: 0.0}}
         training:
@@ -122,7 +123,8 @@ def before_figures(model_path: Path, config_path: Path) -> dict:
     greedy, with_lm = [], []
     test = Path(config.data.test_files[0])
     with open(test, encoding="utf-8") as handle:
-        for row in csv.DictReader(handle):
+        rows = list(csv.DictReader(handle))
+        for row in rows[: config.data.limit_test or None]:
             logits = model.logits(soundfile.read(test.parent / row["wav_filename"], dtype="int16")[0])
             greedy.append(
                 score_sample(row["wav_filename"], row["transcript"], model.greedy.decode(logits), 0.0)
@@ -148,9 +150,13 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--model", type=Path, default=None, help="default: the armspeech model of make fetch-models"
     )
+    parser.add_argument(
+        "--corpus", type=Path, default=None, help="an existing corpus (default: made in --work)"
+    )
     parser.add_argument("--takes", type=int, default=3, help="voices per sentence in the corpus")
     parser.add_argument("--train-utterances", type=int, default=160)
     parser.add_argument("--dev-utterances", type=int, default=48)
+    parser.add_argument("--test-utterances", type=int, default=0, help="0: the whole test split")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--learning-rate", type=float, default=1e-4)
@@ -160,9 +166,10 @@ def main(argv=None) -> int:
         print(missing_message("armspeech"), file=sys.stderr)
         return 2
     work = args.work or Path(tempfile.mkdtemp(prefix="finetune-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
     print(cpu_line(), flush=True)
     started = time.perf_counter()
-    corpus = work / "corpus"
+    corpus = args.corpus or work / "corpus"
     if not (corpus / "test.csv").is_file():
         counts = generate(corpus, args.takes, 60, 2024)
         print(f"corpus: {counts} utterances in {corpus}", flush=True)
