@@ -71,7 +71,7 @@ def write_config(path: Path, corpus: Path, work: Path, init_from: Path | None, a
           {init}
         early_stop: {{rule: "off"}}
         augment: {{speed_factors: []}}
-        decoder: {{lm_order: 3, beam_width: 128}}
+        decoder: {{lexicon: false, char_lm_order: 6, beam_width: 128}}
     """),
         encoding="utf-8",
     )
