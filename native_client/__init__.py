@@ -4,7 +4,7 @@ Needs numpy, soundfile, scipy, python_speech_features and a TFLite interpreter
 (``ai-edge-litert``, or TensorFlow); never luigi or the training code.
 
     from native_client import Model
-    model = Model("export/")
+    model = Model("export/")          # or a DeepSpeech 0.7+/Coqui STT model: Model("model.tflite")
     print(model.transcribe_file("clip.wav").text)
     stream = model.create_stream()
     stream.feed_audio(chunk); stream.intermediate_decode(); stream.finish()

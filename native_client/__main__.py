@@ -1,9 +1,9 @@
 """Command line, compatible with DeepSpeech's client:
 
     deepspeech-transcribe --model <export dir | model.tflite | output_graph.pb> --audio a.wav [--audio ...]
-        [--scorer lm.binary | --no-scorer] [--beam_width N] [--lm_alpha A] [--lm_beta B]
-        [--hot_words word:boost,...] [--candidate_transcripts N] [--extended] [--json] [--no-resample]
-        [--allow-plugin MODULE] [--version]
+        [--scorer lm.arpa | lm.binary --vocabulary words.txt | kenlm.scorer | --no-scorer] [--beam_width N]
+        [--lm_alpha A] [--lm_beta B] [--hot_words word:boost,...] [--candidate_transcripts N] [--extended]
+        [--json] [--no-resample] [--allow-plugin MODULE] [--version]
 
 (also ``python -m native_client``). Hyphen and underscore spellings of the options are both accepted.
 """
@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from native_client.audio import AudioError
+from native_client.deepspeech_tflite import is_deepspeech_tflite
 from native_client.metadata import FORMAT_VERSION, METADATA_NAME, ExportError
 
 BACKEND_OF_SUFFIX = {".tflite": "tflite", ".pb": "frozen_graph"}
@@ -41,7 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--model",
         required=True,
         help=f"export directory (holds {METADATA_NAME}, or numbered versions of it), or one of its "
-        f"model files (.tflite, .pb, saved_model/)",
+        f"model files (.tflite, .pb, saved_model/), or a DeepSpeech 0.7+/Coqui STT .tflite model",
     )
     parser.add_argument(
         "--audio", required=True, action="append", help="audio file (WAV, FLAC, ...); repeat for several"
@@ -71,7 +72,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="model runtime (default: from --model's file, else tflite)",
     )
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for the model (default: 1)")
-    parser.add_argument("--scorer", help="language model (ARPA or KenLM binary) instead of the export's own")
+    parser.add_argument(
+        "--scorer",
+        help="language model instead of the export's own: ARPA, KenLM binary (with --vocabulary) or a "
+        "DeepSpeech/Coqui .scorer package",
+    )
+    parser.add_argument(
+        "--vocabulary",
+        help="the words of a KenLM binary --scorer (white-space separated; an ARPA scorer lists its own)",
+    )
     parser.add_argument(
         "--no-scorer", "--no_scorer", action="store_true", help="greedy decoding, no language model"
     )
@@ -129,8 +138,13 @@ def parse_hot_words(text: str) -> dict[str, float]:
 
 
 def model_location(model: str, backend: str | None) -> tuple[Path, str]:
-    """(export directory, backend) for ``--model``: a directory, or a model file inside an export."""
+    """(export directory, backend) for ``--model``: a directory, or a model file inside an export; a
+    DeepSpeech/Coqui ``.tflite`` (recognised by its metadata outputs) is returned as the file itself."""
     path = Path(model)
+    if is_deepspeech_tflite(path):  # a DeepSpeech 0.7+/Coqui STT model: the file is the whole model
+        if backend and backend != "tflite":
+            raise ExportError(f"{model}: a DeepSpeech/Coqui .tflite model, but --backend {backend} was given")
+        return path, "tflite"
     if path.is_file():
         if path.suffix not in BACKEND_OF_SUFFIX:
             raise ExportError(f"{path}: not a model file (expected an export directory, a .tflite or a .pb)")
@@ -183,7 +197,11 @@ def main(argv=None) -> int:
     factory = (
         None
         if args.no_scorer
-        else (lambda metadata: decoder_for_export(metadata, args.scorer, overrides, args.allow_plugin))
+        else (
+            lambda metadata: decoder_for_export(
+                metadata, args.scorer, overrides, args.allow_plugin, vocabulary_file=args.vocabulary
+            )
+        )
     )
     try:
         directory, backend = model_location(args.model, args.backend)

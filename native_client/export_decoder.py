@@ -9,10 +9,14 @@ from pathlib import Path
 from native_client.arpa import arpa_unigrams, is_arpa
 from native_client.decoders import DEFAULT_TYPE, Decoder, DecoderSpec, decoder_class
 from native_client.metadata import METADATA_NAME, ExportMetadata, verify_manifest
+from native_client.scorer_package import is_scorer_package, read_scorer_package
 
 
 def decoder_spec_for_export(
-    metadata: ExportMetadata, scorer: str | Path | None = None, overrides: dict | None = None
+    metadata: ExportMetadata,
+    scorer: str | Path | None = None,
+    overrides: dict | None = None,
+    vocabulary_file: str | Path | None = None,
 ) -> DecoderSpec | None:
     """The spec of the export's decoder, with another LM (``scorer``) and ``overrides`` of its settings
     (``beam_width``, ``lm_alpha``, ``lm_beta``, ``hot_words``; None values are ignored). None when the
@@ -20,11 +24,16 @@ def decoder_spec_for_export(
 
     ``type`` is the entry's (exports written before decoders had types: ``beam``). The LM is the word
     LM with a lexicon and the character LM without; the export's files are checked against its
-    manifest, and a scorer given as ARPA brings its own vocabulary (its unigrams)."""
+    manifest. A scorer brings its vocabulary: an ARPA file its unigrams, a KenLM binary the words of
+    ``vocabulary_file`` (white-space separated), a DeepSpeech/Coqui ``.scorer`` package its own words
+    and default weights (``native_client.scorer_package``)."""
     entry = dict(metadata.decoder or {})
     settings = {
         key: value for key, value in entry.items() if key not in ("type", "lm", "char_lm", "vocabulary")
     }
+    package = read_scorer_package(scorer, metadata.alphabet) if scorer and is_scorer_package(scorer) else None
+    if package is not None:  # a DeepSpeech .scorer: its words, and its defaults unless overridden
+        settings.update(lm_alpha=package.lm_alpha, lm_beta=package.beta, lexicon=True)
     settings.update({key: value for key, value in (overrides or {}).items() if value is not None})
     lexicon = bool(settings.get("lexicon", True))
     key = "lm" if lexicon else "char_lm"
@@ -41,14 +50,19 @@ def decoder_spec_for_export(
     vocabulary: str | tuple[str, ...] | None = None
     if lexicon:
         vocab_file = metadata.directory / entry["vocabulary"] if entry.get("vocabulary") else None
-        if scorer and is_arpa(lm):
+        if vocabulary_file:
+            vocabulary = tuple(Path(vocabulary_file).read_text(encoding="utf-8").split())
+        elif package is not None:
+            vocabulary = tuple(package.words)
+        elif scorer and is_arpa(lm):
             vocabulary = tuple(arpa_unigrams(lm))
         elif vocab_file is not None and vocab_file.is_file():
             vocabulary = str(vocab_file)
         else:
             raise FileNotFoundError(
                 f"{vocab_file or metadata.directory / METADATA_NAME}: vocabulary needed for "
-                f"lexicon decoding is missing" + ("" if vocab_file else " (no decoder.vocabulary entry)")
+                f"lexicon decoding is missing"
+                + ("" if vocab_file else " (no decoder.vocabulary entry; --vocabulary names a word list)")
             )
     return DecoderSpec(
         type=entry.get("type") or DEFAULT_TYPE,
@@ -64,13 +78,14 @@ def decoder_for_export(
     scorer: str | Path | None = None,
     overrides: dict | None = None,
     allowed: Iterable[str] = (),
+    vocabulary_file: str | Path | None = None,
 ) -> Decoder | None:
     """The decoder ``decoder_spec_for_export`` describes, or None (greedy) when the export has no LM.
 
     An export never chooses code to import by itself: a decoder type that is a dotted module (a user's
     own) is loaded only when it is in ``allowed`` (the client's ``--allow-plugin``; Transcribe allows the
     config's own ``decoder.type``). A refused or unknown type is a PluginError naming the metadata file."""
-    spec = decoder_spec_for_export(metadata, scorer, overrides)
+    spec = decoder_spec_for_export(metadata, scorer, overrides, vocabulary_file)
     if spec is None:
         return None
     what = f"{metadata.directory / METADATA_NAME}: decoder.type"

@@ -10,8 +10,9 @@ import numpy as np
 
 from native_client.audio import stream_for_model
 from native_client.decoders.greedy import GreedyDecoder
-from native_client.metadata import ExportMetadata, load_metadata, verify_manifest
-from native_client.runtime import make_runner
+from native_client.deepspeech_tflite import DeepSpeechTFLiteRunner, is_deepspeech_tflite
+from native_client.metadata import ExportError, ExportMetadata, load_metadata, verify_manifest
+from native_client.runtime import StepRunner, make_runner
 from native_client.stream import Stream, run_frames
 
 
@@ -46,20 +47,27 @@ class Transcript:
 class Model:
     """An exported acoustic model with its decoder.
 
-    ``backend`` is ``tflite`` (default), ``saved_model`` or ``frozen_graph``; ``decoder``
-    is a ``native_client.decoders.Decoder`` (default: greedy; ``decoder_for_export`` builds the one
-    the export's metadata describes). ``plugins``: dotted names of implementations of one's own (a front
-    end) the export may load; built-in ones need none.
+    ``export_dir`` is an export directory, or a DeepSpeech/Coqui ``.tflite`` file
+    (``native_client.deepspeech_tflite``). ``backend`` is ``tflite`` (default), ``saved_model`` or
+    ``frozen_graph``; ``decoder`` is a ``native_client.decoders.Decoder`` (default: greedy;
+    ``decoder_for_export`` builds the one the export's metadata describes). ``plugins``: dotted names of
+    implementations of one's own (a front end) the export may load; built-in ones need none.
     """
 
     def __init__(self, export_dir: str | Path, backend: str = "tflite", threads: int = 1, decoder=None,
                  plugins: tuple[str, ...] = ()):
-        self.metadata: ExportMetadata = load_metadata(export_dir, plugins)
-        verify_manifest(
-            self.metadata.directory,
-            [self.metadata.files[backend]] if backend in self.metadata.files else None,
-        )
-        self.runner = make_runner(self.metadata, backend, threads)
+        if is_deepspeech_tflite(export_dir):
+            if backend != "tflite":
+                raise ExportError(f"{export_dir}: a DeepSpeech/Coqui .tflite runs on the tflite backend")
+            self.runner: StepRunner = DeepSpeechTFLiteRunner(export_dir, threads)
+            self.metadata: ExportMetadata = self.runner.metadata
+        else:
+            self.metadata = load_metadata(export_dir, plugins)
+            verify_manifest(
+                self.metadata.directory,
+                [self.metadata.files[backend]] if backend in self.metadata.files else None,
+            )
+            self.runner = make_runner(self.metadata, backend, threads)
         self.greedy = GreedyDecoder(self.metadata.alphabet)
         self.decoder = decoder or self.greedy
 
@@ -110,8 +118,8 @@ def open_model(
     export_dir: str | Path, backend: str = "tflite", threads: int = 1, decoder_factory=None,
     plugins: tuple[str, ...] = (),
 ) -> Model:
-    """Load an export; ``decoder_factory(metadata)`` may build a decoder (e.g.
-    ``native_client.export_decoder.decoder_for_export``: the export's own, beam search with its LM);
+    """Load an export (or a DeepSpeech/Coqui ``.tflite``); ``decoder_factory(metadata)`` may build a decoder
+    (e.g. ``native_client.export_decoder.decoder_for_export``: the export's own, beam search with its LM);
     ``plugins`` as for ``Model``."""
     model = Model(export_dir, backend, threads, plugins=plugins)
     if decoder_factory is not None:

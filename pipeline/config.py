@@ -363,7 +363,10 @@ class TrainingConfig:
         stages=(),
     )
     init_from: str | None = _opt(
-        None, "Warm start from this checkpoint directory or export (weights only).", path=True
+        None,
+        "Warm start from this checkpoint directory or Train run (weights only); the deepspeech family also "
+        "reads a DeepSpeech 0.7+/Coqui STT .tflite model or a DeepSpeech 0.6+/Coqui TF1 checkpoint directory.",
+        path=True,
     )
     drop_source_layers: int = _opt(
         0, "With init_from: re-initialise this many last layers (new alphabet).", minimum=0, maximum=6
@@ -438,6 +441,12 @@ class ExportConfig:
     n_steps: int = _opt(16, "Time steps per streaming call.", minimum=1)
     quantize: bool = _opt(False, "Dynamic-range int8 quantisation of the TFLite model.")
     versioned: bool = _opt(False, "Keep numbered versions under export_dir.")
+    coqui_tflite: bool = _opt(
+        False,
+        "Also write output_graph.tflite in the DeepSpeech 0.9 / Coqui STT layout (their tensor names, MFCC "
+        "subgraph and metadata), which their clients and apps load; needs features.type deepspeech with its "
+        "filterbank defaults and the deepspeech family.",
+    )
 
 
 @dataclass(frozen=True)
@@ -660,6 +669,15 @@ def validate_config(config: Config) -> None:
     if not plugin_exists("pipeline.model", config.model.architecture):
         raise ConfigError(f"{src}: model.architecture: no model family {config.model.architecture!r} "
                           f"(a module of pipeline/model/ such as deepspeech, or the dotted name of your own)")
+
+    if config.export.coqui_tflite:
+        from pipeline.export.coqui_tflite import check_exportable
+        from pipeline.features.frontend import feature_pipeline
+
+        try:
+            check_exportable(feature_pipeline(config.features), config.model.architecture)
+        except ValueError as error:
+            raise ConfigError(f"{src}: export.coqui_tflite: {error}") from None
     if config.training.epochs == 0:
         raise ConfigError(f"{src}: training.epochs: expected a non-zero integer, got 0")
     decoder = config.decoder

@@ -83,6 +83,7 @@ EXPORT_FILES = {
     "frozen_graph": "output_graph.pb",
     "tflite": "model.tflite",
     "alphabet": "alphabet.txt",
+    "coqui_tflite": "output_graph.tflite",  # only with export.coqui_tflite
 }
 
 

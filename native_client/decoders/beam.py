@@ -126,12 +126,19 @@ class BeamDecoder(Decoder):
                 self.lm = WordBoostLM(self.lm, boosts)
             trie = Trie(len(self.tokens), self.space)
             start = self.lm.start(False)
+            unknown_score, unknown = self.lm.score(start, self.word_dict.get_index(UNK_WORD))[1], 0
             for word in words:
                 index = self.word_dict.get_index(word)
                 _, score = self.lm.score(start, index)
+                unknown += score == unknown_score
                 # Spellings end with the separator (space), as flashlight expects: a word ends when its
                 # separator is read, so a last letter held over several frames stays one letter.
                 trie.insert([self.alphabet.labels.index(ch) for ch in word] + [self.space], index, score)
+            if words and unknown > len(words) / 2:  # KenLM scores a word it lacks as <unk>
+                raise ValueError(
+                    f"{lm_path}: {unknown} of the {len(words)} vocabulary words are not in the language "
+                    f"model: a vocabulary (or .scorer) made for another alphabet?"
+                )
             trie.smear(SmearingMode.MAX)
             self.trie = trie  # the decoder only borrows it
             self.vocabulary_size = len(words)

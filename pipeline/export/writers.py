@@ -49,7 +49,8 @@ def build_metadata(
         n_steps=config.export.n_steps,
         n_classes=alphabet.n_classes,
         alphabet=list(alphabet.labels),
-        files=dict(EXPORT_FILES),
+        files={kind: name for kind, name in EXPORT_FILES.items()
+               if kind != "coqui_tflite" or config.export.coqui_tflite},
         tensors=tensors,
         tflite_quantized=config.export.quantize,
     )

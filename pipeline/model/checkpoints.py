@@ -135,14 +135,29 @@ def check_geometry(prefix: str, model, directory: str | Path) -> None:
         )
 
 
-def warm_start(model, source: str | Path, drop_layers: int) -> list[str]:
-    """Copy weights from checkpoint ``source`` into ``model``, except the last ``drop_layers`` layers.
+def warm_start(
+    model, source: str | Path, drop_layers: int, config: Config | None = None, alphabet=None
+) -> list[str]:
+    """Copy weights from ``source`` into ``model``, except the last ``drop_layers`` layers: a checkpoint of
+    this project, or a model the family imports (``ModelFamily.import_weights``, e.g. a DeepSpeech/Coqui
+    ``.tflite`` or TF1 checkpoint), checked against ``config`` and ``alphabet`` when given.
 
     Returns the names of the weights copied. Optimizer state is not touched.
     """
-    prefix = resolve_checkpoint(source)
-    reader = tf.train.load_checkpoint(prefix)
-    layers = model_family(model.model_config.architecture).layers(model)
+    family = model_family(model.model_config.architecture)
+    try:
+        imported = family.import_weights(Path(source), config, alphabet)
+    except (ValueError, KeyError) as error:
+        raise CheckpointMismatchError(f"training.init_from: {str(error).strip(chr(39))}") from None
+    if imported is None:
+        reader = tf.train.load_checkpoint(resolve_checkpoint(source))
+
+        def stored(name):
+            key = _checkpoint_key(name)
+            return reader.get_tensor(key) if reader.has_tensor(key) else None
+    else:
+        stored = imported.get
+    layers = family.layers(model)
     if drop_layers > len(layers):
         raise CheckpointMismatchError(f"training.drop_source_layers: {drop_layers}, but the "
                                       f"{model.model_config.architecture} model has {len(layers)} layers")
@@ -151,10 +166,9 @@ def warm_start(model, source: str | Path, drop_layers: int) -> list[str]:
     for name, variable in named_weights(model).items():
         if name.split(".")[0] in dropped:
             continue
-        key = _checkpoint_key(name)
-        if not reader.has_tensor(key):
+        value = stored(name)
+        if value is None:
             raise CheckpointMismatchError(f"{source}: weight {name} is missing from the checkpoint")
-        value = reader.get_tensor(key)
         if list(value.shape) != list(variable.shape):
             raise CheckpointMismatchError(
                 f"{source}: weight {name} has shape {list(value.shape)}, the model needs {list(variable.shape)}; "

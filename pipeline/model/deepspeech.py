@@ -155,5 +155,57 @@ class DeepSpeech(ModelFamily):
         """``layer_1``, ``layer_2``, ``layer_3``, ``lstm``, ``layer_5``, ``layer_6``."""
         return LAYER_NAMES
 
+    def import_weights(self, source, config, alphabet=None) -> dict | None:
+        """The weights of a DeepSpeech 0.7+/Coqui ``.tflite`` (int8 dequantised) or of a DeepSpeech 0.6+/Coqui
+        TF1 checkpoint (``pipeline.model.deepspeech_import``); None for anything else. The model's features
+        must be the run's (``features.type: deepspeech``, its window, step, coefficients, sample rate) and,
+        unless ``training.drop_source_layers`` re-initialises the output layer, its alphabet the run's."""
+        from native_client.deepspeech_tflite import DeepSpeechTFLiteRunner, is_deepspeech_tflite
+        from pipeline.model import deepspeech_import
+
+        if is_deepspeech_tflite(source):
+            metadata = DeepSpeechTFLiteRunner(source).metadata
+            if config is not None:
+                _check_features(source, metadata.features.frontend, config)
+                if alphabet is not None and not config.training.drop_source_layers:
+                    _check_alphabet(source, metadata.alphabet.labels, alphabet.labels)
+            return deepspeech_import.to_family_names(deepspeech_import.read_tflite(source).__getitem__)
+        if deepspeech_import.is_tf1_checkpoint(source):
+            if config is not None:
+                _check_features(source, deepspeech_import.checkpoint_frontend(source), config)
+                theirs = deepspeech_import.checkpoint_alphabet(source)
+                if theirs is not None and alphabet is not None and not config.training.drop_source_layers:
+                    _check_alphabet(source, theirs.labels, alphabet.labels)
+            variables = deepspeech_import.read_tf1_checkpoint(source)
+            return deepspeech_import.to_family_names(variables.__getitem__)
+        return None
+
+
+def _check_features(source, theirs, config) -> None:
+    """ValueError unless the run's front end computes the features ``theirs`` (a FrontEnd) computes."""
+    from pipeline.features.frontend import feature_pipeline
+
+    ours = feature_pipeline(config.features)
+    settings = {**theirs.describe(), "final_window": False}
+    same = (ours.type_name == theirs.name and not ours.normalize and ours.sample_rate == theirs.sample_rate
+            and {**ours.frontend.describe(), "final_window": False} == settings)
+    if not same:
+        wanted = {k: v for k, v in settings.items() if k not in ("type", "final_window")}
+        raise ValueError(
+            f"{source} was trained on DeepSpeech's features ({theirs.sample_rate} Hz, {wanted}); the run "
+            f"computes features.type {ours.type_name!r}: set features.type: deepspeech with those settings, "
+            f"features.sample_rate: {theirs.sample_rate} and features.normalize: false"
+        )
+
+
+def _check_alphabet(source, theirs: tuple, ours: tuple) -> None:
+    """ValueError naming the difference when the alphabets differ (the outputs would mean other letters)."""
+    if tuple(theirs) != tuple(ours):
+        raise ValueError(
+            f"{source} has another alphabet than paths.alphabet ({len(theirs)} labels {''.join(theirs)!r} vs "
+            f"{len(ours)} {''.join(ours)!r}): use the model's alphabet in its order, or set "
+            f"training.drop_source_layers: 1 to re-initialise the output layer for yours"
+        )
+
 
 FAMILY = DeepSpeech()

@@ -66,6 +66,14 @@ class ModelFamily(abc.ABC):
     def streaming(self, model, n_steps: int) -> StreamingForm:
         """The streaming form of a trained ``model`` (the same layer objects, inference only)."""
 
+    def import_weights(self, source, config, alphabet=None) -> dict | None:
+        """Weights of a model trained elsewhere (another toolkit's checkpoint or export) that
+        ``training.init_from`` names, as ``{weight name: array}`` in this family's names; None when ``source``
+        is not such a model (it is then read as this project's checkpoint). ``config`` (the whole Config,
+        or None) and ``alphabet`` (the run's, or None) let it refuse a model that does not fit: ValueError
+        naming what differs. Default: no foreign models."""
+        return None
+
     @abc.abstractmethod
     def layers(self, model) -> tuple[str, ...]:
         """The model's layers from input to output, as the first part of its weight names

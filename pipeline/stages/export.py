@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from native_client.alphabet import load_alphabet
 from native_client.metadata import write_manifest
+from pipeline.export.coqui_tflite import write_coqui_tflite
 from pipeline.export.inference_graph import SIGNATURE, InferenceGraph, tensor_names
 from pipeline.export.writers import build_metadata, copy_language_model, write_frozen_graph, write_tflite
 from pipeline.features.frontend import feature_pipeline
@@ -124,6 +125,10 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
         frozen = write_frozen_graph(graph, staging.file("frozen_graph"))
         on_status("converting to TFLite" + (" (int8 dynamic range)" if config.export.quantize else ""), 55)
         write_tflite(staging.file("saved_model"), staging.file("tflite"), config.export.quantize)
+        if config.export.coqui_tflite:
+            on_status("converting to the Coqui STT layout", 75)
+            write_coqui_tflite(model, feature_pipeline(config.features), alphabet, staging.file("coqui_tflite"),
+                               config.export.n_steps, config.decoder.beam_width, config.export.quantize)
         staging.file("alphabet").write_text(alphabet.to_text(), encoding="utf-8")
         decoder = None
         if with_lm or (with_lm is None and lm_built(layout)):

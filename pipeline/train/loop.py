@@ -281,7 +281,11 @@ class Trainer:
         if not self.config.training.init_from:
             return None
         copied = warm_start(
-            self.model, self.config.training.init_from, self.config.training.drop_source_layers
+            self.model,
+            self.config.training.init_from,
+            self.config.training.drop_source_layers,
+            self.config,
+            self.alphabet,
         )
         log.info(
             "Warm start from %s: %d weights copied, %d last layers fresh",
