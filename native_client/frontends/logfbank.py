@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from native_client.frontends._base import FrontEnd, round_half_up, setting
-from native_client.frontends.mfcc import check_window
+from native_client.frontends._base import setting
+from native_client.frontends.mfcc import PythonSpeechFeaturesFrontEnd, check_window
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class LogFbankSettings:
     preemph: float = setting(0.97, "Pre-emphasis coefficient.", minimum=0.0, maximum=1.0)
 
 
-class LogFbank(FrontEnd):
+class LogFbank(PythonSpeechFeaturesFrontEnd):
     """python_speech_features' ``logfbank``."""
 
     name = "logfbank"
@@ -41,24 +41,9 @@ class LogFbank(FrontEnd):
         check_window(s, self.sample_rate)
 
     @property
-    def preemphasis(self) -> float:
-        """``preemph``."""
-        return self.settings.preemph
-
-    @property
     def feature_size(self) -> int:
         """``nfilt``."""
         return self.settings.nfilt
-
-    @property
-    def frame_length(self) -> int:
-        """``winlen`` in samples, rounded as python_speech_features rounds it."""
-        return int(round_half_up(self.settings.winlen * self.sample_rate))
-
-    @property
-    def frame_step(self) -> int:
-        """``winstep`` in samples."""
-        return int(round_half_up(self.settings.winstep * self.sample_rate))
 
     def windows_to_features(self, signal: np.ndarray) -> np.ndarray:
         """python_speech_features' logfbank over whole windows (pre-emphasis already applied)."""

@@ -33,7 +33,27 @@ def check_window(settings, sample_rate: int) -> None:
         raise ValueError(f"nfft: expected at least the window length in samples ({frame}), got {settings.nfft}")
 
 
-class Mfcc(FrontEnd):
+class PythonSpeechFeaturesFrontEnd(FrontEnd):
+    """What python_speech_features' front ends share: settings ``winlen``/``winstep`` in seconds (rounded
+    to samples as it rounds them) and ``preemph``."""
+
+    @property
+    def preemphasis(self) -> float:
+        """``preemph``."""
+        return self.settings.preemph
+
+    @property
+    def frame_length(self) -> int:
+        """``winlen`` in samples, rounded as python_speech_features rounds it."""
+        return int(round_half_up(self.settings.winlen * self.sample_rate))
+
+    @property
+    def frame_step(self) -> int:
+        """``winstep`` in samples."""
+        return int(round_half_up(self.settings.winstep * self.sample_rate))
+
+
+class Mfcc(PythonSpeechFeaturesFrontEnd):
     """python_speech_features' ``mfcc`` (no window function, energy in the first coefficient)."""
 
     name = "mfcc"
@@ -46,24 +66,9 @@ class Mfcc(FrontEnd):
         check_window(self.settings, self.sample_rate)
 
     @property
-    def preemphasis(self) -> float:
-        """``preemph``."""
-        return self.settings.preemph
-
-    @property
     def feature_size(self) -> int:
         """``numcep``."""
         return self.settings.numcep
-
-    @property
-    def frame_length(self) -> int:
-        """``winlen`` in samples, rounded as python_speech_features rounds it."""
-        return int(round_half_up(self.settings.winlen * self.sample_rate))
-
-    @property
-    def frame_step(self) -> int:
-        """``winstep`` in samples."""
-        return int(round_half_up(self.settings.winstep * self.sample_rate))
 
     def windows_to_features(self, signal: np.ndarray) -> np.ndarray:
         """python_speech_features' mfcc over whole windows (pre-emphasis already applied)."""
