@@ -112,14 +112,15 @@ def before_figures(model_path: Path, config_path: Path) -> dict:
     import soundfile
 
     from native_client import Model
+    from native_client.decoders import build_decoder
     from pipeline.config_loader import load_config
-    from pipeline.decode.settings import make_beam_decoder
+    from pipeline.decode.settings import decoder_spec
     from pipeline.evaluation.metrics import corpus_rates, score_sample
     from pipeline.layout import Layout
 
     config = load_config(config_path)
     model = Model(model_path)
-    beam = make_beam_decoder(Layout(config), model.metadata.alphabet)
+    beam = build_decoder(decoder_spec(Layout(config), model.metadata.alphabet))
     greedy, with_lm = [], []
     test = Path(config.data.test_files[0])
     with open(test, encoding="utf-8") as handle:

@@ -185,6 +185,10 @@ def main(argv=None) -> int:
             "error: --hot_words boost words through the language model; --no-scorer has none", file=sys.stderr
         )
         return 2
+    if args.vocabulary and not args.scorer:
+        print("error: --vocabulary gives the words of a --scorer; name the KenLM binary with --scorer",
+              file=sys.stderr)
+        return 2
     from native_client.export_decoder import decoder_for_export
     from native_client.model import open_model
 

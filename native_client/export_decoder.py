@@ -51,7 +51,7 @@ def decoder_spec_for_export(
     if lexicon:
         vocab_file = metadata.directory / entry["vocabulary"] if entry.get("vocabulary") else None
         if vocabulary_file:
-            vocabulary = tuple(Path(vocabulary_file).read_text(encoding="utf-8").split())
+            vocabulary = _read_words(vocabulary_file)
         elif package is not None:
             vocabulary = tuple(package.words)
         elif scorer and is_arpa(lm):
@@ -71,6 +71,15 @@ def decoder_spec_for_export(
         vocabulary=vocabulary,
         settings=settings,
     )
+
+
+def _read_words(path: str | Path) -> tuple[str, ...]:
+    """The white-space separated words of a vocabulary file; ValueError naming it when it cannot be read."""
+    try:
+        return tuple(Path(path).read_text(encoding="utf-8").split())
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise ValueError(f"--vocabulary {path}: cannot read it as UTF-8 words ({reason})") from None
 
 
 def decoder_for_export(

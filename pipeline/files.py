@@ -137,6 +137,26 @@ def _move_entry(source: Path, destination: Path) -> None:
     os.rename(aside, source)
 
 
+def replace_directory(new: Path, destination: Path) -> None:
+    """Put directory ``new`` at ``destination`` (a folder this project owns whole, such as an import),
+    removing what was there. ``new`` is synced first; where the system allows it the two are exchanged in
+    one step, so ``destination`` is never missing; elsewhere the old directory is moved aside first (a
+    short gap). Exports never come here: they publish entry by entry (``publish_entries``)."""
+    new, destination = Path(new), Path(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    fsync_tree(new)
+    if not destination.exists():
+        os.rename(new, destination)
+    elif _exchange(new, destination):
+        shutil.rmtree(new, ignore_errors=True)  # ``new`` now holds the old directory
+    else:
+        old = destination.with_name(f".{destination.name}.old-{writer_tag()}")
+        os.rename(destination, old)
+        os.rename(new, destination)
+        shutil.rmtree(old, ignore_errors=True)
+    fsync_path(destination.parent)
+
+
 def publish_entries(
     staging: Path, destination: Path, last: Iterable[str] = (), replaced: Iterable[str] = ()
 ) -> None:

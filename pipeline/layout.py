@@ -206,7 +206,7 @@ class ImportFiles:
 
     def staging(self) -> Path:
         """A hidden directory beside ``root`` where an import is written before it is renamed into place."""
-        return self.root.with_name(f".{self.root.name}.staging-{os.getpid()}")
+        return self.root.with_name(f".{self.root.name}.staging-{writer_tag()}")
 
 
 @dataclass(frozen=True)

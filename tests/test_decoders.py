@@ -130,3 +130,27 @@ def test_extended_prints_the_transcript_as_deepspeech():
     assert format_result(result, extended=True, several=True) == "a.wav: hi you"
     assert format_result(result) == "hi you"
     assert '"transcripts": [{"text": "hi you"' in format_result(result, json_output=True)
+
+
+def test_a_vocabulary_without_a_scorer_is_refused_in_one_line(tmp_path, capsys):
+    """``--vocabulary`` names the words of a ``--scorer``: alone it would silently replace the export's own
+    vocabulary, so the client refuses it before loading anything."""
+    from native_client.__main__ import main
+
+    words = tmp_path / "words.txt"
+    words.write_text("a b c\n")
+    assert main(["--model", str(tmp_path), "--audio", "x.wav", "--vocabulary", str(words)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "--vocabulary" in error and "--scorer" in error
+
+
+def test_an_unreadable_vocabulary_is_one_error_naming_it(tmp_path):
+    """A directory or a non-UTF-8 file given as ``--vocabulary`` is a ValueError naming it (the client
+    prints it as one line), not a traceback."""
+    from native_client.export_decoder import _read_words
+
+    binary = tmp_path / "words.bin"
+    binary.write_bytes(b"\xff\xfe\x00abc")
+    for path in (tmp_path, binary):
+        with pytest.raises(ValueError, match=r"--vocabulary .*cannot read"):
+            _read_words(path)

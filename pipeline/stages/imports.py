@@ -39,7 +39,8 @@ def import_stage(layout: Layout, key: str, progress: ProgressFn | None = None) -
     there; returns its report. Two pipelines sharing the import take turns (a lock on the folder)."""
     files = layout.import_files(key)
     with stage_lock(files.root):
-        remove_leftovers(files.root.parent, LEFTOVER_PATTERNS)
+        # This corpus's own leftovers are dead (its writers hold this lock); others' by their pid.
+        remove_leftovers(files.root.parent, LEFTOVER_PATTERNS, locked_prefixes=(f".{files.root.name}.",))
         if import_intact(files):
             return json.loads(files.report.read_text(encoding="utf-8"))
         if files.root.exists():
