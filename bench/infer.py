@@ -128,4 +128,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from cpu_info import cpu_line  # bench/, the folder of the script
+
+    print(cpu_line(), flush=True)
     raise SystemExit(main())
