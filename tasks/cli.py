@@ -23,6 +23,7 @@ USAGE = (
 TASKS = (
     "Imports",
     "Import",
+    "Alphabet",
     "Features",
     "FeaturesSplit",
     "Train",

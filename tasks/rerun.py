@@ -22,6 +22,7 @@ from pathlib import Path
 import luigi
 
 from tasks import (
+    Alphabet,
     Evaluate,
     Export,
     Features,
@@ -38,6 +39,7 @@ log = logging.getLogger("luigi-interface")
 STAGES = {
     "Imports": Imports,
     "Import": Import,
+    "Alphabet": Alphabet,
     "Features": Features,
     "FeaturesSplit": FeaturesSplit,
     "Train": Train,

@@ -475,6 +475,7 @@ def test_bom_and_duplicate_rows_in_a_manifest(tmp_path):
     same rows listed twice were kept twice. Duplicates are now rejected with reason ``duplicate``."""
     from native_client.alphabet import load_alphabet
     from pipeline.data.manifests import read_manifests
+    from pipeline.data.text import TextSettings
     from tests.conftest import ALPHABET, SAMPLE
 
     rows = (SAMPLE / "train.csv").read_text().splitlines()
@@ -486,7 +487,7 @@ def test_bom_and_duplicate_rows_in_a_manifest(tmp_path):
         for a, line in zip(audio, rows[1:4], strict=False)
     ]
     manifest.write_text("\ufeff" + rows[0] + "\n" + "\n".join(body + body[:2]) + "\n", encoding="utf-8")
-    samples, rejects = read_manifests([manifest], 0, load_alphabet(ALPHABET))
+    samples, rejects = read_manifests([manifest], 0, load_alphabet(ALPHABET), TextSettings())
     assert len(samples) == 3
     assert [(r.reason, r.source) for r in rejects] == [
         ("duplicate", f"{manifest}:5"),
@@ -634,7 +635,7 @@ def test_a_damaged_feature_shard_part_is_recomputed(write_config, tmp_path, capl
     from native_client.alphabet import load_alphabet
     from pipeline.data.manifests import read_manifests
 
-    samples, _ = read_manifests(config.split_files("train"), 40, load_alphabet(ALPHABET))
+    samples, _ = read_manifests(config.split_files("train"), 40, load_alphabet(ALPHABET), config.data.text)
     part = layout.features_part(parts, 0)
     _process_shard(str(part), [(s.audio_path, 1) for s in samples[:32]], config.features, 0.0)
     part.write_bytes(part.read_bytes()[:200])

@@ -91,7 +91,7 @@ def models(tmp_path_factory):
     sentences = [s.split() for s in ["the cat sat on the mat", "the cat ate", "a cat sat", "the dog sat"] * 5]
     word = estimate(sentences, 3)
     write_arpa(word, tmp / "words.arpa")
-    chars = estimate([char_tokens(" ".join(s)) for s in sentences], 6)
+    chars = estimate([char_tokens(" ".join(s), load_alphabet(ALPHABET)) for s in sentences], 6)
     write_arpa(chars, tmp / "chars.arpa")
     vocabulary = sorted({w for s in sentences for w in s})
     return tmp / "words.arpa", tmp / "chars.arpa", vocabulary

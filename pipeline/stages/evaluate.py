@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from native_client.alphabet import load_alphabet
 from pipeline.decode.settings import decode_pool, decoder_spec, describe, rescore
 from pipeline.evaluation.logits_store import LogitsStore
 from pipeline.evaluation.metrics import best_and_worst, corpus_rates, format_report
@@ -19,6 +18,7 @@ from pipeline.layout import LEFTOVER_PATTERNS, Layout
 from pipeline.lm.files import lm_built, verify_lm_files
 from pipeline.model.checkpoints import load_trained_model, resolve_checkpoint
 from pipeline.reports import EvaluationReport, write_report
+from pipeline.stages.alphabet import model_alphabet
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def evaluate_stage(
     greedy pass and the beam decoding, utterance by utterance."""
     config = layout.config
     out_dir = Path(out_dir or layout.evaluate_dir)
-    alphabet = load_alphabet(layout.alphabet)
+    alphabet = model_alphabet(layout)
     test_data = read_cache(layout.features_cache("test"), config.features)
     checkpoint = checkpoint or layout.train_run.best
     beam = beam or (beam is None and lm_built(layout))
@@ -90,7 +90,7 @@ def _report(
     """The evaluation report and its text: greedy figures, and beam + LM ones when asked."""
     config = layout.config
     rates = corpus_rates(results)
-    samples = best_and_worst(results, config.training.report_count)
+    samples = best_and_worst(results, config.training.report_count, rates["headline"])
     report = EvaluationReport(
         **rates,
         checkpoint=str(resolve_checkpoint(checkpoint)),
@@ -104,8 +104,8 @@ def _report(
         started = time.time()
         with decode_pool(layout, spec) as pool:
             beam_results = rescore(results, pool.decode(logits, on_done=on_done))
-        beam_rates = corpus_rates(beam_results)
-        beam_samples = best_and_worst(beam_results, config.training.report_count)
+        beam_rates = corpus_rates(beam_results, rates["headline"])
+        beam_samples = best_and_worst(beam_results, config.training.report_count, rates["headline"])
         report = dataclasses.replace(
             report,
             wer_lm=beam_rates["wer"],

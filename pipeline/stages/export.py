@@ -16,7 +16,6 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from native_client.alphabet import load_alphabet
 from native_client.metadata import write_manifest
 from pipeline.export.inference_graph import SIGNATURE, InferenceGraph, tensor_names
 from pipeline.export.writers import build_metadata, copy_language_model, write_frozen_graph, write_tflite
@@ -27,6 +26,7 @@ from pipeline.lm.files import lm_built
 from pipeline.model import model_family
 from pipeline.model.checkpoints import load_trained_model, resolve_checkpoint
 from pipeline.reports import write_report
+from pipeline.stages.alphabet import model_alphabet
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def export_stage(
     staging.root.mkdir(parents=True)
     try:
         on_status("loading the best-dev checkpoint", 0)
-        alphabet = load_alphabet(layout.alphabet)
+        alphabet = model_alphabet(layout)
         prefix = resolve_checkpoint(checkpoint or layout.train_run.best)
         n_input = feature_pipeline(config.features).feature_size
         model = load_trained_model(config, prefix, n_input, alphabet.n_classes)
@@ -68,7 +68,8 @@ def export_stage(
         frozen = write_frozen_graph(graph, staging.file("frozen_graph"))
         on_status("converting to TFLite" + (" (int8 dynamic range)" if config.export.quantize else ""), 55)
         write_tflite(staging.file("saved_model"), staging.file("tflite"), config.export.quantize)
-        staging.file("alphabet").write_text(alphabet.to_text(), encoding="utf-8")
+        if alphabet.output == "characters":  # byte labels need no file
+            staging.file("alphabet").write_text(alphabet.to_text(), encoding="utf-8")
         decoder = None
         if with_lm or (with_lm is None and lm_built(layout)):
             on_status("copying the language model", 90)
