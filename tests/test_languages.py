@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import subprocess
+import sys
 import textwrap
 import unicodedata
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import luigi
 import pytest
+from rapidfuzz.distance import Levenshtein
 
 from native_client.alphabet import load_alphabet
 from native_client.metadata import load_metadata
@@ -33,7 +36,7 @@ from pipeline.evaluation.metrics import headline_metric
 from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
 from pipeline.reports import AlphabetReport, EvaluationReport, read_report
-from tasks import Evaluate, Transcribe
+from tasks import Evaluate, Export, Transcribe
 
 
 @dataclass(frozen=True)
@@ -197,3 +200,50 @@ def test_a_language_trains_through_the_dag_and_the_client_speaks_its_script(name
         name, unicodedata.normalize("NFC", language.sentences[4]).lower()
     )
     assert record["reference"] == spoken
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get("LANGUAGES_LONG"),
+    reason="two minutes of training, beyond make test's budget: LANGUAGES_LONG=1 pytest -k mandarin_bytes",
+)
+def test_mandarin_bytes_model_writes_chinese(tmp_path, tasks_in_process):
+    """Done-when of issue 23: a Mandarin config with ``model.output: bytes`` trains end to end and the
+    client prints Chinese characters. 200 steps on the five clips (about two minutes on two cores) take
+    the byte model far enough for the lexicon-free beam search over the byte LM to write most of them."""
+    language = LANGUAGES["mandarin"]
+    manifests = espeak_corpus(tmp_path / "corpus", language)
+    tiny = language_config(tmp_path, language, manifests)
+    path = tmp_path / "longer.yaml"
+    path.write_text(
+        textwrap.dedent(f"""
+        extends: {tiny.name}
+        features: {{numcep: 26, nfilt: 26, normalize: true}}
+        model: {{n_hidden: 96, n_context: 5}}
+        training: {{epochs: 200, learning_rate: 0.005}}
+        decoder: {{char_lm_order: 6, beam_width: 32}}
+        """)
+    )
+    assert luigi.build([Export(config=str(path))], local_scheduler=True)
+    clips = sorted(manifests["train"].parent.glob("*.wav"))
+    audio = [arg for clip in clips for arg in ("--audio", str(clip))]
+    client = subprocess.run(
+        [sys.executable, "-m", "native_client", "--model", str(tmp_path / "export"), *audio, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert client.returncode == 0, client.stderr
+    texts = [json.loads(line)["text"] for line in client.stdout.splitlines()]
+    assert len(texts) == len(language.sentences)
+    assert all(unicodedata.is_normalized("NFC", t) for t in texts)
+    ideographs = [
+        [unicodedata.name(c, "").startswith("CJK UNIFIED IDEOGRAPH") for c in _letters(t)] for t in texts
+    ]
+    assert all(all(flags) for flags in ideographs), texts  # nothing but Chinese characters (and spaces)
+    assert sum(bool(flags) for flags in ideographs) >= 3, texts
+    errors = sum(
+        Levenshtein.distance(ref, hyp.replace(" ", ""))
+        for ref, hyp in zip(language.sentences, texts, strict=True)
+    )
+    assert errors / sum(map(len, language.sentences)) < 0.8, texts
