@@ -126,6 +126,7 @@ def language_config(tmp_path: Path, language: Language, manifests: dict[str, Pat
         model: {{n_hidden: 16, n_context: 2, dropout_rate: 0.0, output: {language.output}}}
         training: {{epochs: 1, batch_size: 5, dev_batch_size: 5, report_count: 1}}
         early_stop: {{rule: "off"}}
+        export: {{n_steps: 4}}
         """)
         + decoder
         + "\n"
