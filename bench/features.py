@@ -109,6 +109,7 @@ def main(argv=None) -> int:
             config.split_files(args.split),
             config.split_limit(args.split),
             load_alphabet(Layout(config).alphabet),
+            config.data.text,
         )
         audio, base_wall = baseline([s.audio_path for s in samples], config.features.numcep)
         started = time.perf_counter()

@@ -1,5 +1,6 @@
 """The decoder an export describes: its metadata's ``decoder`` entry (type, settings, LM files) as a
-``DecoderSpec``, so the client decodes as Evaluate did; the CLI's options override parts of it."""
+``DecoderSpec``, so the client decodes as Evaluate did; the CLI's options override parts of it. Hot
+words are normalised with the export's text settings (``data.text``), as training's transcripts were."""
 
 from __future__ import annotations
 
@@ -10,6 +11,27 @@ from native_client.arpa import arpa_unigrams, is_arpa
 from native_client.decoders import DEFAULT_TYPE, Decoder, DecoderSpec, decoder_class
 from native_client.metadata import METADATA_NAME, ExportMetadata, verify_manifest
 from native_client.scorer_package import is_scorer_package, read_scorer_package
+from native_client.text import TranscriptRejected, normalise_transcript
+
+
+def normalised_hot_words(hot_words: dict[str, float], metadata: ExportMetadata) -> dict[str, float]:
+    """``{word: boost}`` with each word normalised as training's text was (the export's ``text``
+    settings; an export before they were recorded: its alphabet's own rule), so ``Café`` or an NFD
+    ``café`` boosts the ``café`` the model spells. ValueError names a word that normalises to nothing."""
+    normalised = {}
+    for word, boost in hot_words.items():
+        try:
+            text = (
+                normalise_transcript(word, metadata.text)
+                if metadata.text
+                else metadata.alphabet.normalise(word)
+            )
+        except TranscriptRejected:
+            text = ""
+        if not text:
+            raise ValueError(f"hot word {word!r}: nothing is left of it after normalisation")
+        normalised[text] = boost
+    return normalised
 
 
 def decoder_spec_for_export(
@@ -35,6 +57,8 @@ def decoder_spec_for_export(
     if package is not None:  # a DeepSpeech .scorer: its words, and its defaults unless overridden
         settings.update(lm_alpha=package.lm_alpha, lm_beta=package.beta, lexicon=True)
     settings.update({key: value for key, value in (overrides or {}).items() if value is not None})
+    if settings.get("hot_words"):
+        settings["hot_words"] = normalised_hot_words(settings["hot_words"], metadata)
     lexicon = bool(settings.get("lexicon", True))
     key = "lm" if lexicon else "char_lm"
     lm = Path(scorer) if scorer else (metadata.directory / entry[key] if entry.get(key) else None)
@@ -66,7 +90,8 @@ def decoder_spec_for_export(
             )
     return DecoderSpec(
         type=entry.get("type") or DEFAULT_TYPE,
-        labels=tuple(metadata.alphabet.labels),
+        labels=tuple(getattr(metadata.alphabet, "labels", ())),
+        output=metadata.output,
         lm=str(lm),
         vocabulary=vocabulary,
         settings=settings,

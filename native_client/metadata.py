@@ -9,18 +9,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from native_client.alphabet import Alphabet
+from native_client.alphabet import OUTPUTS, AlphabetError, Labels, make_alphabet
 from native_client.features import features_from_metadata
 from native_client.frontends import FeaturePipeline
 from native_client.plugins import PluginError
+from native_client.text import TextSettings
 
 METADATA_NAME = "metadata.json"
 # SHA-256 and size of every file of an export, written last; clients and Export.complete() verify it.
 MANIFEST_NAME = "manifest.json"
 FORMAT = "luigi-deepspeech-export"
 # 2: a front end ``type`` in ``features``, the recurrent state as a list in ``tensors["state"]``,
-# ``architecture``. Version 1 exports are read too.
-FORMAT_VERSION = 2
+# ``architecture``. 3: ``output`` (``characters``, or ``bytes``: UTF-8 byte labels, ``alphabet`` empty)
+# and ``text`` (the ``data.text`` settings the client applies). Versions 1 and 2 are read too (characters,
+# no text settings).
+FORMAT_VERSION = 3
 REQUIRED_KEYS = (
     "format",
     "format_version",
@@ -53,12 +56,19 @@ class ExportMetadata:
     n_input: int
     n_steps: int
     n_classes: int
-    alphabet: Alphabet
+    alphabet: Labels
     files: dict
     tensors: dict
     tflite_quantized: bool = False
     decoder: dict = field(default_factory=dict)
     raw: dict = field(default_factory=dict, repr=False)
+    # The text settings training used (``data.text``, without its digits policy); None before format 3.
+    text: TextSettings | None = None
+
+    @property
+    def output(self) -> str:
+        """``characters`` or ``bytes``: what the model's labels stand for."""
+        return self.alphabet.output
 
     @property
     def state(self) -> list[dict]:
@@ -173,12 +183,22 @@ def parse_metadata(raw: dict, directory: Path, plugins: Iterable[str] = ()) -> E
     except (KeyError, ValueError, TypeError, PluginError) as error:
         detail = f"missing key {error.args[0]!r}" if isinstance(error, KeyError) else str(error)
         raise ExportError(f"{source}: features: {detail}") from None
-    alphabet = Alphabet(tuple(raw["alphabet"]))
+    output = raw.get("output", "characters")
+    if output not in OUTPUTS:
+        raise ExportError(f"{source}: output: {output!r} is not one of {', '.join(OUTPUTS)}")
+    try:
+        alphabet = make_alphabet(output, raw["alphabet"])
+    except (AlphabetError, TypeError) as error:
+        raise ExportError(f"{source}: alphabet: {error}") from None
     if alphabet.n_classes != raw["n_classes"]:
         raise ExportError(
-            f"{source}: alphabet has {alphabet.size} labels but n_classes is {raw['n_classes']} "
+            f"{source}: {output} outputs have {alphabet.size} labels but n_classes is {raw['n_classes']} "
             f"(expected labels + 1 for the CTC blank)"
         )
+    try:
+        text = TextSettings.for_client(raw["text"]) if raw.get("text") is not None else None
+    except (ValueError, TypeError, AttributeError) as error:
+        raise ExportError(f"{source}: {error}") from None
     return ExportMetadata(
         directory=directory,
         model_version=int(raw["model_version"]),
@@ -194,6 +214,7 @@ def parse_metadata(raw: dict, directory: Path, plugins: Iterable[str] = ()) -> E
         tflite_quantized=bool(raw.get("tflite_quantized", False)),
         decoder=dict(raw.get("decoder") or {}),
         raw=raw,
+        text=text,
     )
 
 

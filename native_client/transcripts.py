@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from native_client.alphabet import Alphabet
+from native_client.alphabet import Labels
 
 
 @dataclass(frozen=True)
@@ -38,26 +38,29 @@ class Candidate:
 
 
 def word_timings(
-    frame_labels: Sequence[int], alphabet: Alphabet, seconds_per_frame: float, first_frame: int = 0
+    frame_labels: Sequence[int], alphabet: Labels, seconds_per_frame: float, first_frame: int = 0
 ) -> tuple[WordTiming, ...]:
     """Words of a per-frame label path (CTC: repeats merged, blanks dropped, the space separates words).
-    A word starts at the frame of its first letter and lasts until the last frame of its last letter."""
-    blank, space = alphabet.blank_index, alphabet.labels.index(" ") if " " in alphabet.labels else -1
+    A word starts at the frame of its first label and lasts until the frame of its last one; its text is
+    its labels decoded (so a word of byte labels is its UTF-8 text; one whose bytes decode to nothing is
+    left out). A language written without spaces has one word per stretch between pauses."""
+    blank, space = alphabet.blank_index, alphabet.space_index
     words: list[WordTiming] = []
-    letters: list[str] = []
+    letters: list[int] = []
     start = end = 0
     previous = blank
 
     def close() -> None:
-        if letters:
+        text = alphabet.decode(letters)
+        if text:
             words.append(
                 WordTiming(
-                    "".join(letters),
+                    text,
                     (first_frame + start) * seconds_per_frame,
                     (end - start + 1) * seconds_per_frame,
                 )
             )
-            letters.clear()
+        letters.clear()
 
     for frame, label in enumerate(frame_labels):
         label = int(label)
@@ -67,7 +70,7 @@ def word_timings(
             if label != previous:
                 if not letters:
                     start = frame
-                letters.append(alphabet.labels[label])
+                letters.append(label)
             end = frame
         previous = label
     close()

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pipeline.data.text import TextSettings
+from native_client.text import TextSettings
 
 APP_NAME = "luigi-deepspeech"
 
@@ -22,7 +22,7 @@ class ConfigError(ValueError):
 
 def _opt(default, doc: str, *, minimum=None, maximum=None, path: bool = False, stages=None,
          exclusive_min: bool = False, mapping: bool = False, when=None, located: bool = False,
-         required: bool = False, rest: bool = False, keyed_by: str | None = None):
+         required: bool = False, rest: bool = False, keyed_by: str | None = None, keywords: tuple = ()):
     """A dataclass field with its documentation, range, and the stages whose output it changes.
 
     ``stages``: names of stages (``pipeline.stages.graph``) that re-run when the key
@@ -39,10 +39,11 @@ def _opt(default, doc: str, *, minimum=None, maximum=None, path: bool = False, s
     ``rest``: a mapping that takes every key of the entry the schema does not name (a plug-in's options).
     ``keyed_by``: a list of entries each of which feeds one instance of the tagged stage, the one whose
     parameter of that name is the entry's ``key`` (its fingerprint takes that entry only).
+    ``keywords``: words a path key also takes, kept as they are (``paths.alphabet: auto``).
     """
     meta = {"doc": doc, "min": minimum, "max": maximum, "path": path, "stages": stages,
             "exclusive_min": exclusive_min, "mapping": mapping, "when": dict(when or {}), "located": located,
-            "required": required, "rest": rest, "keyed_by": keyed_by}
+            "required": required, "rest": rest, "keyed_by": keyed_by, "keywords": tuple(keywords)}
     if isinstance(default, (list, dict)):
         raise TypeError("use tuples for sequence defaults")
     return field(default=default, metadata=meta)
@@ -86,6 +87,11 @@ def _char_lm(config: Config) -> bool:
     return not config.decoder.lexicon
 
 
+def _alphabet_file(config: Config) -> bool:
+    """with character outputs and an alphabet file"""
+    return config.model.output == "characters" and not config.alphabet_auto
+
+
 @dataclass(frozen=True)
 class PathsConfig:
     """Where inputs are and where every stage writes."""
@@ -106,9 +112,13 @@ class PathsConfig:
     )
     alphabet: str | None = _opt(
         None,
-        "Alphabet file, one character per line; default: the project's data/alphabet.txt.",
+        "Alphabet file, one character per line (LF or CRLF, UTF-8, a byte-order mark is ignored); auto: the "
+        "Alphabet stage builds it from the normalised training transcripts (docs/LANGUAGES.md); default: the "
+        "project's data/alphabet.txt (English). Not used with model.output: bytes.",
         path=True,
         stages=("features", "lm"),
+        when={"features": _alphabet_file, "lm": _alphabet_file},
+        keywords=("auto",),
     )
 
 
@@ -175,7 +185,7 @@ class DataConfig:
 
     train_files: tuple[str, ...] = _opt(
         (), "Training CSVs (wav_filename,wav_filesize,transcript).", path=True, located=True,
-        stages=("features:train", "lm"), when={"lm": _lm_reads_train},
+        stages=("features:train", "lm", "alphabet"), when={"lm": _lm_reads_train},
     )
     dev_files: tuple[str, ...] = _opt(
         (),
@@ -190,8 +200,8 @@ class DataConfig:
         (), "Test CSVs, used by Evaluate.", path=True, located=True, stages=("features:test",)
     )
     limit_train: int = _opt(
-        0, "Use at most this many training samples (0 = all).", minimum=0, stages=("features:train", "lm"),
-        when={"lm": _lm_reads_train},
+        0, "Use at most this many training samples (0 = all).", minimum=0,
+        stages=("features:train", "lm", "alphabet"), when={"lm": _lm_reads_train},
     )
     limit_dev: int = _opt(0, "Use at most this many dev samples (0 = all).", minimum=0, stages=("features:dev",))
     limit_test: int = _opt(0, "Use at most this many test samples (0 = all).", minimum=0, stages=("features:test",))
@@ -205,9 +215,19 @@ class DataConfig:
     )
     text: TextSettings = _opt(
         TextSettings(),
-        "How the transcripts of data.corpora are normalised (the keys below); the manifests of data.*_files "
-        "are read as they are.",
-        stages=("import",),
+        "How every transcript is normalised (the keys below): those of data.corpora and of the manifests of "
+        "data.*_files, the LM text, and the client's (the export records them). One function does it: "
+        "native_client/text.py (docs/LANGUAGES.md).",
+        stages=("import", "alphabet", "features", "lm", "export"),
+    )
+    alphabet_min_count: int = _opt(
+        1,
+        "With paths.alphabet: auto: characters seen fewer times than this in the training transcripts are "
+        "left out of the alphabet (listed in the Alphabet report with the rows they cost, which Features "
+        "then rejects as unknown_characters). Raise it (e.g. 5) for crowd-sourced corpora with stray "
+        "foreign characters.",
+        minimum=1,
+        stages=("alphabet",),
     )
     max_reject_fraction: float = _opt(
         0.05,
@@ -293,6 +313,13 @@ class ModelConfig:
         None, "Dropout of layer 5 (default: dropout_rate).", minimum=0.0, maximum=0.99
     )
     random_seed: int = _opt(4567, "Seed for weight initialisation and data order.")
+    output: Literal["characters", "bytes"] = _opt(
+        "characters",
+        "What the model emits: characters (the alphabet's labels), or bytes: the UTF-8 bytes of the text, "
+        "255 labels plus the blank as DeepSpeech's --bytes_output_mode, for scripts with thousands of "
+        "characters (Chinese, Japanese); paths.alphabet is then not used.",
+        stages=("features", "lm", "train"),
+    )
     options: tuple = _opt((), "Settings of another model family, as a mapping (its FAMILY declares and checks "
                           "them when the model is built).", mapping=True)
 
@@ -647,6 +674,11 @@ class Config:
         """The sample cap of ``split`` (0 = all)."""
         return getattr(self.data, f"limit_{split}")
 
+    @property
+    def alphabet_auto(self) -> bool:
+        """Whether the Alphabet stage builds the alphabet (``paths.alphabet: auto``, character outputs)."""
+        return self.paths.alphabet == "auto" and self.model.output == "characters"
+
 
 def validate_config(config: Config) -> None:
     """Checks that involve more than one key; raises ConfigError naming the file and the key."""
@@ -672,6 +704,12 @@ def validate_config(config: Config) -> None:
 
     if config.export.coqui_tflite:
         from pipeline.export.coqui_tflite import check_exportable
+
+        if config.model.output != "characters":
+            raise ConfigError(
+                f"{src}: export.coqui_tflite: their layout serialises a character alphabet; "
+                f"model.output {config.model.output!r} cannot be written in it"
+            )
         from pipeline.features.frontend import feature_pipeline
 
         try:

@@ -233,6 +233,8 @@ def _checked(value, tp, meta: dict, where: str, base_dir: Path | None):
     """``value`` coerced to ``tp`` and checked against the field's range."""
     if meta.get("mapping"):  # a plug-in's own settings, kept as sorted (key, value) pairs
         return _mapping(value, where)
+    if value in meta.get("keywords", ()):  # a word the key takes besides a path (paths.alphabet: auto)
+        return value
     checked = _coerce(value, tp, where, base_dir, meta.get("path", False))
     _check_range(checked, meta, where)
     return checked

@@ -48,8 +48,9 @@ from pipeline.stages.graph import tag_applies, upstream
 DEFAULT_ALPHABET = Path(__file__).resolve().parent / "resources" / "alphabet.txt"
 DIGEST_BLOCK = 1 << 20
 # Stage directories under the work directory.
-IMPORT_DIR, FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR, EXPORT_DIR = (
+IMPORT_DIR, ALPHABET_DIR, FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR, EXPORT_DIR = (
     "imports",
+    "alphabet",
     "features",
     "train",
     "lm",
@@ -207,6 +208,24 @@ class ImportFiles:
     def staging(self) -> Path:
         """A hidden directory beside ``root`` where an import is written before it is renamed into place."""
         return self.root.with_name(f".{self.root.name}.staging-{writer_tag()}")
+
+
+@dataclass(frozen=True)
+class AlphabetFiles:
+    """The files of one Alphabet output directory (``paths.alphabet: auto``)."""
+
+    root: Path
+
+    @property
+    def alphabet(self) -> Path:
+        """The alphabet built from the training transcripts, in the alphabet file format."""
+        return self.root / "alphabet.txt"
+
+    @property
+    def report(self) -> Path:
+        """``alphabet_report.json``: every character with its count, those left out with the rows they
+        cost, and the alphabet file's SHA-256 (written last)."""
+        return self.root / "alphabet_report.json"
 
 
 @dataclass(frozen=True)
@@ -389,10 +408,18 @@ class Layout:
 
     @functools.cached_property
     def alphabet(self) -> Path:
-        """The alphabet file (``paths.alphabet``, default the packaged English one, ``data/alphabet.txt``)."""
+        """The alphabet file: the Alphabet stage's with ``paths.alphabet: auto``, else ``paths.alphabet``,
+        default the packaged English one (``data/alphabet.txt``)."""
+        if self.config.paths.alphabet == "auto":
+            return self.alphabet_files.alphabet
         if self.config.paths.alphabet:
             return Path(self.config.paths.alphabet)
         return DEFAULT_ALPHABET
+
+    @functools.cached_property
+    def alphabet_files(self) -> AlphabetFiles:
+        """The Alphabet stage's output directory: ``alphabet/<fingerprint>``."""
+        return AlphabetFiles(self.work_dir / ALPHABET_DIR / self.fingerprint("alphabet"))
 
     # -- fingerprints --------------------------------------------------------------------------
     def fingerprint(self, stage: str, **params) -> str:

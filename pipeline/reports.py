@@ -80,6 +80,26 @@ class TrainReport:
 
 
 @dataclass(frozen=True)
+class AlphabetReport:
+    """``alphabet_report.json``: what the Alphabet stage read and built (``paths.alphabet: auto``)."""
+
+    STAGE: ClassVar[str] = "Alphabet"
+
+    fingerprint: str
+    labels: int
+    sha256: str  # of alphabet.txt, checked whenever a stage loads it
+    rows: int
+    rows_rejected: dict  # rows whose transcript normalised to nothing, by reason
+    min_count: int
+    characters: list  # [{char, codepoint, name, count}] in label order
+    dropped: list  # [{char, codepoint, name, count, rows}]: seen fewer than min_count times
+    rows_lost: int  # rows holding a dropped character (Features rejects them)
+    rows_lost_examples: list  # the first few of them, as file:line
+    text: dict  # the data.text settings the transcripts were normalised with
+    wall_time_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class LMReport:
     """``lm_report.json``: what the LanguageModel stage read and built."""
 
@@ -146,6 +166,8 @@ class EvaluationReport:
     samples_file: str
     wer_lm: float | None = None
     cer_lm: float | None = None
+    # wer, or cer where the language writes no spaces between words (pipeline.evaluation.metrics)
+    headline: str = "wer"
     decoder_lm: dict | None = None
     decode_lm_s: float | None = None
     samples_lm: dict | None = None
@@ -180,6 +202,8 @@ class ExportRecord:
     tflite_quantized: bool
     frozen_graph: dict | None = None
     decoder: dict | None = None
+    output: str = "characters"  # or bytes: UTF-8 byte labels (format 3)
+    text: dict | None = None  # the data.text settings the client applies (format 3)
 
 
 def _dataclass_of(tp) -> type | None:

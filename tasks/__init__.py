@@ -1,5 +1,6 @@
 """Luigi tasks of the pipeline; ``luigi --module tasks <Task> --config <yaml>`` finds each of them."""
 
+from tasks.alphabet import Alphabet
 from tasks.evaluate import Evaluate
 from tasks.export import Export, Transcribe
 from tasks.features import Features, FeaturesSplit
@@ -10,6 +11,7 @@ from tasks.training import Train
 __all__ = [
     "Import",
     "Imports",
+    "Alphabet",
     "Features",
     "FeaturesSplit",
     "Train",

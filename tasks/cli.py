@@ -25,6 +25,7 @@ USAGE = (
 TASKS = (
     "Imports",
     "Import",
+    "Alphabet",
     "Features",
     "FeaturesSplit",
     "Train",

@@ -21,6 +21,7 @@ class Evaluate(ConfigTask):
         return [self.layout.evaluate_dir]
 
     def run_stage(self):
+        from pipeline.evaluation.metrics import headline_text
         from pipeline.stages.evaluate import evaluate_stage
 
         progress = Progress(self, total=1, unit="utt", description="evaluate")
@@ -37,8 +38,9 @@ class Evaluate(ConfigTask):
             progress.close()
         self.tell_scheduler(percent=100)
         summary = (
-            f"greedy WER {report.wer:.4f} CER {report.cer:.4f}; "
-            f"{report.decoder_lm['type']}+LM WER {report.wer_lm:.4f} CER {report.cer_lm:.4f}; "
+            f"greedy {headline_text({'wer': report.wer, 'cer': report.cer, 'headline': report.headline})}; "
+            f"{report.decoder_lm['type']}+LM "
+            f"{headline_text({'wer': report.wer_lm, 'cer': report.cer_lm, 'headline': report.headline})}; "
             f"loss {report.loss:.3f}"
         )
         self.tell_scheduler(message=summary)

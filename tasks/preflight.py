@@ -28,7 +28,8 @@ def input_paths(config: Config) -> list[tuple[str, str]]:
         (f"data.{split}_files", p) for split in ("train", "dev", "test") for p in config.split_files(split)
     ]
     paths += [(f"data.corpora[{i}].path", corpus.path) for i, corpus in enumerate(config.data.corpora)]
-    paths.append(("paths.alphabet", str(Layout(config).alphabet)))
+    if config.model.output == "characters" and not config.alphabet_auto:  # else the file is not read
+        paths.append(("paths.alphabet", str(Layout(config).alphabet)))
     paths += [("decoder.lm_corpus_files", p) for p in config.decoder.lm_corpus_files]
     if config.decoder.lm_path:
         paths.append(("decoder.lm_path", config.decoder.lm_path))

@@ -23,6 +23,7 @@ import luigi
 
 from pipeline.locks import in_use
 from tasks import (
+    Alphabet,
     Evaluate,
     Export,
     Features,
@@ -39,6 +40,7 @@ log = logging.getLogger("luigi-interface")
 STAGES = {
     "Imports": Imports,
     "Import": Import,
+    "Alphabet": Alphabet,
     "Features": Features,
     "FeaturesSplit": FeaturesSplit,
     "Train": Train,

@@ -149,3 +149,14 @@ def test_config_refuses_what_their_client_cannot_run(section, values, message):
     assert str(error.value).startswith("<dict>: export.coqui_tflite: features.") and message in str(
         error.value
     )
+
+
+def test_config_refuses_byte_outputs_in_their_layout():
+    with pytest.raises(ConfigError, match=r"export.coqui_tflite: .*model.output 'bytes'"):
+        config_from_dict(
+            {
+                "features": {"type": "deepspeech", "normalize": False},
+                "model": {"output": "bytes"},
+                "export": {"coqui_tflite": True},
+            }
+        )

@@ -608,6 +608,7 @@ def test_bom_and_duplicate_rows_in_a_manifest(tmp_path):
     same rows listed twice were kept twice. Duplicates are now rejected with reason ``duplicate``."""
     from native_client.alphabet import load_alphabet
     from pipeline.data.manifests import read_manifests
+    from pipeline.data.text import TextSettings
     from tests.conftest import ALPHABET, SAMPLE
 
     rows = (SAMPLE / "train.csv").read_text().splitlines()
@@ -619,7 +620,7 @@ def test_bom_and_duplicate_rows_in_a_manifest(tmp_path):
         for a, line in zip(audio, rows[1:4], strict=False)
     ]
     manifest.write_text("\ufeff" + rows[0] + "\n" + "\n".join(body + body[:2]) + "\n", encoding="utf-8")
-    samples, rejects = read_manifests([manifest], 0, load_alphabet(ALPHABET))
+    samples, rejects = read_manifests([manifest], 0, load_alphabet(ALPHABET), TextSettings())
     assert len(samples) == 3
     assert [(r.reason, r.source) for r in rejects] == [
         ("duplicate", f"{manifest}:5"),
@@ -769,7 +770,7 @@ def test_a_damaged_feature_shard_part_is_recomputed(write_config, tmp_path, capl
     from native_client.alphabet import load_alphabet
     from pipeline.data.manifests import read_manifests
 
-    samples, _ = read_manifests(config.split_files("train"), 40, load_alphabet(ALPHABET))
+    samples, _ = read_manifests(config.split_files("train"), 40, load_alphabet(ALPHABET), config.data.text)
     jobs = [(s.audio_path, ctc_min_frames(s.labels), None, s.offset, s.duration) for s in samples[:32]]
     part = layout.features_part(parts, 0, shard_key(jobs))
     _process_shard(str(part), jobs, config.features, 0.0, shard_key(jobs))

@@ -18,6 +18,7 @@ from native_client.windows import context_windows
 from pipeline.config import FeaturesConfig
 from pipeline.config_loader import load_config
 from pipeline.data.manifests import CorpusError, read_manifests
+from pipeline.data.text import TextSettings
 from pipeline.features.cache import CacheError, check_settings, read_cache
 from pipeline.features.frontend import ctc_min_frames
 from pipeline.layout import Layout
@@ -125,11 +126,11 @@ def test_manifest_without_a_column_is_a_clear_error(tmp_path):
     manifest = tmp_path / "nocol.csv"
     manifest.write_text(f"wav_filename,transcript\n{audio},{transcript}\n")
     with pytest.raises(CorpusError, match=r"nocol\.csv:1: header lacks column\(s\) wav_filesize"):
-        read_manifests([manifest], 0, load_alphabet(ALPHABET))
+        read_manifests([manifest], 0, load_alphabet(ALPHABET), TextSettings())
 
 
 def test_limit_keeps_the_first_rows(tmp_path):
-    samples, rejects = read_manifests([SAMPLE / "dev.csv"], 5, load_alphabet(ALPHABET))
+    samples, rejects = read_manifests([SAMPLE / "dev.csv"], 5, load_alphabet(ALPHABET), TextSettings())
     assert len(samples) == 5 and not rejects
     assert samples[0].source.endswith("dev.csv:2")
 
@@ -347,7 +348,7 @@ def test_a_linked_manifest_finds_its_audio_beside_its_real_file(write_config, tm
     (tmp_path / "elsewhere").mkdir()
     link = tmp_path / "elsewhere" / "linked.csv"
     link.symlink_to(manifest)
-    samples, rejects = read_manifests([link], 0, load_alphabet(ALPHABET))
+    samples, rejects = read_manifests([link], 0, load_alphabet(ALPHABET), TextSettings())
     assert len(samples) == 3 and not rejects
 
 

@@ -404,14 +404,20 @@ def test_rerun_import_removes_the_import_and_what_follows(tmp_path, capsys):
     assert "converted" not in out  # the converted copies are shared by every import: kept
 
 
-def test_features_without_corpora_keep_their_fingerprint(tmp_path, write_config):
-    """data.corpora and data.text feed only the Import stage: a config without corpora has the Features
-    fingerprint it had before they existed, whatever data.text says."""
+def test_data_text_moves_the_stages_that_normalise_text_even_without_corpora(tmp_path, write_config):
+    """data.text normalises the manifests of data.*_files too (issue 23: one text path), so a config
+    without corpora gets new Features and LanguageModel fingerprints when it changes; keys that change no
+    text (data.corpora empty either way) leave them alone."""
     base = f"paths:\n  work_dir: {tmp_path}\ndata:\n  train_files: [{SAMPLE / 'train.csv'}]\n"
     plain = Layout(load_config(write_config(base, "a.yaml")))
     text = Layout(load_config(write_config(base + "  text:\n    case: keep\n", "b.yaml")))
-    assert plain.features_fingerprint("train") == text.features_fingerprint("train")
-    assert plain.lm_fingerprint == text.lm_fingerprint
+    same = Layout(load_config(write_config(base + "  corpora: []\n", "c.yaml")))
+    assert plain.features_fingerprint("train") != text.features_fingerprint("train")
+    assert plain.lm_fingerprint != text.lm_fingerprint
+    assert (plain.features_fingerprint("train"), plain.lm_fingerprint) == (
+        same.features_fingerprint("train"),
+        same.lm_fingerprint,
+    )
 
 
 def test_corpora_round_trip_through_the_saved_config(tmp_path):

@@ -83,7 +83,8 @@ def test_fingerprints_of_existing_work_directories_are_kept():
     # one checkout). These moved once, on purpose, with the streamed feature cache (format 2):
     # data.max_reject_fraction left the features fingerprint and data.max_duration_s joined it. The
     # LanguageModel fingerprint is the one the code before the layout object computed. All moved again
-    # with the stage tags (seams) and with data.max_duration_s's default of 40 s (issue 26, N9).
+    # with issue 23 (languages): data.text normalises every manifest now (Features, LM, Export) and
+    # model.output joined Features, LM and Train.
     # lm_builder python: what auto means where KenLM's tools are not installed (where they are, the LM
     # fingerprint also carries the KenLM settings, so such LMs get their own directory).
     config = config_from_dict(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import unicodedata
 
 import kenlm
 import numpy as np
@@ -91,7 +92,7 @@ def models(tmp_path_factory):
     sentences = [s.split() for s in ["the cat sat on the mat", "the cat ate", "a cat sat", "the dog sat"] * 5]
     word = estimate(sentences, 3)
     write_arpa(word, tmp / "words.arpa")
-    chars = estimate([char_tokens(" ".join(s)) for s in sentences], 6)
+    chars = estimate([char_tokens(" ".join(s), load_alphabet(ALPHABET)) for s in sentences], 6)
     write_arpa(chars, tmp / "chars.arpa")
     vocabulary = sorted({w for s in sentences for w in s})
     return tmp / "words.arpa", tmp / "chars.arpa", vocabulary
@@ -163,3 +164,40 @@ def test_hot_words_are_checked_and_need_a_language_model(models):
     spec = DecoderSpec("greedy", alphabet.labels, settings={"hot_words": {"kat": 1.0}})
     with pytest.raises(ValueError, match="hot words need a decoder with a language model"):
         build_decoder(spec)
+
+
+def _byte_logits(labels, confusions: dict | None = None, sharp: float = 10.0) -> np.ndarray:
+    """Frame logits spelling byte ``labels`` (a label per two frames, blanks between); ``confusions``
+    {position: (other label, margin)} makes another byte win at that position by ``margin``."""
+    frames = []
+    for position, label in enumerate(labels):
+        row = np.zeros(256, np.float32)
+        row[label] = sharp
+        if confusions and position in confusions:
+            other, margin = confusions[position]
+            row[other] = sharp + margin
+        blank = np.zeros(256, np.float32)
+        blank[255] = sharp
+        frames += [row, row, blank]
+    return np.stack(frames)
+
+
+def test_lexicon_free_beam_search_over_a_byte_language_model(tmp_path):
+    """Mandarin with byte outputs (issue 23): a byte LM of the training text (tokens as the LM stage
+    writes them) repairs a byte the acoustic model got slightly wrong, which greedy decoding turns into
+    an invalid sequence it drops; the beam decoder's transcripts are NFC text, never a raised error."""
+    from native_client.alphabet import ByteAlphabet
+
+    labels = ByteAlphabet()
+    sentences = ["今天天气很好", "我们去学校", "今天我们去公园", "天气很好"] * 5
+    write_arpa(estimate([char_tokens(s, labels) for s in sentences], 6), tmp_path / "bytes.arpa")
+    spoken = labels.encode("今天天气")
+    # the last byte of 气 (U+6C14: e6 b0 94) heard as 0xff, which no UTF-8 text holds: greedy decoding
+    # drops the broken character
+    logits = _byte_logits(spoken, confusions={len(spoken) - 1: (0xFF - 1, 0.5)})
+    assert best_path(logits, labels) == "今天天"
+    settings = BeamSettings(beam_width=32, lm_alpha=2.0, lm_beta=0.0, lexicon=False)
+    decoder = BeamDecoder(labels, tmp_path / "bytes.arpa", settings)
+    assert decoder.decode(logits) == "今天天气"
+    noise = np.random.default_rng(0).normal(size=(60, 256)).astype(np.float32)
+    assert unicodedata.is_normalized("NFC", decoder.decode(noise))

@@ -90,3 +90,89 @@ def test_nfkc_folds_compatibility_characters():
 def test_settings_are_checked_naming_the_key(settings, message):
     with pytest.raises(ValueError, match=message):
         settings.check()
+
+
+# -- issue 23: every language --------------------------------------------------------------------------
+
+
+def test_turkish_and_azerbaijani_fold_dotted_and_dotless_i():
+    """tr/az lower-casing (SpecialCasing.txt): İ -> i, I -> ı, I + combining dot above -> i; every other
+    language keeps Unicode's default (I -> i; İ -> i + U+0307, recomposed to nothing shorter by NFC)."""
+    turkish = TextSettings(language="tr")
+    assert normalise_transcript("İSTANBUL'da Işık", turkish) == "istanbul'da ışık"
+    assert normalise_transcript("I\u0307yi", turkish) == "iyi"
+    assert normalise_transcript("Iğdır", TextSettings(language="az-Latn")) == "ığdır"
+    assert normalise_transcript("Işık", DEFAULT) == "işık"
+    assert normalise_transcript("İyi", DEFAULT) == "i\u0307yi"
+
+
+def test_german_sharp_s_and_upper_case():
+    """Lower-casing keeps ß (str.lower's mapping; only upper-casing expands it) and folds umlauts."""
+    assert normalise_transcript("GRÜẞE aus der STRAẞE, Straße", DEFAULT) == "grüße aus der straße straße"
+    assert normalise_transcript("Die Straße", TextSettings(case="keep")) == "Die Straße"
+
+
+def test_greek_final_sigma_and_cyrillic():
+    assert normalise_transcript("ΟΔΟΣ Σοφίας", DEFAULT) == "οδος σοφίας"
+    assert normalise_transcript("Привет, МИР! Ёлка.", DEFAULT) == "привет мир ёлка"
+
+
+def test_chinese_punctuation_becomes_space_and_nfkc_folds_full_width():
+    """CJK punctuation (。，！) are P* characters; NFKC turns full-width Latin and digits into ASCII."""
+    assert normalise_transcript("今天天气很好。我们去公园！", DEFAULT) == "今天天气很好 我们去公园"
+    assert normalise_transcript("ＡＢＣ１２３", TextSettings(normal_form="NFKC")) == "abc123"
+    assert normalise_transcript("ＡＢＣ", DEFAULT) == "ａｂｃ"
+
+
+def test_output_is_nfc_whatever_the_steps_do():
+    """Lower-casing can decompose (İ -> i + U+0307); the result is renormalised."""
+    for raw in ("İ", unicodedata.normalize("NFD", "Ñandú ÉTÉ"), "Å\u030a"):
+        assert unicodedata.is_normalized("NFC", normalise_transcript(raw, DEFAULT))
+
+
+def test_language_is_checked_and_the_client_ignores_the_digits_hook():
+    with pytest.raises(ValueError, match=r"data\.text\.language: 'french' is not a BCP 47 code"):
+        TextSettings(language="french").check()
+    recorded = {**TextSettings(language="tr", digits="hook", digits_hook="nowhere.spell").to_dict(), "new": 1}
+    client = TextSettings.for_client(recorded)
+    assert client.language == "tr" and client.digits == "keep" and client.digits_hook == ""
+
+
+def test_word_spaces_are_detected_from_the_letters():
+    """CER leads where most letters belong to a script written without spaces; Latin words or digits
+    inside Chinese text do not tip it, nor does a Chinese name inside English."""
+    from pipeline.data.text import has_word_spaces
+
+    assert not has_word_spaces(["今天天气很好", "我们用 GPU 训练"])
+    assert not has_word_spaces(["สวัสดีครับ"]) and not has_word_spaces(["きょうはいいてんき"])
+    assert has_word_spaces(["le café est prêt", "привет мир", "我 is a character"])
+    assert has_word_spaces([]) and has_word_spaces(["123 456"])
+
+
+def test_labels_a_normalisation_never_produces_are_found():
+    """A hand-written alphabet with upper case or punctuation the text settings strip: dead classes."""
+    from pipeline.data.text import unreachable_labels
+
+    labels = tuple(" abcAB'-.")
+    assert unreachable_labels(labels, DEFAULT) == ["A", "B", "-", "."]
+    assert unreachable_labels(labels, TextSettings(case="keep", keep_punctuation="'-.")) == []
+    assert unreachable_labels(tuple("iıİ"), TextSettings(language="tr")) == ["İ"]
+
+
+def test_reports_lead_with_cer_where_the_references_have_no_word_spaces():
+    """A Chinese utterance is one "word" to the WER (all or nothing); its CER is the figure that moves."""
+    from pipeline.evaluation.metrics import best_and_worst, corpus_rates, format_report, score_sample
+
+    chinese = [
+        score_sample("a.wav", "今天天气很好", "今天天气不好", 1.0),
+        score_sample("b.wav", "我们去学校", "我们去学校", 2.0),
+    ]
+    rates = corpus_rates(chinese)
+    assert rates["headline"] == "cer" and rates["wer"] == 0.5 and rates["cer"] == 1 / 11
+    text = format_report("Test", rates, best_and_worst(chinese, 1, rates["headline"]))
+    assert text.startswith(
+        "Test: CER 0.0909, WER 0.5000, loss 1.5000 (2 samples) (no word spaces: CER first)"
+    )
+    french = [score_sample("c.wav", "le café est prêt", "le café est pré", 1.0)]
+    assert corpus_rates(french)["headline"] == "wer"
+    assert format_report("Test", corpus_rates(french), {}).startswith("Test: WER 0.2500, CER 0.1250")

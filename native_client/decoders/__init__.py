@@ -16,7 +16,8 @@ What callers rely on (and nothing more):
 - ``name``: a short label for reports and transcripts (``greedy``, ``beam+lm``).
 - ``decode(logits) -> str``: logits ``[time, n_classes]`` as the model gives them
   (float32, not normalised: apply ``log_softmax`` if you need log probabilities;
-  class ``i < len(labels)`` is ``labels[i]``, the last class is the CTC blank).
+  class ``i < spec.alphabet().size`` is a label, the last class is the CTC blank; decode labels
+  with ``spec.alphabet().decode``, which handles byte labels too).
   Zero frames must give ``""`` (a stream may be asked before any audio). A stream
   calls it again on longer logits for intermediate transcripts, so it must not
   keep state between calls.
@@ -45,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from native_client.alphabet import Alphabet
+from native_client.alphabet import Labels, make_alphabet
 from native_client.plugins import PluginError, find_plugin
 from native_client.transcripts import Candidate
 
@@ -57,7 +58,9 @@ class DecoderSpec:
     """Everything needed to build a decoder, as plain picklable values.
 
     ``type``: a built-in decoder module's name or the dotted path of one of yours.
-    ``labels``: the alphabet's labels (the blank is the class after them).
+    ``labels``: the alphabet's labels (the blank is the class after them); none with ``output`` bytes.
+    ``output``: ``characters`` (``labels`` are the alphabet) or ``bytes`` (UTF-8 byte labels,
+    ``native_client.alphabet.ByteAlphabet``).
     ``lm``: the language model file (ARPA or KenLM binary), or None.
     ``vocabulary``: the words a lexicon decoder may emit: a path to a file of
     whitespace-separated words, or the words themselves; None without a lexicon.
@@ -71,10 +74,11 @@ class DecoderSpec:
     lm: str | None = None
     vocabulary: str | tuple[str, ...] | None = None
     settings: Mapping = field(default_factory=dict)
+    output: str = "characters"
 
-    def alphabet(self) -> Alphabet:
-        """The alphabet of ``labels``."""
-        return Alphabet(tuple(self.labels))
+    def alphabet(self) -> Labels:
+        """The model's labels: the ``Alphabet`` of ``labels``, or the ``ByteAlphabet``."""
+        return make_alphabet(self.output, self.labels)
 
     def words(self) -> list[str] | None:
         """The vocabulary's words (read from the file when ``vocabulary`` is a path), or None."""

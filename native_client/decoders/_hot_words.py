@@ -21,22 +21,24 @@ each a call from C++ into Python).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from flashlight.lib.text.decoder import LM, LMState
+
+from native_client.alphabet import Labels
 
 LOG10_E = math.log10(math.e)  # a natural-log boost in KenLM's log10 units
 
 
-def check_hot_words(hot_words: Mapping[str, float], labels: Sequence[str]) -> dict[str, float]:
-    """``{word: boost}`` checked: one word each (no spaces), spelt with the alphabet's letters, a finite
-    boost. Raises ValueError naming the first word that is not."""
-    letters = set(labels) - {" "}
+def check_hot_words(hot_words: Mapping[str, float], alphabet: Labels) -> dict[str, float]:
+    """``{word: boost}`` checked: one word each (no spaces), spelt with the alphabet's letters (any text
+    with byte labels), a finite boost. Raises ValueError naming the first word that is not. The words
+    are taken as they are: the client normalises them first (``native_client.export_decoder``)."""
     checked = {}
     for word, boost in hot_words.items():
         if not word or any(ch.isspace() for ch in word):
             raise ValueError(f"hot word {word!r}: expected one word without spaces")
-        unknown = sorted(set(word) - letters)
+        unknown = alphabet.unknown_characters(word)
         if unknown:
             raise ValueError(f"hot word {word!r}: characters not in the alphabet: {''.join(unknown)!r}")
         if not math.isfinite(float(boost)):
@@ -74,7 +76,7 @@ class WordBoostLM(LM):
 class SpellingBoostLM(LM):
     """A character LM (lexicon-free decoding) that boosts hot words as they are spelt.
 
-    Each letter that continues a hot word with a positive boost earns that word's boost
+    Each label that continues a hot word with a positive boost earns that word's boost
     over its length (the largest such share when several hot words share the prefix);
     the word separator then settles the account: the whole boost if the letters since
     the last separator spell a hot word (negative boosts act only there), nothing
@@ -86,13 +88,13 @@ class SpellingBoostLM(LM):
     the current word. They are dropped when a new utterance starts.
     """
 
-    def __init__(self, base: LM, tokens: Sequence[str], separator: int, hot_words: Mapping[str, float]):
+    def __init__(self, base: LM, alphabet: Labels, hot_words: Mapping[str, float]):
         LM.__init__(self)
         self.base = base
-        self.tokens = list(tokens)
-        self.separator = separator
-        self.boosts = {word: boost * LOG10_E for word, boost in hot_words.items()}
-        self.advance: dict[str, float] = {}  # prefix -> look-ahead bonus it has earned
+        self.separator = alphabet.space_index
+        # Words as label sequences: a hot word is spelt label by label (a byte at a time with byte labels).
+        self.boosts = {tuple(alphabet.encode(word)): boost * LOG10_E for word, boost in hot_words.items()}
+        self.advance: dict[tuple[int, ...], float] = {}  # prefix -> look-ahead bonus it has earned
         for word, boost in self.boosts.items():
             if boost > 0:
                 for end in range(1, len(word) + 1):
@@ -105,10 +107,10 @@ class SpellingBoostLM(LM):
     def start(self, start_with_nothing: bool):
         """A fresh root state over the base LM's start state (forgetting the last utterance's states)."""
         root = LMState()
-        self._states = {root: (self.base.start(start_with_nothing), "", {})}
+        self._states = {root: (self.base.start(start_with_nothing), (), {})}
         return root
 
-    def _settle(self, word: str) -> float:
+    def _settle(self, word: tuple[int, ...]) -> float:
         return self.boosts.get(word, 0.0) - self.advance.get(word, 0.0)
 
     def score(self, state, token: int):
@@ -119,9 +121,9 @@ class SpellingBoostLM(LM):
             return known
         next_base, score = self.base.score(base_state, token)
         if token == self.separator:
-            score, next_word = score + self._settle(word), ""
+            score, next_word = score + self._settle(word), ()
         else:
-            next_word = word + self.tokens[token]
+            next_word = (*word, token)
             score += self.advance.get(next_word, 0.0) - self.advance.get(word, 0.0)
         child = state.child(token)
         self._states[child] = (next_base, next_word, {})
@@ -133,5 +135,5 @@ class SpellingBoostLM(LM):
         base_state, word, _ = self._states[state]
         end_state, score = self.base.finish(base_state)
         child = state.child(-1)
-        self._states[child] = (end_state, "", {})
+        self._states[child] = (end_state, (), {})
         return child, score + self._settle(word)

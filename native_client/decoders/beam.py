@@ -24,12 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from native_client.alphabet import Alphabet
+from native_client.alphabet import Labels
 from native_client.decoders import Decoder, DecoderSpec
 from native_client.decoders.greedy import log_softmax
 from native_client.transcripts import Candidate, word_timings
 
-SPACE_TOKEN = "|"
 UNK_WORD = "<unk>"
 
 
@@ -54,12 +53,12 @@ class BeamSettings:
 SEGMENT_FRAMES = 6000
 
 
-def _checked_hot_words(hot_words: Mapping[str, float] | None, alphabet: Alphabet) -> dict[str, float]:
+def _checked_hot_words(hot_words: Mapping[str, float] | None, alphabet: Labels) -> dict[str, float]:
     if not hot_words:
         return {}
     from native_client.decoders._hot_words import check_hot_words
 
-    return check_hot_words(hot_words, alphabet.labels)
+    return check_hot_words(hot_words, alphabet)
 
 
 def pause_segments(logits: np.ndarray, quiet: Sequence[int], max_frames: int) -> list[tuple[int, int]]:
@@ -88,7 +87,7 @@ class BeamDecoder(Decoder):
 
     def __init__(
         self,
-        alphabet: Alphabet,
+        alphabet: Labels,
         lm_path: str | Path,
         settings: BeamSettings,
         vocabulary: Sequence[str] | None = None,
@@ -98,13 +97,15 @@ class BeamDecoder(Decoder):
         from flashlight.lib.text.decoder.kenlm import KenLM
         from flashlight.lib.text.dictionary import Dictionary, create_word_dict
 
-        if " " not in alphabet.labels:
+        if alphabet.space_index is None:
             raise ValueError("beam search needs the space character in the alphabet as the word separator")
         self.alphabet = alphabet
         self.settings = settings
         self.lm_path = str(lm_path)
-        self.tokens = [SPACE_TOKEN if label == " " else label for label in alphabet.labels] + ["<blank>"]
-        self.space = alphabet.labels.index(" ")
+        # One token per label (a character, or a byte as two hex digits; the space as ``|``): the
+        # character LM's words, as the LanguageModel stage wrote them (``Labels.to_tokens``).
+        self.tokens = [*alphabet.tokens, "<blank>"]
+        self.space = alphabet.space_index
         self.blank = alphabet.blank_index
         token_dict = Dictionary(self.tokens)
         tokens_per_frame = min(settings.beam_size_token or len(self.tokens), len(self.tokens))
@@ -113,8 +114,11 @@ class BeamDecoder(Decoder):
         if settings.lexicon:
             if vocabulary is None:
                 raise ValueError("lexicon decoding needs a vocabulary")
-            known = set(alphabet.labels) - {" "}
-            words = [w for w in dict.fromkeys([*vocabulary, *hot]) if w and set(w) <= known]
+            words = [
+                w
+                for w in dict.fromkeys([*vocabulary, *hot])
+                if w and " " not in w and not alphabet.unknown_characters(w)
+            ]
             lexicon = {w: [list(w)] for w in words}
             lexicon[UNK_WORD] = [[]]
             self.word_dict = create_word_dict(lexicon)
@@ -133,7 +137,7 @@ class BeamDecoder(Decoder):
                 unknown += score == unknown_score
                 # Spellings end with the separator (space), as flashlight expects: a word ends when its
                 # separator is read, so a last letter held over several frames stays one letter.
-                trie.insert([self.alphabet.labels.index(ch) for ch in word] + [self.space], index, score)
+                trie.insert(alphabet.encode(word) + [self.space], index, score)
             if words and unknown > len(words) / 2:  # KenLM scores a word it lacks as <unk>
                 raise ValueError(
                     f"{lm_path}: {unknown} of the {len(words)} vocabulary words are not in the language "
@@ -149,7 +153,7 @@ class BeamDecoder(Decoder):
             if hot:
                 from native_client.decoders._hot_words import SpellingBoostLM
 
-                self.lm = SpellingBoostLM(self.lm, self.tokens, self.space, hot)
+                self.lm = SpellingBoostLM(self.lm, alphabet, hot)
             self.vocabulary_size = None
         self.tokens_per_frame = tokens_per_frame
         self.decoder = self._make_decoder()

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from native_client.alphabet import Alphabet
+from native_client.alphabet import Labels
 from native_client.decoders import Decoder, DecoderSpec
 from native_client.transcripts import Candidate, word_timings
 
 
-def best_path(logits: np.ndarray, alphabet: Alphabet) -> str:
-    """Argmax per frame over ``logits`` ``[time, classes]``, merge repeats, drop blanks."""
+def best_path(logits: np.ndarray, alphabet: Labels) -> str:
+    """Argmax per frame over ``logits`` ``[time, classes]``, merge repeats, drop blanks; as text."""
     best = np.argmax(logits, axis=-1)
     if len(best) == 0:
         return ""
@@ -31,7 +31,7 @@ class GreedyDecoder(Decoder):
 
     name = "greedy"
 
-    def __init__(self, alphabet: Alphabet):
+    def __init__(self, alphabet: Labels):
         self.alphabet = alphabet
 
     @classmethod

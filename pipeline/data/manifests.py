@@ -6,6 +6,9 @@ through a symbolic link finds its audio where the manifest itself lives (``manif
 Besides ``wav_filename,wav_filesize,transcript``, a manifest may carry ``offset`` and ``duration``
 (seconds; empty = from the start / to the end): the row is then that segment of the file, as a
 lhotse supervision is (an importer writes them for TED-LIUM's talks and Kaldi's ``segments``).
+
+Every transcript goes through the one text normalisation (``data.text``, ``native_client.text``) before
+the alphabet judges it.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ import csv
 import hashlib
 import io
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from native_client.alphabet import Alphabet
+from native_client.alphabet import Labels
+from pipeline.data.text import TextSettings, TranscriptRejected, normalise_transcript
 from pipeline.files import atomic_path
 
 REQUIRED_COLUMNS = ("wav_filename", "wav_filesize", "transcript")
@@ -57,10 +62,10 @@ def manifest_folder(manifest: str | Path) -> Path:
 
 
 def read_manifests(
-    files, limit: int, alphabet: Alphabet, digests: dict[str, str] | None = None
+    files, limit: int, alphabet: Labels, text: TextSettings, digests: dict[str, str] | None = None
 ) -> tuple[list[Sample], list[Reject]]:
-    """Read every CSV of a split, keep at most ``limit`` rows (0 = all) in file order, check transcripts
-    and file presence.
+    """Read every CSV of a split, keep at most ``limit`` rows (0 = all) in file order, normalise the
+    transcripts (``text``), check them against ``alphabet`` and check the audio files are there.
 
     Audio content is checked later, while features are computed. A row whose audio file an earlier row
     of the split already lists is rejected as ``duplicate`` (training on it twice would weight it double).
@@ -80,7 +85,7 @@ def read_manifests(
                 break
             rows += 1
             source = f"{manifest}:{line}"
-            result = _check_row(row, manifest_folder(manifest), source, alphabet)
+            result = _check_row(row, manifest_folder(manifest), source, alphabet, text)
             if isinstance(result, Sample):
                 key = (str(Path(result.audio_path).resolve()), result.offset, result.duration)
                 if key in first_listed:
@@ -96,6 +101,25 @@ def read_manifests(
         if limit and rows >= limit:
             break
     return samples, rejects
+
+
+def iter_transcripts(files, limit: int, text: TextSettings) -> Iterator[tuple[str, str | TranscriptRejected]]:
+    """(``file:line``, normalised transcript, or the TranscriptRejected saying why there is none) of each of
+    the first ``limit`` rows (0 = all) of ``files``, streamed: one row in memory at a time. Rows with the
+    wrong number of fields are skipped (Features rejects them)."""
+    rows = 0
+    for manifest in files:
+        manifest = Path(manifest)
+        for line, row in _rows(manifest):
+            if limit and rows >= limit:
+                return
+            rows += 1
+            if "_fields" in row:
+                continue
+            try:
+                yield f"{manifest}:{line}", normalise_transcript(row.get("transcript", ""), text)
+            except TranscriptRejected as rejected:
+                yield f"{manifest}:{line}", rejected
 
 
 class _HashingReader(io.RawIOBase):
@@ -159,7 +183,7 @@ def _rows(manifest: Path, digest=None):
             )
 
 
-def _check_row(row: dict, base: Path, source: str, alphabet: Alphabet) -> Sample | Reject:
+def _check_row(row: dict, base: Path, source: str, alphabet: Labels, text: TextSettings) -> Sample | Reject:
     name = row.get("wav_filename", "")
     path = Path(name) if Path(name).is_absolute() else base / name
     if "_fields" in row:
@@ -168,9 +192,10 @@ def _check_row(row: dict, base: Path, source: str, alphabet: Alphabet) -> Sample
         )
     if not path.is_file():
         return Reject(source, str(path), "missing_file", "audio file does not exist")
-    transcript = alphabet.normalise(row["transcript"])
-    if not transcript:
-        return Reject(source, str(path), "empty_transcript", "transcript is empty")
+    try:
+        transcript = normalise_transcript(row["transcript"], text)
+    except TranscriptRejected as rejected:
+        return Reject(source, str(path), rejected.reason, str(rejected))
     unknown = alphabet.unknown_characters(transcript)
     if unknown:
         return Reject(

@@ -3,7 +3,7 @@ its ``DecoderSpec``, and the pool that decodes with it."""
 
 from __future__ import annotations
 
-from native_client.alphabet import Alphabet
+from native_client.alphabet import Labels
 from native_client.decoders import DecoderSpec
 from pipeline.config import Config
 from pipeline.decode.pool import DecodePool
@@ -34,7 +34,7 @@ def decoder_settings(layout: Layout) -> dict:
     return {**configured_settings(layout.config), **(tuned_values(layout) or {})}
 
 
-def decoder_spec(layout: Layout, alphabet: Alphabet, settings: dict | None = None) -> DecoderSpec:
+def decoder_spec(layout: Layout, alphabet: Labels, settings: dict | None = None) -> DecoderSpec:
     """``decoder.type`` over the LanguageModel stage's LM (the word LM and its vocabulary with a lexicon,
     the character LM without), with ``settings`` (default: ``decoder_settings``)."""
     settings = dict(settings or decoder_settings(layout))
@@ -42,7 +42,8 @@ def decoder_spec(layout: Layout, alphabet: Alphabet, settings: dict | None = Non
     lexicon = settings["lexicon"]
     return DecoderSpec(
         type=layout.config.decoder.type,
-        labels=tuple(alphabet.labels),
+        labels=tuple(getattr(alphabet, "labels", ())),
+        output=alphabet.output,
         lm=str(layout.lm.resolve(report.lm if lexicon else report.char_lm)),
         vocabulary=str(layout.lm.vocabulary) if lexicon else None,
         settings=settings,

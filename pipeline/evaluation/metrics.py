@@ -1,4 +1,8 @@
-"""WER/CER, greedy CTC decoding of logits, and best/worst sample reports."""
+"""WER/CER, greedy CTC decoding of logits, and best/worst sample reports.
+
+The headline figure is the WER, or the CER where the language writes no spaces between its words
+(``pipeline.data.text.has_word_spaces``, detected from the references): there a "word" is a clause, and
+the WER is given beside it."""
 
 from __future__ import annotations
 
@@ -11,8 +15,9 @@ from typing import TextIO
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
-from native_client.alphabet import Alphabet
+from native_client.alphabet import Labels
 from native_client.decoders.greedy import best_path
+from pipeline.data.text import has_word_spaces
 
 
 @dataclass
@@ -43,7 +48,7 @@ class SampleResult:
         return {**asdict(self), "wer": self.wer, "cer": self.cer}
 
 
-def greedy_decode(logits: np.ndarray, length: int, alphabet: Alphabet) -> str:
+def greedy_decode(logits: np.ndarray, length: int, alphabet: Labels) -> str:
     """Best path over ``logits[:length]`` ``[time, classes]`` (``decoders.greedy.best_path``)."""
     return best_path(logits[:length], alphabet)
 
@@ -63,8 +68,15 @@ def score_sample(path: str, reference: str, hypothesis: str, loss: float) -> Sam
     )
 
 
-def corpus_rates(results: list[SampleResult]) -> dict:
-    """Corpus-level WER and CER (total errors over total reference length) and mean loss."""
+def headline_metric(references) -> str:
+    """``cer`` when the references' language writes no spaces between words (Chinese, Japanese, Thai, ...),
+    else ``wer``: the figure reports put first and TuneDecoder minimises."""
+    return "wer" if has_word_spaces(references) else "cer"
+
+
+def corpus_rates(results: list[SampleResult], headline: str | None = None) -> dict:
+    """Corpus-level WER and CER (total errors over total reference length), mean loss, and ``headline``:
+    which of the two leads (``headline_metric`` of the references unless given)."""
     words = sum(r.words for r in results)
     chars = sum(r.chars for r in results)
     losses = [r.loss for r in results if np.isfinite(r.loss)]
@@ -73,12 +85,19 @@ def corpus_rates(results: list[SampleResult]) -> dict:
         "cer": sum(r.char_errors for r in results) / max(chars, 1),
         "loss": float(np.mean(losses)) if losses else float("nan"),
         "samples_count": len(results),
+        "headline": headline or headline_metric(r.reference for r in results),
     }
 
 
-def best_and_worst(results: list[SampleResult], count: int) -> dict:
-    """The ``count`` best and worst samples by WER (ties broken by loss), as plain data."""
-    ranked = sorted(results, key=lambda r: (r.wer, r.loss))
+def headline_text(rates: dict) -> str:
+    """``WER 0.1234, CER 0.0567`` with the headline figure first (``corpus_rates``)."""
+    order = ("cer", "wer") if rates.get("headline") == "cer" else ("wer", "cer")
+    return ", ".join(f"{name.upper()} {rates[name]:.4f}" for name in order)
+
+
+def best_and_worst(results: list[SampleResult], count: int, headline: str = "wer") -> dict:
+    """The ``count`` best and worst samples by the ``headline`` rate (ties broken by loss), as plain data."""
+    ranked = sorted(results, key=lambda r: (getattr(r, headline), r.loss))
     return {
         "best": [r.to_dict() for r in ranked[:count]],
         "worst": [r.to_dict() for r in ranked[::-1][:count]],
@@ -87,15 +106,16 @@ def best_and_worst(results: list[SampleResult], count: int) -> dict:
 
 def format_report(title: str, rates: dict, samples: dict) -> str:
     """A human-readable report: the rates and the best/worst samples (reference vs decoded)."""
-    lines = [
-        f"{title}: WER {rates['wer']:.4f}, CER {rates['cer']:.4f}, loss {rates['loss']:.4f} "
-        f"({rates['samples_count']} samples)"
-    ]
+    unspaced = " (no word spaces: CER first)" if rates.get("headline") == "cer" else ""
+    count = rates["samples_count"]
+    lines = [f"{title}: {headline_text(rates)}, loss {rates['loss']:.4f} ({count} samples){unspaced}"]
+    order = ("cer", "wer") if rates.get("headline") == "cer" else ("wer", "cer")
     for kind in ("best", "worst"):
         if samples.get(kind):
             lines.append(f"-- {kind} samples --")
         for s in samples.get(kind, []):
-            lines.append(f"WER {s['wer']:.3f} CER {s['cer']:.3f} loss {s['loss']:.2f}  {s['path']}")
+            figures = " ".join(f"{name.upper()} {s[name]:.3f}" for name in order)
+            lines.append(f"{figures} loss {s['loss']:.2f}  {s['path']}")
             lines.append(f"  src: {s['reference']}")
             lines.append(f"  res: {s['hypothesis']}")
     return "\n".join(lines)
@@ -105,11 +125,13 @@ class ScoreBoard:
     """A split's figures gathered utterance by utterance, so that nobody holds every result: corpus rates
     (as ``corpus_rates``), the ``count`` best and worst samples (as ``best_and_worst``, ties in index
     order) and, when ``sink`` is given, every result written to it as a JSON line (with its ``index``).
-    Memory: the ``2 * count`` samples kept, whatever the number of utterances."""
+    Memory: the ``2 * count`` samples kept, whatever the number of utterances. ``headline``: the rate the
+    samples are ranked by (``headline_metric``)."""
 
-    def __init__(self, count: int, sink: TextIO | None = None):
+    def __init__(self, count: int, sink: TextIO | None = None, headline: str = "wer"):
         self.count = count
         self.sink = sink
+        self.headline = headline
         self.samples = self.words = self.word_errors = self.chars = self.char_errors = 0
         self._loss_sum, self._losses = 0.0, 0
         self._best: list = []  # max-heap by key (negated): the count smallest keys
@@ -128,7 +150,7 @@ class ScoreBoard:
         row = result.to_dict()
         if self.sink is not None:
             self.sink.write(json.dumps({"index": int(index), **row}) + "\n")
-        key = (result.wer, result.loss, int(index))
+        key = (getattr(result, self.headline), result.loss, int(index))
         if self.count:
             negated = (-key[0], -key[1], -key[2])
             if len(self._best) < self.count:
@@ -147,6 +169,7 @@ class ScoreBoard:
             "cer": self.char_errors / max(self.chars, 1),
             "loss": self._loss_sum / self._losses if self._losses else float("nan"),
             "samples_count": self.samples,
+            "headline": self.headline,
         }
 
     def best_and_worst(self) -> dict:

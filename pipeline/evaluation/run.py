@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from native_client.alphabet import Alphabet
+from native_client.alphabet import Labels
 from pipeline.evaluation.metrics import SampleResult, greedy_decode, score_sample
 from pipeline.features.cache import CacheIndex
 from pipeline.train.ctc import ctc_implementation, ctc_loss
@@ -33,7 +33,7 @@ def make_forward(model, blank_index: int):
 def run_split(
     model,
     data: CacheIndex,
-    alphabet: Alphabet,
+    alphabet: Labels,
     batch_size: int,
     forward=None,
     on_logits: LogitsSink | None = None,

@@ -9,7 +9,7 @@ from pathlib import Path
 import tensorflow as tf
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
-from native_client.alphabet import Alphabet
+from native_client.alphabet import Labels
 from native_client.arpa import is_arpa
 from native_client.metadata import FORMAT, FORMAT_VERSION
 from pipeline.decode.settings import decoder_settings
@@ -22,9 +22,10 @@ from pipeline.reports import ExportRecord, TrainReport, read_report
 
 
 def build_metadata(
-    layout: Layout, alphabet: Alphabet, checkpoint: str, model_version: int, n_input: int, tensors: dict
+    layout: Layout, alphabet: Labels, checkpoint: str, model_version: int, n_input: int, tensors: dict
 ) -> ExportRecord:
-    """The metadata a client needs: features, geometry, alphabet, versions, fingerprints, and the
+    """The metadata a client needs: features, geometry, the output labels (an alphabet, or ``output:
+    bytes``), the text settings the client applies (``data.text``), versions, fingerprints, and the
     best-dev figures and step of the Train run it comes from (None when an explicitly given checkpoint
     has no Train report, e.g. an untrained model in a benchmark). ``tensors``: the inference graph's
     tensor names (``InferenceGraph.tensors``)."""
@@ -48,11 +49,17 @@ def build_metadata(
         n_input=n_input,
         n_steps=config.export.n_steps,
         n_classes=alphabet.n_classes,
-        alphabet=list(alphabet.labels),
-        files={kind: name for kind, name in EXPORT_FILES.items()
-               if kind != "coqui_tflite" or config.export.coqui_tflite},
+        alphabet=list(alphabet.labels) if alphabet.output == "characters" else [],
+        files={
+            kind: name
+            for kind, name in EXPORT_FILES.items()
+            if (kind != "coqui_tflite" or config.export.coqui_tflite)
+            and (kind != "alphabet" or alphabet.output == "characters")
+        },
         tensors=tensors,
         tflite_quantized=config.export.quantize,
+        output=alphabet.output,
+        text=config.data.text.to_dict(),
     )
 
 

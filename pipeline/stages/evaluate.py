@@ -11,10 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from native_client.alphabet import load_alphabet
 from pipeline.decode.settings import decode_pool, decoder_spec, describe
 from pipeline.evaluation.logits_store import LogitsStore
-from pipeline.evaluation.metrics import ScoreBoard, format_report, score_sample
+from pipeline.evaluation.metrics import ScoreBoard, format_report, headline_metric, score_sample
 from pipeline.evaluation.run import run_split
 from pipeline.features.cache import read_cache
 from pipeline.files import atomic_path, remove_leftovers, write_text_atomic
@@ -23,6 +22,7 @@ from pipeline.lm.files import lm_built, verify_lm_files
 from pipeline.locks import stage_lock
 from pipeline.model.checkpoints import load_trained_model, resolve_checkpoint
 from pipeline.reports import EvaluationReport, write_report
+from pipeline.stages.alphabet import model_alphabet
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def evaluate_stage(
     greedy pass and the beam decoding, utterance by utterance."""
     config = layout.config
     out_dir = Path(out_dir or layout.evaluate_dir)
-    alphabet = load_alphabet(layout.alphabet)
+    alphabet = model_alphabet(layout)
     test_data = read_cache(layout.features_cache("test"), config.features)
     checkpoint = checkpoint or layout.train_run.best
     beam = beam or (beam is None and lm_built(layout))
@@ -65,7 +65,9 @@ def _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progres
     losses = np.full(total, np.nan)  # the greedy pass's loss of each utterance, for the beam pass's records
     with LogitsStore(layout.logits_scratch(out_dir), total, alphabet.n_classes) as logits:
         with atomic_path(layout.evaluation_samples(out_dir)) as tmp, open(tmp, "w", encoding="utf-8") as sink:
-            greedy = ScoreBoard(config.training.report_count, sink)
+            # CER leads where the references have no word spaces (Chinese, Japanese, Thai, ...)
+            headline = headline_metric(test_data.transcripts)
+            greedy = ScoreBoard(config.training.report_count, sink, headline)
 
             def keep_logits(index, sample_logits):
                 logits.put(index, sample_logits)
@@ -117,7 +119,7 @@ def _beam_pass(layout, alphabet, test_data, logits, losses, out_dir, report, tex
     with decode_pool(layout, spec) as pool, atomic_path(board_path) as tmp, open(
         tmp, "w", encoding="utf-8"
     ) as sink:
-        board = ScoreBoard(config.training.report_count, sink)
+        board = ScoreBoard(config.training.report_count, sink, report.headline)
         for first in range(0, len(test_data), DECODE_BLOCK):
             block = itertools.islice(stream, DECODE_BLOCK)
             texts = pool.decode(block, on_done=lambda count, first=first: on_done(first + count))

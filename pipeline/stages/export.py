@@ -25,7 +25,6 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from native_client.alphabet import load_alphabet
 from native_client.metadata import write_manifest
 from pipeline.export.coqui_tflite import write_coqui_tflite
 from pipeline.export.inference_graph import SIGNATURE, InferenceGraph, tensor_names
@@ -39,6 +38,7 @@ from pipeline.lm.files import lm_built
 from pipeline.model import model_family
 from pipeline.model.checkpoints import load_trained_model, resolve_checkpoint
 from pipeline.reports import write_report
+from pipeline.stages.alphabet import model_alphabet
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
     staging.root.mkdir(parents=True)
     try:
         on_status("loading the best-dev checkpoint", 0)
-        alphabet = load_alphabet(layout.alphabet)
+        alphabet = model_alphabet(layout)
         prefix = resolve_checkpoint(checkpoint or layout.train_run.best)
         n_input = feature_pipeline(config.features).feature_size
         model = load_trained_model(config, prefix, n_input, alphabet.n_classes)
@@ -129,7 +129,8 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
             on_status("converting to the Coqui STT layout", 75)
             write_coqui_tflite(model, feature_pipeline(config.features), alphabet, staging.file("coqui_tflite"),
                                config.export.n_steps, config.decoder.beam_width, config.export.quantize)
-        staging.file("alphabet").write_text(alphabet.to_text(), encoding="utf-8")
+        if alphabet.output == "characters":  # byte labels need no file
+            staging.file("alphabet").write_text(alphabet.to_text(), encoding="utf-8")
         decoder = None
         if with_lm or (with_lm is None and lm_built(layout)):
             on_status("copying the language model", 90)

@@ -36,16 +36,17 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from native_client.alphabet import load_alphabet
 from native_client.audio import AudioError, open_checked
 from pipeline.config import AugmentConfig, FeaturesConfig
 from pipeline.data.manifests import Reject, Sample, check_reject_fraction, read_manifests, write_rejects
+from pipeline.data.text import unreachable_labels
 from pipeline.features.audio_augment import apply_variant, noise_files, variants
 from pipeline.features.cache import CacheWriter, cache_summary
 from pipeline.features.frontend import ctc_min_frames, feature_pipeline
 from pipeline.files import atomic_path, remove_leftovers
 from pipeline.layout import LEFTOVER_PATTERNS, Layout
 from pipeline.locks import stage_lock
+from pipeline.stages.alphabet import model_alphabet
 
 log = logging.getLogger(__name__)
 
@@ -303,10 +304,23 @@ def _existing_summary(split: str, cache: Path, report: Path) -> FeaturesSummary:
 
 def _build_split_cache(layout: Layout, split: str, progress: ProgressFn | None) -> FeaturesSummary:
     config = layout.config
-    alphabet = load_alphabet(layout.alphabet)
+    alphabet = model_alphabet(layout)
+    if split == "train" and alphabet.output == "characters" and not config.alphabet_auto:
+        dead = unreachable_labels(alphabet.labels, config.data.text)
+        if dead:
+            log.warning(
+                "%s: %s never occur in transcripts normalised with data.text (case %s, keep_punctuation %r): "
+                "set data.text.case: keep or add them to data.text.keep_punctuation to train them",
+                layout.alphabet,
+                " ".join(repr(c) for c in dead),
+                config.data.text.case,
+                config.data.text.keep_punctuation,
+            )
     cache = layout.features_cache(split)  # the fingerprint (and the manifests' digests it used), first
     digests: dict[str, str] = {}
-    samples, rejects = read_manifests(layout.split_manifests(split), config.split_limit(split), alphabet, digests)
+    samples, rejects = read_manifests(
+        layout.split_manifests(split), config.split_limit(split), alphabet, config.data.text, digests
+    )
     changed = layout.changed_inputs(digests)
     if changed:
         raise FeaturesError(

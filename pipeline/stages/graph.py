@@ -41,9 +41,17 @@ def _imports(config: Config, params: dict | None = None) -> list[Node]:
     return [("import", {"corpus": corpus.key}) for corpus in config.data.corpora]
 
 
+def _alphabet(config: Config) -> list[Node]:
+    """The Alphabet stage, for the stages that read the alphabet, when it builds it (``paths.alphabet:
+    auto``); a hand-written alphabet is a file their fingerprints digest instead."""
+    return [("alphabet", {})] if config.alphabet_auto else []
+
+
 def _train(config: Config, params: dict) -> list[Node]:
-    """The train features, and the dev features when there is a dev split (without one, no validation)."""
-    return [("features", {"split": split}) for split in ("train", "dev") if split == "train" or config.has_split(split)]
+    """The train features, and the dev features when there is a dev split (without one, no validation), and
+    the Alphabet stage when it builds the alphabet."""
+    splits = [split for split in ("train", "dev") if split == "train" or config.has_split(split)]
+    return [("features", {"split": split}) for split in splits] + _alphabet(config)
 
 
 def _decoding(config: Config) -> list[Node]:
@@ -55,14 +63,20 @@ STAGES: dict[str, Stage] = {
     stage.name: stage
     for stage in (
         Stage("import", "Import", params=("corpus",)),
-        Stage("features", "FeaturesSplit", params=("split",), upstream=_imports),
+        Stage("alphabet", "Alphabet", upstream=_imports),
+        Stage("features", "FeaturesSplit", params=("split",),
+              upstream=lambda config, params: [*_imports(config), *_alphabet(config)]),
         Stage("train", "Train", upstream=_train),
-        Stage("lm", "LanguageModel", upstream=_imports),
+        Stage("lm", "LanguageModel",
+              upstream=lambda config, params: [*_imports(config), *_alphabet(config)]),
         Stage("tune", "TuneDecoder",
-              upstream=lambda config, params: [("train", {}), ("lm", {}), ("features", {"split": "dev"})]),
-        Stage("evaluate", "Evaluate", upstream=lambda config, params: [("train", {}), ("features", {"split": "test"}),
-                                                                       *_decoding(config)]),
-        Stage("export", "Export", upstream=lambda config, params: [("train", {}), *_decoding(config)]),
+              upstream=lambda config, params: [("train", {}), ("lm", {}), ("features", {"split": "dev"}),
+                                               *_alphabet(config)]),
+        Stage("evaluate", "Evaluate",
+              upstream=lambda config, params: [("train", {}), ("features", {"split": "test"}),
+                                               *_decoding(config), *_alphabet(config)]),
+        Stage("export", "Export",
+              upstream=lambda config, params: [("train", {}), *_decoding(config), *_alphabet(config)]),
         Stage("transcribe", "Transcribe", params=("audio",), upstream=lambda config, params: [("export", {})]),
     )
 }

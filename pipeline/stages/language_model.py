@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from native_client.alphabet import load_alphabet
+from native_client.alphabet import Labels
 from native_client.arpa import arpa_counts, arpa_unigrams, is_arpa
 from pipeline.files import fsync_path, fsync_tree, write_text_atomic
 from pipeline.layout import Layout, LMFiles
@@ -26,6 +26,7 @@ from pipeline.lm.kneser_ney import LanguageModelError, estimate, write_arpa
 from pipeline.lm.text import HeldOutCheck, char_tokens, lm_sentences
 from pipeline.locks import stage_lock
 from pipeline.reports import LMReport, read_report, write_report
+from pipeline.stages.alphabet import model_alphabet
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def lm_intact(layout: Layout) -> bool:
 
 def _build(layout: Layout, staging: LMFiles, on_status: Callable[[str, float], None]) -> LMReport:
     config = layout.config
-    alphabet = load_alphabet(layout.alphabet)
+    alphabet = model_alphabet(layout)
     decoder = config.decoder
     started = time.time()
     stats: Counter = Counter()
@@ -89,9 +90,9 @@ def _build(layout: Layout, staging: LMFiles, on_status: Callable[[str, float], N
     if decoder.lm_path:
         built = _adopt(Path(decoder.lm_path), text())
     elif layout.lm_builder == "kenlm":
-        built = _build_with_kenlm(decoder, staging, text, on_status)
+        built = _build_with_kenlm(decoder, staging, text, on_status, alphabet)
     else:
-        built = _build_with_python(decoder, staging, text, on_status)
+        built = _build_with_python(decoder, staging, text, on_status, alphabet)
     words = built.pop("vocabulary")
     write_text_atomic(staging.vocabulary, "".join(w + "\n" for w in words))
     shutil.rmtree(staging.sort_space, ignore_errors=True)
@@ -136,7 +137,11 @@ def _adopt(lm_path: Path, text: Iterator[str]) -> dict:
 
 
 def _build_with_python(
-    decoder, staging: LMFiles, text: Callable[[], Iterator[str]], on_status: Callable[[str, float], None]
+    decoder,
+    staging: LMFiles,
+    text: Callable[[], Iterator[str]],
+    on_status: Callable[[str, float], None],
+    alphabet: Labels,
 ) -> dict:
     """The built-in modified Kneser-Ney estimator (counts in memory: for corpora up to some tens of millions of words)."""
     on_status("reading the LM text", 5)
@@ -156,13 +161,19 @@ def _build_with_python(
     }
     if not decoder.lexicon:
         on_status(f"estimating the {decoder.char_lm_order}-gram character model", 60)
-        write_arpa(estimate((char_tokens(s) for s in sentences), decoder.char_lm_order), staging.char_arpa)
+        write_arpa(
+            estimate((char_tokens(s, alphabet) for s in sentences), decoder.char_lm_order), staging.char_arpa
+        )
         built["char_lm"] = staging.char_arpa.name
     return built
 
 
 def _build_with_kenlm(
-    decoder, staging: LMFiles, text: Callable[[], Iterator[str]], on_status: Callable[[str, float], None]
+    decoder,
+    staging: LMFiles,
+    text: Callable[[], Iterator[str]],
+    on_status: Callable[[str, float], None],
+    alphabet: Labels,
 ) -> dict:
     """KenLM's lmplz on the streamed text, filter to the top-k words when asked, then build_binary."""
     tools = find_tools()
@@ -214,7 +225,7 @@ def _build_with_kenlm(
         on_status(f"lmplz: estimating the {decoder.char_lm_order}-gram character model", 85)
         run_lmplz(
             tools["lmplz"],
-            (" ".join(char_tokens(s)) for s in text()),
+            (" ".join(char_tokens(s, alphabet)) for s in text()),
             staging.char_arpa,
             decoder.char_lm_order,
             decoder.lm_memory,

@@ -9,6 +9,7 @@ from pathlib import Path
 from native_client import open_model
 from native_client.export_decoder import decoder_for_export
 from pipeline.data.manifests import find_reference
+from pipeline.data.text import TranscriptRejected, normalise_transcript
 from pipeline.files import write_json_atomic
 from pipeline.layout import ExportFiles, Layout
 from pipeline.stages.graph import SPLITS
@@ -52,9 +53,15 @@ def transcribe_stage(layout: Layout, export: ExportFiles, audio: str | Path) -> 
     )
     result = model.transcribe_file(audio, convert_rate=layout.config.features.resample)
     manifests = [f for split in SPLITS for f in layout.split_manifests(split)]
+    reference = find_reference(manifests, audio)
+    if reference is not None:  # as Features made the training text of it (data.text)
+        try:
+            reference = normalise_transcript(reference, layout.config.data.text)
+        except TranscriptRejected:
+            pass
     record = {
         **result.to_dict(),
-        "reference": find_reference(manifests, audio),
+        "reference": reference,
         "decoder": model.decoder.name,
         "export": str(export.root),
         "model_version": model.metadata.model_version,

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import optuna
 
-from native_client.alphabet import load_alphabet
 from pipeline.decode.pool import DecodePool
 from pipeline.decode.settings import configured_settings, decode_pool, decoder_spec, rescore
 from pipeline.evaluation.logits_store import LogitsStore
-from pipeline.evaluation.metrics import corpus_rates
+from pipeline.evaluation.metrics import corpus_rates, headline_metric
 from pipeline.evaluation.run import run_split
 from pipeline.features.cache import read_cache
 from pipeline.files import remove_leftovers
@@ -22,6 +21,7 @@ from pipeline.layout import LEFTOVER_PATTERNS, Layout
 from pipeline.lm.files import verify_lm_files
 from pipeline.model.checkpoints import load_trained_model
 from pipeline.reports import TunedPair, TuneReport, write_report
+from pipeline.stages.alphabet import model_alphabet
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +35,12 @@ def tune_decoder(
     report_path: Path | None = None,
 ) -> TuneReport:
     """Decode the dev split's logits with the configured decoder (``decoder.type``) over
-    ``decoder.tune_trials`` (alpha, beta) pairs; the best pair has the lowest dev WER (CER breaks ties).
+    ``decoder.tune_trials`` (alpha, beta) pairs; the best pair has the lowest dev WER (CER breaks ties), or
+    the lowest CER (WER breaking ties) where the language writes no spaces between words.
     Writes ``tune.json`` (default: the fingerprinted TuneDecoder directory's) with the best pair and
     every trial."""
     config = layout.config
-    alphabet = load_alphabet(layout.alphabet)
+    alphabet = model_alphabet(layout)
     dev = read_cache(layout.features_cache("dev"), config.features)
     verify_lm_files(layout, deep=True)  # before the greedy pass, not after it
     with stage_lock(layout.tune_dir):
@@ -62,10 +63,11 @@ def _tune(layout, alphabet, dev, on_trial, report_path) -> TuneReport:
             on_logits=logits.put,
             max_batch_frames=config.training.max_batch_frames,
         )
+        headline = headline_metric(r.reference for r in greedy)
         with decode_pool(layout, decoder_spec(layout, alphabet, base)) as pool:
-            trials = _search(config, base, greedy, logits, pool, on_trial)
-    best = min(trials, key=lambda t: (t["wer"], t["cer"]))
-    greedy_rates = corpus_rates(greedy)
+            trials = _search(config, base, greedy, logits, pool, on_trial, headline)
+    best = min(trials, key=_ranking(headline))
+    greedy_rates = corpus_rates(greedy, headline)
     result = TuneReport(
         best=TunedPair(lm_alpha=best["lm_alpha"], lm_beta=best["lm_beta"], wer=best["wer"], cer=best["cer"]),
         greedy={"wer": greedy_rates["wer"], "cer": greedy_rates["cer"]},
@@ -77,6 +79,7 @@ def _tune(layout, alphabet, dev, on_trial, report_path) -> TuneReport:
             "beam_width": base["beam_width"],
             "lexicon": base["lexicon"],
             "dev_samples": len(dev),
+            "objective": headline,
         },
         trials=trials,
         wall_time_s=round(time.time() - started, 1),
@@ -92,6 +95,12 @@ def _tune(layout, alphabet, dev, on_trial, report_path) -> TuneReport:
     return result
 
 
+def _ranking(headline: str):
+    """The sort key of trials: the headline rate, the other one breaking ties."""
+    other = "cer" if headline == "wer" else "wer"
+    return lambda trial: (trial[headline], trial[other])
+
+
 def _search(
     config,
     base,
@@ -99,14 +108,17 @@ def _search(
     logits: LogitsStore,
     pool: DecodePool,
     on_trial: Callable[[int, int, dict], None],
+    headline: str = "wer",
 ) -> list[dict]:
-    """Optuna's TPE search over (alpha, beta), starting from the configured pair; every trial, in order."""
+    """Optuna's TPE search over (alpha, beta), starting from the configured pair, minimising the
+    ``headline`` rate; every trial, in order."""
+    other = "cer" if headline == "wer" else "wer"
     trials = []
 
     def objective(trial: optuna.Trial) -> float:
         alpha = trial.suggest_float("lm_alpha", *ALPHA_RANGE)
         beta = trial.suggest_float("lm_beta", *BETA_RANGE)
-        rates = corpus_rates(rescore(greedy, pool.decode(logits, weights=(alpha, beta))))
+        rates = corpus_rates(rescore(greedy, pool.decode(logits, weights=(alpha, beta))), headline)
         trials.append(
             {
                 "trial": trial.number,
@@ -116,9 +128,9 @@ def _search(
                 "cer": rates["cer"],
             }
         )
-        best = min(trials, key=lambda t: (t["wer"], t["cer"]))
+        best = min(trials, key=_ranking(headline))
         on_trial(len(trials), config.decoder.tune_trials, best)
-        return rates["wer"] + 1e-3 * rates["cer"]
+        return rates[headline] + 1e-3 * rates[other]
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(

@@ -32,9 +32,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from native_client.alphabet import Alphabet
+from native_client.alphabet import Labels
 from pipeline.config import Config
-from pipeline.evaluation.metrics import best_and_worst, corpus_rates, format_report
+from pipeline.evaluation.metrics import best_and_worst, corpus_rates, format_report, headline_metric
 from pipeline.evaluation.run import make_forward, run_split
 from pipeline.features.cache import CacheIndex, damage_in
 from pipeline.layout import BEST_PREFIX, CHECKPOINT_PREFIX, TrainRun
@@ -124,7 +124,7 @@ class Trainer:
         run_dir: Path,
         train_data: CacheIndex,
         dev_data: CacheIndex | None,
-        alphabet: Alphabet,
+        alphabet: Labels,
         strategy: tf.distribute.Strategy,
         role: ClusterRole = ClusterRole(0, 1),
         hooks: TrainHooks | None = None,
@@ -204,6 +204,8 @@ class Trainer:
         self._forward = make_forward(self.model, alphabet.blank_index)
         self._train_reader = SplitReader(train_data)
         self._dev_reader = SplitReader(dev_data) if dev_data is not None else None
+        # The validation log's headline figure: CER where the dev references' language has no word spaces.
+        self._dev_headline = headline_metric(dev_data.transcripts) if dev_data is not None else "wer"
         self._writers = None
         self._last_histogram = 0.0
         self._last_loss = float("nan")
@@ -527,8 +529,8 @@ class Trainer:
             reader=self._dev_reader,
             max_batch_frames=self.config.training.max_batch_frames,
         )
-        rates = corpus_rates(results)
-        samples = best_and_worst(results, self.config.training.report_count)
+        rates = corpus_rates(results, self._dev_headline)
+        samples = best_and_worst(results, self.config.training.report_count, rates["headline"])
         log.info("%s", format_report(f"Validation after epoch {epoch}", rates, samples))
         return DevFigures(epoch=epoch, dev_loss=rates["loss"], wer=rates["wer"], cer=rates["cer"]), samples
 
