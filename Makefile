@@ -12,6 +12,8 @@ PYTEST_ARGS ?=
 GPU ?=
 TF_EXTRA := $(if $(GPU),gpu,cpu)
 
+LINTED := pipeline tasks native_client bench tests data
+
 .PHONY: setup kenlm fetch-models train rerun test test-fast scheduler bench docs lint clean
 
 ## The venv in .venv with everything (TensorFlow's CPU build; GPU=1: the CUDA build, in a fresh venv).
@@ -90,7 +92,9 @@ docs: setup
 	mv docs/CONFIGURATION.md.tmp docs/CONFIGURATION.md
 
 lint: setup
-	$(BIN)/python -m compileall -q pipeline tasks native_client bench tests data
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/python -m compileall -q $(LINTED)
 	@! grep -rn "import luigi\|from luigi" pipeline || { echo "pipeline/ must not import luigi"; exit 1; }
 	@! grep -rn "import luigi\|from luigi\|import pipeline\|from pipeline\|import tasks\|from tasks" native_client || { echo "native_client/ must not import luigi or the training code"; exit 1; }
 

@@ -46,7 +46,9 @@ def word_error_rate(references: list[str], hypotheses: list[str]) -> float:
     """Corpus WER."""
     from rapidfuzz.distance import Levenshtein
 
-    errors = sum(Levenshtein.distance(r.split(), h.split()) for r, h in zip(references, hypotheses, strict=False))
+    errors = sum(
+        Levenshtein.distance(r.split(), h.split()) for r, h in zip(references, hypotheses, strict=False)
+    )
     return errors / sum(len(r.split()) for r in references)
 
 

@@ -34,8 +34,8 @@ def export_untrained(config_path: Path, out: Path, quantize: bool) -> Path:
 
     from pipeline.config_loader import load_config
     from pipeline.layout import Layout
-    from pipeline.model.checkpoints import named_weights
     from pipeline.model import build_model
+    from pipeline.model.checkpoints import named_weights
     from pipeline.stages.export import export_stage
 
     config = load_config(

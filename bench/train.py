@@ -26,8 +26,8 @@ import tensorflow as tf
 from native_client.alphabet import load_alphabet
 from pipeline.config_loader import load_config
 from pipeline.features.cache import CacheIndex, FeatureReader, read_cache
-from pipeline.layout import Layout
 from pipeline.features.frontend import feature_pipeline
+from pipeline.layout import Layout
 from pipeline.model import build_model
 from pipeline.stages.features import build_split_cache
 from pipeline.train.ctc import KERNEL, ctc_loss
@@ -81,9 +81,7 @@ def keras_fit_rate(config, data, alphabet) -> float:
     model = _CTCModel(build_model(config.model, data.n_input, alphabet.n_classes), alphabet.blank_index)
     model.compile(optimizer=keras.optimizers.Adam(config.training.learning_rate))
     plan = batch_plan(data.lengths, config.training.batch_size, 1)
-    dataset = train_dataset(
-        SplitReader(data), plan, 1, 0, 1, 0, 0, 1, config.training.shuffle_seed
-    )
+    dataset = train_dataset(SplitReader(data), plan, 1, 0, 1, 0, 0, 1, config.training.shuffle_seed)
     marks = []
     callback = keras.callbacks.LambdaCallback(
         on_epoch_end=lambda epoch, logs: marks.append(time.perf_counter())
@@ -113,9 +111,7 @@ def input_rate(config, data, in_memory: bool = False) -> float:
     plan = batch_plan(data.lengths, config.training.batch_size, 1)
     best = 0.0
     for epoch in range(2):
-        dataset = train_dataset(
-            reader, plan, 1, 0, 1, epoch, 0, epoch + 1, config.training.shuffle_seed
-        )
+        dataset = train_dataset(reader, plan, 1, 0, 1, epoch, 0, epoch + 1, config.training.shuffle_seed)
         started = time.perf_counter()
         for batch in dataset:
             batch[0].numpy()

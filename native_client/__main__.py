@@ -114,9 +114,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--resample", action="store_true", help=argparse.SUPPRESS
     )  # the default now; kept for old scripts
     parser.add_argument(
-        "--allow-plugin", "--allow_plugin", action="append", default=[], metavar="MODULE",
+        "--allow-plugin",
+        "--allow_plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
         help="let the export load this module of one's own (a front end or decoder named by its dotted name "
-             "in the export's metadata); repeat for several. Built-in ones need none",
+        "in the export's metadata); repeat for several. Built-in ones need none",
     )
     parser.add_argument("--version", action="version", version=_version())
     return parser.parse_args(argv)
@@ -186,8 +190,10 @@ def main(argv=None) -> int:
         )
         return 2
     if args.vocabulary and not args.scorer:
-        print("error: --vocabulary gives the words of a --scorer; name the KenLM binary with --scorer",
-              file=sys.stderr)
+        print(
+            "error: --vocabulary gives the words of a --scorer; name the KenLM binary with --scorer",
+            file=sys.stderr,
+        )
         return 2
     from native_client.export_decoder import decoder_for_export
     from native_client.model import open_model
@@ -209,8 +215,13 @@ def main(argv=None) -> int:
     )
     try:
         directory, backend = model_location(args.model, args.backend)
-        model = open_model(directory, backend=backend, threads=args.threads, decoder_factory=factory,
-                           plugins=tuple(args.allow_plugin))
+        model = open_model(
+            directory,
+            backend=backend,
+            threads=args.threads,
+            decoder_factory=factory,
+            plugins=tuple(args.allow_plugin),
+        )
     except (ExportError, ValueError, FileNotFoundError) as error:  # PluginError is a ValueError
         print(f"error: {error}", file=sys.stderr)
         return 2

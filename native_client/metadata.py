@@ -225,8 +225,10 @@ def _tensors(raw: dict, source: Path) -> dict:
         if "n_hidden" not in raw or "state_h" not in tensors:
             raise ExportError(f"{source}: tensors: no 'state' list")
         shape = [1, int(raw["n_hidden"])]
-        tensors["state"] = [{"input": tensors[f"state_{k}"], "output": tensors[f"new_state_{k}"], "shape": shape}
-                            for k in ("h", "c")]
+        tensors["state"] = [
+            {"input": tensors[f"state_{k}"], "output": tensors[f"new_state_{k}"], "shape": shape}
+            for k in ("h", "c")
+        ]
     return tensors
 
 

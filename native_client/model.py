@@ -54,8 +54,14 @@ class Model:
     implementations of one's own (a front end) the export may load; built-in ones need none.
     """
 
-    def __init__(self, export_dir: str | Path, backend: str = "tflite", threads: int = 1, decoder=None,
-                 plugins: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        export_dir: str | Path,
+        backend: str = "tflite",
+        threads: int = 1,
+        decoder=None,
+        plugins: tuple[str, ...] = (),
+    ):
         if is_deepspeech_tflite(export_dir):
             if backend != "tflite":
                 raise ExportError(f"{export_dir}: a DeepSpeech/Coqui .tflite runs on the tflite backend")
@@ -115,7 +121,10 @@ class Model:
 
 
 def open_model(
-    export_dir: str | Path, backend: str = "tflite", threads: int = 1, decoder_factory=None,
+    export_dir: str | Path,
+    backend: str = "tflite",
+    threads: int = 1,
+    decoder_factory=None,
     plugins: tuple[str, ...] = (),
 ) -> Model:
     """Load an export (or a DeepSpeech/Coqui ``.tflite``); ``decoder_factory(metadata)`` may build a decoder

@@ -58,7 +58,9 @@ def plugin_exists(package: str, name: str) -> bool:
         return False
 
 
-def find_plugin(package: str, name: str, attribute: str, what: str, allowed: Iterable[str] | None = None) -> object:
+def find_plugin(
+    package: str, name: str, attribute: str, what: str, allowed: Iterable[str] | None = None
+) -> object:
     """``attribute`` of the module ``name`` (relative to ``package`` unless dotted).
 
     Raises PluginError naming ``what`` (e.g. ``features.type``), the module looked
@@ -70,8 +72,10 @@ def find_plugin(package: str, name: str, attribute: str, what: str, allowed: Ite
         raise PluginError(f"{what}: {name!r} is not a module name; built in: {builtins()}")
     module_name = module_of(package, name)
     if allowed is not None and "." in name and name not in set(allowed):
-        raise PluginError(f"{what}: {name!r} is a module of someone's own, not a built-in one ({builtins()}); "
-                          f"load it only if you trust it (the client's --allow-plugin {name})")
+        raise PluginError(
+            f"{what}: {name!r} is a module of someone's own, not a built-in one ({builtins()}); "
+            f"load it only if you trust it (the client's --allow-plugin {name})"
+        )
     try:
         module: ModuleType = importlib.import_module(module_name)
     except ModuleNotFoundError as error:

@@ -60,7 +60,9 @@ class TFLiteRunner(StepRunner):
             interpreter.set_tensor(self._inputs[spec["input"]], value)
         interpreter.invoke()
         logits = interpreter.get_tensor(self._outputs[names["logits"]])[0]
-        return logits, tuple(interpreter.get_tensor(self._outputs[spec["output"]]) for spec in self.metadata.state)
+        return logits, tuple(
+            interpreter.get_tensor(self._outputs[spec["output"]]) for spec in self.metadata.state
+        )
 
 
 class SavedModelRunner(StepRunner):
@@ -97,8 +99,10 @@ class FrozenGraphRunner(StepRunner):
         inputs, outputs = _frozen_names(metadata.raw["frozen_graph"])
         wrapped = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(graph_def, name=""), [])
         graph = wrapped.graph
-        self.function = wrapped.prune([graph.as_graph_element(name) for name in inputs],
-                                      [graph.as_graph_element(name) for name in outputs])
+        self.function = wrapped.prune(
+            [graph.as_graph_element(name) for name in inputs],
+            [graph.as_graph_element(name) for name in outputs],
+        )
 
     def step(self, windows, state):
         """See ``StepRunner.step``."""
@@ -111,8 +115,10 @@ def _frozen_names(entry: dict) -> tuple[list[str], list[str]]:
     """Graph tensor names (input, then the state) and (logits, then the new state) of a frozen graph;
     format 1 exports named an LSTM's two tensors in a mapping."""
     if isinstance(entry["inputs"], dict):
-        return ([entry["inputs"][k] for k in ("input", "state_h", "state_c")],
-                [entry["outputs"][k] for k in ("logits", "new_state_h", "new_state_c")])
+        return (
+            [entry["inputs"][k] for k in ("input", "state_h", "state_c")],
+            [entry["outputs"][k] for k in ("logits", "new_state_h", "new_state_c")],
+        )
     return list(entry["inputs"]), list(entry["outputs"])
 
 

@@ -20,9 +20,23 @@ class ConfigError(ValueError):
     """A configuration file or value is invalid; the message is one line."""
 
 
-def _opt(default, doc: str, *, minimum=None, maximum=None, path: bool = False, stages=None,
-         exclusive_min: bool = False, mapping: bool = False, when=None, located: bool = False,
-         required: bool = False, rest: bool = False, keyed_by: str | None = None, keywords: tuple = ()):
+def _opt(
+    default,
+    doc: str,
+    *,
+    minimum=None,
+    maximum=None,
+    path: bool = False,
+    stages=None,
+    exclusive_min: bool = False,
+    mapping: bool = False,
+    when=None,
+    located: bool = False,
+    required: bool = False,
+    rest: bool = False,
+    keyed_by: str | None = None,
+    keywords: tuple = (),
+):
     """A dataclass field with its documentation, range, and the stages whose output it changes.
 
     ``stages``: names of stages (``pipeline.stages.graph``) that re-run when the key
@@ -41,9 +55,21 @@ def _opt(default, doc: str, *, minimum=None, maximum=None, path: bool = False, s
     parameter of that name is the entry's ``key`` (its fingerprint takes that entry only).
     ``keywords``: words a path key also takes, kept as they are (``paths.alphabet: auto``).
     """
-    meta = {"doc": doc, "min": minimum, "max": maximum, "path": path, "stages": stages,
-            "exclusive_min": exclusive_min, "mapping": mapping, "when": dict(when or {}), "located": located,
-            "required": required, "rest": rest, "keyed_by": keyed_by, "keywords": tuple(keywords)}
+    meta = {
+        "doc": doc,
+        "min": minimum,
+        "max": maximum,
+        "path": path,
+        "stages": stages,
+        "exclusive_min": exclusive_min,
+        "mapping": mapping,
+        "when": dict(when or {}),
+        "located": located,
+        "required": required,
+        "rest": rest,
+        "keyed_by": keyed_by,
+        "keywords": tuple(keywords),
+    }
     if isinstance(default, (list, dict)):
         raise TypeError("use tuples for sequence defaults")
     return field(default=default, metadata=meta)
@@ -184,8 +210,12 @@ class DataConfig:
     STAGES: ClassVar[tuple[str, ...]] = ("features",)
 
     train_files: tuple[str, ...] = _opt(
-        (), "Training CSVs (wav_filename,wav_filesize,transcript).", path=True, located=True,
-        stages=("features:train", "lm", "alphabet"), when={"lm": _lm_reads_train},
+        (),
+        "Training CSVs (wav_filename,wav_filesize,transcript).",
+        path=True,
+        located=True,
+        stages=("features:train", "lm", "alphabet"),
+        when={"lm": _lm_reads_train},
     )
     dev_files: tuple[str, ...] = _opt(
         (),
@@ -200,11 +230,18 @@ class DataConfig:
         (), "Test CSVs, used by Evaluate.", path=True, located=True, stages=("features:test",)
     )
     limit_train: int = _opt(
-        0, "Use at most this many training samples (0 = all).", minimum=0,
-        stages=("features:train", "lm", "alphabet"), when={"lm": _lm_reads_train},
+        0,
+        "Use at most this many training samples (0 = all).",
+        minimum=0,
+        stages=("features:train", "lm", "alphabet"),
+        when={"lm": _lm_reads_train},
     )
-    limit_dev: int = _opt(0, "Use at most this many dev samples (0 = all).", minimum=0, stages=("features:dev",))
-    limit_test: int = _opt(0, "Use at most this many test samples (0 = all).", minimum=0, stages=("features:test",))
+    limit_dev: int = _opt(
+        0, "Use at most this many dev samples (0 = all).", minimum=0, stages=("features:dev",)
+    )
+    limit_test: int = _opt(
+        0, "Use at most this many test samples (0 = all).", minimum=0, stages=("features:test",)
+    )
     corpora: tuple[CorpusConfig, ...] = _opt(
         (),
         "Corpora in their own layout (LibriSpeech, Common Voice, a folder of audio with .txt files, ...), "
@@ -263,8 +300,11 @@ class FeaturesConfig:
 
     STAGES: ClassVar[tuple[str, ...]] = ("features",)
 
-    type: str = _opt("mfcc", "The feature front end: a module of native_client/frontends/ (mfcc, logfbank, "
-                     "deepspeech) or the dotted name of a module of your own defining FRONTEND.")
+    type: str = _opt(
+        "mfcc",
+        "The feature front end: a module of native_client/frontends/ (mfcc, logfbank, "
+        "deepspeech) or the dotted name of a module of your own defining FRONTEND.",
+    )
     sample_rate: int = _opt(16000, "Expected sample rate in Hz.", minimum=1000)
     resample: bool = _opt(False, "Resample audio of another rate instead of rejecting it.")
     downmix: bool = _opt(False, "Average multi-channel audio to mono instead of rejecting it.")
@@ -277,7 +317,9 @@ class FeaturesConfig:
         from native_client.frontends import frontend_class
 
         if type(self.frontend) is not frontend_class(self.type).Settings:
-            raise ConfigError(f"features.type is {self.type!r} but its settings are {type(self.frontend).__name__}")
+            raise ConfigError(
+                f"features.type is {self.type!r} but its settings are {type(self.frontend).__name__}"
+            )
 
     def __getattr__(self, name: str):
         # The front end's settings read like the section's own keys, as they are written in YAML.
@@ -292,8 +334,11 @@ class ModelConfig:
 
     STAGES: ClassVar[tuple[str, ...]] = ("train",)
 
-    architecture: str = _opt("deepspeech", "The model family: a module of pipeline/model/ (deepspeech) or the "
-                             "dotted name of a module of your own defining FAMILY.")
+    architecture: str = _opt(
+        "deepspeech",
+        "The model family: a module of pipeline/model/ (deepspeech) or the "
+        "dotted name of a module of your own defining FAMILY.",
+    )
 
     n_hidden: int = _opt(2048, "Width of the dense layers and the LSTM.", minimum=1)
     n_context: int = _opt(9, "Context frames on each side of a time step.", minimum=0)
@@ -320,8 +365,12 @@ class ModelConfig:
         "characters (Chinese, Japanese); paths.alphabet is then not used.",
         stages=("features", "lm", "train"),
     )
-    options: tuple = _opt((), "Settings of another model family, as a mapping (its FAMILY declares and checks "
-                          "them when the model is built).", mapping=True)
+    options: tuple = _opt(
+        (),
+        "Settings of another model family, as a mapping (its FAMILY declares and checks "
+        "them when the model is built).",
+        mapping=True,
+    )
 
     def option(self, name: str, default=None):
         """One of ``options`` (a family's own setting), or ``default``."""
@@ -381,9 +430,7 @@ class TrainingConfig:
     max_to_keep: int = _opt(5, "Latest checkpoints kept.", minimum=1, stages=())
     validation_epochs: int = _opt(1, "Validate every this many epochs (0 = never).", minimum=0)
     report_count: int = _opt(10, "Best and worst samples listed in reports.", minimum=0, stages=())
-    summary_secs: int = _opt(
-        60, "Write histogram summaries at most this often.", minimum=1, stages=()
-    )
+    summary_secs: int = _opt(60, "Write histogram summaries at most this often.", minimum=1, stages=())
     wer_log_pattern: str | None = _opt(
         None,
         "A str.format pattern printed after each validation with epoch, wer, cer, loss.",
@@ -497,8 +544,11 @@ class DecoderConfig:
         3, "n-gram order of the word LM (KenLM as packaged here reads up to 6).", minimum=1, maximum=6
     )
     char_lm_order: int = _opt(
-        6, "n-gram order of the character LM used when lexicon is false (at most 6).", minimum=1, maximum=6,
-        when={"lm": _char_lm}
+        6,
+        "n-gram order of the character LM used when lexicon is false (at most 6).",
+        minimum=1,
+        maximum=6,
+        when={"lm": _char_lm},
     )
     lm_path: str | None = _opt(
         None, "An existing ARPA or KenLM binary to use instead of building one.", path=True
@@ -516,30 +566,42 @@ class DecoderConfig:
         (),
         "KenLM builder: lmplz --prune thresholds per order, e.g. [0, 0, 1] drops trigrams seen once (non-decreasing).",
         minimum=0,
-        when={"lm": _kenlm_builds}
+        when={"lm": _kenlm_builds},
     )
     lm_top_k: int = _opt(
         0,
         "KenLM builder: keep only the LM's n-grams of the this-many most frequent words (0 = all), as DeepSpeech's generate_lm.py.",
         minimum=0,
-        when={"lm": _kenlm_builds}
+        when={"lm": _kenlm_builds},
     )
     lm_quantize_bits: int = _opt(
         8,
         "KenLM builder: build_binary quantisation bits (-q, pointer compression -a 255), 0 = none.",
         minimum=0,
         maximum=16,
-        when={"lm": _kenlm_builds}
+        when={"lm": _kenlm_builds},
     )
     beam_width: int = _opt(256, "CTC beam width.", minimum=1, stages=("tune", "evaluate", "export"))
     beam_threshold: float = _opt(
-        15.0, "Prune hypotheses whose score is this far below the best.", minimum=0.0, stages=("tune", "evaluate", "export")
+        15.0,
+        "Prune hypotheses whose score is this far below the best.",
+        minimum=0.0,
+        stages=("tune", "evaluate", "export"),
     )
     beam_size_token: int = _opt(
-        8, "Tokens (most likely first) tried per frame for each hypothesis; 0 = all.", minimum=0, stages=("tune", "evaluate", "export")
+        8,
+        "Tokens (most likely first) tried per frame for each hypothesis; 0 = all.",
+        minimum=0,
+        stages=("tune", "evaluate", "export"),
     )
-    lm_alpha: float = _opt(1.5, "LM weight (TuneDecoder starts its search here).", stages=("tune", "evaluate", "export"))
-    lm_beta: float = _opt(2.25, "Word insertion weight (TuneDecoder starts its search here).", stages=("tune", "evaluate", "export"))
+    lm_alpha: float = _opt(
+        1.5, "LM weight (TuneDecoder starts its search here).", stages=("tune", "evaluate", "export")
+    )
+    lm_beta: float = _opt(
+        2.25,
+        "Word insertion weight (TuneDecoder starts its search here).",
+        stages=("tune", "evaluate", "export"),
+    )
     lexicon: bool = _opt(
         True,
         "Lexicon decoding: words from the LM vocabulary, scored by the word LM. false: lexicon-free, any spelling, scored by a character LM.",
@@ -564,20 +626,25 @@ class AugmentConfig:
     STAGES: ClassVar[tuple[str, ...]] = ("train",)
 
     freq_masks: int = _opt(
-        0, "SpecAugment: frequency masks per utterance (0 = none).", minimum=0,
-        when={"train": _features_augmented}
+        0,
+        "SpecAugment: frequency masks per utterance (0 = none).",
+        minimum=0,
+        when={"train": _features_augmented},
     )
     freq_mask_max: int = _opt(
-        4, "SpecAugment: the widest frequency mask, in feature coefficients.", minimum=1,
-        when={"train": _features_augmented}
+        4,
+        "SpecAugment: the widest frequency mask, in feature coefficients.",
+        minimum=1,
+        when={"train": _features_augmented},
     )
     time_masks: int = _opt(
-        0, "SpecAugment: time masks per utterance (0 = none).", minimum=0,
-        when={"train": _features_augmented}
+        0, "SpecAugment: time masks per utterance (0 = none).", minimum=0, when={"train": _features_augmented}
     )
     time_mask_max: int = _opt(
-        40, "SpecAugment: the widest time mask, in feature frames.", minimum=1,
-        when={"train": _features_augmented}
+        40,
+        "SpecAugment: the widest time mask, in feature frames.",
+        minimum=1,
+        when={"train": _features_augmented},
     )
     time_mask_fraction: float = _opt(
         0.1,
@@ -585,19 +652,19 @@ class AugmentConfig:
         minimum=0.0,
         maximum=1.0,
         exclusive_min=True,
-        when={"train": _features_augmented}
+        when={"train": _features_augmented},
     )
     feature_noise_std: float = _opt(
         0.0,
         "Gaussian noise of this standard deviation added to the features (0 = none).",
         minimum=0.0,
-        when={"train": _features_augmented}
+        when={"train": _features_augmented},
     )
     seed: int = _opt(
         2024,
         "Seed of every augmentation draw (with the epoch and step, or the utterance and copy).",
         stages=("train", "features:train"),
-        when={"train": _features_augmented, "features:train": _audio_copies}
+        when={"train": _features_augmented, "features:train": _audio_copies},
     )
     speed_factors: tuple[float, ...] = _opt(
         (),
@@ -605,34 +672,34 @@ class AugmentConfig:
         minimum=0.5,
         maximum=2.0,
         stages=("features:train",),
-        when={"features:train": _audio_copies}
+        when={"features:train": _audio_copies},
     )
     audio_copies: int = _opt(
         0,
         "Audio: extra copies at the original speed (with gain_db and noise_dir).",
         minimum=0,
         stages=("features:train",),
-        when={"features:train": _audio_copies}
+        when={"features:train": _audio_copies},
     )
     gain_db: float = _opt(
         0.0,
         "Audio: each copy's volume changes by a random gain within +-gain_db decibels.",
         minimum=0.0,
         stages=("features:train",),
-        when={"features:train": _audio_copies}
+        when={"features:train": _audio_copies},
     )
     noise_dir: str | None = _opt(
         None,
         "Audio: a folder of noise recordings (WAV/FLAC at the sample rate); a random one is mixed into each copy.",
         path=True,
         stages=("features:train",),
-        when={"features:train": _audio_copies}
+        when={"features:train": _audio_copies},
     )
     noise_snr_db: tuple[float, ...] = _opt(
         (10.0, 30.0),
         "Audio: the range [low, high] of the signal-to-noise ratio of mixed noise, in dB.",
         stages=("features:train",),
-        when={"features:train": _audio_copies}
+        when={"features:train": _audio_copies},
     )
 
     @property
@@ -699,8 +766,10 @@ def validate_config(config: Config) -> None:
     from native_client.plugins import plugin_exists
 
     if not plugin_exists("pipeline.model", config.model.architecture):
-        raise ConfigError(f"{src}: model.architecture: no model family {config.model.architecture!r} "
-                          f"(a module of pipeline/model/ such as deepspeech, or the dotted name of your own)")
+        raise ConfigError(
+            f"{src}: model.architecture: no model family {config.model.architecture!r} "
+            f"(a module of pipeline/model/ such as deepspeech, or the dotted name of your own)"
+        )
 
     if config.export.coqui_tflite:
         from pipeline.export.coqui_tflite import check_exportable

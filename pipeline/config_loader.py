@@ -220,7 +220,9 @@ def _merge_into(merged: dict, raw: dict, source: str, base_dir: Path | None) -> 
                 if section == "features" and isinstance(key, str):
                     merged[section].setdefault(PENDING, {})[key] = (value, where, base_dir)
                     continue
-                raise ConfigError(f"{where}: unknown key; {_did_you_mean(key, known)}expected one of {', '.join(known)}")
+                raise ConfigError(
+                    f"{where}: unknown key; {_did_you_mean(key, known)}expected one of {', '.join(known)}"
+                )
             merged[section][key] = _checked(value, hints[key], known[key].metadata, where, base_dir)
 
 
@@ -274,8 +276,10 @@ def _frontend_settings(values: dict, source: str):
     for key, (value, where, base_dir) in values.pop(PENDING, {}).items():
         if key not in known:
             common = [f.name for f in dataclasses.fields(FeaturesConfig) if "doc" in f.metadata]
-            raise ConfigError(f"{where}: unknown key; {_did_you_mean(key, common + list(known))}expected one of "
-                              f"{', '.join(common + list(known))} (the {name} front end's settings: {', '.join(known)})")
+            raise ConfigError(
+                f"{where}: unknown key; {_did_you_mean(key, common + list(known))}expected one of "
+                f"{', '.join(common + list(known))} (the {name} front end's settings: {', '.join(known)})"
+            )
         settings[key] = _checked(value, hints[key], known[key].metadata, where, base_dir)
     built = frontend.Settings(**settings)
     try:

@@ -428,13 +428,17 @@ class Layout:
         fingerprints of its upstream stages. Computed once per ``Layout``."""
         key = (stage, tuple(sorted(params.items())))
         if key not in self._fingerprints:
-            self._fingerprints[key] = _hash({
-                "stage": stage,
-                "keys": self._tagged_keys(stage, params),
-                "derived": self._derived(stage, params),
-                "upstream": {f"{name}{sorted(p.items())}": self.fingerprint(name, **p)
-                             for name, p in upstream(self.config, stage, params)},
-            })
+            self._fingerprints[key] = _hash(
+                {
+                    "stage": stage,
+                    "keys": self._tagged_keys(stage, params),
+                    "derived": self._derived(stage, params),
+                    "upstream": {
+                        f"{name}{sorted(p.items())}": self.fingerprint(name, **p)
+                        for name, p in upstream(self.config, stage, params)
+                    },
+                }
+            )
         return self._fingerprints[key]
 
     def _tagged_keys(self, stage: str, params: dict) -> dict:

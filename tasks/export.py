@@ -97,8 +97,8 @@ class Transcribe(ConfigTask):
             keep_transcript(self.layout, self._export(), self.audio, record)
         else:
             self._print(record)
-        self.tell_scheduler(message=
-            f"{record['text']!r} ({record['duration_s']:.1f} s audio, RTF {record['rtf']:.3f})"
+        self.tell_scheduler(
+            message=f"{record['text']!r} ({record['duration_s']:.1f} s audio, RTF {record['rtf']:.3f})"
         )
         self.tell_scheduler(percent=100)
 

@@ -7,8 +7,8 @@ import logging
 import luigi
 
 from pipeline.config_loader import load_config
-from pipeline.stages.graph import SPLITS
 from pipeline.stages.features import build_split_cache
+from pipeline.stages.graph import SPLITS
 from tasks.base import ConfigParameter, ConfigTask, Progress
 
 log = logging.getLogger("luigi-interface")
@@ -54,8 +54,8 @@ class FeaturesSplit(ConfigTask):
             summary.audio_seconds / 3600,
             summary.rejects_report,
         )
-        self.tell_scheduler(message=
-            f"{self.split}: {summary.kept} kept, {summary.rejected} rejected "
+        self.tell_scheduler(
+            message=f"{self.split}: {summary.kept} kept, {summary.rejected} rejected "
             f"{summary.reasons or ''}, {summary.audio_seconds / 3600:.2f} h audio"
         )
 

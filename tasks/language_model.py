@@ -33,8 +33,8 @@ class LanguageModel(ConfigTask):
         finally:
             progress.close()
         self.tell_scheduler(percent=100)
-        self.tell_scheduler(message=
-            f"{report.sentences} sentences, vocabulary {report.vocabulary}, "
+        self.tell_scheduler(
+            message=f"{report.sentences} sentences, vocabulary {report.vocabulary}, "
             f"n-grams {report.ngrams or 'from lm_path'}"
         )
 

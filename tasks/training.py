@@ -67,8 +67,8 @@ class Train(ConfigTask):
         finally:
             progress.close()
         self.tell_scheduler(percent=100)
-        self.tell_scheduler(message=
-            f"done: {report.epochs_completed} epochs, {report.global_step} steps; stop: {report.stop.reason}"
+        self.tell_scheduler(
+            message=f"done: {report.epochs_completed} epochs, {report.global_step} steps; stop: {report.stop.reason}"
         )
 
     def _scheduled_config(self) -> str:
@@ -109,8 +109,8 @@ class Train(ConfigTask):
         )
         report = read_report(run.report, TrainReport)
         self.tell_scheduler(percent=100)
-        self.tell_scheduler(message=
-            f"done on {distribution.local_workers} workers: {report.epochs_completed} epochs, "
+        self.tell_scheduler(
+            message=f"done on {distribution.local_workers} workers: {report.epochs_completed} epochs, "
             f"{report.global_step} steps"
         )
 

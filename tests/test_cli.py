@@ -65,9 +65,18 @@ def test_config_mistakes_are_one_line_before_anything_runs(tmp_path):
 def _plain_luigi(*args, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """``luigi --module tasks ...`` as a user types it in the checkout (luigi.cfg read from there)."""
     return subprocess.run(
-        [sys.executable, "-c", "from luigi.cmdline import luigi_run; luigi_run()", "--module", "tasks",
-         *args],
-        cwd=cwd, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-c",
+            "from luigi.cmdline import luigi_run; luigi_run()",
+            "--module",
+            "tasks",
+            *args,
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -88,8 +97,10 @@ def test_plain_luigi_checks_the_config_once_before_scheduling(tmp_path):
     assert line.startswith(f"error: {bad}: training.epoch: unknown key; did you mean 'epochs'?"), line
     assert not work.exists()
     good = tmp_path / "good.yaml"
-    good.write_text(f"extends: {ROOT / 'configs' / 'sample.yaml'}\npaths:\n  work_dir: {work}\n"
-                    "data:\n  limit_dev: 3\nfeatures:\n  workers: 1\n")
+    good.write_text(
+        f"extends: {ROOT / 'configs' / 'sample.yaml'}\npaths:\n  work_dir: {work}\n"
+        "data:\n  limit_dev: 3\nfeatures:\n  workers: 1\n"
+    )
     result = _plain_luigi("FeaturesSplit", "--split", "dev", "--config", str(good), "--local-scheduler")
     assert result.returncode == 0, result.stderr
     assert "UnconsumedParameterWarning" not in result.stderr and "not consumed" not in result.stderr
@@ -105,12 +116,23 @@ def test_the_same_command_twice_at_once_says_so_in_one_line(tmp_path):
 
     work = tmp_path / "work"
     config = tmp_path / "long.yaml"
-    config.write_text(f"extends: {ROOT / 'configs' / 'sample.yaml'}\npaths:\n  work_dir: {work}\n"
-                      "features:\n  workers: 1\n")
-    command = [sys.executable, "-m", "tasks.cli", "FeaturesSplit", "--split", "train", "--config",
-               str(config), "--local-scheduler"]
-    first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
+    config.write_text(
+        f"extends: {ROOT / 'configs' / 'sample.yaml'}\npaths:\n  work_dir: {work}\nfeatures:\n  workers: 1\n"
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "tasks.cli",
+        "FeaturesSplit",
+        "--split",
+        "train",
+        "--config",
+        str(config),
+        "--local-scheduler",
+    ]
+    first = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 120
         while not list((work / "features").glob("*.parts")) and time.monotonic() < deadline:

@@ -51,7 +51,10 @@ def test_extends_overrides_a_subset_and_resolves_paths_per_file(write_config, tm
 @pytest.mark.parametrize(
     "body, expected",
     [
-        ("model:\n  n_hiden: 5\n", r"model\.n_hiden: unknown key; did you mean 'n_hidden'\? expected one of architecture, n_hidden"),
+        (
+            "model:\n  n_hiden: 5\n",
+            r"model\.n_hiden: unknown key; did you mean 'n_hidden'\? expected one of architecture, n_hidden",
+        ),
         ("modle:\n  n_hidden: 5\n", r"unknown section 'modle'"),
         ("model:\n  n_hidden: many\n", r"model\.n_hidden: expected an integer, got 'many'"),
         ("model:\n  n_hidden: 0\n", r"model\.n_hidden: expected a value at least 1, got 0"),

@@ -155,9 +155,20 @@ def _start_luigid(port: int, state: Path) -> subprocess.Popen:
     """A luigid on ``port`` keeping its state in ``state``, answering when this returns."""
     state.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(
-        [str(BIN / "luigid"), "--address", "127.0.0.1", "--port", str(port), "--state-path",
-         str(state / "state.pickle"), "--logdir", str(state)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            str(BIN / "luigid"),
+            "--address",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--state-path",
+            str(state / "state.pickle"),
+            "--logdir",
+            str(state),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 30
     while True:
@@ -195,7 +206,10 @@ def test_a_killed_luigid_never_costs_the_training_run(small_config, tmp_path, re
     task = "Export" if restarted else "Train"
     run = subprocess.Popen(
         [sys.executable, "-m", "tasks.cli", task, "--config", str(path), "--scheduler-port", str(port)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     second = None
     try:

@@ -18,9 +18,9 @@ import soundfile
 from native_client import ExportError, Model, load_metadata
 from native_client.audio import load_for_model
 from native_client.export_decoder import decoder_for_export
-from native_client.windows import context_windows
 from native_client.metadata import write_manifest
 from native_client.model import open_model
+from native_client.windows import context_windows
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
 from pipeline.lm.kneser_ney import estimate, write_arpa
@@ -162,7 +162,10 @@ def test_metadata_round_trip(trained):
     config, export = trained
     metadata = load_metadata(export)
     assert metadata.fingerprint == Layout(config).export_fingerprint
-    assert metadata.features.frontend.settings == config.features.frontend and metadata.features.normalize is True
+    assert (
+        metadata.features.frontend.settings == config.features.frontend
+        and metadata.features.normalize is True
+    )
     assert metadata.features.to_dict()["type"] == "mfcc" and metadata.n_context == config.model.n_context
     assert metadata.features.seconds_per_frame == config.features.winstep
     assert metadata.n_steps == config.export.n_steps and [s["shape"] for s in metadata.state] == [[1, 48]] * 2

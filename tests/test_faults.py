@@ -417,8 +417,14 @@ def test_export_never_removes_what_it_did_not_write(finished, tmp_path):
     assert shared / "metadata.json" in doomed and shared / "saved_model" in doomed
 
 
-def _with_export(base: Path, tmp_path: Path, export_dir: Path, versioned: bool, n_steps: int | None = None,
-                 name: str = "versioned.yaml") -> Path:
+def _with_export(
+    base: Path,
+    tmp_path: Path,
+    export_dir: Path,
+    versioned: bool,
+    n_steps: int | None = None,
+    name: str = "versioned.yaml",
+) -> Path:
     """A config extending ``base`` that exports to ``export_dir``."""
     config = tmp_path / name
     steps = f"\n  n_steps: {n_steps}" if n_steps else ""
@@ -456,8 +462,13 @@ def test_two_versioned_exports_at_once_take_two_versions(finished, tmp_path):
     configs = [_with_export(path, tmp_path, shared, True, n_steps, f"n{n_steps}.yaml") for n_steps in (8, 12)]
     start = time.time() + 25
     processes = [
-        subprocess.Popen([sys.executable, str(script), str(c), str(start)], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, str(script), str(c), str(start)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for c in configs
     ]
     roots = []
@@ -501,17 +512,34 @@ def test_rerun_refuses_to_remove_what_a_live_run_holds(finished):
     path, config = finished
     run = Layout(config).train_run.root
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom pipeline.locks import stage_lock\n"
-         f"with stage_lock({str(run)!r}):\n    print('held', flush=True)\n    time.sleep(120)"],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom pipeline.locks import stage_lock\n"
+            f"with stage_lock({str(run)!r}):\n    print('held', flush=True)\n    time.sleep(120)",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "held"
         for extra in (["--dry-run"], []):
             result = subprocess.run(
-                [sys.executable, "-m", "tasks.rerun", "Train", "--config", str(path), "--local-scheduler",
-                 *extra],
-                cwd=ROOT, capture_output=True, text=True, timeout=120,
+                [
+                    sys.executable,
+                    "-m",
+                    "tasks.rerun",
+                    "Train",
+                    "--config",
+                    str(path),
+                    "--local-scheduler",
+                    *extra,
+                ],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=120,
             )
             assert result.returncode == 2, result.stdout + result.stderr
             assert f"error: {run} is in use by a running pipeline (it holds {run}.lock)" in result.stderr
@@ -799,7 +827,10 @@ def test_a_diverging_loss_warns_once(caplog):
 def _deepspeech_train(*args, cwd=ROOT, timeout=600):
     return subprocess.run(
         [sys.executable, "-m", "tasks.cli", *args, "--local-scheduler"],
-        cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -872,7 +903,10 @@ def test_a_directory_given_as_audio_is_named(finished, tmp_path):
     export = Layout(config).find_export().root
     client = subprocess.run(
         [sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(folder)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert client.returncode == 1 and f"error: {folder}: is a directory, not an audio file" in client.stderr
     transcribe = _deepspeech_train("Transcribe", "--config", str(path), "--audio", str(folder))
@@ -900,12 +934,16 @@ def test_sigterm_stops_training_with_a_checkpoint_of_its_last_step(small_config,
     import re
     import time
 
-    path = small_config("term.yaml", limit_train=64, limit_dev=4, limit_test=4,
-                        extra="training:\n  epochs: 6\n")
+    path = small_config(
+        "term.yaml", limit_train=64, limit_dev=4, limit_test=4, extra="training:\n  epochs: 6\n"
+    )
     checkpoints = Layout(load_config(path)).train_run.checkpoints
     run = subprocess.Popen(
         [sys.executable, "-m", "tasks.cli", "Train", "--config", str(path), "--local-scheduler"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 600
@@ -926,7 +964,10 @@ def test_sigterm_stops_training_with_a_checkpoint_of_its_last_step(small_config,
     assert step % 16 and (checkpoints / f"ckpt-{step}.index").is_file()  # mid-epoch, saved
     again = subprocess.run(
         [sys.executable, "-m", "tasks.cli", "Train", "--config", str(path), "--local-scheduler"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"ckpt-{step}" in again.stderr  # restored from it
@@ -947,8 +988,10 @@ def test_evaluate_streams_every_result_to_a_file(finished, tmp_path):
     saved = json.loads((tmp_path / "eval" / "evaluation.json").read_text())
     assert not any(isinstance(value, list) and len(value) == report.samples_count for value in saved.values())
     fields = [f for f in SampleResult.__dataclass_fields__]
-    for name, rates, samples in (("samples_file", ("wer", "cer"), "samples"),
-                                 ("samples_lm_file", ("wer_lm", "cer_lm"), "samples_lm")):
+    for name, rates, samples in (
+        ("samples_file", ("wer", "cer"), "samples"),
+        ("samples_lm_file", ("wer_lm", "cer_lm"), "samples_lm"),
+    ):
         lines = [json.loads(line) for line in (tmp_path / "eval" / saved[name]).read_text().splitlines()]
         assert sorted(line["index"] for line in lines) == list(range(report.samples_count))
         lines.sort(key=lambda line: line["index"])
@@ -970,8 +1013,19 @@ def test_a_score_board_holds_only_the_samples_it_reports(tmp_path):
         tracemalloc.start()
         for index in range(200_000):
             words = 5 + index % 7
-            board.add(index, SampleResult(f"/corpus/clip-{index}.flac", "a reference sentence " * 3,
-                                          "a hypothesis", float(index % 13), index % 4, words, index % 9, 60))
+            board.add(
+                index,
+                SampleResult(
+                    f"/corpus/clip-{index}.flac",
+                    "a reference sentence " * 3,
+                    "a hypothesis",
+                    float(index % 13),
+                    index % 4,
+                    words,
+                    index % 9,
+                    60,
+                ),
+            )
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
     assert board.rates()["samples_count"] == 200_000

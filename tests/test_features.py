@@ -219,8 +219,13 @@ def test_killed_run_resumes_and_matches_an_uninterrupted_run(write_config, tmp_p
 
 @pytest.mark.parametrize(
     "name, settings",
-    [("mfcc", {}), ("logfbank", {"nfilt": 40, "highfreq": 7000.0}), ("deepspeech", {}),
-     ("deepspeech", {"final_window": True}), ("tests.plugins.band_energies", {"bands": 8})],
+    [
+        ("mfcc", {}),
+        ("logfbank", {"nfilt": 40, "highfreq": 7000.0}),
+        ("deepspeech", {}),
+        ("deepspeech", {"final_window": True}),
+        ("tests.plugins.band_energies", {"bands": 8}),
+    ],
 )
 def test_every_front_end_streams_frame_for_frame_what_it_computes_whole(name, settings):
     from native_client.frontends import frontend_class
@@ -229,7 +234,10 @@ def test_every_front_end_streams_frame_for_frame_what_it_computes_whole(name, se
     frontend = cls(cls.Settings(**settings), 16000)
     samples, _ = soundfile.read(sample_rows(count=1)[0][0], dtype="int16")
     whole = frontend.frames(samples)
-    assert whole.shape == (frontend.frame_count(len(samples)), frontend.feature_size) and whole.dtype == np.float32
+    assert (
+        whole.shape == (frontend.frame_count(len(samples)), frontend.feature_size)
+        and whole.dtype == np.float32
+    )
     rng = np.random.default_rng(3)
     for _ in range(3):
         stream, pieces, start = frontend.stream(), [], 0
@@ -280,8 +288,12 @@ def test_parts_of_a_failed_run_are_never_paired_with_other_rows(write_config, tm
         files[index].write_bytes(data)
     summary = build_split_cache(Layout(config), "train")
     assert summary.kept == rows
-    clean = load_config(write_config(Path(config.source).read_text().replace(
-        str(tmp_path / "work"), str(tmp_path / "clean")), "clean.yaml"))
+    clean = load_config(
+        write_config(
+            Path(config.source).read_text().replace(str(tmp_path / "work"), str(tmp_path / "clean")),
+            "clean.yaml",
+        )
+    )
     rerun = _cache_by_path(Path(summary.cache))
     fresh = _cache_by_path(Path(build_split_cache(Layout(clean), "train").cache))
     assert sorted(rerun) == sorted(fresh) and len(rerun) == rows
@@ -296,8 +308,12 @@ def test_augmented_copies_do_not_dilute_max_reject_fraction(write_config, tmp_pa
     files[4].unlink()
     files[11].unlink()
     config = _config(write_config, tmp_path, manifest, "augment:\n          speed_factors: [0.9, 1.1]")
-    config = load_config(write_config(Path(config.source).read_text().replace(
-        "max_reject_fraction: 1.0", "max_reject_fraction: 0.05"), "s.yaml"))
+    config = load_config(
+        write_config(
+            Path(config.source).read_text().replace("max_reject_fraction: 1.0", "max_reject_fraction: 0.05"),
+            "s.yaml",
+        )
+    )
     with pytest.raises(CorpusError, match=r"split 'train': 2 of 20 rows rejected \(10\.0% > "):
         build_split_cache(Layout(config), "train")
 
@@ -382,7 +398,10 @@ def test_a_long_file_is_featurised_in_bounded_memory(tmp_path):
     for audio in (short, long_):
         process = subprocess.Popen(
             [sys.executable, str(script), str(audio), str(tmp_path / "part.npz")],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         _, status, usage = os.wait4(process.pid, 0)
         out, err = process.stdout.read(), process.stderr.read()

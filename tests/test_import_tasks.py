@@ -431,7 +431,13 @@ def test_corpora_round_trip_through_the_saved_config(tmp_path):
         tmp_path,
         [
             {"importer": "librispeech", "path": str(corpus), "train": ["train-clean-100"], "dev": []},
-            {"importer": "folder", "path": str(folder), "audio_suffixes": [".wav"], "salt": "x", "name": "mine"},
+            {
+                "importer": "folder",
+                "path": str(folder),
+                "audio_suffixes": [".wav"],
+                "salt": "x",
+                "name": "mine",
+            },
         ],
         data={"text": {"digits": "reject"}},
     )

@@ -405,8 +405,11 @@ def test_workers_train_the_config_the_task_was_scheduled_with(small_config, monk
     from tasks import Train
 
     path = _config(small_config, "edited.yaml", epochs=1)
-    path.write_text(path.read_text().replace(
-        "  collective_timeout_s: 20\n", "  collective_timeout_s: 20\n  local_workers: 2\n"))
+    path.write_text(
+        path.read_text().replace(
+            "  collective_timeout_s: 20\n", "  collective_timeout_s: 20\n  local_workers: 2\n"
+        )
+    )
     scheduled = load_config(path)
     launch = multiworker.launch_local_workers
 

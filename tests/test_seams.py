@@ -56,20 +56,46 @@ def test_a_front_end_and_a_model_family_of_ones_own_run_through_the_dag_and_the_
     export = Layout(config).find_export().root
     metadata = json.loads((export / "metadata.json").read_text())
     assert metadata["architecture"] == "tests.plugins.simple_rnn_family"
-    assert metadata["features"] == {"type": "tests.plugins.band_energies", "bands": 10, "window_ms": 25.0, "step_ms": 20.0,
-                                    "sample_rate": 16000, "normalize": True}
-    assert metadata["tensors"]["state"] == [{"input": "previous_state", "output": "new_state", "shape": [1, 24]}]
+    assert metadata["features"] == {
+        "type": "tests.plugins.band_energies",
+        "bands": 10,
+        "window_ms": 25.0,
+        "step_ms": 20.0,
+        "sample_rate": 16000,
+        "normalize": True,
+    }
+    assert metadata["tensors"]["state"] == [
+        {"input": "previous_state", "output": "new_state", "shape": [1, 24]}
+    ]
     model = _client_logits_equal_the_checkpoint(config, export)
     assert model.metadata.features.frontend.feature_size == 10
     assert model.metadata.features.seconds_per_frame == pytest.approx(0.02)
     # an export does not choose code to import: a front end of someone's own must be allowed by name
-    with pytest.raises(ExportError, match=r"features\.type: 'tests\.plugins\.band_energies' is a module of someone's own"):
+    with pytest.raises(
+        ExportError, match=r"features\.type: 'tests\.plugins\.band_energies' is a module of someone's own"
+    ):
         Model(export)
-    refused = subprocess.run([sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(CLIP)],
-                             capture_output=True, text=True)
+    refused = subprocess.run(
+        [sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(CLIP)],
+        capture_output=True,
+        text=True,
+    )
     assert refused.returncode == 2 and "--allow-plugin tests.plugins.band_energies" in refused.stderr
-    allowed = subprocess.run([sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(CLIP),
-                              "--allow-plugin", "tests.plugins.band_energies"], capture_output=True, text=True)
+    allowed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "native_client",
+            "--model",
+            str(export),
+            "--audio",
+            str(CLIP),
+            "--allow-plugin",
+            "tests.plugins.band_energies",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert allowed.returncode == 0, allowed.stderr
 
 
@@ -77,7 +103,9 @@ def test_a_front_end_of_ones_own_must_be_a_front_end(small_config):
     from pipeline.config import ConfigError
 
     path = small_config(extra="features:\n  type: tests.plugins.simple_rnn_family\n")
-    with pytest.raises(ConfigError, match=r"features\.type: module 'tests\.plugins\.simple_rnn_family' defines no FRONTEND"):
+    with pytest.raises(
+        ConfigError, match=r"features\.type: module 'tests\.plugins\.simple_rnn_family' defines no FRONTEND"
+    ):
         load_config(path)
 
 
@@ -106,7 +134,9 @@ def test_every_stage_has_its_task_and_the_commands_know_it():
     from tasks.cli import TASKS
     from tasks.rerun import STAGES as RERUN
 
-    assert {s.name: s.task for s in STAGES.values()} == {name: cls.__name__ for name, cls in TASK_OF_STAGE.items()}
+    assert {s.name: s.task for s in STAGES.values()} == {
+        name: cls.__name__ for name, cls in TASK_OF_STAGE.items()
+    }
     assert {s.task for s in STAGES.values()} <= set(RERUN) & set(TASKS)
 
 
@@ -115,16 +145,26 @@ def test_keys_that_change_no_result_in_a_config_move_no_fingerprint():
 
     def fingerprints(**sections):
         layout = Layout(config_from_dict({"decoder": {"tune": True, "lm_builder": "python"}, **sections}))
-        return {stage: layout.fingerprint(stage, **params) for stage, params in
-                [("features", {"split": "train"}), ("train", {}), ("lm", {}), ("tune", {}), ("evaluate", {}),
-                 ("export", {})]}
+        return {
+            stage: layout.fingerprint(stage, **params)
+            for stage, params in [
+                ("features", {"split": "train"}),
+                ("train", {}),
+                ("lm", {}),
+                ("tune", {}),
+                ("evaluate", {}),
+                ("export", {}),
+            ]
+        }
 
     base = fingerprints()
     # without augmentation its seed and mask sizes matter to nothing; the Python LM builder ignores
     # KenLM's settings; with lexicon decoding the character LM's order is unused
-    for sections in ({"augment": {"seed": 7, "freq_mask_max": 9, "noise_snr_db": [5.0, 6.0]}},
-                     {"decoder": {"tune": True, "lm_builder": "python", "lm_quantize_bits": 4, "char_lm_order": 4}},
-                     {"training": {"checkpoint_secs": 5}, "features": {"workers": 1}}):
+    for sections in (
+        {"augment": {"seed": 7, "freq_mask_max": 9, "noise_snr_db": [5.0, 6.0]}},
+        {"decoder": {"tune": True, "lm_builder": "python", "lm_quantize_bits": 4, "char_lm_order": 4}},
+        {"training": {"checkpoint_secs": 5}, "features": {"workers": 1}},
+    ):
         assert fingerprints(**sections) == base, sections
     moved = fingerprints(augment={"freq_masks": 1})
     assert moved["features"] == base["features"] and moved["train"] != base["train"]

@@ -20,8 +20,8 @@ from native_client.alphabet import load_alphabet
 from pipeline.config_loader import load_config
 from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
-from pipeline.model.checkpoints import CheckpointMismatchError, named_weights
 from pipeline.model import build_model, model_family
+from pipeline.model.checkpoints import CheckpointMismatchError, named_weights
 from pipeline.model.deepspeech import make_windows
 from pipeline.reports import TrainReport, read_report
 from pipeline.stages.evaluate import evaluate_stage
@@ -46,7 +46,9 @@ def test_loss_falls_and_report_is_complete(small_config, tmp_path):
     report = train_stage(Layout(config))
     losses = [e["train_loss"] for e in report.train_losses]
     assert (
-        len(losses) == 4 and all(b < a for a, b in zip(losses, losses[1:], strict=False)) and losses[-1] < 0.9 * losses[0]
+        len(losses) == 4
+        and all(b < a for a, b in zip(losses, losses[1:], strict=False))
+        and losses[-1] < 0.9 * losses[0]
     )
     assert report.global_step == 16 and report.epochs_completed == 4
     assert report.stop.rule is None and "target of 4 epochs" in report.stop.reason
@@ -295,8 +297,9 @@ def test_streaming_and_full_sequence_logits_agree(small_config):
         logits, *state = form.step(windows[:, start : start + 16], *state)
         chunks.append(logits.numpy())
     np.testing.assert_allclose(np.concatenate(chunks, axis=1)[:, :53], full, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(form.utterance(make_windows(features, config.model.n_context)).numpy(), full,
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        form.utterance(make_windows(features, config.model.n_context)).numpy(), full, rtol=1e-5, atol=1e-5
+    )
 
 
 def test_more_epochs_continue_the_same_run(small_config):

@@ -25,7 +25,9 @@ __all__ = ["FeaturePipeline", "FrameStream", "FrontEnd", "frontend_class", "norm
 RESERVED = ("type", "sample_rate", "normalize", "resample", "downmix", "workers")
 
 
-def frontend_class(name: str, what: str = "features.type", allowed: Iterable[str] | None = None) -> type[FrontEnd]:
+def frontend_class(
+    name: str, what: str = "features.type", allowed: Iterable[str] | None = None
+) -> type[FrontEnd]:
     """The front end named ``name``: a module of this package, or a dotted module path of one's own
     (with ``allowed``, only one listed there). PluginError when it is none or not a proper front end."""
     found = find_plugin(__name__, name, "FRONTEND", what, allowed)
@@ -33,6 +35,8 @@ def frontend_class(name: str, what: str = "features.type", allowed: Iterable[str
         raise PluginError(f"{what}: {name!r}: FRONTEND must be a FrontEnd subclass, got {found!r}")
     clashes = [f.name for f in dataclasses.fields(found.Settings) if f.name in RESERVED]
     if clashes:
-        raise PluginError(f"{what}: {name!r}: its settings may not be named {', '.join(clashes)} "
-                          f"(keys of the features section itself)")
+        raise PluginError(
+            f"{what}: {name!r}: its settings may not be named {', '.join(clashes)} "
+            f"(keys of the features section itself)"
+        )
     return found

@@ -51,8 +51,10 @@ class FrontEnd(abc.ABC):
         self.check()
         # Streaming assumes consecutive windows touch or overlap (no samples between them to skip).
         if not 0 < self.frame_step <= self.frame_length:
-            raise ValueError(f"the frame step ({self.frame_step} samples) must be between 1 and the window "
-                             f"length ({self.frame_length} samples)")
+            raise ValueError(
+                f"the frame step ({self.frame_step} samples) must be between 1 and the window "
+                f"length ({self.frame_length} samples)"
+            )
 
     def check(self) -> None:
         """Raise ValueError ``"<key>: ..."`` for settings that contradict each other (default: none)."""
@@ -237,5 +239,9 @@ class FeaturePipeline:
 
     def to_dict(self) -> dict:
         """The metadata entry: ``type``, ``sample_rate``, ``normalize`` and the front end's settings."""
-        return {**self.frontend.describe(), "type": self.type_name, "sample_rate": self.sample_rate,
-                "normalize": self.normalize}
+        return {
+            **self.frontend.describe(),
+            "type": self.type_name,
+            "sample_rate": self.sample_rate,
+            "normalize": self.normalize,
+        }

@@ -20,8 +20,9 @@ class LogFbankSettings:
     winstep: float = setting(0.01, "Step between frames in seconds.", minimum=0.0, exclusive_min=True)
     nfft: int = setting(512, "FFT size.", minimum=1)
     lowfreq: float = setting(0.0, "Lowest band edge of the mel filters in Hz.", minimum=0.0)
-    highfreq: float = setting(0.0, "Highest band edge of the mel filters in Hz; 0 = half the sample rate.",
-                              minimum=0.0)
+    highfreq: float = setting(
+        0.0, "Highest band edge of the mel filters in Hz; 0 = half the sample rate.", minimum=0.0
+    )
     preemph: float = setting(0.97, "Pre-emphasis coefficient.", minimum=0.0, maximum=1.0)
 
 
@@ -35,7 +36,9 @@ class LogFbank(PythonSpeechFeaturesFrontEnd):
         """Band edges inside [0, sample_rate / 2] and in order; the window checks of ``check_window``."""
         s, nyquist = self.settings, self.sample_rate / 2
         if s.highfreq > nyquist:
-            raise ValueError(f"highfreq: expected at most half the sample rate ({nyquist:g}), got {s.highfreq}")
+            raise ValueError(
+                f"highfreq: expected at most half the sample rate ({nyquist:g}), got {s.highfreq}"
+            )
         if s.lowfreq >= (s.highfreq or nyquist):
             raise ValueError(f"lowfreq: expected below highfreq ({s.highfreq or nyquist:g}), got {s.lowfreq}")
         check_window(s, self.sample_rate)
@@ -50,8 +53,17 @@ class LogFbank(PythonSpeechFeaturesFrontEnd):
         from python_speech_features import logfbank  # here, so that reading a config does not load scipy
 
         s = self.settings
-        return logfbank(signal, samplerate=self.sample_rate, winlen=s.winlen, winstep=s.winstep, nfilt=s.nfilt,
-                        nfft=s.nfft, lowfreq=s.lowfreq, highfreq=s.highfreq or None, preemph=0.0)
+        return logfbank(
+            signal,
+            samplerate=self.sample_rate,
+            winlen=s.winlen,
+            winstep=s.winstep,
+            nfilt=s.nfilt,
+            nfft=s.nfft,
+            lowfreq=s.lowfreq,
+            highfreq=s.highfreq or None,
+            preemph=0.0,
+        )
 
 
 FRONTEND = LogFbank

@@ -30,7 +30,9 @@ def check_window(settings, sample_rate: int) -> None:
         raise ValueError(f"winstep: expected at most winlen ({settings.winlen}), got {settings.winstep}")
     frame = int(round_half_up(settings.winlen * sample_rate))
     if settings.nfft < frame:
-        raise ValueError(f"nfft: expected at least the window length in samples ({frame}), got {settings.nfft}")
+        raise ValueError(
+            f"nfft: expected at least the window length in samples ({frame}), got {settings.nfft}"
+        )
 
 
 class PythonSpeechFeaturesFrontEnd(FrontEnd):
@@ -62,7 +64,9 @@ class Mfcc(PythonSpeechFeaturesFrontEnd):
     def check(self) -> None:
         """numcep at most nfilt; the window checks of ``check_window``."""
         if self.settings.numcep > self.settings.nfilt:
-            raise ValueError(f"numcep: expected at most nfilt ({self.settings.nfilt}), got {self.settings.numcep}")
+            raise ValueError(
+                f"numcep: expected at most nfilt ({self.settings.nfilt}), got {self.settings.numcep}"
+            )
         check_window(self.settings, self.sample_rate)
 
     @property
@@ -75,8 +79,17 @@ class Mfcc(PythonSpeechFeaturesFrontEnd):
         from python_speech_features import mfcc  # here, so that reading a config does not load scipy
 
         s = self.settings
-        return mfcc(signal, samplerate=self.sample_rate, winlen=s.winlen, winstep=s.winstep, numcep=s.numcep,
-                    nfilt=s.nfilt, nfft=s.nfft, preemph=0.0, ceplifter=s.ceplifter)
+        return mfcc(
+            signal,
+            samplerate=self.sample_rate,
+            winlen=s.winlen,
+            winstep=s.winstep,
+            numcep=s.numcep,
+            nfilt=s.nfilt,
+            nfft=s.nfft,
+            preemph=0.0,
+            ceplifter=s.ceplifter,
+        )
 
 
 FRONTEND = Mfcc

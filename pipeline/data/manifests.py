@@ -178,7 +178,11 @@ def _rows(manifest: Path, digest=None):
                 (
                     dict(zip(header, row, strict=False))
                     if len(row) == len(header)
-                    else {"_fields": len(row), "_expected": len(header), **dict(zip(header, row, strict=False))}
+                    else {
+                        "_fields": len(row),
+                        "_expected": len(header),
+                        **dict(zip(header, row, strict=False)),
+                    }
                 ),
             )
 

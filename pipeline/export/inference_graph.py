@@ -34,10 +34,13 @@ class InferenceGraph(tf.Module):
         self.metadata_json = tf.constant(json.dumps(metadata, sort_keys=True))
         states = [tf.TensorSpec(s.shape, tf.float32, name=s.input) for s in self.state_tensors]
         self.stream = tf.function(
-            self._stream, input_signature=[tf.TensorSpec([1, n_steps, window, n_input], tf.float32, name=INPUT),
-                                           *states])
+            self._stream,
+            input_signature=[tf.TensorSpec([1, n_steps, window, n_input], tf.float32, name=INPUT), *states],
+        )
         self.utterance = tf.function(
-            self._utterance, input_signature=[tf.TensorSpec([1, None, window, n_input], tf.float32, name=INPUT)])
+            self._utterance,
+            input_signature=[tf.TensorSpec([1, None, window, n_input], tf.float32, name=INPUT)],
+        )
         self.metadata = tf.function(lambda: {"metadata": self.metadata_json}, input_signature=[])
 
     def _stream(self, windows, *state):
@@ -57,5 +60,9 @@ class InferenceGraph(tf.Module):
 
 def tensor_names(state: tuple[StateTensor, ...]) -> dict:
     """The export's tensor names for a family's ``state``: signature, input, logits, and the state list."""
-    return {"signature": SIGNATURE, "input": INPUT, "logits": LOGITS,
-            "state": [{"input": s.input, "output": s.output, "shape": list(s.shape)} for s in state]}
+    return {
+        "signature": SIGNATURE,
+        "input": INPUT,
+        "logits": LOGITS,
+        "state": [{"input": s.input, "output": s.output, "shape": list(s.shape)} for s in state],
+    }

@@ -15,9 +15,9 @@ from native_client.metadata import FORMAT, FORMAT_VERSION
 from pipeline.decode.settings import decoder_settings
 from pipeline.export.inference_graph import SIGNATURE, InferenceGraph
 from pipeline.features.frontend import feature_pipeline
-from pipeline.model import model_family
 from pipeline.layout import EXPORT_FILES, WORD_ARPA, WORD_BINARY, ExportFiles, Layout
 from pipeline.lm.files import read_lm_report, verify_lm_files
+from pipeline.model import model_family
 from pipeline.reports import ExportRecord, TrainReport, read_report
 
 
@@ -72,8 +72,10 @@ def write_frozen_graph(graph: InferenceGraph, path: Path) -> dict:
     # Outputs come flattened in the sorted-key order of the function's returned dict.
     by_name = dict(zip(sorted(concrete.structured_outputs), (t.name for t in frozen.outputs), strict=True))
     tensors = graph.tensors()
-    return {"inputs": [t.name for t in frozen.inputs],
-            "outputs": [by_name[tensors["logits"]], *(by_name[s["output"]] for s in tensors["state"])]}
+    return {
+        "inputs": [t.name for t in frozen.inputs],
+        "outputs": [by_name[tensors["logits"]], *(by_name[s["output"]] for s in tensors["state"])],
+    }
 
 
 def write_tflite(saved_model: Path, path: Path, quantize: bool) -> None:

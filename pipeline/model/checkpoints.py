@@ -159,8 +159,10 @@ def warm_start(
         stored = imported.get
     layers = family.layers(model)
     if drop_layers > len(layers):
-        raise CheckpointMismatchError(f"training.drop_source_layers: {drop_layers}, but the "
-                                      f"{model.model_config.architecture} model has {len(layers)} layers")
+        raise CheckpointMismatchError(
+            f"training.drop_source_layers: {drop_layers}, but the "
+            f"{model.model_config.architecture} model has {len(layers)} layers"
+        )
     dropped = set(layers[len(layers) - drop_layers :]) if drop_layers else set()
     copied = []
     for name, variable in named_weights(model).items():

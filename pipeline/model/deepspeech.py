@@ -23,8 +23,14 @@ def dropout_rates(model: ModelConfig) -> tuple[float, ...]:
     """Dropout of layers 1..6 with DeepSpeech's defaults (2, 3, 6 follow ``dropout_rate``)."""
     base = model.dropout_rate
     pick = lambda value: base if value is None else value  # noqa: E731
-    return (base, pick(model.dropout_rate2), pick(model.dropout_rate3), model.dropout_rate4,
-            model.dropout_rate5, pick(model.dropout_rate6))
+    return (
+        base,
+        pick(model.dropout_rate2),
+        pick(model.dropout_rate3),
+        model.dropout_rate4,
+        model.dropout_rate5,
+        pick(model.dropout_rate6),
+    )
 
 
 def make_windows(features: tf.Tensor, n_context: int) -> tf.Tensor:
@@ -36,7 +42,9 @@ def make_windows(features: tf.Tensor, n_context: int) -> tf.Tensor:
 class AcousticModel(keras.Model):
     """The DeepSpeech model: ``call(features [batch, time, n_input])`` -> logits ``[batch, time, n_classes]``."""
 
-    def __init__(self, config: ModelConfig, n_input: int, n_classes: int, precision: str = "float32", **kwargs):
+    def __init__(
+        self, config: ModelConfig, n_input: int, n_classes: int, precision: str = "float32", **kwargs
+    ):
         super().__init__(dtype=precision, **kwargs)
         self.model_config = config
         self.n_input = n_input
@@ -46,9 +54,13 @@ class AcousticModel(keras.Model):
 
         def dense(name, units, index, activation=True):
             return keras.layers.Dense(
-                units, name=name, dtype=precision,
+                units,
+                name=name,
+                dtype=precision,
                 activation=(lambda x: tf.minimum(tf.nn.relu(x), clip)) if activation else None,
-                kernel_initializer=keras.initializers.GlorotUniform(seed=seed + index), bias_initializer="zeros")
+                kernel_initializer=keras.initializers.GlorotUniform(seed=seed + index),
+                bias_initializer="zeros",
+            )
 
         hidden = config.n_hidden
         self.layer_1 = dense("layer_1", hidden, 1)
@@ -58,13 +70,21 @@ class AcousticModel(keras.Model):
         # activation tanh, recurrent_activation sigmoid, recurrent_dropout 0, unroll False, use_bias True.
         # Do not change them without giving up the fast kernel.
         self.lstm = keras.layers.LSTM(
-            hidden, name="lstm", return_sequences=True, return_state=True, unit_forget_bias=True, dtype=precision,
+            hidden,
+            name="lstm",
+            return_sequences=True,
+            return_state=True,
+            unit_forget_bias=True,
+            dtype=precision,
             kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 4),
-            recurrent_initializer=keras.initializers.GlorotUniform(seed=seed + 5))
+            recurrent_initializer=keras.initializers.GlorotUniform(seed=seed + 5),
+        )
         self.layer_5 = dense("layer_5", hidden, 6)
         self.layer_6 = dense("layer_6", n_classes, 7, activation=False)
-        self.dropouts = [keras.layers.Dropout(rate, seed=seed + 10 + i, dtype=precision)
-                         for i, rate in enumerate(dropout_rates(config))]
+        self.dropouts = [
+            keras.layers.Dropout(rate, seed=seed + 10 + i, dtype=precision)
+            for i, rate in enumerate(dropout_rates(config))
+        ]
 
     def stack(self, windows, recurrence, training):
         """Logits ``[batch, time, n_classes]`` of windows ``[batch, time, window, n_input]``; the LSTM
@@ -144,8 +164,10 @@ class DeepSpeech(ModelFamily):
     def state(self, config: ModelConfig) -> tuple[StateTensor, ...]:
         """The LSTM's output and cell state, DeepSpeech's ``previous_state_h``/``_c``."""
         shape = (1, config.n_hidden)
-        return (StateTensor("previous_state_h", "new_state_h", shape),
-                StateTensor("previous_state_c", "new_state_c", shape))
+        return (
+            StateTensor("previous_state_h", "new_state_h", shape),
+            StateTensor("previous_state_c", "new_state_c", shape),
+        )
 
     def streaming(self, model, n_steps: int) -> DeepSpeechStreaming:
         """See ``DeepSpeechStreaming``."""
@@ -187,8 +209,12 @@ def _check_features(source, theirs, config) -> None:
 
     ours = feature_pipeline(config.features)
     settings = {**theirs.describe(), "final_window": False}
-    same = (ours.type_name == theirs.name and not ours.normalize and ours.sample_rate == theirs.sample_rate
-            and {**ours.frontend.describe(), "final_window": False} == settings)
+    same = (
+        ours.type_name == theirs.name
+        and not ours.normalize
+        and ours.sample_rate == theirs.sample_rate
+        and {**ours.frontend.describe(), "final_window": False} == settings
+    )
     if not same:
         wanted = {k: v for k, v in settings.items() if k not in ("type", "final_window")}
         raise ValueError(

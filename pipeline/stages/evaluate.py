@@ -96,8 +96,17 @@ def _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progres
         )
         text = format_report("Test (greedy)", rates, samples)
         if beam:
-            report, text = _beam_pass(layout, alphabet, test_data, logits, losses, out_dir, report, text,
-                                      lambda count: on_progress("beam + LM", count, total))
+            report, text = _beam_pass(
+                layout,
+                alphabet,
+                test_data,
+                logits,
+                losses,
+                out_dir,
+                report,
+                text,
+                lambda count: on_progress("beam + LM", count, total),
+            )
     log.info("%s", text)
     write_text_atomic(layout.evaluation_text(out_dir), text + "\n")
     write_report(layout.evaluation_report(out_dir), report)
@@ -116,9 +125,11 @@ def _beam_pass(layout, alphabet, test_data, logits, losses, out_dir, report, tex
     started = time.time()
     board_path = layout.evaluation_samples(out_dir, lm=True)
     stream = iter(logits)
-    with decode_pool(layout, spec) as pool, atomic_path(board_path) as tmp, open(
-        tmp, "w", encoding="utf-8"
-    ) as sink:
+    with (
+        decode_pool(layout, spec) as pool,
+        atomic_path(board_path) as tmp,
+        open(tmp, "w", encoding="utf-8") as sink,
+    ):
         board = ScoreBoard(config.training.report_count, sink, report.headline)
         for first in range(0, len(test_data), DECODE_BLOCK):
             block = itertools.islice(stream, DECODE_BLOCK)

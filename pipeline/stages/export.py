@@ -25,16 +25,15 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from native_client.metadata import write_manifest
+from native_client.metadata import MANIFEST_NAME, METADATA_NAME, write_manifest
 from pipeline.export.coqui_tflite import write_coqui_tflite
 from pipeline.export.inference_graph import SIGNATURE, InferenceGraph, tensor_names
 from pipeline.export.writers import build_metadata, copy_language_model, write_frozen_graph, write_tflite
 from pipeline.features.frontend import feature_pipeline
-from native_client.metadata import MANIFEST_NAME, METADATA_NAME
 from pipeline.files import publish_entries, remove_leftovers
 from pipeline.layout import EXPORT_STAGING_PREFIX, LEFTOVER_PATTERNS, ExportFiles, Layout
-from pipeline.locks import in_use, lock_path, stage_lock
 from pipeline.lm.files import lm_built
+from pipeline.locks import in_use, lock_path, stage_lock
 from pipeline.model import model_family
 from pipeline.model.checkpoints import load_trained_model, resolve_checkpoint
 from pipeline.reports import write_report
@@ -64,8 +63,13 @@ def remove_abandoned_versions(root: Path) -> list[Path]:
     removed = []
     for version in root.iterdir() if root.is_dir() else ():
         lock = lock_path(version, inside=True)
-        if (version.name.isdigit() and version.is_dir() and not (version / METADATA_NAME).exists()
-                and lock.exists() and in_use(version) is None):
+        if (
+            version.name.isdigit()
+            and version.is_dir()
+            and not (version / METADATA_NAME).exists()
+            and lock.exists()
+            and in_use(version) is None
+        ):
             shutil.rmtree(version, ignore_errors=True)
             removed.append(version)
     if removed:
@@ -127,8 +131,15 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
         write_tflite(staging.file("saved_model"), staging.file("tflite"), config.export.quantize)
         if config.export.coqui_tflite:
             on_status("converting to the Coqui STT layout", 75)
-            write_coqui_tflite(model, feature_pipeline(config.features), alphabet, staging.file("coqui_tflite"),
-                               config.export.n_steps, config.decoder.beam_width, config.export.quantize)
+            write_coqui_tflite(
+                model,
+                feature_pipeline(config.features),
+                alphabet,
+                staging.file("coqui_tflite"),
+                config.export.n_steps,
+                config.decoder.beam_width,
+                config.export.quantize,
+            )
         if alphabet.output == "characters":  # byte labels need no file
             staging.file("alphabet").write_text(alphabet.to_text(), encoding="utf-8")
         decoder = None

@@ -167,7 +167,11 @@ def _process_shard(
             details=np.array(details, dtype=str),
             key=np.array(key),
         )
-    return len(jobs), sum(1 for r in reasons if r), float(sum(d for d, r in zip(durations, reasons, strict=False) if not r))
+    return (
+        len(jobs),
+        sum(1 for r in reasons if r),
+        float(sum(d for d, r in zip(durations, reasons, strict=False) if not r)),
+    )
 
 
 def shard_key(jobs: list[tuple]) -> str:

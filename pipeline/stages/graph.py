@@ -64,20 +64,42 @@ STAGES: dict[str, Stage] = {
     for stage in (
         Stage("import", "Import", params=("corpus",)),
         Stage("alphabet", "Alphabet", upstream=_imports),
-        Stage("features", "FeaturesSplit", params=("split",),
-              upstream=lambda config, params: [*_imports(config), *_alphabet(config)]),
+        Stage(
+            "features",
+            "FeaturesSplit",
+            params=("split",),
+            upstream=lambda config, params: [*_imports(config), *_alphabet(config)],
+        ),
         Stage("train", "Train", upstream=_train),
-        Stage("lm", "LanguageModel",
-              upstream=lambda config, params: [*_imports(config), *_alphabet(config)]),
-        Stage("tune", "TuneDecoder",
-              upstream=lambda config, params: [("train", {}), ("lm", {}), ("features", {"split": "dev"}),
-                                               *_alphabet(config)]),
-        Stage("evaluate", "Evaluate",
-              upstream=lambda config, params: [("train", {}), ("features", {"split": "test"}),
-                                               *_decoding(config), *_alphabet(config)]),
-        Stage("export", "Export",
-              upstream=lambda config, params: [("train", {}), *_decoding(config), *_alphabet(config)]),
-        Stage("transcribe", "Transcribe", params=("audio",), upstream=lambda config, params: [("export", {})]),
+        Stage("lm", "LanguageModel", upstream=lambda config, params: [*_imports(config), *_alphabet(config)]),
+        Stage(
+            "tune",
+            "TuneDecoder",
+            upstream=lambda config, params: [
+                ("train", {}),
+                ("lm", {}),
+                ("features", {"split": "dev"}),
+                *_alphabet(config),
+            ],
+        ),
+        Stage(
+            "evaluate",
+            "Evaluate",
+            upstream=lambda config, params: [
+                ("train", {}),
+                ("features", {"split": "test"}),
+                *_decoding(config),
+                *_alphabet(config),
+            ],
+        ),
+        Stage(
+            "export",
+            "Export",
+            upstream=lambda config, params: [("train", {}), *_decoding(config), *_alphabet(config)],
+        ),
+        Stage(
+            "transcribe", "Transcribe", params=("audio",), upstream=lambda config, params: [("export", {})]
+        ),
     )
 }
 

@@ -49,7 +49,9 @@ def transcribe_stage(layout: Layout, export: ExportFiles, audio: str | Path) -> 
     # config itself.
     allowed = (layout.config.features.type, layout.config.decoder.type)
     model = open_model(
-        export.root, decoder_factory=lambda metadata: decoder_for_export(metadata, allowed=allowed), plugins=allowed
+        export.root,
+        decoder_factory=lambda metadata: decoder_for_export(metadata, allowed=allowed),
+        plugins=allowed,
     )
     result = model.transcribe_file(audio, convert_rate=layout.config.features.resample)
     manifests = [f for split in SPLITS for f in layout.split_manifests(split)]

@@ -16,9 +16,9 @@ from pipeline.evaluation.metrics import corpus_rates, headline_metric
 from pipeline.evaluation.run import run_split
 from pipeline.features.cache import read_cache
 from pipeline.files import remove_leftovers
-from pipeline.locks import stage_lock
 from pipeline.layout import LEFTOVER_PATTERNS, Layout
 from pipeline.lm.files import verify_lm_files
+from pipeline.locks import stage_lock
 from pipeline.model.checkpoints import load_trained_model
 from pipeline.reports import TunedPair, TuneReport, write_report
 from pipeline.stages.alphabet import model_alphabet

@@ -38,6 +38,7 @@ from pipeline.evaluation.metrics import best_and_worst, corpus_rates, format_rep
 from pipeline.evaluation.run import make_forward, run_split
 from pipeline.features.cache import CacheIndex, damage_in
 from pipeline.layout import BEST_PREFIX, CHECKPOINT_PREFIX, TrainRun
+from pipeline.model import build_model
 from pipeline.model.checkpoints import (
     check_geometry,
     checkpoints_on_disk,
@@ -47,7 +48,6 @@ from pipeline.model.checkpoints import (
     warm_start,
     weights_digest,
 )
-from pipeline.model import build_model
 from pipeline.reports import DevFigures, StopRecord, TrainReport
 from pipeline.train.dataset import SplitReader, batch_plan, plan_digest, train_dataset
 from pipeline.train.distribute import ClusterRole

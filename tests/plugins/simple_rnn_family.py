@@ -16,13 +16,22 @@ class SimpleRnnModel(keras.Model):
         super().__init__(dtype=precision)
         self.model_config, self.n_input, self.units = config, n_input, units
         seed = config.random_seed
-        self.front = keras.layers.Dense(units, activation="relu", name="front",
-                                        kernel_initializer=keras.initializers.GlorotUniform(seed=seed))
-        self.rnn = keras.layers.SimpleRNN(units, return_sequences=True, name="rnn",
-                                          kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 1),
-                                          recurrent_initializer=keras.initializers.Orthogonal(seed=seed + 2))
-        self.out = keras.layers.Dense(n_classes, name="out",
-                                      kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 3))
+        self.front = keras.layers.Dense(
+            units,
+            activation="relu",
+            name="front",
+            kernel_initializer=keras.initializers.GlorotUniform(seed=seed),
+        )
+        self.rnn = keras.layers.SimpleRNN(
+            units,
+            return_sequences=True,
+            name="rnn",
+            kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 1),
+            recurrent_initializer=keras.initializers.Orthogonal(seed=seed + 2),
+        )
+        self.out = keras.layers.Dense(
+            n_classes, name="out", kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 3)
+        )
 
     def call(self, features, training=False):
         """Logits of every frame."""
