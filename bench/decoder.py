@@ -6,7 +6,8 @@ alpha/beta for both decoders. pyctcdecode needs numpy < 2, so it runs in its
 own venv (`.venv-pyctcdecode`, created on first use from
 bench/pyctcdecode-requirements.txt) on the same saved log-probabilities.
 Both decoders get one core. Last line: one JSON object
-{"beams": {"16": {"flashlight_s", "pyctcdecode_s", "speedup", "flashlight_wer", "pyctcdecode_wer"}, ...}, "greedy_wer": ...}.
+{"beams": {"16": {"flashlight_s", "pyctcdecode_s", "speedup", "flashlight_wer", "pyctcdecode_wer"}, ...},
+"greedy_wer": ...}.
 
     python bench/decoder.py [--export DIR] [--beams 16 64 256 1024]
 """

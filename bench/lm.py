@@ -1,4 +1,5 @@
-"""LM benchmark: build time and peak RSS of KenLM's lmplz (+ build_binary) and of the Python estimator, and the
+"""LM benchmark: build time and peak RSS of KenLM's lmplz (+ build_binary) and of the Python \
+estimator, and the
 load time of an ARPA against a binary.
 
     .venv/bin/python bench/lm.py [--words 1 5 20] [--orders 3 5] [--memory 2G] [--cache-dir DIR]

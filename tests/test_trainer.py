@@ -107,7 +107,9 @@ for config in (one, two):
     report = train_stage(Layout(config))
     assert report.towers == (1 if config is one else 2), report.towers
     reader = tf.train.load_checkpoint(resolve_checkpoint(report.latest_checkpoint.rsplit("/", 1)[0]))
-    weights.append({k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("weights/")})
+    weights.append(
+        {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("weights/")}
+    )
 init = 0
 diff = max(float(np.max(np.abs(weights[0][k] - weights[1][k]))) for k in weights[0])
 print("MAXDIFF", diff, len(weights[0]))
@@ -251,7 +253,10 @@ def test_non_finite_batches_are_skipped_and_logged(small_config, caplog, tmp_pat
         small_config(
             "bad.yaml",
             limit_train=8,
-            extra="training:\n  epochs: 1\n  batch_size: 1\n  max_nonfinite_batches: 3\n  validation_epochs: 0\n  shuffle_seed: 5\n",
+            extra=(
+                "training:\n  epochs: 1\n  batch_size: 1\n  max_nonfinite_batches: 3\n"
+                "  validation_epochs: 0\n  shuffle_seed: 5\n"
+            ),
         )
     )
     trainer = _trainer(config, Layout(config).work_dir / "all-bad", train)

@@ -1,7 +1,8 @@
 """The HDF5 feature cache: one file per split, written as it is filled, read batch by batch.
 
-Layout (format 3; 3 records the front end's type with its settings): ``features`` float32 ``[total_frames, feature_size]``, chunked,
-holding every utterance in **length order** (shortest first, manifest order
+Layout (format 3; 3 records the front end's type with its settings):
+``features`` float32 ``[total_frames, feature_size]``, chunked, holding
+every utterance in **length order** (shortest first, manifest order
 among equals), so that a batch of similar lengths is one contiguous read;
 ``offsets``/``lengths`` (frames) per utterance, ``labels`` (variable-length
 int32), ``transcripts``, ``paths``, ``durations``. The attributes record the
