@@ -51,7 +51,7 @@ def make_text(cache_dir: Path, million_words: float) -> Path:
         for line in open(ROOT / "data" / "sample" / "lm_corpus.txt", encoding="utf-8")
         if line.strip()
     ]
-    per_copy = sum(len(l) for l in lines)
+    per_copy = sum(len(words) for words in lines)
     copies = max(1, round(million_words * 1e6 / per_copy))
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")

@@ -135,7 +135,7 @@ def test_two_towers_give_the_same_update_as_one_device(small_config, tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    line = [l for l in result.stdout.splitlines() if l.startswith("MAXDIFF")][0]
+    line = [out_line for out_line in result.stdout.splitlines() if out_line.startswith("MAXDIFF")][0]
     diff, count = float(line.split()[1]), int(line.split()[2])
     assert count == 13
     assert diff < 1e-5, line
@@ -188,7 +188,7 @@ def test_sigkill_mid_epoch_resumes_from_checkpoint(small_config, tmp_path):
         [sys.executable, str(script), str(killed)], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    restored = [l for l in result.stderr.splitlines() if "Restored" in l]
+    restored = [log_line for log_line in result.stderr.splitlines() if "Restored" in log_line]
     assert restored and " step 0 " not in restored[0], restored
     assert "FINAL_STEP 40" in result.stdout  # 2 epochs x 20 steps, as an uninterrupted run
     report = read_report(Layout(config).train_run.report, TrainReport)

@@ -95,7 +95,7 @@ class SplitReader:
     """
 
     def __init__(self, index: CacheIndex):
-        label_lengths = np.array([len(l) for l in index.labels], np.int32)
+        label_lengths = np.array([len(label) for label in index.labels], np.int32)
         label_offsets = (
             np.concatenate([[0], np.cumsum(label_lengths, dtype=np.int64)[:-1]])
             if len(label_lengths)
