@@ -80,7 +80,8 @@ def main(argv=None) -> int:
     for name, sets in figures.items():
         for split, f in sets.items():
             print(
-                f"| {name} | {split} | {f['wer']:.3f} | {f['cer']:.3f} | {f['wer_lm']:.3f} | {f['cer_lm']:.3f} |"
+                f"| {name} | {split} | {f['wer']:.3f} | {f['cer']:.3f} "
+                f"| {f['wer_lm']:.3f} | {f['cer_lm']:.3f} |"
             )
     print(json.dumps(figures))
     return 0

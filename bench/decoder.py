@@ -6,7 +6,8 @@ alpha/beta for both decoders. pyctcdecode needs numpy < 2, so it runs in its
 own venv (`.venv-pyctcdecode`, created on first use from
 bench/pyctcdecode-requirements.txt) on the same saved log-probabilities.
 Both decoders get one core. Last line: one JSON object
-{"beams": {"16": {"flashlight_s", "pyctcdecode_s", "speedup", "flashlight_wer", "pyctcdecode_wer"}, ...}, "greedy_wer": ...}.
+{"beams": {"16": {"flashlight_s", "pyctcdecode_s", "speedup", "flashlight_wer", "pyctcdecode_wer"}, ...},
+"greedy_wer": ...}.
 
     python bench/decoder.py [--export DIR] [--beams 16 64 256 1024]
 """
@@ -103,8 +104,10 @@ def main(argv=None) -> int:
     logits = [
         model.logits(load_for_model(ROOT / "data" / "sample" / row["wav_filename"], 16000)) for row in rows
     ]
-    log_probs = [log_softmax(l) for l in logits]
-    greedy_wer = word_error_rate(references, [model.greedy.decode(l) for l in logits])
+    log_probs = [log_softmax(utterance_logits) for utterance_logits in logits]
+    greedy_wer = word_error_rate(
+        references, [model.greedy.decode(utterance_logits) for utterance_logits in logits]
+    )
     settings = BeamSettings.from_dict(model.metadata.decoder)
     lm = export / model.metadata.decoder["lm"]
     vocabulary = (export / model.metadata.decoder["vocabulary"]).read_text().split()
@@ -123,7 +126,7 @@ def main(argv=None) -> int:
         )
         decoder.decode(logits[0])
         started = time.perf_counter()
-        texts = [decoder.decode(l) for l in logits]
+        texts = [decoder.decode(utterance_logits) for utterance_logits in logits]
         flashlight[beam] = (time.perf_counter() - started, word_error_rate(references, texts))
         print(
             f"flashlight beam {beam}: {flashlight[beam][0]:.2f} s, WER {flashlight[beam][1]:.4f}", flush=True

@@ -33,7 +33,8 @@ from pipeline.stages.features import build_split_cache
 
 
 def baseline(paths: list[str], numcep: int) -> tuple[float, float]:
-    """Read and featurise every file in one process, writing nothing; returns (audio seconds, wall seconds)."""
+    """Read and featurise every file in one process, writing nothing;
+    returns (audio seconds, wall seconds)."""
     started = time.perf_counter()
     audio = 0.0
     for path in paths:
@@ -123,7 +124,8 @@ def main(argv=None) -> int:
         f"baseline (1 process, no output): {base_rate:.0f} audio s per s ({base_wall:.2f} s)", file=sys.stderr
     )
     print(
-        f"Features stage ({args.workers} workers, HDF5 written): {stage_rate:.0f} audio s per s ({stage_wall:.2f} s)",
+        f"Features stage ({args.workers} workers, HDF5 written): "
+        f"{stage_rate:.0f} audio s per s ({stage_wall:.2f} s)",
         file=sys.stderr,
     )
     print(

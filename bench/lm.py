@@ -1,4 +1,5 @@
-"""LM benchmark: build time and peak RSS of KenLM's lmplz (+ build_binary) and of the Python estimator, and the
+"""LM benchmark: build time and peak RSS of KenLM's lmplz (+ build_binary) and of the Python \
+estimator, and the
 load time of an ARPA against a binary.
 
     .venv/bin/python bench/lm.py [--words 1 5 20] [--orders 3 5] [--memory 2G] [--cache-dir DIR]
@@ -50,7 +51,7 @@ def make_text(cache_dir: Path, million_words: float) -> Path:
         for line in open(ROOT / "data" / "sample" / "lm_corpus.txt", encoding="utf-8")
         if line.strip()
     ]
-    per_copy = sum(len(l) for l in lines)
+    per_copy = sum(len(words) for words in lines)
     copies = max(1, round(million_words * 1e6 / per_copy))
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")

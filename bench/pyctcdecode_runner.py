@@ -1,4 +1,5 @@
-"""Run inside pyctcdecode's own venv by bench/decoder.py: decode saved log-probs, print timings and texts as JSON.
+"""Run inside pyctcdecode's own venv by bench/decoder.py: decode saved log-probs, print timings and
+texts as JSON.
 
 python pyctcdecode_runner.py <inputs.npz> <settings.json>
 """

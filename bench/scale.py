@@ -1,4 +1,5 @@
-"""Scale benchmark: peak memory and speed of Features, Train and Evaluate on corpora of about 2, 8 and 32 hours.
+"""Scale benchmark: peak memory and speed of Features, Train and Evaluate on corpora of about \
+2, 8 and 32 hours.
 
     .venv/bin/python bench/scale.py [--hours 2 8 32] [--cache-dir DIR] [--train-steps 60]
 
@@ -281,8 +282,8 @@ def main(argv=None) -> int:
                 if stage == "features":
                     figures["hours"].append(round(result["audio_s"] / 3600, 2))
                 print(
-                    f"{size:g} h: {stage}: peak RSS {rss:.0f} MiB, {result['audio_s'] / result['seconds']:.1f} "
-                    f"audio s/s ({result})",
+                    f"{size:g} h: {stage}: peak RSS {rss:.0f} MiB, "
+                    f"{result['audio_s'] / result['seconds']:.1f} audio s/s ({result})",
                     file=sys.stderr,
                     flush=True,
                 )

@@ -1,4 +1,5 @@
-"""Training throughput: this trainer vs Keras ``model.fit``, the input pipeline alone, and MFU at en.yaml size.
+"""Training throughput: this trainer vs Keras ``model.fit``, the input pipeline alone, and MFU \
+at en.yaml size.
 
 All in one process on the sample train split (features built into a
 temporary work dir). Audio seconds trained per wall second are measured

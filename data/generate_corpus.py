@@ -116,7 +116,8 @@ def make_split(
     target_seconds: float,
     batch: int = 64,
 ) -> list[str]:
-    """Synthesise ``texts`` in order until ``target_seconds`` of audio exist; write the CSV; return the texts used."""
+    """Synthesise ``texts`` in order until ``target_seconds`` of audio exist;
+    write the CSV; return the texts used."""
     (out / split).mkdir(parents=True, exist_ok=True)
     rows, total, used = [], 0.0, []
     position = 0

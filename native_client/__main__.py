@@ -176,7 +176,8 @@ def format_result(result, json_output: bool = False, extended: bool = False, sev
 
 
 def main(argv=None) -> int:
-    """Transcribe each ``--audio``; a file that fails is reported and the others still run. Exit 1 if any failed."""
+    """Transcribe each ``--audio``; a file that fails is reported and the others still run.
+    Exit 1 if any failed."""
     args = parse_args(argv)
     if args.scorer and args.no_scorer:
         print("error: --scorer and --no-scorer contradict each other", file=sys.stderr)

@@ -149,7 +149,8 @@ def _numbered_versions(directory: Path) -> list[Path]:
 
 
 def resolve_export_dir(directory: str | Path) -> Path:
-    """The export in ``directory``: itself when it holds ``metadata.json``, else its highest numbered version."""
+    """The export in ``directory``: itself when it holds ``metadata.json``,
+    else its highest numbered version."""
     directory = Path(directory)
     if not directory.is_dir():
         raise ExportError(f"{directory}: no such export directory")

@@ -310,7 +310,8 @@ class FeaturesConfig:
     downmix: bool = _opt(False, "Average multi-channel audio to mono instead of rejecting it.")
     normalize: bool = _opt(False, "Normalise each utterance's features to zero mean, unit variance.")
     workers: int = _opt(0, "Extraction worker processes (0 = all cores).", minimum=0, stages=())
-    # The front end's own settings (its Settings dataclass), filled by the loader from the section's other keys.
+    # The front end's own settings (its Settings dataclass), filled by the loader from the section's
+    # other keys.
     frontend: Any = field(default_factory=_default_frontend, metadata={"frontend": True})
 
     def __post_init__(self):
@@ -418,7 +419,8 @@ class TrainingConfig:
     clip_grad_norm: float = _opt(0.0, "Clip gradients by global norm (0 = off).", minimum=0.0)
     revert_nonfinite_updates: bool = _opt(
         True,
-        "Undo an update that would make any weight non-finite (keeps one copy of the weights and optimizer slots).",
+        "Undo an update that would make any weight non-finite "
+        "(keeps one copy of the weights and optimizer slots).",
         stages=(),
     )
     max_nonfinite_batches: int = _opt(
@@ -438,8 +440,9 @@ class TrainingConfig:
     )
     init_from: str | None = _opt(
         None,
-        "Warm start from this checkpoint directory or Train run (weights only); the deepspeech family also "
-        "reads a DeepSpeech 0.7+/Coqui STT .tflite model or a DeepSpeech 0.6+/Coqui TF1 checkpoint directory.",
+        "Warm start from this checkpoint directory or Train run (weights only); "
+        "the deepspeech family also reads a DeepSpeech 0.7+/Coqui STT .tflite model "
+        "or a DeepSpeech 0.6+/Coqui TF1 checkpoint directory.",
         path=True,
     )
     drop_source_layers: int = _opt(
@@ -448,13 +451,16 @@ class TrainingConfig:
     shuffle_seed: int = _opt(1234, "Seed of the per-epoch batch order.")
     precision: Literal["float32", "mixed_bfloat16", "mixed_float16"] = _opt(
         "float32",
-        "Keras mixed-precision policy of the training step: variables and checkpoints stay float32 (a run can switch and resume), the CTC loss and softmax are float32, mixed_float16 scales the loss; the export is float32.",
+        "Keras mixed-precision policy of the training step: "
+        "variables and checkpoints stay float32 (a run can switch and resume), "
+        "the CTC loss and softmax are float32, mixed_float16 scales the loss; the export is float32.",
         stages=(),
     )
     jit_compile: bool = _opt(False, "Compile the training step with XLA.", stages=())
     max_batch_frames: int = _opt(
         0,
-        "Cap on the frames of one tower's batch (batch size x longest utterance); a batch over it is split into smaller steps. 0 = off.",
+        "Cap on the frames of one tower's batch (batch size x longest utterance); "
+        "a batch over it is split into smaller steps. 0 = off.",
         minimum=0,
     )
 
@@ -495,7 +501,8 @@ class DistributionConfig:
     )
     local_workers: int = _opt(
         0,
-        "With strategy multi_worker: the Train task starts this many worker processes on this machine (0: this process is one worker, TF_CONFIG says which).",
+        "With strategy multi_worker: the Train task starts this many worker processes on this machine "
+        "(0: this process is one worker, TF_CONFIG says which).",
         minimum=0,
     )
     collective_timeout_s: float = _opt(
@@ -555,7 +562,8 @@ class DecoderConfig:
     )
     lm_builder: Literal["auto", "kenlm", "python"] = _opt(
         "auto",
-        "Who estimates the LM: kenlm (KenLM's lmplz + build_binary, see make kenlm), python (the built-in estimator, for small corpora), auto (kenlm when its tools are installed).",
+        "Who estimates the LM: kenlm (KenLM's lmplz + build_binary, see make kenlm), "
+        "python (the built-in estimator, for small corpora), auto (kenlm when its tools are installed).",
     )
     lm_memory: str = _opt(
         "2G",
@@ -564,13 +572,15 @@ class DecoderConfig:
     )
     lm_prune: tuple[int, ...] = _opt(
         (),
-        "KenLM builder: lmplz --prune thresholds per order, e.g. [0, 0, 1] drops trigrams seen once (non-decreasing).",
+        "KenLM builder: lmplz --prune thresholds per order, "
+        "e.g. [0, 0, 1] drops trigrams seen once (non-decreasing).",
         minimum=0,
         when={"lm": _kenlm_builds},
     )
     lm_top_k: int = _opt(
         0,
-        "KenLM builder: keep only the LM's n-grams of the this-many most frequent words (0 = all), as DeepSpeech's generate_lm.py.",
+        "KenLM builder: keep only the LM's n-grams of the this-many most frequent words (0 = all), "
+        "as DeepSpeech's generate_lm.py.",
         minimum=0,
         when={"lm": _kenlm_builds},
     )
@@ -604,7 +614,8 @@ class DecoderConfig:
     )
     lexicon: bool = _opt(
         True,
-        "Lexicon decoding: words from the LM vocabulary, scored by the word LM. false: lexicon-free, any spelling, scored by a character LM.",
+        "Lexicon decoding: words from the LM vocabulary, scored by the word LM. "
+        "false: lexicon-free, any spelling, scored by a character LM.",
         stages=("lm", "tune", "evaluate", "export"),
     )
     tune: bool = _opt(False, "Tune lm_alpha/lm_beta on the dev set.", stages=("evaluate", "export"))
@@ -668,7 +679,8 @@ class AugmentConfig:
     )
     speed_factors: tuple[float, ...] = _opt(
         (),
-        "Audio: one extra copy of every training utterance per factor, resampled to play that much faster (e.g. [0.9, 1.1]).",
+        "Audio: one extra copy of every training utterance per factor, "
+        "resampled to play that much faster (e.g. [0.9, 1.1]).",
         minimum=0.5,
         maximum=2.0,
         stages=("features:train",),
@@ -690,7 +702,8 @@ class AugmentConfig:
     )
     noise_dir: str | None = _opt(
         None,
-        "Audio: a folder of noise recordings (WAV/FLAC at the sample rate); a random one is mixed into each copy.",
+        "Audio: a folder of noise recordings (WAV/FLAC at the sample rate); "
+        "a random one is mixed into each copy.",
         path=True,
         stages=("features:train",),
         when={"features:train": _audio_copies},
@@ -753,15 +766,18 @@ def validate_config(config: Config) -> None:
     augment = config.augment
     if any(not 0.5 <= f <= 2.0 for f in augment.speed_factors):
         raise ConfigError(
-            f"{src}: augment.speed_factors: expected factors between 0.5 and 2.0, got {list(augment.speed_factors)}"
+            f"{src}: augment.speed_factors: expected factors between 0.5 and 2.0, "
+            f"got {list(augment.speed_factors)}"
         )
     if len(augment.noise_snr_db) != 2 or augment.noise_snr_db[0] > augment.noise_snr_db[1]:
         raise ConfigError(
-            f"{src}: augment.noise_snr_db: expected [low, high] with low <= high, got {list(augment.noise_snr_db)}"
+            f"{src}: augment.noise_snr_db: expected [low, high] with low <= high, "
+            f"got {list(augment.noise_snr_db)}"
         )
     if (augment.gain_db or augment.noise_dir) and not augment.copies:
         raise ConfigError(
-            f"{src}: augment.gain_db / augment.noise_dir act on copies: set augment.speed_factors or augment.audio_copies"
+            f"{src}: augment.gain_db / augment.noise_dir act on copies: "
+            "set augment.speed_factors or augment.audio_copies"
         )
     from native_client.plugins import plugin_exists
 

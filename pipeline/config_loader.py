@@ -341,7 +341,8 @@ def corpus_error(error: ValueError, where: str, source: str) -> ConfigError:
 
 
 def load_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = None) -> Config:
-    """Load a YAML config (following ``extends:``), apply ``overrides`` ({section: {key: value}}), validate."""
+    """Load a YAML config (following ``extends:``), apply ``overrides``
+    ({section: {key: value}}), validate."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: config file does not exist")

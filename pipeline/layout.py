@@ -396,7 +396,8 @@ class Layout:
         return Path(BaseDirectory.xdg_data_home) / APP_NAME
 
     def run_log(self, task: str) -> Path:
-        """A new log file for one ``deepspeech-train`` run of ``task``: ``<work_dir>/logs/<time>-<task>-<pid>.log``."""
+        """A new log file for one ``deepspeech-train`` run of ``task``:
+        ``<work_dir>/logs/<time>-<task>-<pid>.log``."""
         return self.work_dir / "logs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{task}-{os.getpid()}.log"
 
     @functools.cached_property
@@ -533,7 +534,8 @@ class Layout:
 
     @property
     def export_fingerprint(self) -> str:
-        """The Export fingerprint (what an export's metadata records, and Transcribe's records are keyed on)."""
+        """The Export fingerprint (what an export's metadata records,
+        and Transcribe's records are keyed on)."""
         return self.fingerprint("export")
 
     # -- Import --------------------------------------------------------------------------------

@@ -37,7 +37,8 @@ class DevFigures:
 
 @dataclass(frozen=True)
 class StopRecord:
-    """Why training ended: ``rule`` is the early-stop rule that stopped it, None when it reached its target."""
+    """Why training ended: ``rule`` is the early-stop rule that stopped it,
+    None when it reached its target."""
 
     rule: str | None
     reason: str

@@ -40,7 +40,8 @@ class LanguageModel(ConfigTask):
 
 
 class TuneDecoder(ConfigTask):
-    """Search lm_alpha/lm_beta on the dev set (``decoder.tune_trials`` Optuna trials); writes ``tune.json``."""
+    """Search lm_alpha/lm_beta on the dev set (``decoder.tune_trials`` Optuna trials);
+    writes ``tune.json``."""
 
     stage = "tune"
     needs_tensorflow = True

@@ -1,4 +1,5 @@
-"""Force one stage to run again: remove its outputs and those of every stage that depends on it, then run the DAG.
+"""Force one stage to run again: remove its outputs and those of every stage that depends on it, \
+then run the DAG.
 
     python -m tasks.rerun Train --config configs/sample.yaml [--local-scheduler] [--audio clip.flac]
     python -m tasks.rerun FeaturesSplit --split dev --config ...

@@ -68,7 +68,10 @@ class Train(ConfigTask):
             progress.close()
         self.tell_scheduler(percent=100)
         self.tell_scheduler(
-            message=f"done: {report.epochs_completed} epochs, {report.global_step} steps; stop: {report.stop.reason}"
+            message=(
+                f"done: {report.epochs_completed} epochs, {report.global_step} steps; "
+                f"stop: {report.stop.reason}"
+            )
         )
 
     def _scheduled_config(self) -> str:

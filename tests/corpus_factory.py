@@ -34,7 +34,8 @@ def write_manifest(
 
 
 def bad_corpus(folder: Path) -> tuple[Path, dict[str, str]]:
-    """A manifest with 3 good rows and one row of each bad kind; returns (csv, {file name: expected reason})."""
+    """A manifest with 3 good rows and one row of each bad kind;
+    returns (csv, {file name: expected reason})."""
     folder.mkdir(parents=True, exist_ok=True)
     rows, expected = [], {}
     for index, (audio, transcript) in enumerate(sample_rows(count=3)):

@@ -85,8 +85,8 @@ def test_a_section_renders_types_ranges_stages_and_nested_settings():
     table = "\n".join(lines)
     assert lines[0] == "| key | type | default | range | meaning | re-runs |"
     assert (
-        "| `section.type` | one of `mfcc`, `logfbank` | `mfcc` |  | Front end. | FeaturesSplit(train), Train |"
-        in table
+        "| `section.type` | one of `mfcc`, `logfbank` | `mfcc` |  | Front end. "
+        "| FeaturesSplit(train), Train |" in table
     )
     assert "| `section.files` | list of path | `[]` |  | Files. | FeaturesSplit |" in table  # the section's
     assert "| `section.workers` | int | `3` |  | Workers. | nothing (changes no result) |" in table

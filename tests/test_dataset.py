@@ -52,7 +52,7 @@ def test_disk_batches_equal_in_memory_batches_and_resume_at_the_same_batch(small
         np.testing.assert_array_equal(indices.numpy(), batch)
         np.testing.assert_array_equal(features.numpy(), _in_memory_batch(frames, index, batch))
         np.testing.assert_array_equal(lengths.numpy(), index.lengths[batch])
-        assert [list(l[:n]) for l, n in zip(labels.numpy(), label_lengths.numpy(), strict=False)] == [
+        assert [list(label[:n]) for label, n in zip(labels.numpy(), label_lengths.numpy(), strict=False)] == [
             list(index.labels[i]) for i in batch
         ]
     # a resumed run (epoch 1, step 2) continues with exactly the batches an uninterrupted one would see
@@ -107,9 +107,13 @@ def test_a_decoder_pool_gives_the_sequential_transcripts(tmp_path):
     sequential = BeamDecoder(alphabet, arpa, settings, vocabulary)
     spec = DecoderSpec("beam", alphabet.labels, str(arpa), tuple(vocabulary), {"beam_width": 8})
     with DecodePool(spec, workers=2, chunk=3) as pool:
-        assert pool.decode(iter(logits)) == [sequential.decode(l) for l in logits]
+        assert pool.decode(iter(logits)) == [
+            sequential.decode(utterance_logits) for utterance_logits in logits
+        ]
         reweighted = BeamDecoder(
             alphabet, arpa, BeamSettings(beam_width=8, lm_alpha=0.3, lm_beta=4.0), vocabulary
         )
-        assert pool.decode(logits, weights=(0.3, 4.0)) == [reweighted.decode(l) for l in logits]
+        assert pool.decode(logits, weights=(0.3, 4.0)) == [
+            reweighted.decode(utterance_logits) for utterance_logits in logits
+        ]
         assert sequential.reweighted(0.3, 4.0).decode(logits[0]) == reweighted.decode(logits[0])

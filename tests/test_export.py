@@ -220,7 +220,9 @@ def test_cli_prints_json_without_luigi_or_training_code(trained, tmp_path):
     script = textwrap.dedent(f"""
         import sys
         from native_client.__main__ import main
-        code = main(["--model", {str(export)!r}, "--audio", {str(CLIPS[0])!r}, "--audio", {str(low)!r}, "--json"])
+        code = main(
+            ["--model", {str(export)!r}, "--audio", {str(CLIPS[0])!r}, "--audio", {str(low)!r}, "--json"]
+        )
         leaked = [m for m in ("luigi", "pipeline", "tasks", "tensorflow") if m in sys.modules]
         print("LEAKED", leaked)
         sys.exit(code)

@@ -71,8 +71,8 @@ def test_kenlm_reads_the_arpa_and_agrees(tmp_path):
 
 
 def _logits(text: str, alphabet: Alphabet, confusions: dict | None = None, sharp: float = 10.0) -> np.ndarray:
-    """Frame logits spelling ``text`` with blanks between characters; ``confusions`` {position: (other char, margin)}
-    makes another character win at that position by ``margin``."""
+    """Frame logits spelling ``text`` with blanks between characters; ``confusions``
+    {position: (other char, margin)} makes another character win at that position by ``margin``."""
     frames = []
     for position, ch in enumerate(text):
         row = np.zeros(alphabet.n_classes, np.float32)

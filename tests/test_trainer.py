@@ -107,7 +107,9 @@ for config in (one, two):
     report = train_stage(Layout(config))
     assert report.towers == (1 if config is one else 2), report.towers
     reader = tf.train.load_checkpoint(resolve_checkpoint(report.latest_checkpoint.rsplit("/", 1)[0]))
-    weights.append({k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("weights/")})
+    weights.append(
+        {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("weights/")}
+    )
 init = 0
 diff = max(float(np.max(np.abs(weights[0][k] - weights[1][k]))) for k in weights[0])
 print("MAXDIFF", diff, len(weights[0]))
@@ -133,7 +135,7 @@ def test_two_towers_give_the_same_update_as_one_device(small_config, tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    line = [l for l in result.stdout.splitlines() if l.startswith("MAXDIFF")][0]
+    line = [out_line for out_line in result.stdout.splitlines() if out_line.startswith("MAXDIFF")][0]
     diff, count = float(line.split()[1]), int(line.split()[2])
     assert count == 13
     assert diff < 1e-5, line
@@ -186,7 +188,7 @@ def test_sigkill_mid_epoch_resumes_from_checkpoint(small_config, tmp_path):
         [sys.executable, str(script), str(killed)], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    restored = [l for l in result.stderr.splitlines() if "Restored" in l]
+    restored = [log_line for log_line in result.stderr.splitlines() if "Restored" in log_line]
     assert restored and " step 0 " not in restored[0], restored
     assert "FINAL_STEP 40" in result.stdout  # 2 epochs x 20 steps, as an uninterrupted run
     report = read_report(Layout(config).train_run.report, TrainReport)
@@ -251,7 +253,10 @@ def test_non_finite_batches_are_skipped_and_logged(small_config, caplog, tmp_pat
         small_config(
             "bad.yaml",
             limit_train=8,
-            extra="training:\n  epochs: 1\n  batch_size: 1\n  max_nonfinite_batches: 3\n  validation_epochs: 0\n  shuffle_seed: 5\n",
+            extra=(
+                "training:\n  epochs: 1\n  batch_size: 1\n  max_nonfinite_batches: 3\n"
+                "  validation_epochs: 0\n  shuffle_seed: 5\n"
+            ),
         )
     )
     trainer = _trainer(config, Layout(config).work_dir / "all-bad", train)

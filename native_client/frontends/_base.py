@@ -56,7 +56,9 @@ class FrontEnd(abc.ABC):
                 f"length ({self.frame_length} samples)"
             )
 
-    def check(self) -> None:
+    # An optional hook, deliberately not abstract: a front end without cross-setting constraints
+    # (a plugin's, say) need not override it.
+    def check(self) -> None:  # noqa: B027
         """Raise ValueError ``"<key>: ..."`` for settings that contradict each other (default: none)."""
 
     @property

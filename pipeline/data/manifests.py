@@ -168,7 +168,8 @@ def _rows(manifest: Path, digest=None):
         missing = [name for name in REQUIRED_COLUMNS if name not in header]
         if missing:
             raise CorpusError(
-                f"{manifest}:1: header lacks column(s) {', '.join(missing)}; expected {','.join(REQUIRED_COLUMNS)}"
+                f"{manifest}:1: header lacks column(s) {', '.join(missing)}; "
+                f"expected {','.join(REQUIRED_COLUMNS)}"
             )
         for row in reader:
             if not row:
@@ -263,12 +264,13 @@ def check_reject_fraction(
     where = ", ".join(str(p) for p in (report, *earlier_reports))
     if kept == 0:
         raise CorpusError(
-            f"split {split!r}: no usable rows, all {total} rejected; top reasons: {top or 'none'}; see {where}"
+            f"split {split!r}: no usable rows, all {total} rejected; "
+            f"top reasons: {top or 'none'}; see {where}"
         )
     if fraction > max_fraction:
         raise CorpusError(
-            f"split {split!r}: {rejected} of {total} rows rejected ({fraction:.1%} > data.max_reject_fraction "
-            f"{max_fraction:.1%}); top reasons: {top}; see {where}"
+            f"split {split!r}: {rejected} of {total} rows rejected "
+            f"({fraction:.1%} > data.max_reject_fraction {max_fraction:.1%}); top reasons: {top}; see {where}"
         )
 
 

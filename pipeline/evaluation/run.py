@@ -1,4 +1,5 @@
-"""Running a model over a cached split: per-sample CTC loss and greedy transcripts, logits handed on as they come."""
+"""Running a model over a cached split: per-sample CTC loss and greedy transcripts, logits handed on
+as they come."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The HDF5 feature cache: one file per split, written as it is filled, read batch by batch.
 
-Layout (format 3; 3 records the front end's type with its settings): ``features`` float32 ``[total_frames, feature_size]``, chunked,
-holding every utterance in **length order** (shortest first, manifest order
+Layout (format 3; 3 records the front end's type with its settings):
+``features`` float32 ``[total_frames, feature_size]``, chunked, holding
+every utterance in **length order** (shortest first, manifest order
 among equals), so that a batch of similar lengths is one contiguous read;
 ``offsets``/``lengths`` (frames) per utterance, ``labels`` (variable-length
 int32), ``transcripts``, ``paths``, ``durations``. The attributes record the
@@ -203,7 +204,7 @@ class CacheWriter:
             _checksummed(h5, "offsets", self.offsets)
             _checksummed(h5, "lengths", self.lengths)
             label_array = np.empty(len(self.labels), dtype=object)
-            label_array[:] = [np.asarray(l, np.int32) for l in self.labels]
+            label_array[:] = [np.asarray(label, np.int32) for label in self.labels]
             h5.create_dataset("labels", data=label_array, dtype=h5py.vlen_dtype(np.int32))
             h5.create_dataset(
                 "transcripts", data=np.array(self.transcripts, dtype=object), dtype=h5py.string_dtype()
@@ -298,7 +299,7 @@ def _read_index(path: Path) -> CacheIndex:
             n_input=int(h5["features"].shape[1]),
             offsets=h5["offsets"][...].astype(np.int64),
             lengths=h5["lengths"][...].astype(np.int32),
-            labels=[np.asarray(l, np.int32) for l in h5["labels"][...]],
+            labels=[np.asarray(label, np.int32) for label in h5["labels"][...]],
             transcripts=[t.decode() if isinstance(t, bytes) else t for t in h5["transcripts"][...]],
             paths=[p.decode() if isinstance(p, bytes) else p for p in h5["paths"][...]],
             durations=h5["durations"][...],

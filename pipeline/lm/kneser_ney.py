@@ -23,7 +23,8 @@ class LanguageModelError(ValueError):
 
 @dataclass
 class NGramModel:
-    """Probabilities and backoffs per order: ``prob[n][ngram]`` and ``backoff[n][context]`` (natural values)."""
+    """Probabilities and backoffs per order:
+    ``prob[n][ngram]`` and ``backoff[n][context]`` (natural values)."""
 
     order: int
     prob: list[dict] = field(default_factory=list)

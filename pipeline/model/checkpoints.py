@@ -112,7 +112,8 @@ def resolve_checkpoint(path: str | Path) -> str:
 
 
 def shape_differences(prefix: str, model) -> list[str]:
-    """Descriptions of weights whose shape differs between checkpoint ``prefix`` and ``model`` (or that are missing)."""
+    """Descriptions of weights whose shape differs between checkpoint ``prefix`` and ``model``
+    (or that are missing)."""
     stored = dict(tf.train.list_variables(prefix))
     differences = []
     for name, variable in named_weights(model).items():
@@ -131,7 +132,8 @@ def check_geometry(prefix: str, model, directory: str | Path) -> None:
         raise CheckpointMismatchError(
             f"checkpoint in {directory} does not fit the model (changed alphabet or model.n_hidden?): "
             + "; ".join(differences)
-            + ". Use another paths.work_dir, or training.init_from with training.drop_source_layers to start from it."
+            + ". Use another paths.work_dir, or training.init_from with training.drop_source_layers "
+            "to start from it."
         )
 
 
@@ -173,7 +175,8 @@ def warm_start(
             raise CheckpointMismatchError(f"{source}: weight {name} is missing from the checkpoint")
         if list(value.shape) != list(variable.shape):
             raise CheckpointMismatchError(
-                f"{source}: weight {name} has shape {list(value.shape)}, the model needs {list(variable.shape)}; "
+                f"{source}: weight {name} has shape {list(value.shape)}, "
+                f"the model needs {list(variable.shape)}; "
                 f"raise training.drop_source_layers to re-initialise that layer"
             )
         variable.assign(value)

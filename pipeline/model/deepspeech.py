@@ -40,7 +40,8 @@ def make_windows(features: tf.Tensor, n_context: int) -> tf.Tensor:
 
 
 class AcousticModel(keras.Model):
-    """The DeepSpeech model: ``call(features [batch, time, n_input])`` -> logits ``[batch, time, n_classes]``."""
+    """The DeepSpeech model: ``call(features [batch, time, n_input])``
+    -> logits ``[batch, time, n_classes]``."""
 
     def __init__(
         self, config: ModelConfig, n_input: int, n_classes: int, precision: str = "float32", **kwargs
@@ -88,7 +89,8 @@ class AcousticModel(keras.Model):
 
     def stack(self, windows, recurrence, training):
         """Logits ``[batch, time, n_classes]`` of windows ``[batch, time, window, n_input]``; the LSTM
-        part is ``recurrence(x [batch, time, n_hidden]) -> outputs`` (the layer itself, or its cell stepped)."""
+        part is ``recurrence(x [batch, time, n_hidden]) -> outputs`` (the layer itself, or its cell
+        stepped)."""
         batch, time = tf.shape(windows)[0], tf.shape(windows)[1]
         x = tf.reshape(windows, [batch, time, self.window * self.n_input])  # [batch, time, 494]
         x = self.dropouts[0](self.layer_1(x), training=training)
@@ -100,7 +102,8 @@ class AcousticModel(keras.Model):
         return self.layer_6(x)
 
     def call(self, features, training=False):
-        """Full-sequence logits ``[batch, time, n_classes]`` (float32) of features ``[batch, time, n_input]``."""
+        """Full-sequence logits ``[batch, time, n_classes]`` (float32)
+        of features ``[batch, time, n_input]``."""
         zeros = tf.zeros([tf.shape(features)[0], self.model_config.n_hidden], dtype=self.compute_dtype)
 
         def recurrence(x):

@@ -1,4 +1,5 @@
-"""The Evaluate stage: test-set WER/CER and loss of the best-dev checkpoint, greedy and with beam search + LM."""
+"""The Evaluate stage: test-set WER/CER and loss of the best-dev checkpoint,
+greedy and with beam search + LM."""
 
 from __future__ import annotations
 

@@ -147,7 +147,10 @@ def _process_shard(
                 detail = f"{job[0]}: the features hold NaN or Inf (corrupt samples?)"
             elif len(frames) < min_frames:
                 reason = "too_short_for_transcript"
-                detail = f"transcript needs at least {min_frames} time steps, audio gives {len(frames)} ({duration:.2f} s)"
+                detail = (
+                    f"transcript needs at least {min_frames} time steps, "
+                    f"audio gives {len(frames)} ({duration:.2f} s)"
+                )
         except AudioError as error:
             reason, detail = error.reason, str(error)
         if reason:

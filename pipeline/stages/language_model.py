@@ -143,7 +143,8 @@ def _build_with_python(
     on_status: Callable[[str, float], None],
     alphabet: Labels,
 ) -> dict:
-    """The built-in modified Kneser-Ney estimator (counts in memory: for corpora up to some tens of millions of words)."""
+    """The built-in modified Kneser-Ney estimator
+    (counts in memory: for corpora up to some tens of millions of words)."""
     on_status("reading the LM text", 5)
     sentences = list(text())
     if not sentences:

@@ -72,8 +72,9 @@ def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks |
                 raise
             raise DistributionError(
                 f"worker {role.index} of {role.count}: lost contact with another worker "
-                f"({type(error).__name__}: {str(error).splitlines()[0][:300]}). Every worker stops; restart all "
-                f"of them to resume from the chief's last checkpoint in {run.checkpoints}"
+                f"({type(error).__name__}: {str(error).splitlines()[0][:300]}). "
+                "Every worker stops; restart all of them to resume from the chief's last checkpoint "
+                f"in {run.checkpoints}"
             ) from error
     if role.is_chief:
         write_report(run.report, report)

@@ -1,4 +1,5 @@
-"""The Transcribe stage: one-shot transcription of a file with the export (DeepSpeech's ``--one_shot_infer``)."""
+"""The Transcribe stage: one-shot transcription of a file with the export
+(DeepSpeech's ``--one_shot_infer``)."""
 
 from __future__ import annotations
 

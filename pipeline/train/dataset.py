@@ -95,7 +95,7 @@ class SplitReader:
     """
 
     def __init__(self, index: CacheIndex):
-        label_lengths = np.array([len(l) for l in index.labels], np.int32)
+        label_lengths = np.array([len(label) for label in index.labels], np.int32)
         label_offsets = (
             np.concatenate([[0], np.cumsum(label_lengths, dtype=np.int64)[:-1]])
             if len(label_lengths)
@@ -110,7 +110,8 @@ class SplitReader:
         self.label_lengths = tf.constant(label_lengths)
 
     def gather(self, indices: tf.Tensor):
-        """Padded batch of ``indices``: features ``[b, time, n_input]``, lengths, labels ``[b, max_label]``, label lengths, indices."""
+        """Padded batch of ``indices``: features ``[b, time, n_input]``, lengths, labels ``[b, max_label]``,
+        label lengths, indices."""
         features, lengths = tf.numpy_function(
             self.reader.batch, [indices], (tf.float32, tf.int32), stateful=False
         )
@@ -143,9 +144,9 @@ def _sliced(flat, starts, sizes) -> tf.data.Dataset:
 def _batches(
     reader: SplitReader, indices: tf.data.Dataset, augment: AugmentConfig | None = None
 ) -> tf.data.Dataset:
-    """Batches (features, lengths, labels, label lengths, indices) of a dataset of sample-index arrays, in order.
-    With ``augment`` (training), elements are (indices, epoch, step, tower) and the features are augmented
-    with draws seeded by those."""
+    """Batches (features, lengths, labels, label lengths, indices) of a dataset of sample-index arrays,
+    in order. With ``augment`` (training), elements are (indices, epoch, step, tower) and the features
+    are augmented with draws seeded by those."""
 
     def make(batch, *position):
         features, lengths, labels, label_lengths, batch = reader.gather(batch)
@@ -172,7 +173,8 @@ def train_dataset(
     seed: int,
     augment: AugmentConfig | None = None,
 ) -> tf.data.Dataset:
-    """The per-replica batches of the local towers for epochs ``first_epoch`` (from ``start_step``) to ``end_epoch`` - 1.
+    """The per-replica batches of the local towers for epochs ``first_epoch`` (from ``start_step``) to
+    ``end_epoch`` - 1.
 
     Elements come in step order and, within a step, in local replica order
     (what ``distribute_datasets_from_function`` hands to the towers). One

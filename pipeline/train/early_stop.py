@@ -46,7 +46,8 @@ def seed_rule(losses: list[float], config: EarlyStopConfig) -> StopDecision:
 
 
 def patience_rule(losses: list[float], config: EarlyStopConfig) -> StopDecision:
-    """Stop when none of the last ``es_epochs`` validations improved on the best before them by more than ``es_min_delta``."""
+    """Stop when none of the last ``es_epochs`` validations improved on the best before them
+    by more than ``es_min_delta``."""
     if len(losses) <= config.es_epochs:
         return StopDecision(False, "patience", f"{len(losses)} validations, patience {config.es_epochs}")
     best_before = min(losses[: -config.es_epochs])
