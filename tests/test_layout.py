@@ -84,7 +84,8 @@ def test_fingerprints_of_existing_work_directories_are_kept():
     # data.max_reject_fraction left the features fingerprint and data.max_duration_s joined it. The
     # LanguageModel fingerprint is the one the code before the layout object computed. All moved again
     # with issue 23 (languages): data.text normalises every manifest now (Features, LM, Export) and
-    # model.output joined Features, LM and Train.
+    # model.output joined Features, LM and Train; and with issue 26 (data.max_duration_s 40 s by
+    # default) and issue 24 (training.init_from's digest, export.coqui_tflite).
     # lm_builder python: what auto means where KenLM's tools are not installed (where they are, the LM
     # fingerprint also carries the KenLM settings, so such LMs get their own directory).
     config = config_from_dict(
@@ -96,9 +97,9 @@ def test_fingerprints_of_existing_work_directories_are_kept():
     )
     layout = Layout(config)
     assert [layout.features_fingerprint(split) for split in SPLITS] == [
-        "78ba27858142",
-        "ac2aa1554268",
-        "167034446fc2",
+        "64e2f5b8f528",
+        "0ccd0cd204bc",
+        "33078a7d0464",
     ]
     assert (
         layout.train_fingerprint,
@@ -106,7 +107,7 @@ def test_fingerprints_of_existing_work_directories_are_kept():
         layout.tune_fingerprint,
         layout.evaluate_fingerprint,
         layout.export_fingerprint,
-    ) == ("93fb39a162b6", "3753b28a0b4b", "34a5934d1494", "290c44a5c1bb", "c3d7ff1b3aee")
+    ) == ("7ee796586223", "f6942e09389a", "dda67bf40603", "39e29cc02cae", "3eaa1acceb1a")
 
 
 def test_an_lm_built_with_kenlm_has_its_own_fingerprint():
