@@ -14,7 +14,7 @@ TF_EXTRA := $(if $(GPU),gpu,cpu)
 
 LINTED := pipeline tasks native_client bench tests data
 
-.PHONY: setup kenlm fetch-models train rerun test test-fast scheduler bench docs lint clean
+.PHONY: setup kenlm fetch-models train rerun test test-long test-fast scheduler bench docs lint clean
 
 ## The venv in .venv with everything (TensorFlow's CPU build; GPU=1: the CUDA build, in a fresh venv).
 setup: $(VENV)/.installed-$(TF_EXTRA)
@@ -62,13 +62,19 @@ train: setup
 rerun: setup
 	$(BIN)/python -m tasks.rerun $(STAGE) --config $(CONFIG) --audio $(CLIP) $(SCHEDULER_FLAG) $(RERUN_ARGS)
 
-## The test suite (what CI runs).
+## The test suite (what CI runs), in TEST_WORKERS processes, each test file in one of them; the heaviest
+## tests (marked long) are left to test-long, which CI runs too.
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not long" $(PYTEST_ARGS)
+
+## The heaviest fault and training tests (a minute or more each: multi-worker kills, luigid, tiny trainings).
+test-long: setup
+	$(BIN)/python -m pytest -q -m long $(PYTEST_ARGS)
 
 ## Only the fast tests (skips the ones that train for minutes).
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not long" $(PYTEST_ARGS)
 
 ## The central Luigi scheduler on 127.0.0.1:8082 (UI at http://127.0.0.1:8082).
 scheduler: setup

@@ -94,11 +94,23 @@ def armspeech_model() -> Path:
     return path
 
 
+# The files that take longest, first: `make test` hands whole files to two processes in collection order,
+# so the long ones start early and both processes finish at about the same time.
+LONGEST_FILES = ("test_faults.py", "test_trainer.py", "test_multiworker.py", "test_end_to_end.py")
+
+
 def pytest_collection_modifyitems(items):
-    """Tests using a fetched model get the ``needs_models`` mark (``-m 'not needs_models'`` deselects)."""
+    """Tests using a fetched model get the ``needs_models`` mark (``-m 'not needs_models'`` deselects);
+    the files of ``LONGEST_FILES`` are collected first (in that order), the others as they come."""
     for item in items:
         if "armspeech_model" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.needs_models)
+
+    def rank(item) -> int:
+        name = item.path.name
+        return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
+
+    items.sort(key=rank)  # stable: the order within a file is kept
 
 
 @pytest.fixture(scope="session", autouse=True)

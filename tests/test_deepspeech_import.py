@@ -220,6 +220,7 @@ def test_the_runs_features_must_be_the_models(armspeech_model):
         imported_model(armspeech_model, config_for(armspeech_model, winstep=0.01))
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_fine_tuning_from_the_tflite_runs_through_train(armspeech_model, tmp_path):
     """Features and Train on the four Armenian clips, warm-started from the .tflite at a negligible

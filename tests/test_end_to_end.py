@@ -70,6 +70,7 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.long
 def test_dag_to_transcribe_on_luigid_then_rerun_train_keeps_features(small_config, tmp_path, luigid):
     path = small_config(
         limit_train=16,

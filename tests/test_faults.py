@@ -926,6 +926,7 @@ def _task_process(work: Path, task: str) -> int:
     raise AssertionError(f"no {task} process in the logs of {work}")
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_sigterm_stops_training_with_a_checkpoint_of_its_last_step(small_config, tmp_path):
     """Issue 26 N6: Luigi's worker stops its task processes with SIGTERM (when it lost its scheduler, on

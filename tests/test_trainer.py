@@ -61,6 +61,7 @@ def test_loss_falls_and_report_is_complete(small_config, tmp_path):
     assert json.loads((tmp_path / "eval" / "evaluation.json").read_text())["samples_count"] == 8
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_five_utterances_are_learned(small_config):
     config = load_config(
@@ -415,6 +416,7 @@ def _moved(tmp_path, *phases) -> tuple[list[dict], str]:
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")], result.stderr
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_run_moved_to_other_towers_mid_epoch_is_refused_and_continues_from_an_epoch_boundary(
     small_config, tmp_path
