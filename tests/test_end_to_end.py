@@ -34,33 +34,9 @@ def _api(port: int, method: str, **data) -> dict:
 
 @pytest.fixture
 def luigid(tmp_path):
-    """A luigid on a free port; yields the port."""
+    """A luigid on a free port (it reads luigi.cfg); yields the port."""
     port = free_ports(1)[0]
-    (tmp_path / "luigid").mkdir()
-    process = subprocess.Popen(
-        [
-            str(BIN / "luigid"),
-            "--address",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--state-path",
-            str(tmp_path / "luigid" / "state.pickle"),
-            "--logdir",
-            str(tmp_path / "luigid"),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # reads luigi.cfg
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            _api(port, "task_list", status="DONE", upstream_status="", search="")
-            break
-        except OSError:
-            assert time.monotonic() < deadline and process.poll() is None, "luigid did not start"
-            time.sleep(0.3)
+    process = _start_luigid(port, tmp_path / "luigid")
     yield port
     process.terminate()
     process.wait(10)
