@@ -359,6 +359,14 @@ class ModelConfig:
         None, "Dropout of layer 5 (default: dropout_rate).", minimum=0.0, maximum=0.99
     )
     random_seed: int = _opt(4567, "Seed for weight initialisation and data order.")
+    lstm_kernel: Literal["auto", "fused", "layer"] = _opt(
+        "auto",
+        "How the deepspeech family runs its LSTM over a sequence: fused (the whole sequence's input and "
+        "weight products as single matrix products, the backward pass written out: 2-3x faster on a CPU), "
+        "layer (Keras' LSTM layer: cuDNN on a GPU), auto (layer when a GPU is visible, else fused). "
+        "The same function to float rounding, so not in any fingerprint.",
+        stages=(),
+    )
     output: Literal["characters", "bytes"] = _opt(
         "characters",
         "What the model emits: characters (the alphabet's labels), or bytes: the UTF-8 bytes of the text, "
