@@ -439,6 +439,13 @@ class TrainingConfig:
     )
     max_to_keep: int = _opt(5, "Latest checkpoints kept.", minimum=1, stages=())
     validation_epochs: int = _opt(1, "Validate every this many epochs (0 = never).", minimum=0)
+    best_by: Literal["dev_loss", "cer", "wer"] = _opt(
+        "dev_loss",
+        "The validation figure that picks the best checkpoint, the one Evaluate and Export use: dev_loss "
+        "(DeepSpeech's), or the lowest dev cer or wer (the earlier of equals). The loss can rise while the "
+        "error rates still fall (the model grows over-confident on the words it gets wrong). Early stopping "
+        "and halve_lr_on_plateau always read the dev loss.",
+    )
     report_count: int = _opt(10, "Best and worst samples listed in reports.", minimum=0, stages=())
     summary_secs: int = _opt(60, "Write histogram summaries at most this often.", minimum=1, stages=())
     wer_log_pattern: str | None = _opt(

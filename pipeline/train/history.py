@@ -53,11 +53,11 @@ class TrainHistory:
         """The dev loss of every validation, oldest first (what the early-stop rules read)."""
         return [v.dev_loss for v in self.validations]
 
-    def best(self) -> DevFigures | None:
-        """The validation with the lowest finite dev loss (the earliest of equals); None when no
-        validation had a finite loss (a NaN loss is never the best)."""
-        finite = [v for v in self.validations if math.isfinite(v.dev_loss)]
-        return min(finite, key=lambda v: v.dev_loss) if finite else None
+    def best(self, by: str = "dev_loss") -> DevFigures | None:
+        """The validation with the lowest finite ``by`` (``dev_loss``, ``cer`` or ``wer``; the earliest of
+        equals); None when no validation had a finite one (a NaN is never the best)."""
+        finite = [v for v in self.validations if math.isfinite(getattr(v, by))]
+        return min(finite, key=lambda v: getattr(v, by)) if finite else None
 
     def best_dev_loss(self) -> float:
         """The lowest finite dev loss so far, ``inf`` when there is none."""

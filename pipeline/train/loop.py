@@ -699,7 +699,7 @@ class Trainer:
             global_batch_size=self.global_batch,
             train_losses=[dataclasses.asdict(e) for e in history.epoch_losses],
             validations=[dataclasses.asdict(v) for v in history.validations],
-            best_dev=history.best(),
+            best_dev=history.best(self.config.training.best_by),
             last_samples=history.last_samples,
             stop=stop,
             skipped_batches=[dataclasses.asdict(b) for b in history.skipped_batches],
