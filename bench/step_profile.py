@@ -140,4 +140,3 @@ if __name__ == "__main__":
 
     print(cpu_line(), flush=True)
     raise SystemExit(main())
-

@@ -26,12 +26,16 @@ def _layer(units: int, inputs: int, seed: int = 3) -> keras.layers.LSTM:
     return layer
 
 
-@pytest.mark.parametrize(("batch", "time", "inputs", "units"), [(3, 41, 7, 5), (1, 1, 4, 6), (2, 120, 16, 24)])
+@pytest.mark.parametrize(
+    ("batch", "time", "inputs", "units"), [(3, 41, 7, 5), (1, 1, 4, 6), (2, 120, 16, 24)]
+)
 def test_values_and_gradients_equal_the_keras_layer(batch, time, inputs, units):
     layer = _layer(units, inputs)
     cell = layer.cell
     x = tf.random.stateless_normal([batch, time, inputs], seed=[1, 2])
-    upstream = tf.random.stateless_normal([batch, time, units], seed=[3, 4])  # a loss that weighs every output
+    upstream = tf.random.stateless_normal(
+        [batch, time, units], seed=[3, 4]
+    )  # a loss that weighs every output
 
     def run(fused: bool):
         with tf.GradientTape() as tape:
@@ -69,7 +73,9 @@ def test_the_model_takes_either_kernel_with_the_same_weights_and_results():
     layer = build_model(dataclasses.replace(base, lstm_kernel="layer"), 5, 7)
     assert fused.fused_lstm and not layer.fused_lstm
     assert weights_digest(fused) == weights_digest(layer)
-    assert [v.path.split("/", 1)[1] for v in fused.weights] == [v.path.split("/", 1)[1] for v in layer.weights]
+    assert [v.path.split("/", 1)[1] for v in fused.weights] == [
+        v.path.split("/", 1)[1] for v in layer.weights
+    ]
     features = tf.random.stateless_normal([2, 30, 5], seed=[5, 6])
 
     def logits_and_grads(model):
