@@ -445,6 +445,8 @@ class TrainingConfig:
         "(DeepSpeech's), or the lowest dev cer or wer (the earlier of equals). The loss can rise while the "
         "error rates still fall (the model grows over-confident on the words it gets wrong). Early stopping "
         "and halve_lr_on_plateau always read the dev loss.",
+        # In the fingerprint only when set: runs from before the key keep their directories.
+        when={"train": lambda config: config.training.best_by != "dev_loss"},
     )
     report_count: int = _opt(10, "Best and worst samples listed in reports.", minimum=0, stages=())
     summary_secs: int = _opt(60, "Write histogram summaries at most this often.", minimum=1, stages=())

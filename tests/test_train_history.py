@@ -110,7 +110,8 @@ def test_the_policy_decides_best_plateau_halving_and_stop_from_the_history():
 
 def test_best_by_cer_keeps_the_lowest_error_rate_while_halving_still_reads_the_loss():
     """training.best_by: cer: a validation whose dev loss rose but whose CER fell is the new best (the
-    checkpoint Evaluate uses), the plateau rule still halves on the risen loss; a NaN CER is never best."""
+    checkpoint Evaluate uses), the plateau rule still halves on the risen loss; a NaN CER or loss is never
+    best."""
     history = TrainHistory(validations=[DevFigures(1, 30.0, 0.6, 0.25), DevFigures(2, 32.0, 0.5, 0.2)])
     assert history.best().epoch == 1 and history.best("cer").epoch == 2 and history.best("wer").epoch == 2
     policy = _policy(halve_lr_on_plateau=True, best_by="cer")
@@ -123,7 +124,8 @@ def test_best_by_cer_keeps_the_lowest_error_rate_while_halving_still_reads_the_l
     assert not policy.after_epoch(3, history, validate(29.0, 0.21)).is_best
     assert not policy.after_epoch(3, history, validate(29.0, 0.2)).is_best  # the earlier of equals
     assert not policy.after_epoch(3, history, validate(29.0, math.nan)).is_best
-    assert policy.after_epoch(1, TrainHistory(), validate(math.nan, 0.5)).is_best
+    assert not policy.after_epoch(1, TrainHistory(), validate(math.nan, 0.5)).is_best  # a NaN loss: never
+    assert policy.after_epoch(1, TrainHistory(), validate(50.0, 0.5)).is_best
 
 
 def test_the_policy_warns_when_validation_cannot_happen():

@@ -58,7 +58,7 @@ def _lstm(x, kernel, recurrent_kernel, bias):
     def backward(d_outputs):
         i, f, g, o = tf.split(gates, 4, axis=2)
         tanh_c = tf.tanh(cells)
-        previous_c = tf.concat([zeros[None], cells[:-1]], axis=0)
+        previous_c = tf.concat([zeros[None], cells], axis=0)[:time]
         # d(cell) gets d(h) * o * tanh'(c); each gate pre-activation's gradient is d(cell) (i, f, c) or
         # d(h) (o) times a factor that depends only on the forward values: computed for all frames at once.
         h_to_c = o * (1 - tanh_c * tanh_c)
@@ -76,7 +76,7 @@ def _lstm(x, kernel, recurrent_kernel, bias):
         dz = tf.TensorArray(x.dtype, size=time, element_shape=[None, 4 * units])
         _, _, _, dz = tf.while_loop(lambda t, *_: t >= 0, step_back, (time - 1, zeros, zeros, dz))
         dz = tf.reshape(dz.stack(), [-1, 4 * units])
-        previous_h = tf.reshape(tf.concat([zeros[None], outputs[:-1]], axis=0), [-1, units])
+        previous_h = tf.reshape(tf.concat([zeros[None], outputs], axis=0)[:time], [-1, units])
         d_x = tf.reshape(tf.matmul(dz, kernel, transpose_b=True), tf.shape(x))
         d_kernel = tf.matmul(tf.reshape(x, [-1, n_inputs]), dz, transpose_a=True)
         d_recurrent = tf.matmul(previous_h, dz, transpose_a=True)

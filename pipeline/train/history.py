@@ -54,9 +54,10 @@ class TrainHistory:
         return [v.dev_loss for v in self.validations]
 
     def best(self, by: str = "dev_loss") -> DevFigures | None:
-        """The validation with the lowest finite ``by`` (``dev_loss``, ``cer`` or ``wer``; the earliest of
-        equals); None when no validation had a finite one (a NaN is never the best)."""
-        finite = [v for v in self.validations if math.isfinite(getattr(v, by))]
+        """The validation with the lowest ``by`` (``dev_loss``, ``cer`` or ``wer``; the earliest of equals)
+        among those whose dev loss and ``by`` are finite; None when there is none (a validation with a
+        NaN loss, a model that produced non-finite outputs, is never the best whatever its error rate)."""
+        finite = [v for v in self.validations if math.isfinite(v.dev_loss) and math.isfinite(getattr(v, by))]
         return min(finite, key=lambda v: getattr(v, by)) if finite else None
 
     def best_dev_loss(self) -> float:

@@ -94,7 +94,9 @@ class EpochPolicy:
         best_before = history.best_dev_loss()
         by = self.training.best_by
         best = history.best(by)
-        is_best = getattr(figures, by) < (getattr(best, by) if best else math.inf)
+        is_best = math.isfinite(figures.dev_loss) and getattr(figures, by) < (
+            getattr(best, by) if best else math.inf
+        )
         halve = not figures.dev_loss < best_before and self.training.halve_lr_on_plateau
         stop = None
         decision = should_stop(history.dev_losses() + [figures.dev_loss], self.early_stop)
