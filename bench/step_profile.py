@@ -123,6 +123,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=16, help="utterances per step")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per part (the best counts)")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     figures = {}
     for kernel in ("fused", "layer"):
         for name, run in parts(args.hidden, args.frames, args.batch, kernel).items():

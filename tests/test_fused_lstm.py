@@ -67,6 +67,29 @@ def test_an_empty_sequence_gives_no_outputs_and_zero_weight_gradients():
     assert all(float(tf.reduce_sum(tf.abs(g))) == 0.0 for g in grads)
 
 
+@pytest.mark.parametrize("time", [0, 1, 23])
+def test_under_xla_and_in_float16_it_matches_too(time):
+    """The step compiles with XLA (training.jit_compile), an empty sequence included, and a mixed-precision
+    policy's float16 inputs run against the float32 variables."""
+    layer = _layer(6, 4)
+    cell = layer.cell
+    x = tf.random.stateless_normal([time, 3, 4], seed=[9, time])
+
+    def outputs_and_grads(x, dtype):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            outputs = lstm_sequence(tf.cast(x, dtype), cell.kernel, cell.recurrent_kernel, cell.bias)
+            loss = tf.reduce_sum(tf.cast(outputs, tf.float32) ** 2)
+        return [outputs, *tape.gradient(loss, [x, cell.kernel, cell.recurrent_kernel, cell.bias])]
+
+    eager = outputs_and_grads(x, tf.float32)
+    compiled = tf.function(lambda x: outputs_and_grads(x, tf.float32), jit_compile=True)(x)
+    half = outputs_and_grads(x, tf.float16)
+    for ours, xla, low in zip(eager, compiled, half, strict=True):
+        np.testing.assert_allclose(xla.numpy(), ours.numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(tf.cast(low, tf.float32).numpy(), ours.numpy(), rtol=2e-2, atol=2e-2)
+
+
 def test_the_model_takes_either_kernel_with_the_same_weights_and_results():
     base = ModelConfig(n_hidden=16, dropout_rate=0.0)
     fused = build_model(dataclasses.replace(base, lstm_kernel="fused"), 5, 7)
