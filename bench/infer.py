@@ -8,7 +8,12 @@ first clips of the sample test split, features included in the timing.
 The SavedModel (TensorFlow) is the baseline the TFLite figures compare with.
 Last line: one JSON object with rtf_sample_tflite, rtf_en_tflite (int8 dynamic
 range, as configs/en.yaml exports), rtf_en_tflite_float, rtf_en_savedmodel,
-stream_step_p50_ms, stream_step_p95_ms (en int8 TFLite, one n_steps call).
+stream_step_p50_ms, stream_step_p95_ms (en int8 TFLite, one n_steps call), and
+the same int8 model at 20 ms frames (en.yaml with features.type deepspeech, as
+DeepSpeech's and Coqui STT's models): rtf_en_20ms_tflite,
+stream_step_20ms_p50_ms, stream_step_20ms_p95_ms, and that model again with a
+thread on every CPU of the machine (rtf_en_20ms_tflite_all_cpus,
+stream_step_20ms_all_cpus_p50_ms / _p95_ms, all_cpus_threads).
 
     python bench/infer.py [--clips 12] [--steps 300]
 """
@@ -28,8 +33,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def export_untrained(config_path: Path, out: Path, quantize: bool) -> Path:
-    """Export an untrained model of ``config_path``'s geometry with the real Export code."""
+def export_untrained(config_path: Path, out: Path, quantize: bool, features: dict | None = None) -> Path:
+    """Export an untrained model of ``config_path``'s geometry (``features``: other feature settings)
+    with the real Export code."""
     import tensorflow as tf
 
     from pipeline.config_loader import load_config
@@ -43,6 +49,7 @@ def export_untrained(config_path: Path, out: Path, quantize: bool) -> Path:
         {
             "paths": {"work_dir": str(out / "work"), "export_dir": str(out / "exported-model")},
             "export": {"quantize": quantize},
+            **({"features": features} if features else {}),
         },
     )
     from pipeline.features.frontend import feature_pipeline
@@ -84,7 +91,8 @@ def main(argv=None) -> int:
     parser.add_argument("--clips", type=int, default=12, help="sample test clips to transcribe")
     parser.add_argument("--steps", type=int, default=300, help="streaming calls to time")
     args = parser.parse_args(argv)
-    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    every_cpu = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {every_cpu[0]})
 
     from native_client import Model
     from native_client.audio import load_for_model
@@ -99,12 +107,19 @@ def main(argv=None) -> int:
         sample = export_untrained(ROOT / "configs" / "sample.yaml", tmp / "sample", quantize=False)
         en_float = export_untrained(ROOT / "configs" / "en.yaml", tmp / "en_float", quantize=False)
         en_int8 = export_untrained(ROOT / "configs" / "en.yaml", tmp / "en_int8", quantize=True)
+        en_20ms = export_untrained(
+            ROOT / "configs" / "en.yaml",
+            tmp / "en_20ms",
+            quantize=True,
+            features={"type": "deepspeech", "winlen": 0.032, "winstep": 0.02},
+        )
         print(f"{len(clips)} clips, {audio_s:.1f} s of audio; one CPU, one thread", flush=True)
         runs = {
             "rtf_sample_tflite": (sample, "tflite"),
             "rtf_en_tflite": (en_int8, "tflite"),
             "rtf_en_tflite_float": (en_float, "tflite"),
             "rtf_en_savedmodel": (en_float, "saved_model"),
+            "rtf_en_20ms_tflite": (en_20ms, "tflite"),
         }
         models = {}
         for key, (export, backend) in runs.items():
@@ -113,6 +128,23 @@ def main(argv=None) -> int:
             print(f"{key}: RTF {figures[key]}", flush=True)
         p50, p95 = step_latency(models["rtf_en_tflite"], args.steps)
         figures["stream_step_p50_ms"], figures["stream_step_p95_ms"] = round(p50, 2), round(p95, 2)
+        d50, d95 = step_latency(models["rtf_en_20ms_tflite"], args.steps)
+        figures["stream_step_20ms_p50_ms"], figures["stream_step_20ms_p95_ms"] = round(d50, 2), round(d95, 2)
+        # The same model with a thread per CPU of the machine: at batch 1 the LSTM reads its 16.8 MB int8
+        # recurrent kernel every frame, which one core's memory bandwidth bounds.
+        os.sched_setaffinity(0, set(every_cpu))
+        threads = len(every_cpu)
+        wide = Model(en_20ms, backend="tflite", threads=threads)
+        figures["rtf_en_20ms_tflite_all_cpus"] = round(rtf(wide, clips, 16000), 4)
+        w50, w95 = step_latency(wide, args.steps)
+        figures["stream_step_20ms_all_cpus_p50_ms"] = round(w50, 2)
+        figures["stream_step_20ms_all_cpus_p95_ms"] = round(w95, 2)
+        figures["all_cpus_threads"] = threads
+        print(
+            f"rtf_en_20ms_tflite with {threads} threads: RTF {figures['rtf_en_20ms_tflite_all_cpus']}",
+            flush=True,
+        )
+        os.sched_setaffinity(0, {every_cpu[0]})
         f50, f95 = step_latency(models["rtf_en_tflite_float"], args.steps)
         figures["stream_step_float_p50_ms"], figures["stream_step_float_p95_ms"] = (
             round(f50, 2),

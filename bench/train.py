@@ -1,13 +1,22 @@
-"""Training throughput: this trainer vs Keras ``model.fit``, the input pipeline alone, and MFU \
-at en.yaml size.
+"""Training throughput: the fused LSTM step against the old one (Keras' LSTM layer), the new default \
+against the old, Keras ``model.fit``, the input pipeline alone, and the en.yaml model size.
 
 All in one process on the sample train split (features built into a
 temporary work dir). Audio seconds trained per wall second are measured
-over a second epoch (the first pays for tracing). The last line is one JSON
-object with keys trainer_audio_s_per_s, keras_fit_audio_s_per_s,
-ratio_vs_keras, input_audio_s_per_s, input_ratio, en_mfu_percent.
+over a second epoch (the first pays for tracing).
 
-    python bench/train.py [--samples 320] [--en-steps 3]
+- ``step_ratio``: the same trainer on the same batches, ``model.lstm_kernel``
+  fused against layer (what every step did before): the step's own speed-up.
+- ``default_ratio``: today's embedded default (``configs/sample.yaml``: its
+  front end, fused LSTM) against the old one (``mfcc`` at 10 ms, layer), per
+  audio second: what ``make train`` gains per epoch.
+- ``en_step_ratio``: fused against layer at ``configs/en.yaml``'s n_hidden
+  (2048) on a few steps, and the fused run's FLOP/s as a share of this
+  machine's measured matmul FLOP/s (MFU).
+
+The last line is one JSON object with those keys and the rates behind them.
+
+    python bench/train.py [--samples 320] [--en-steps 2]
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import h5py
@@ -38,6 +48,11 @@ from pipeline.train.hooks import TrainHooks
 from pipeline.train.loop import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def with_lstm(config, lstm_kernel: str):
+    """``config`` with ``model.lstm_kernel`` set."""
+    return replace(config, model=replace(config.model, lstm_kernel=lstm_kernel))
 
 
 def trainer_rate(config, data, alphabet, run_dir) -> float:
@@ -148,8 +163,9 @@ def model_flops_per_frame(n_input_window: int, hidden: int, classes: int) -> flo
     return 3 * 2 * macs
 
 
-def en_mfu(config, data, alphabet, run_dir, steps: int) -> tuple[float, float]:
-    """(achieved FLOP/s, MFU percent) of the trainer at the en.yaml model size on a few steps."""
+def en_size(config, data, alphabet, run_dir, steps: int) -> tuple[float, float, float]:
+    """(fused step against layer, the fused run's FLOP/s, its MFU percent) at the en.yaml model size on
+    a few steps."""
     en = load_config(ROOT / "configs" / "en.yaml")
     subset_size = config.training.batch_size * steps
     order = np.argsort(data.lengths)[len(data.lengths) // 2 :][:subset_size]
@@ -172,57 +188,78 @@ def en_mfu(config, data, alphabet, run_dir, steps: int) -> tuple[float, float]:
             "augment": {"speed_factors": []},
         },
     )
-    rate = trainer_rate(big, subset, alphabet, run_dir / "en")
+    rate = trainer_rate(with_lstm(big, "fused"), subset, alphabet, run_dir / "en-fused")
+    old = trainer_rate(with_lstm(big, "layer"), subset, alphabet, run_dir / "en-layer")
     features = feature_pipeline(big.features)
     frames_per_audio_second = 1.0 / features.seconds_per_frame
     window = (2 * big.model.n_context + 1) * features.feature_size
     achieved = (
         rate * frames_per_audio_second * model_flops_per_frame(window, en.model.n_hidden, alphabet.n_classes)
     )
-    return achieved, 100.0 * achieved / matmul_flops()
+    return rate / old, achieved, 100.0 * achieved / matmul_flops()
+
+
+def split_cache(config) -> CacheIndex:
+    """The train split's features of ``config``, built into its work dir."""
+    layout = Layout(config)
+    build_split_cache(layout, "train")
+    return read_cache(layout.features_cache("train"), config.features)
 
 
 def main(argv=None) -> int:
     """Run every measurement and print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=320, help="training utterances per epoch")
-    parser.add_argument("--en-steps", type=int, default=3, help="steps per epoch for the en-size MFU run")
+    parser.add_argument("--en-steps", type=int, default=2, help="steps per epoch for the en-size runs")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as work:
+        settings = {
+            "data": {"limit_train": args.samples},
+            "training": {"epochs": 2, "validation_epochs": 0, "checkpoint_secs": 100000},
+            "augment": {"speed_factors": []},
+        }
         config = load_config(
-            ROOT / "configs" / "sample.yaml",
-            {
-                "paths": {"work_dir": work},
-                "data": {"limit_train": args.samples},
-                "training": {"epochs": 2, "validation_epochs": 0, "checkpoint_secs": 100000},
-                "augment": {"speed_factors": []},
-            },
+            ROOT / "configs" / "sample.yaml", {**settings, "paths": {"work_dir": f"{work}/default"}}
         )
-        layout = Layout(config)
-        build_split_cache(layout, "train")
-        alphabet = load_alphabet(layout.alphabet)
-        data = read_cache(layout.features_cache("train"), config.features)
-        trainer = trainer_rate(config, data, alphabet, Path(work) / "run")
+        old_default = load_config(
+            ROOT / "configs" / "sample.yaml",
+            {**settings, "paths": {"work_dir": f"{work}/mfcc"}, "features": {"type": "mfcc"}},
+        )
+        data = split_cache(config)
+        mfcc_data = split_cache(old_default)
+        alphabet = load_alphabet(Layout(config).alphabet)
+        run = Path(work)
+        fused = trainer_rate(with_lstm(config, "fused"), data, alphabet, run / "fused")
+        layer = trainer_rate(with_lstm(config, "layer"), data, alphabet, run / "layer")
+        old = trainer_rate(with_lstm(old_default, "layer"), mfcc_data, alphabet, run / "old")
         fit = keras_fit_rate(config, data, alphabet)
         feed = input_rate(config, data)
         feed_memory = input_rate(config, data, in_memory=True)
-        achieved, mfu = en_mfu(config, data, alphabet, Path(work), args.en_steps)
+        en_ratio, achieved, mfu = en_size(config, data, alphabet, run, args.en_steps)
+    front_end = feature_pipeline(config.features).type_name
     print(
-        f"trainer: {trainer:.1f} audio s/s; keras fit: {fit:.1f}; input alone: {feed:.0f} from disk, "
-        f"{feed_memory:.0f} from memory; "
-        f"en size: {achieved / 1e9:.1f} GFLOP/s = {mfu:.1f}% of measured matmul FLOP/s",
+        f"step ({front_end}, n_hidden {config.model.n_hidden}): fused LSTM {fused:.1f} audio s/s, layer "
+        f"{layer:.1f}: {fused / layer:.2f}x; default against the old (mfcc, layer, {old:.1f}): "
+        f"{fused / old:.2f}x; keras fit: {fit:.1f}; input alone: {feed:.0f} from disk, "
+        f"{feed_memory:.0f} from memory; n_hidden 2048: fused {en_ratio:.2f}x the layer, "
+        f"{achieved / 1e9:.1f} GFLOP/s = {mfu:.1f}% of measured matmul FLOP/s",
         file=sys.stderr,
     )
     print(
         json.dumps(
             {
-                "trainer_audio_s_per_s": round(trainer, 2),
+                "trainer_audio_s_per_s": round(fused, 2),
+                "layer_lstm_audio_s_per_s": round(layer, 2),
+                "step_ratio": round(fused / layer, 3),
+                "old_default_audio_s_per_s": round(old, 2),
+                "default_ratio": round(fused / old, 3),
                 "keras_fit_audio_s_per_s": round(fit, 2),
-                "ratio_vs_keras": round(trainer / fit, 3),
+                "ratio_vs_keras": round(fused / fit, 3),
                 "input_audio_s_per_s": round(feed, 1),
-                "input_ratio": round(feed / trainer, 1),
+                "input_ratio": round(feed / fused, 1),
                 "input_memory_audio_s_per_s": round(feed_memory, 1),
                 "input_disk_vs_memory": round(feed / feed_memory, 3),
+                "en_step_ratio": round(en_ratio, 3),
                 "en_mfu_percent": round(mfu, 2),
             }
         )

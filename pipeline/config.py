@@ -113,6 +113,11 @@ def _char_lm(config: Config) -> bool:
     return not config.decoder.lexicon
 
 
+def _best_not_by_loss(config: Config) -> bool:
+    """when not dev_loss"""
+    return config.training.best_by != "dev_loss"
+
+
 def _alphabet_file(config: Config) -> bool:
     """with character outputs and an alphabet file"""
     return config.model.output == "characters" and not config.alphabet_auto
@@ -359,6 +364,15 @@ class ModelConfig:
         None, "Dropout of layer 5 (default: dropout_rate).", minimum=0.0, maximum=0.99
     )
     random_seed: int = _opt(4567, "Seed for weight initialisation and data order.")
+    lstm_kernel: Literal["auto", "fused", "layer"] = _opt(
+        "auto",
+        "How the deepspeech family runs its LSTM over a sequence: fused (the whole sequence's input and "
+        "weight products as single matrix products, the backward pass written out: a training step 2.2-2.4x "
+        "faster on a CPU at n_hidden 384, 3.5x at 2048), layer (Keras' LSTM layer: cuDNN on a GPU), auto "
+        "(layer when a GPU is visible, else fused). The same function to float rounding, so not in any "
+        "fingerprint; a run resumed with the other kernel continues, equal to rounding, not bit for bit.",
+        stages=(),
+    )
     output: Literal["characters", "bytes"] = _opt(
         "characters",
         "What the model emits: characters (the alphabet's labels), or bytes: the UTF-8 bytes of the text, "
@@ -431,6 +445,15 @@ class TrainingConfig:
     )
     max_to_keep: int = _opt(5, "Latest checkpoints kept.", minimum=1, stages=())
     validation_epochs: int = _opt(1, "Validate every this many epochs (0 = never).", minimum=0)
+    best_by: Literal["dev_loss", "cer", "wer"] = _opt(
+        "dev_loss",
+        "The validation figure that picks the best checkpoint, the one Evaluate and Export use: dev_loss "
+        "(DeepSpeech's), or the lowest dev cer or wer (the earlier of equals). The loss can rise while the "
+        "error rates still fall (the model grows over-confident on the words it gets wrong). Early stopping "
+        "and halve_lr_on_plateau always read the dev loss.",
+        # In the fingerprint only when set: runs from before the key keep their directories.
+        when={"train": _best_not_by_loss},
+    )
     report_count: int = _opt(10, "Best and worst samples listed in reports.", minimum=0, stages=())
     summary_secs: int = _opt(60, "Write histogram summaries at most this often.", minimum=1, stages=())
     wer_log_pattern: str | None = _opt(

@@ -102,7 +102,7 @@ def test_all_exported_forms_give_the_checkpoint_logits(trained):
     for clip in CLIPS[:3]:
         samples = load_for_model(clip, 16000)
         reference = _checkpoint_logits(config, samples)
-        assert reference.shape[0] > 100 and np.abs(reference).max() > 0.5
+        assert reference.shape[0] > 50 and np.abs(reference).max() > 0.5  # over a second at 20 ms
         whole = models["tflite"].metadata.features.frames(samples)
         windows = context_windows(whole, config.model.n_context)[None]
         np.testing.assert_allclose(utterance(input_node=windows)["logits"].numpy()[0], reference, atol=1e-4)
@@ -166,7 +166,9 @@ def test_metadata_round_trip(trained):
         metadata.features.frontend.settings == config.features.frontend
         and metadata.features.normalize is True
     )
-    assert metadata.features.to_dict()["type"] == "mfcc" and metadata.n_context == config.model.n_context
+    assert (
+        metadata.features.to_dict()["type"] == "deepspeech" and metadata.n_context == config.model.n_context
+    )
     assert metadata.features.seconds_per_frame == config.features.winstep
     assert metadata.n_steps == config.export.n_steps and [s["shape"] for s in metadata.state] == [[1, 48]] * 2
     assert "".join(metadata.alphabet.labels) == " abcdefghijklmnopqrstuvwxyz'"

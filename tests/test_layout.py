@@ -197,6 +197,10 @@ def test_settings_that_change_no_result_keep_the_train_fingerprint():
     ):
         assert Layout(config_from_dict({section: {key: value}})).train_fingerprint == base, key
     assert Layout(config_from_dict({"training": {"batch_size": 8}})).train_fingerprint != base
+    # Which checkpoint is the best one changes Train's output; the default leaves older runs where they are.
+    assert Layout(config_from_dict({"training": {"best_by": "cer"}})).train_fingerprint != base
+    assert Layout(config_from_dict({"training": {"best_by": "dev_loss"}})).train_fingerprint == base
+    assert Layout(config_from_dict({"model": {"lstm_kernel": "layer"}})).train_fingerprint == base
 
 
 def test_the_decoder_weights_and_an_init_from_checkpoint_are_in_their_fingerprints(tmp_path):

@@ -34,7 +34,7 @@ def test_features_task_is_not_recomputed_and_moves_with_numcep(small_config):
         limit_train=6,
         limit_dev=3,
         limit_test=3,
-        extra="features:\n  numcep: 13\n  nfilt: 26\n",
+        extra="features:\n  numcep: 13\n",
     )
     assert not FeaturesSplit(config=str(changed), split="train").complete()
     assert luigi.build([FeaturesSplit(config=str(changed), split="train")], local_scheduler=True)

@@ -108,6 +108,26 @@ def test_the_policy_decides_best_plateau_halving_and_stop_from_the_history():
     assert not nan.is_best and nan.best_before == math.inf
 
 
+def test_best_by_cer_keeps_the_lowest_error_rate_while_halving_still_reads_the_loss():
+    """training.best_by: cer: a validation whose dev loss rose but whose CER fell is the new best (the
+    checkpoint Evaluate uses), the plateau rule still halves on the risen loss; a NaN CER or loss is never
+    best."""
+    history = TrainHistory(validations=[DevFigures(1, 30.0, 0.6, 0.25), DevFigures(2, 32.0, 0.5, 0.2)])
+    assert history.best().epoch == 1 and history.best("cer").epoch == 2 and history.best("wer").epoch == 2
+    policy = _policy(halve_lr_on_plateau=True, best_by="cer")
+
+    def validate(loss, cer):
+        return lambda epoch: (DevFigures(epoch, loss, 0.5, cer), {"best": [], "worst": []})
+
+    lower_cer = policy.after_epoch(3, history, validate(33.0, 0.18))
+    assert lower_cer.is_best and lower_cer.halve_lr and lower_cer.best_before == 30.0
+    assert not policy.after_epoch(3, history, validate(29.0, 0.21)).is_best
+    assert not policy.after_epoch(3, history, validate(29.0, 0.2)).is_best  # the earlier of equals
+    assert not policy.after_epoch(3, history, validate(29.0, math.nan)).is_best
+    assert not policy.after_epoch(1, TrainHistory(), validate(math.nan, 0.5)).is_best  # a NaN loss: never
+    assert policy.after_epoch(1, TrainHistory(), validate(50.0, 0.5)).is_best
+
+
 def test_the_policy_warns_when_validation_cannot_happen():
     assert _policy().blind_spots() == []
     blind = _policy(has_dev=False, halve_lr_on_plateau=True).blind_spots()

@@ -139,7 +139,10 @@ def test_two_towers_give_the_same_update_as_one_device(small_config, tmp_path):
     line = [out_line for out_line in result.stdout.splitlines() if out_line.startswith("MAXDIFF")][0]
     diff, count = float(line.split()[1]), int(line.split()[2])
     assert count == 13
-    assert diff < 1e-5, line
+    # Float rounding only: two towers sum each weight's gradient in another order (the fused LSTM's weight
+    # gradients are one product over all frames of a tower), and Adam's first update, g / (|g| + eps),
+    # magnifies the rounding of the smallest gradients. A wrong reduction differs by the learning rate.
+    assert diff < 5e-5, line
 
 
 _KILLABLE_TRAIN = """

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from pipeline.config import ModelConfig
 from pipeline.model.family import ModelFamily, StateTensor, StreamingForm
+from pipeline.model.fused_lstm import lstm_sequence
 
 LAYER_NAMES = ("layer_1", "layer_2", "layer_3", "lstm", "layer_5", "layer_6")
 
@@ -37,6 +38,16 @@ def make_windows(features: tf.Tensor, n_context: int) -> tf.Tensor:
     """``[batch, time, n_input]`` -> ``[batch, time, 2*n_context+1, n_input]``, zeros past the edges."""
     padded = tf.pad(features, [[0, 0], [n_context, n_context], [0, 0]])
     return tf.signal.frame(padded, 2 * n_context + 1, 1, axis=1)
+
+
+def uses_fused_lstm(lstm_kernel: str, gpu: bool | None = None) -> bool:
+    """Whether ``model.lstm_kernel`` runs the fused sequence LSTM (``auto``: when no GPU is visible, where
+    Keras' layer would use cuDNN; ``gpu`` overrides asking TensorFlow)."""
+    if lstm_kernel == "auto":
+        if gpu is None:
+            gpu = bool(tf.config.list_physical_devices("GPU"))
+        return not gpu
+    return lstm_kernel == "fused"
 
 
 class AcousticModel(keras.Model):
@@ -80,6 +91,7 @@ class AcousticModel(keras.Model):
             kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 4),
             recurrent_initializer=keras.initializers.GlorotUniform(seed=seed + 5),
         )
+        self.fused_lstm = uses_fused_lstm(config.lstm_kernel)
         self.layer_5 = dense("layer_5", hidden, 6)
         self.layer_6 = dense("layer_6", n_classes, 7, activation=False)
         self.dropouts = [
@@ -107,6 +119,14 @@ class AcousticModel(keras.Model):
         zeros = tf.zeros([tf.shape(features)[0], self.model_config.n_hidden], dtype=self.compute_dtype)
 
         def recurrence(x):
+            if self.fused_lstm:
+                if not self.lstm.built:  # built here, in the model's scope, as calling it would
+                    self.lstm.build(x.shape)
+                cell = self.lstm.cell
+                time_major = lstm_sequence(
+                    tf.transpose(x, [1, 0, 2]), cell.kernel, cell.recurrent_kernel, cell.bias
+                )
+                return tf.transpose(time_major, [1, 0, 2])
             return self.lstm(x, initial_state=[zeros, zeros], training=training)[0]
 
         logits = self.stack(make_windows(features, self.model_config.n_context), recurrence, training)

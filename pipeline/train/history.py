@@ -53,11 +53,12 @@ class TrainHistory:
         """The dev loss of every validation, oldest first (what the early-stop rules read)."""
         return [v.dev_loss for v in self.validations]
 
-    def best(self) -> DevFigures | None:
-        """The validation with the lowest finite dev loss (the earliest of equals); None when no
-        validation had a finite loss (a NaN loss is never the best)."""
-        finite = [v for v in self.validations if math.isfinite(v.dev_loss)]
-        return min(finite, key=lambda v: v.dev_loss) if finite else None
+    def best(self, by: str = "dev_loss") -> DevFigures | None:
+        """The validation with the lowest ``by`` (``dev_loss``, ``cer`` or ``wer``; the earliest of equals)
+        among those whose dev loss and ``by`` are finite; None when there is none (a validation with a
+        NaN loss, a model that produced non-finite outputs, is never the best whatever its error rate)."""
+        finite = [v for v in self.validations if math.isfinite(v.dev_loss) and math.isfinite(getattr(v, by))]
+        return min(finite, key=lambda v: getattr(v, by)) if finite else None
 
     def best_dev_loss(self) -> float:
         """The lowest finite dev loss so far, ``inf`` when there is none."""

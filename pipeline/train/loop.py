@@ -411,9 +411,9 @@ class Trainer:
 
     def _ensure_best(self) -> None:
         """Make the last checkpoint the best-dev one when no validation has told better: no dev split,
-        validation off, or no finite dev loss yet."""
+        validation off, or no finite dev loss (and ``training.best_by`` figure) yet."""
         latest = self.best_manager.latest_checkpoint
-        if latest and self.history.best() is not None:
+        if latest and self.history.best(self.config.training.best_by) is not None:
             return
         step = int(self.state.global_step.numpy())
         if latest is None or not latest.endswith(f"-{step}"):
@@ -699,7 +699,7 @@ class Trainer:
             global_batch_size=self.global_batch,
             train_losses=[dataclasses.asdict(e) for e in history.epoch_losses],
             validations=[dataclasses.asdict(v) for v in history.validations],
-            best_dev=history.best(),
+            best_dev=history.best(self.config.training.best_by),
             last_samples=history.last_samples,
             stop=stop,
             skipped_batches=[dataclasses.asdict(b) for b in history.skipped_batches],

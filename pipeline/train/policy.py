@@ -85,14 +85,19 @@ class EpochPolicy:
         validate: Callable[[int], tuple[DevFigures, dict]],
     ) -> EpochVerdict:
         """Decide after epoch ``epoch`` (1-based): validate with ``validate(epoch)`` when due, then
-        whether the model is the best so far (a lower dev loss than every finite one in ``history``),
+        whether the model is the best so far (a lower ``training.best_by`` figure than every finite one in
+        ``history``),
         whether to halve the learning rate, and whether to stop early. ``history`` is not changed."""
         if not self.validation_due(epoch):
             return EpochVerdict()
         figures, samples = validate(epoch)
         best_before = history.best_dev_loss()
-        is_best = figures.dev_loss < best_before
-        halve = not is_best and self.training.halve_lr_on_plateau
+        by = self.training.best_by
+        best = history.best(by)
+        is_best = math.isfinite(figures.dev_loss) and getattr(figures, by) < (
+            getattr(best, by) if best else math.inf
+        )
+        halve = not figures.dev_loss < best_before and self.training.halve_lr_on_plateau
         stop = None
         decision = should_stop(history.dev_losses() + [figures.dev_loss], self.early_stop)
         if decision is not None:
