@@ -232,12 +232,15 @@ def _kill_workers(logs: list[Path]) -> None:
 @pytest.mark.long
 def test_mid_epoch_saves_are_collective_and_every_worker_resumes_from_the_chiefs(small_config):
     """Issue 26 H4, its recipe made smaller: 2 local workers, 200 utterances in batches of 4 (25 steps per
-    epoch), checkpoint_secs 2, 2 epochs; the launcher is killed mid-epoch once both workers have saved
-    mid-epoch checkpoints; worker 1's scratch copies are lost (a replaced machine); a rerun must restore
-    the chief's checkpoint on both workers and end as an uninterrupted run would (50 steps, one model)."""
+    epoch), checkpoint_secs 2, 4 epochs of n_hidden 256 (since issue 25 the recipe's 2 epochs of n_hidden
+    32 end before a 2 s interval falls mid-epoch);
+    the launcher is killed mid-epoch once both workers have saved mid-epoch checkpoints; worker 1's scratch
+    copies are lost (a replaced machine); a rerun must restore the chief's checkpoint on both workers and
+    end as an uninterrupted run would (100 steps, one model)."""
     path = small_config(
         "mid.yaml",
         limit_train=200,
+        n_hidden=256,
         limit_dev=4,
         limit_test=4,
         extra="""
@@ -246,7 +249,7 @@ distribution:
   local_workers: 2
   collective_timeout_s: 60
 training:
-  epochs: 2
+  epochs: 4
   batch_size: 4
   checkpoint_secs: 2
   max_to_keep: 1000
@@ -290,7 +293,7 @@ training:
         # The chief's latest (or the one before, when the kill came before its state file named the last).
         assert Path(named[0][0]).parent == chief_dir and int(named[0][1]) in sorted(chief)[-2:], named
         results = [_result(log) for log in logs]
-        assert results[0]["global_step"] == results[1]["global_step"] == 50  # 2 epochs x 200 / (2 x 4)
+        assert results[0]["global_step"] == results[1]["global_step"] == 100  # 4 epochs x 200 / (2 x 4)
         assert results[0]["weights_sha256"] == results[1]["weights_sha256"]
         assert json.loads(run.report.read_text())["weights_sha256"] == results[0]["weights_sha256"]
     finally:
