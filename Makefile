@@ -14,7 +14,7 @@ TF_EXTRA := $(if $(GPU),gpu,cpu)
 
 LINTED := pipeline tasks native_client bench tests data
 
-.PHONY: setup kenlm fetch-models train rerun test test-long test-fast scheduler bench docs lint clean
+.PHONY: setup kenlm fetch-models test-tools train rerun test test-long test-fast scheduler bench docs lint clean
 
 ## The venv in .venv with everything (TensorFlow's CPU build; GPU=1: the CUDA build, in a fresh venv).
 setup: $(VENV)/.installed-$(TF_EXTRA)
@@ -62,18 +62,32 @@ train: setup
 rerun: setup
 	$(BIN)/python -m tasks.rerun $(STAGE) --config $(CONFIG) --audio $(CLIP) $(SCHEDULER_FLAG) $(RERUN_ARGS)
 
+## What the tests need beyond the venv, each once: the real models (fetch-models) and the Debian packages
+## espeak-ng (speaks the test corpora) and sox (converts and pipes audio), installed when run as root and
+## missing; otherwise the tests that need them skip, naming the apt-get command. KenLM's tools stay
+## optional (make kenlm: a few minutes of compiling); their tests skip without them.
+TEST_DEBS := espeak-ng sox
+test-tools: fetch-models
+	@missing=$$(for p in $(TEST_DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else echo "note: the tests that need$$(printf ' %s' $$missing) skip; to run them: apt-get install$$(printf ' %s' $$missing)"; fi; \
+	fi
+
 ## The test suite (what CI runs), in TEST_WORKERS processes, each test file in one of them; the heaviest
-## tests (marked long) are left to test-long, which CI runs too.
+## tests (marked long) are left to test-long, which CI runs too. Budget (docs/TESTING.md): under 20 minutes
+## on the slower (AVX2-only) EPYC of the developers' machine kind; test-long under 30.
 TEST_WORKERS ?= 2
-test: setup
+test: setup test-tools
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not long" $(PYTEST_ARGS)
 
 ## The heaviest fault and training tests (a minute or more each: multi-worker kills, luigid, tiny trainings).
-test-long: setup
+test-long: setup test-tools
 	$(BIN)/python -m pytest -q -m long $(PYTEST_ARGS)
 
 ## Only the fast tests (skips the ones that train for minutes).
-test-fast: setup
+test-fast: setup test-tools
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not long" $(PYTEST_ARGS)
 
 ## The central Luigi scheduler on 127.0.0.1:8082 (UI at http://127.0.0.1:8082).

@@ -443,6 +443,20 @@ class TrainingConfig:
     checkpoint_secs: int = _opt(
         600, "Save a checkpoint at least this often (and at each epoch end).", minimum=1, stages=()
     )
+    checkpoint_steps: int = _opt(
+        0,
+        "Also save a checkpoint after every global step that is a multiple of this (0 = by "
+        "checkpoint_secs and epoch ends only): saves at known steps, whatever the machine's speed.",
+        minimum=0,
+        stages=(),
+    )
+    hooks: tuple[str, ...] = _opt(
+        (),
+        "Modules of your own (dotted names) whose TRAIN_HOOKS(config) returns a "
+        "pipeline.train.hooks.TrainHooks, called after each step, validation and epoch in every "
+        "training process; they observe (in no fingerprint) and may stop training with StopTraining.",
+        stages=(),
+    )
     max_to_keep: int = _opt(5, "Latest checkpoints kept.", minimum=1, stages=())
     validation_epochs: int = _opt(1, "Validate every this many epochs (0 = never).", minimum=0)
     best_by: Literal["dev_loss", "cer", "wer"] = _opt(

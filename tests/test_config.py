@@ -1,6 +1,5 @@
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -120,25 +119,26 @@ def test_extends_cycle_is_reported(write_config):
 
 
 def test_misspelt_key_fails_fast_from_the_command_line(write_config):
+    """Fast by what it does, not by a clock: the error comes before TensorFlow (seconds to load) is
+    imported."""
     path = write_config("training:\n  epoch: 3\n")
-    started = time.monotonic()
     result = subprocess.run(
         [
             sys.executable,
             "-c",
             "import sys; from pipeline.config_loader import load_config, ConfigError\n"
-            "try:\n    load_config(sys.argv[1])\nexcept ConfigError as e:\n    print(e); sys.exit(2)",
+            "try:\n    load_config(sys.argv[1])\nexcept ConfigError as e:\n"
+            "    print(e, 'tensorflow' in sys.modules); sys.exit(2)",
             str(path),
         ],
         capture_output=True,
         text=True,
         cwd=ROOT,
     )
-    elapsed = time.monotonic() - started
     assert result.returncode == 2
     assert result.stdout.strip().count("\n") == 0
     assert "training.epoch: unknown key" in result.stdout and str(path) in result.stdout
-    assert elapsed < 10  # generous bound for a loaded CI machine; the issue's target is 2 s
+    assert result.stdout.strip().endswith(" False"), result.stdout  # TensorFlow was never loaded
 
 
 def test_fingerprints_move_only_the_stages_that_depend_on_a_setting(write_config):

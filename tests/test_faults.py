@@ -17,6 +17,7 @@ import pytest
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
 from tests.conftest import ROOT, build_features
+from tests.plugins.step_barrier import StepBarrier
 
 # A training child that SIGKILLs itself at a chosen checkpoint save: after it ("after") or in the middle of
 # it ("during": the checkpoint files are written but the manager's state file does not list them yet).
@@ -59,7 +60,8 @@ model:
 training:
   epochs: 2
   batch_size: 2
-  checkpoint_secs: 1
+  checkpoint_secs: 100000
+  checkpoint_steps: 7
 augment:
   freq_masks: 2
   time_masks: 2
@@ -931,12 +933,18 @@ def _task_process(work: Path, task: str) -> int:
 def test_sigterm_stops_training_with_a_checkpoint_of_its_last_step(small_config, tmp_path):
     """Issue 26 N6: Luigi's worker stops its task processes with SIGTERM (when it lost its scheduler, on
     Ctrl-C), as does a container stopping; Train died at once, losing every step since its last checkpoint.
-    It now stops at the end of the step with a checkpoint of that step, and a rerun resumes there."""
+    It now stops at the end of the step with a checkpoint of that step, and a rerun resumes there.
+    The signal falls while training is paused after step 20 (4 steps into the second epoch of 16): the
+    stop comes at the end of the next step, 21, whatever the CPU's speed."""
     import re
-    import time
 
+    barrier = StepBarrier(tmp_path / "barrier", 20)
     path = small_config(
-        "term.yaml", limit_train=64, limit_dev=4, limit_test=4, extra="training:\n  epochs: 6\n"
+        "term.yaml",
+        limit_train=64,
+        limit_dev=4,
+        limit_test=4,
+        extra="training:\n  epochs: 6\n" + barrier.config_yaml(),
     )
     checkpoints = Layout(load_config(path)).train_run.checkpoints
     run = subprocess.Popen(
@@ -945,14 +953,15 @@ def test_sigterm_stops_training_with_a_checkpoint_of_its_last_step(small_config,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=barrier.env(),
     )
     try:
-        deadline = time.monotonic() + 600
-        while not list(checkpoints.glob("ckpt-*.index")):
-            assert run.poll() is None and time.monotonic() < deadline, run.stderr.read()[-3000:]
-            time.sleep(0.1)
-        time.sleep(1.5)  # some steps into the second epoch
-        os.kill(_task_process(Layout(load_config(path)).work_dir, "Train"), signal.SIGTERM)
+        (pid, step_in_epoch), *_ = barrier.wait(
+            20, lambda: run.poll() is None or run.stderr.read()[-3000:]
+        ).items()
+        assert pid == _task_process(Layout(load_config(path)).work_dir, "Train") and step_in_epoch == 4
+        os.kill(pid, signal.SIGTERM)
+        barrier.release(20)
         out, err = run.communicate(timeout=300)
     finally:
         if run.poll() is None:
@@ -961,17 +970,17 @@ def test_sigterm_stops_training_with_a_checkpoint_of_its_last_step(small_config,
     assert run.returncode != 0
     stopped = re.search(r"training stopped by SIGTERM after step (\d+); a checkpoint of that step was", err)
     assert stopped, err[-3000:]
-    step = int(stopped.group(1))
-    assert step % 16 and (checkpoints / f"ckpt-{step}.index").is_file()  # mid-epoch, saved
+    assert int(stopped.group(1)) == 21 and (checkpoints / "ckpt-21.index").is_file()  # mid-epoch, saved
     again = subprocess.run(
         [sys.executable, "-m", "tasks.cli", "Train", "--config", str(path), "--local-scheduler"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=900,
+        env=barrier.env(),
     )
     assert again.returncode == 0, again.stderr[-3000:]
-    assert f"ckpt-{step}" in again.stderr  # restored from it
+    assert "ckpt-21" in again.stderr  # restored from it
     assert json.loads(Layout(load_config(path)).train_run.report.read_text())["global_step"] == 6 * 16
 
 

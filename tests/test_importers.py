@@ -241,6 +241,8 @@ def test_kaldi_data_dir(tmp_path):
 
 def test_kaldi_commands_run_once_when_allowed(tmp_path):
     """run_commands: the sox speed-perturbation pipe runs once, its output is kept and reused."""
+    if shutil.which("sox") is None:
+        pytest.skip("sox is not installed: apt-get install sox (make test does, run as root)")
     path = corpus_layouts.kaldi(tmp_path)
     _, rows, rejects = run(tmp_path, "kaldi", path, fractions={"train": 1.0}, options={"run_commands": True})
     assert rejects == [] and rows["train"][3][1:] == ("faster", "0", "1", "spk2")
@@ -265,7 +267,7 @@ def test_folder_and_a_format_converted_once(tmp_path):
     """A WavPack file (libsndfile cannot read it) is converted once by sox, and only once."""
     path = corpus_layouts.folder(tmp_path)
     if shutil.which("sox") is None:
-        pytest.skip("sox is not installed")
+        pytest.skip("sox is not installed: apt-get install sox (make test does, run as root)")
     import subprocess
 
     subprocess.run(["sox", str(path / "alice" / "001.wav"), str(path / "carol.wv")], check=True)

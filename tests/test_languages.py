@@ -9,7 +9,7 @@ client's transcript is NFC text whose characters all belong to the alphabet (for
 the script, invalid byte sequences dropped). Normalisation and byte decoding are unit-tested in
 test_text.py and test_alphabet.py.
 
-Needs espeak-ng (Debian: espeak-ng, which brings espeak-ng-data; .ci/run installs it).
+Needs espeak-ng (Debian: espeak-ng, which brings espeak-ng-data; make test installs it when run as root).
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def espeak_corpus(root: Path, language: Language) -> dict[str, Path]:
     in test (a corpus this small is there to run the stages, not to generalise; no dev split, so Train
     skips validation); the French transcripts of odd rows written in NFD. Returns the manifests by split."""
     espeak = shutil.which("espeak-ng")
-    assert espeak, "espeak-ng is not installed (Debian package espeak-ng; .ci/run installs it)"
+    if espeak is None:
+        pytest.skip("espeak-ng is not installed: apt-get install espeak-ng (make test does, run as root)")
     root.mkdir(parents=True)
     rows = []
     for index, sentence in enumerate(language.sentences):

@@ -21,11 +21,15 @@ from pipeline.layout import Layout, TrainRun
 from pipeline.train.distribute import DistributionError
 from pipeline.train.multiworker import wait_for_workers
 from tests.conftest import ROOT, build_features
+from tests.plugins.step_barrier import StepBarrier
 
 pytestmark = pytest.mark.slow
 
 
-def _config(small_config, name: str, epochs: int, extra: str = "") -> Path:
+def _config(
+    small_config, name: str, epochs: int, extra: str = "", training: str = "  checkpoint_secs: 1\n"
+) -> Path:
+    """A tiny multi-worker config; ``training``: more keys of its training section (YAML lines)."""
     return small_config(
         name,
         limit_train=16,
@@ -39,8 +43,8 @@ training:
   epochs: {epochs}
   batch_size: 4
   validation_epochs: 1000
-  checkpoint_secs: 1
 """
+        + training
         + extra,
     )
 
@@ -136,21 +140,24 @@ def test_two_workers_end_with_identical_weights(small_config, tmp_path):
 
 
 @pytest.mark.long
-def test_killed_worker_stops_the_other_and_a_restart_resumes(small_config, tmp_path):
-    path = _config(small_config, "kill.yaml", epochs=40)
+def test_killed_worker_stops_the_other_and_a_restart_resumes(small_config, tmp_path, monkeypatch):
+    """Worker 1 is killed while both workers are paused after step 13 (2 steps per epoch: the last save
+    was the chief's after step 12); worker 0 then waits in step 14's all-reduce until the collective
+    timeout ends it; a restart resumes both from step 12 and ends as an uninterrupted run would."""
+    barrier = StepBarrier(tmp_path / "barrier", 13)
+    barrier.install(monkeypatch)
+    training = "  checkpoint_secs: 100000\n" + barrier.config_yaml()
+    path = _config(small_config, "kill.yaml", epochs=40, training=training)
     config = load_config(path)
     build_features(config, ("train", "dev"))
-    run_dir = Layout(config).train_run.root
     logs = TrainRun(tmp_path).worker_log
     workers = multiworker.start_workers(path, 2, logs)
-    deadline = time.monotonic() + 300
-    while not list((run_dir / "checkpoints").glob("ckpt-*.index")):
-        assert time.monotonic() < deadline and all(w.poll() is None for w in workers), logs(0).read_text()[
-            -2000:
-        ]
-        time.sleep(0.5)
-    time.sleep(2)
+    paused = barrier.wait(
+        13, lambda: all(w.poll() is None for w in workers) or logs(0).read_text()[-2000:], count=2
+    )
+    assert sorted(paused) == sorted(w.pid for w in workers), (paused, [w.pid for w in workers])
     workers[1].kill()
+    barrier.release(13)
     started = time.monotonic()
     with pytest.raises(DistributionError) as failure:
         wait_for_workers(workers, logs, grace_s=120)
@@ -163,7 +170,7 @@ def test_killed_worker_stops_the_other_and_a_restart_resumes(small_config, tmp_p
     chief, other = _result(logs2(0)), _result(logs2(1))
     restored = [line for line in logs2(0).read_text().splitlines() if "Restored" in line]
     assert restored and "Restored" in logs2(1).read_text()
-    assert int(restored[0].split("step ")[1].split()[0].rstrip(",")) > 0
+    assert int(restored[0].split("step ")[1].split()[0].rstrip(",")) == 12
     assert (
         chief["global_step"] == other["global_step"] == 80
         and chief["weights_sha256"] == other["weights_sha256"]
@@ -230,31 +237,34 @@ def _kill_workers(logs: list[Path]) -> None:
 
 
 @pytest.mark.long
-def test_mid_epoch_saves_are_collective_and_every_worker_resumes_from_the_chiefs(small_config):
-    """Issue 26 H4, its recipe made smaller: 2 local workers, 200 utterances in batches of 4 (25 steps per
-    epoch), checkpoint_secs 2, 4 epochs of n_hidden 256 (since issue 25 the recipe's 2 epochs of n_hidden
-    32 end before a 2 s interval falls mid-epoch);
-    the launcher is killed mid-epoch once both workers have saved mid-epoch checkpoints; worker 1's scratch
-    copies are lost (a replaced machine); a rerun must restore the chief's checkpoint on both workers and
-    end as an uninterrupted run would (100 steps, one model)."""
+def test_mid_epoch_saves_are_collective_and_every_worker_resumes_from_the_chiefs(
+    small_config, tmp_path, monkeypatch
+):
+    """Issue 26 H4: 2 local workers, 200 utterances in batches of 4 (25 steps per epoch), 2 epochs, a save
+    after every 10th step (training.checkpoint_steps); the launcher is killed while both workers are
+    paused after step 22, when both have saved after steps 10 and 20 (mid-epoch); worker 1's scratch
+    copies are lost (a replaced machine); a rerun must restore the chief's checkpoint of step 20 on both
+    workers and end as an uninterrupted run would (50 steps, one model)."""
+    barrier = StepBarrier(tmp_path / "barrier", 22)
+    barrier.install(monkeypatch)
     path = small_config(
         "mid.yaml",
         limit_train=200,
-        n_hidden=256,
         limit_dev=4,
         limit_test=4,
-        extra="""
+        extra=f"""
 distribution:
   strategy: multi_worker
   local_workers: 2
   collective_timeout_s: 60
 training:
-  epochs: 4
+  epochs: 2
   batch_size: 4
-  checkpoint_secs: 2
+  checkpoint_secs: 100000
+  checkpoint_steps: 10
   max_to_keep: 1000
   validation_epochs: 1000
-""",
+{barrier.config_yaml()}""",
     )
     config = load_config(path)
     build_features(config, ("train", "dev"))
@@ -263,14 +273,7 @@ training:
     chief_dir, scratch_dir = run.checkpoints, run.worker_scratch(1).checkpoints
     try:
         launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(path)], cwd=ROOT)
-        deadline = time.monotonic() + 900
-        while True:
-            mid = [{s for s in _steps(d) if s % 25} for d in (chief_dir, scratch_dir)]
-            if min(len(m) for m in mid) >= 2:
-                break
-            assert launcher.poll() is None, "the run ended before it could be killed mid-epoch"
-            assert time.monotonic() < deadline, logs[0].read_text()[-2000:]
-            time.sleep(0.2)
+        barrier.wait(22, lambda: launcher.poll() is None or "the launcher ended", count=2)
         launcher.kill()
         launcher.wait()
         deadline = time.monotonic() + 60
@@ -278,22 +281,20 @@ training:
             assert time.monotonic() < deadline, "the workers outlived their launcher"
             time.sleep(0.2)
         chief, other = _steps(chief_dir), _steps(scratch_dir)
-        # Saved after the same steps; only the save under way at the kill may be missing on one side.
-        assert chief - {max(chief)} <= other and other - {max(other)} <= chief, (sorted(chief), sorted(other))
-        assert len({s for s in chief & other if s % 25}) >= 2, (sorted(chief), sorted(other))
+        assert chief == other == {10, 20}, (sorted(chief), sorted(other))  # the same saves, mid-epoch
         assert not run.report.exists()
         for leftover in scratch_dir.parent.iterdir():  # worker 1's machine was replaced
             leftover.unlink() if leftover.is_file() else shutil.rmtree(leftover)
 
+        barrier.release(22)  # the rerun passes step 22 again
         subprocess.run([sys.executable, "-c", _LAUNCHER, str(path)], cwd=ROOT, check=True, timeout=900)
         restored = [[line for line in log.read_text().splitlines() if " Restored " in line] for log in logs]
         assert all(len(lines) == 1 for lines in restored), restored
         named = [re.search(r"Restored (\S+): epoch \d+, step (\d+)", lines[0]).groups() for lines in restored]
         assert named[0] == named[1], named  # worker 1 restored the chief's checkpoint, from its directory
-        # The chief's latest (or the one before, when the kill came before its state file named the last).
-        assert Path(named[0][0]).parent == chief_dir and int(named[0][1]) in sorted(chief)[-2:], named
+        assert Path(named[0][0]).parent == chief_dir and int(named[0][1]) == 20, named
         results = [_result(log) for log in logs]
-        assert results[0]["global_step"] == results[1]["global_step"] == 100  # 4 epochs x 200 / (2 x 4)
+        assert results[0]["global_step"] == results[1]["global_step"] == 50  # 2 epochs x 200 / (2 x 4)
         assert results[0]["weights_sha256"] == results[1]["weights_sha256"]
         assert json.loads(run.report.read_text())["weights_sha256"] == results[0]["weights_sha256"]
     finally:

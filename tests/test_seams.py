@@ -164,6 +164,7 @@ def test_keys_that_change_no_result_in_a_config_move_no_fingerprint():
         {"augment": {"seed": 7, "freq_mask_max": 9, "noise_snr_db": [5.0, 6.0]}},
         {"decoder": {"tune": True, "lm_builder": "python", "lm_quantize_bits": 4, "char_lm_order": 4}},
         {"training": {"checkpoint_secs": 5}, "features": {"workers": 1}},
+        {"training": {"checkpoint_steps": 10, "hooks": ["tests.plugins.step_barrier"]}},
     ):
         assert fingerprints(**sections) == base, sections
     moved = fingerprints(augment={"freq_masks": 1})

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import h5py
 import numpy as np
@@ -29,6 +28,7 @@ from pipeline.stages.train import train_stage
 from pipeline.train.distribute import make_strategy
 from pipeline.train.loop import Trainer, TrainingError, global_batch_size
 from tests.conftest import ROOT, build_features
+from tests.plugins.step_barrier import StepBarrier
 
 
 def _trainer(config, run_dir, train=None):
@@ -158,8 +158,11 @@ if __name__ == "__main__":
 
 
 def test_sigkill_mid_epoch_resumes_from_checkpoint(small_config, tmp_path):
-    extra = "training:\n  epochs: 2\n  checkpoint_secs: 1\n  batch_size: 2\n"
-    killed = small_config("killed.yaml", limit_train=40, extra=extra)
+    """Killed (SIGKILL) while paused after step 7 of 20, two steps after the save after step 5: the
+    rerun restores step 5 and ends with the weights of a run never interrupted."""
+    barrier = StepBarrier(tmp_path / "barrier", 7)
+    extra = "training:\n  epochs: 2\n  checkpoint_steps: 5\n  batch_size: 2\n"
+    killed = small_config("killed.yaml", limit_train=40, extra=extra + barrier.config_yaml())
     config = load_config(killed)
     build_features(config)
     script = tmp_path / "train.py"
@@ -171,29 +174,30 @@ def test_sigkill_mid_epoch_resumes_from_checkpoint(small_config, tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env=barrier.env(),
     )
-    deadline = time.monotonic() + 240
-    step = 0
-    while time.monotonic() < deadline and process.poll() is None:
+    try:
+        paused = barrier.wait(7, lambda: process.poll() is None or process.stdout.read()[-3000:])
+        assert list(paused) == [process.pid] and paused[process.pid] == 7
         latest = tf.train.latest_checkpoint(str(checkpoints))
-        if latest:
-            step = int(
-                tf.train.load_checkpoint(latest).get_tensor("step_in_epoch/.ATTRIBUTES/VARIABLE_VALUE")
-            )
-            if 0 < step:
-                break
-        time.sleep(0.2)
-    os.kill(process.pid, signal.SIGKILL)
-    process.communicate()
-    assert step > 0, "no mid-epoch checkpoint was written before the kill"
+        assert latest and latest.endswith("ckpt-5"), latest
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.communicate()
     assert not (Layout(config).train_run.root / "train_report.json").exists()
 
+    barrier.release(7)  # the rerun passes step 7 again
     result = subprocess.run(
-        [sys.executable, str(script), str(killed)], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, str(script), str(killed)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=barrier.env(),
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     restored = [log_line for log_line in result.stderr.splitlines() if "Restored" in log_line]
-    assert restored and " step 0 " not in restored[0], restored
+    assert restored and " step 5 " in restored[0], restored
     assert "FINAL_STEP 40" in result.stdout  # 2 epochs x 20 steps, as an uninterrupted run
     report = read_report(Layout(config).train_run.report, TrainReport)
     assert report.global_step == 40 and report.epochs_completed == 2
@@ -205,6 +209,33 @@ def test_sigkill_mid_epoch_resumes_from_checkpoint(small_config, tmp_path):
     )
     build_features(clean)
     assert train_stage(Layout(clean)).weights_sha256 == report.weights_sha256
+
+
+def test_checkpoint_steps_saves_at_known_steps_and_hooks_of_ones_own_run(small_config, tmp_path):
+    """training.checkpoint_steps saves after every 3rd step (and at epoch ends), whatever the clock; a
+    module named in training.hooks sees every step (the step barrier, with no step to pause at)."""
+    extra = (
+        "training:\n  epochs: 2\n  checkpoint_secs: 100000\n  checkpoint_steps: 3\n  max_to_keep: 100\n"
+        + StepBarrier.config_yaml()
+    )
+    config = load_config(small_config("steps.yaml", limit_train=16, extra=extra))
+    build_features(config, ("train", "dev"))
+    report = train_stage(Layout(config))
+    assert report.global_step == 8  # 2 epochs of 4 steps
+    saved = {int(p.name[5:-6]) for p in Layout(config).train_run.checkpoints.glob("ckpt-*.index")}
+    assert saved == {3, 4, 6, 8}, sorted(saved)
+
+
+def test_a_training_hook_that_is_not_a_module_is_named_in_one_line(small_config):
+    from native_client.plugins import PluginError
+
+    extra = "training:\n  epochs: 1\n  hooks: [tests.plugins.no_such_hooks]\n"
+    config = load_config(small_config("nohook.yaml", limit_train=4, extra=extra))
+    build_features(config, ("train", "dev"))
+    with pytest.raises(PluginError) as error:
+        train_stage(Layout(config))
+    assert "training.hooks: no module 'tests.plugins.no_such_hooks'" in str(error.value)
+    assert "\n" not in str(error.value)
 
 
 def test_changed_geometry_names_directory_and_variables(small_config):
@@ -360,10 +391,10 @@ def test_warm_start_copies_weights_and_can_drop_the_last_layers(small_config):
 
 
 # Phases of a run moved between one tower and two (distribution.cpu_devices 1, then 2) in one process:
-# argv: mode, then config paths. A run is "killed" mid-epoch by a hook: after step 4 it waits out
-# checkpoint_secs (so the chief's clock saves after step 5), and after step 6 it stops training.
+# argv: mode, then config paths. A run is "killed" mid-epoch by a hook after step 6; its configs save
+# after step 5 (training.checkpoint_steps), never by the clock.
 _MOVED = """
-import json, logging, sys, time
+import json, logging, sys
 logging.basicConfig(level=logging.INFO)
 import numpy as np, tensorflow as tf
 from pipeline.config import DistributionConfig
@@ -379,8 +410,6 @@ class Killed(Exception):
     pass
 
 def on_step(info):
-    if info.step == 4:
-        time.sleep(1.5)
     if info.step == 6:
         raise Killed()
 
@@ -427,7 +456,7 @@ def test_a_run_moved_to_other_towers_mid_epoch_is_refused_and_continues_from_an_
     """Issue 26 M4: one tower (global batch 2, 12 steps per epoch) killed mid-epoch, then two towers (global
     batch 4): refused in one line naming both; finished on one tower with epochs: -1; then two towers go on
     from the epoch boundary with a warning, on the new plan (6 steps per epoch)."""
-    common = "training:\n  epochs: 2\n  batch_size: 2\n  checkpoint_secs: 1\n"
+    common = "training:\n  epochs: 2\n  batch_size: 2\n  checkpoint_steps: 5\n"
     one = small_config("one.yaml", limit_train=24, extra=common + "distribution:\n  cpu_devices: 1\n")
     two = small_config("two.yaml", limit_train=24, extra=common + "distribution:\n  cpu_devices: 2\n")
     finish = small_config(
@@ -441,7 +470,7 @@ def test_a_run_moved_to_other_towers_mid_epoch_is_refused_and_continues_from_an_
     results, log = _moved(tmp_path, f"kill:{one}", f"train:{two}", f"train:{finish}", f"train:{two}")
     assert [r["phase"] for r in results] == ["killed", "refused", "trained", "trained"], results
     refusal = results[1]["error"]
-    assert "\n" not in refusal and ("at step 6 " in refusal or "at step 5 " in refusal), refusal
+    assert "\n" not in refusal and "at step 5 " in refusal, refusal  # the save after step 5
     assert "1 towers x 2 = global batch 2" in refusal and "2 towers x 2 = global batch 4" in refusal
     assert "training.epochs: -1" in refusal and "make rerun STAGE=Train" in refusal
     assert results[2] == {"phase": "trained", "towers": 1, "global_batch": 2, "global_step": 12, "epochs": 1}
@@ -454,7 +483,7 @@ def test_a_run_moved_to_other_towers_with_the_same_global_batch_resumes_exactly(
     """Issue 26 M4: with training.global_batch_size fixed the plan is the same on one tower and two, so a
     run killed mid-epoch on one resumes on two at the very next batch: it ends with the weights of a run
     never interrupted (to float32 summation order)."""
-    common = "training:\n  epochs: 2\n  global_batch_size: 4\n  checkpoint_secs: 1\n"
+    common = "training:\n  epochs: 2\n  global_batch_size: 4\n  checkpoint_steps: 5\n"
     one = small_config("one.yaml", limit_train=32, extra=common + "distribution:\n  cpu_devices: 1\n")
     two = small_config("two.yaml", limit_train=32, extra=common + "distribution:\n  cpu_devices: 2\n")
     clean = small_config(
@@ -468,7 +497,7 @@ def test_a_run_moved_to_other_towers_with_the_same_global_batch_resumes_exactly(
     assert [r["phase"] for r in results] == ["killed", "trained", "trained"], results
     assert results[1]["towers"] == 2 and results[1]["global_step"] == results[2]["global_step"] == 16
     restored = [line for line in log.splitlines() if "Restored" in line]
-    assert restored and " step 0 " not in restored[0], restored
+    assert restored and " step 5 " in restored[0], restored
     moved, uninterrupted = np.load(f"{two}.weights.npz"), np.load(f"{clean}.weights.npz")
     assert len(moved.files) == 13
     # Measured 5e-5 apart after 24 such steps (float32 sums over one tower or two, through Adam);

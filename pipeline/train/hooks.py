@@ -1,9 +1,23 @@
-"""Callbacks a caller (a Luigi task, a benchmark, a test) attaches to training, and what each receives."""
+"""Callbacks a caller (a Luigi task, a benchmark, a test) attaches to training, and what each receives.
+
+Besides the caller's own, ``training.hooks`` names modules of the user's (a dotted name, found as every
+plug-in is: ``native_client.plugins``) whose ``TRAIN_HOOKS`` attribute, called with the run's config,
+returns a ``TrainHooks``: a notification at each validation, a lab's own progress feed, a test that
+pauses training at a chosen step. They run in every training process (local and cluster workers too),
+after the caller's hooks, and observe: a hook changes no result (the key is in no fingerprint), though it
+may stop training by raising ``StopTraining``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from native_client.plugins import PluginError, find_plugin
+
+if TYPE_CHECKING:
+    from pipeline.config import Config
 
 
 class StopTraining(Exception):  # noqa: N818 - a request, not an error
@@ -54,3 +68,40 @@ class TrainHooks:
     on_step: Callable[[StepInfo], None] | None = None
     on_validation: Callable[[ValidationInfo], None] | None = None
     on_epoch: Callable[[EpochInfo], None] | None = None
+
+
+def combine_hooks(hooks: Sequence[TrainHooks]) -> TrainHooks:
+    """One ``TrainHooks`` calling each of ``hooks``' callbacks in order (none where no hook has one)."""
+
+    def chain(name: str):
+        callbacks = [getattr(h, name) for h in hooks if getattr(h, name) is not None]
+        if not callbacks:
+            return None
+        if len(callbacks) == 1:
+            return callbacks[0]
+
+        def call_each(info) -> None:
+            for callback in callbacks:
+                callback(info)
+
+        return call_each
+
+    return TrainHooks(
+        on_step=chain("on_step"), on_validation=chain("on_validation"), on_epoch=chain("on_epoch")
+    )
+
+
+def configured_hooks(config: Config) -> list[TrainHooks]:
+    """The hooks ``training.hooks`` names, each module's ``TRAIN_HOOKS(config)``; a name that is not an
+    importable module with that attribute, or a factory that returns no ``TrainHooks``, is a
+    ``PluginError`` naming the key."""
+    found = []
+    for name in config.training.hooks:
+        factory = find_plugin("pipeline.train", name, "TRAIN_HOOKS", "training.hooks")
+        hooks = factory(config)
+        if not isinstance(hooks, TrainHooks):
+            raise PluginError(
+                f"training.hooks: {name}.TRAIN_HOOKS returned {type(hooks).__name__}, not TrainHooks"
+            )
+        found.append(hooks)
+    return found

@@ -53,7 +53,15 @@ from pipeline.train.dataset import SplitReader, batch_plan, plan_digest, train_d
 from pipeline.train.distribute import ClusterRole
 from pipeline.train.epochs import RunRecord, epoch_target
 from pipeline.train.history import EpochLoss, HistoryState, SkippedBatch, TrainHistory
-from pipeline.train.hooks import EpochInfo, StepInfo, StopTraining, TrainHooks, ValidationInfo
+from pipeline.train.hooks import (
+    EpochInfo,
+    StepInfo,
+    StopTraining,
+    TrainHooks,
+    ValidationInfo,
+    combine_hooks,
+    configured_hooks,
+)
 from pipeline.train.policy import EpochPolicy, EpochVerdict, learning_rate
 from pipeline.train.step import StepResult, TrainStep
 
@@ -140,7 +148,7 @@ class Trainer:
         self.alphabet = alphabet
         self.strategy = strategy
         self.role = role
-        self.hooks = hooks or TrainHooks()
+        self.hooks = combine_hooks([hooks or TrainHooks(), *configured_hooks(config)])
         self.fingerprint = fingerprint
         self.started = time.time() if started is None else started
         self.towers = strategy.num_replicas_in_sync
@@ -657,8 +665,11 @@ class Trainer:
                 if lr != current_lr:
                     self.optimizer.learning_rate.assign(lr)
                     current_lr = lr
-                # The chief's clock decides; every worker learns the decision from the step itself.
-                vote = self.role.is_chief and time.monotonic() - last_save >= training.checkpoint_secs
+                # The chief's clock (or step count) decides; every worker learns the decision from the step.
+                vote = self.role.is_chief and (
+                    time.monotonic() - last_save >= training.checkpoint_secs
+                    or _step_save_due(int(self.state.global_step.numpy()) + 1, training.checkpoint_steps)
+                )
                 result = self._train_step(batch, dataset.element_spec, save_vote=vote)
                 consecutive_bad = self._after_step(result, consecutive_bad, lr)
                 if result.save:
@@ -715,3 +726,9 @@ class Trainer:
             finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
             wall_time_s=time.time() - self.started,
         )
+
+
+def _step_save_due(step: int, every: int) -> bool:
+    """Whether ``training.checkpoint_steps`` (``every``; 0 = off) asks for a save after global step
+    ``step``."""
+    return every > 0 and step % every == 0
