@@ -62,7 +62,9 @@ FLAC_OPTIONS = {"-c", "-d", "-s", "--decode", "--stdout", "--silent"}
 class KaldiOptions:
     """Options of the Kaldi data directory importer."""
 
-    run_commands: bool = False  # run piped wav.scp commands (once, at import) instead of dropping them
+    run_commands: bool = (
+        False  # run piped wav.scp commands (at import, in the data directory) instead of dropping them
+    )
 
 
 def _is_data_dir(folder: Path) -> bool:
