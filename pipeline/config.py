@@ -311,8 +311,16 @@ class FeaturesConfig:
         "deepspeech) or the dotted name of a module of your own defining FRONTEND.",
     )
     sample_rate: int = _opt(16000, "Expected sample rate in Hz.", minimum=1000)
-    resample: bool = _opt(False, "Resample audio of another rate instead of rejecting it.")
-    downmix: bool = _opt(False, "Average multi-channel audio to mono instead of rejecting it.")
+    resample: bool = _opt(
+        True,
+        "Resample audio of another rate to sample_rate (soxr), as DeepSpeech's importers converted "
+        "everything; false rejects it as wrong_sample_rate. The Features report counts the files resampled.",
+    )
+    downmix: bool = _opt(
+        True,
+        "Average multi-channel audio to mono; false rejects it as too_many_channels. The Features report "
+        "counts the files downmixed.",
+    )
     normalize: bool = _opt(False, "Normalise each utterance's features to zero mean, unit variance.")
     workers: int = _opt(0, "Extraction worker processes (0 = all cores).", minimum=0, stages=())
     # The front end's own settings (its Settings dataclass), filled by the loader from the section's

@@ -48,6 +48,24 @@ def _describe(tp) -> str:
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[tp]
 
 
+# The words YAML 1.1 (PyYAML) reads as booleans, by the boolean they become.
+YAML_BOOLEAN_WORDS = {False: ("off", "no", "false"), True: ("on", "yes", "true")}
+
+
+def _spelled_choice(value: Any, choices: tuple) -> Any:
+    """The choice among ``choices`` a YAML boolean was written as: ``rule: off`` reaches the loader as
+    False (YAML 1.1 reads off/no/on/yes as booleans), which means the choice ``"off"`` when that is one.
+    Any other value is returned as it is."""
+    if not isinstance(value, bool):
+        return value
+    spelled = [
+        choice
+        for choice in choices
+        if isinstance(choice, str) and choice.lower() in YAML_BOOLEAN_WORDS[value]
+    ]
+    return spelled[0] if len(spelled) == 1 else value
+
+
 def _coerce(value: Any, tp, where: str, base_dir: Path | None, is_path: bool):
     """Check ``value`` against type ``tp``; resolve relative paths against ``base_dir``."""
     origin = typing.get_origin(tp)
@@ -58,6 +76,7 @@ def _coerce(value: Any, tp, where: str, base_dir: Path | None, is_path: bool):
         inner = [a for a in typing.get_args(tp) if a is not type(None)][0]
         return _coerce(value, inner, where, base_dir, is_path)
     if origin is Literal:
+        value = _spelled_choice(value, typing.get_args(tp))
         if value not in typing.get_args(tp):
             raise bad
         return value

@@ -567,9 +567,14 @@ class Layout:
         return self._plans[key]
 
     def import_listing(self, key: str) -> Listing:
-        """The listing of corpus ``key``'s files (made once per process: ``corpus_listing``'s cost)."""
+        """The listing of corpus ``key``'s files (made once per process: ``corpus_listing``'s cost);
+        ConfigError naming ``data.corpora[i]`` and the path when the corpus cannot be listed (a symbolic
+        link loop, an unreadable folder)."""
         plan = self.import_plan(key)
-        return _remembered_listing(plan.importer, plan.root, tuple(plan.parts), plan.options)
+        try:
+            return _remembered_listing(plan.importer, plan.root, tuple(plan.parts), plan.options)
+        except ValueError as error:  # CorpusLayoutError
+            raise corpus_error(error, f"data.corpora[{self.corpora[key][0]}]", self.config.source) from None
 
     def import_fingerprint(self, key: str) -> str:
         """The digest of corpus ``key``'s import settings and files (``pipeline.data.importing``)."""

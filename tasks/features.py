@@ -45,17 +45,19 @@ class FeaturesSplit(ConfigTask):
             summary = build_split_cache(self.layout, self.split, report)
         finally:
             progress.close()
+        converted = f"{summary.resampled} resampled, {summary.downmixed} downmixed"
         log.info(
-            "Features %s: %d kept, %d rejected %s, %.2f h audio; rejects report %s",
+            "Features %s: %d kept (%s), %d rejected %s, %.2f h audio; rejects report %s",
             self.split,
             summary.kept,
+            converted,
             summary.rejected,
             summary.reasons,
             summary.audio_seconds / 3600,
             summary.rejects_report,
         )
         self.tell_scheduler(
-            message=f"{self.split}: {summary.kept} kept, {summary.rejected} rejected "
+            message=f"{self.split}: {summary.kept} kept ({converted}), {summary.rejected} rejected "
             f"{summary.reasons or ''}, {summary.audio_seconds / 3600:.2f} h audio"
         )
 

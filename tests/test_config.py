@@ -188,3 +188,41 @@ def test_config_round_trips_through_dict(write_config):
     plain = config_to_dict(config)
     assert plain["model"]["n_hidden"] == config.model.n_hidden
     assert plain["data"]["train_files"] == list(config.data.train_files)
+
+
+def _choice_keys_spelled_as_yaml_booleans() -> list[tuple[str, str, str]]:
+    """(section, key, choice) of every choice-typed key of the schema with a choice YAML 1.1 reads as a
+    boolean (off, no, on, yes, ...)."""
+    import dataclasses
+    import typing
+
+    from pipeline.config import Config
+
+    words = {"on", "off", "yes", "no", "true", "false"}  # YAML 1.1's booleans (PyYAML reads them so)
+    found = []
+    for section in dataclasses.fields(Config):
+        if section.name == "source":
+            continue
+        hints = typing.get_type_hints(typing.get_type_hints(Config)[section.name])
+        for name, tp in hints.items():
+            if typing.get_origin(tp) is typing.Literal:
+                found += [(section.name, name, c) for c in typing.get_args(tp) if str(c).lower() in words]
+    return found
+
+
+def test_the_schema_has_choices_spelled_as_yaml_booleans():
+    assert ("early_stop", "rule", "off") in _choice_keys_spelled_as_yaml_booleans()
+
+
+@pytest.mark.parametrize("section, key, choice", _choice_keys_spelled_as_yaml_booleans())
+def test_a_choice_written_as_yaml_reads_it(write_config, section, key, choice):
+    """``early_stop: {rule: off}`` as the configuration reference writes it: YAML 1.1 reads ``off`` as
+    false; the loader reads it as the choice it spells, in every spelling YAML gives that boolean."""
+    for written in (choice, choice.upper(), choice.capitalize()):
+        config = load_config(write_config(f"{section}:\n  {key}: {written}\n"))
+        assert getattr(getattr(config, section), key) == choice
+
+
+def test_a_yaml_boolean_is_still_refused_where_no_choice_spells_it(write_config):
+    with pytest.raises(ConfigError, match=r"model\.output: expected one of 'characters', 'bytes', got False"):
+        load_config(write_config("model:\n  output: off\n"))

@@ -41,9 +41,13 @@ def _config(write_config, tmp_path, manifest, extra=""):
     )
 
 
+# Audio of another rate and multi-channel audio are converted by default: these rejects are asked for.
+NO_CONVERSION = "features:\n          resample: false\n          downmix: false"
+
+
 def test_bad_corpus_rejects_exactly_the_bad_rows(write_config, tmp_path):
     manifest, expected = bad_corpus(tmp_path / "corpus")
-    config = _config(write_config, tmp_path, manifest)
+    config = _config(write_config, tmp_path, manifest, NO_CONVERSION)
     summary = build_split_cache(Layout(config), "train")
     assert summary.kept == 3
     with open(summary.rejects_report, newline="") as handle:
@@ -56,19 +60,22 @@ def test_bad_corpus_rejects_exactly_the_bad_rows(write_config, tmp_path):
     assert sorted(Path(p).name for p in cached.paths) == ["good0.flac", "good1.flac", "good2.flac"]
 
 
-def test_resample_and_downmix_keep_those_rows(write_config, tmp_path):
+def test_resample_and_downmix_by_default_keep_those_rows_and_count_them(write_config, tmp_path):
+    """features.resample and features.downmix are true by default (issue 37): the 8 kHz file and the
+    stereo file are kept, and the summary counts them, also when it comes from the finished cache."""
     manifest, expected = bad_corpus(tmp_path / "corpus")
-    config = _config(
-        write_config, tmp_path, manifest, "features:\n          resample: true\n          downmix: true"
-    )
+    config = _config(write_config, tmp_path, manifest)
     summary = build_split_cache(Layout(config), "train")
     assert summary.kept == 5
     assert "wrong_sample_rate" not in summary.reasons and "too_many_channels" not in summary.reasons
+    assert (summary.resampled, summary.downmixed) == (1, 1)
+    again = build_split_cache(Layout(config), "train")
+    assert (again.kept, again.resampled, again.downmixed) == (5, 1, 1)
 
 
 def test_too_many_rejects_fail_naming_split_and_reasons(write_config, tmp_path):
     manifest, _ = bad_corpus(tmp_path / "corpus")
-    config = _config(write_config, tmp_path, manifest, "")
+    config = _config(write_config, tmp_path, manifest, NO_CONVERSION)
     config = load_config(
         write_config(
             Path(config.source).read_text().replace("max_reject_fraction: 1.0", "max_reject_fraction: 0.05"),
@@ -86,7 +93,7 @@ def test_raising_max_reject_fraction_reuses_the_extracted_shards(write_config, t
     import pipeline.stages.features as featurize
 
     manifest, _ = bad_corpus(tmp_path / "corpus")
-    lenient = _config(write_config, tmp_path, manifest, "")
+    lenient = _config(write_config, tmp_path, manifest, NO_CONVERSION)
     strict = load_config(
         write_config(
             Path(lenient.source).read_text().replace("max_reject_fraction: 1.0", "max_reject_fraction: 0.05"),

@@ -446,3 +446,39 @@ def test_corpora_round_trip_through_the_saved_config(tmp_path):
     assert [c.key for c in config.data.corpora] == ["librispeech-corpus", "mine"]
     again = config_from_dict(yaml.safe_load(yaml.safe_dump(config_to_dict(config))), config.source)
     assert again == config
+
+
+@pytest.mark.slow
+def test_a_common_voice_corpus_without_a_features_section_trains(tmp_path):
+    """Resampling by default (issue 37): a hand-written config adding a Common Voice corpus, with no
+    ``features`` section, gets its 48 kHz MP3 clips resampled to 16 kHz (counted in the Features summary)
+    instead of every clip rejected as wrong_sample_rate, and trains a tiny model to the end."""
+    from pipeline.features.cache import cache_summary
+    from tasks import Train
+
+    counts = {"train": 8, "dev": 4, "test": 4}
+    folder = corpus_layouts.common_voice_speech(tmp_path / "cv", counts, missing=0)
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "paths": {"work_dir": str(tmp_path / "work"), "alphabet": str(ALPHABET)},
+                "data": {"corpora": [{"importer": "common_voice", "path": str(folder)}]},
+                "model": {"n_hidden": 16, "dropout_rate": 0.0},
+                "training": {"epochs": 1, "batch_size": 4, "dev_batch_size": 4, "report_count": 0},
+                "augment": {"speed_factors": []},
+            }
+        )
+    )
+    loaded = load_config(config)
+    assert loaded.features.resample and loaded.features.downmix
+    layout = Layout(loaded)
+    assert luigi.build([Train(config=str(config))], local_scheduler=True)
+    summary = build_split_cache(layout, "dev")  # the cache is there: its summary, from the cache
+    assert (summary.kept, summary.rejected, summary.resampled, summary.downmixed) == (4, 0, 4, 0)
+    summary = build_split_cache(layout, "test")  # Train did not need it: made now
+    assert (summary.kept, summary.rejected, summary.resampled, summary.downmixed) == (4, 0, 4, 0)
+    for split in ("train", "dev"):
+        found = cache_summary(layout.features_cache(split))
+        assert (found["samples"], found["resampled_files"]) == (counts[split], counts[split])
+    assert json.loads(layout.train_run.report.read_text())

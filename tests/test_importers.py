@@ -312,11 +312,26 @@ def test_speaker_hash_splits_never_share_a_speaker(tmp_path):
 
 
 def test_speakers_shared_by_official_splits_are_reported(tmp_path, caplog):
-    """TIMIT's ``test`` part holds the dev speakers too: naming both is reported as a leak."""
-    path = corpus_layouts.timit(tmp_path)
-    report, _, _ = run(tmp_path, "timit", path, splits={"dev": ("dev",), "test": ("test",)})
-    assert report["speakers_in_several_splits"] == {"dev/test": {"speakers": 1, "examples": ["fadg0"]}}
+    """A speaker whose recordings the corpus puts in two official splits is reported as a leak."""
+    base = tmp_path / "recordings"
+    for split, frequency in (("train", 300), ("test", 400)):
+        corpus_layouts.tone(base / split / "alice" / "1.wav", 1.0, frequency, subtype="PCM_16")
+        (base / split / "alice" / "1.txt").write_text("hello")
+    report, _, _ = run(tmp_path, "folder", base)
+    assert report["speakers_in_several_splits"] == {"train/test": {"speakers": 1, "examples": ["alice"]}}
     assert "the splits leak" in caplog.text
+
+
+def test_the_same_audio_in_two_official_splits_is_imported_once(tmp_path):
+    """TIMIT's ``test`` part holds the dev speakers too: naming both takes their audio once, in the split
+    read first (dev); the second row is counted as ``duplicate_audio``, not as a reject, and no speaker
+    is in both."""
+    path = corpus_layouts.timit(tmp_path)
+    report, rows, rejects = run(tmp_path, "timit", path, splits={"dev": ("dev",), "test": ("test",)})
+    assert [r[4] for r in rows["dev"]] == ["fadg0"] and "fadg0" not in {r[4] for r in rows["test"]}
+    assert ("duplicate_audio", "TIMIT/TEST/DR1/FADG0/SX4.TXT:1") in rejects
+    assert report["duplicate_audio"] == 1 and report["rejected_by_split"]["test"] == {}
+    assert report["speakers_in_several_splits"] == {}
 
 
 def test_fingerprint_lists_files_without_opening_them(tmp_path, monkeypatch):

@@ -85,7 +85,9 @@ def test_fingerprints_of_existing_work_directories_are_kept():
     # LanguageModel fingerprint is the one the code before the layout object computed. All moved again
     # with issue 23 (languages): data.text normalises every manifest now (Features, LM, Export) and
     # model.output joined Features, LM and Train; and with issue 26 (data.max_duration_s 40 s by
-    # default) and issue 24 (training.init_from's digest, export.coqui_tflite).
+    # default) and issue 24 (training.init_from's digest, export.coqui_tflite). And with issue 37:
+    # features.resample and features.downmix became true by default (Features, and all that follows
+    # it; a config that set both to true keeps its values).
     # lm_builder python: what auto means where KenLM's tools are not installed (where they are, the LM
     # fingerprint also carries the KenLM settings, so such LMs get their own directory).
     config = config_from_dict(
@@ -97,9 +99,9 @@ def test_fingerprints_of_existing_work_directories_are_kept():
     )
     layout = Layout(config)
     assert [layout.features_fingerprint(split) for split in SPLITS] == [
-        "64e2f5b8f528",
-        "0ccd0cd204bc",
-        "33078a7d0464",
+        "fe2fc7805409",
+        "64cb4a41b382",
+        "14a4d21fa598",
     ]
     assert (
         layout.train_fingerprint,
@@ -107,7 +109,7 @@ def test_fingerprints_of_existing_work_directories_are_kept():
         layout.tune_fingerprint,
         layout.evaluate_fingerprint,
         layout.export_fingerprint,
-    ) == ("7ee796586223", "f6942e09389a", "dda67bf40603", "39e29cc02cae", "3eaa1acceb1a")
+    ) == ("ec93e0b8cf59", "f6942e09389a", "8dd7f14b13b4", "44644b2b7f06", "3c1429e14d1f")
 
 
 def test_an_lm_built_with_kenlm_has_its_own_fingerprint():
@@ -220,3 +222,13 @@ def test_the_decoder_weights_and_an_init_from_checkpoint_are_in_their_fingerprin
     before = Layout(config_from_dict(warm)).train_fingerprint
     (run / "ckpt-1.data-00000-of-00001").write_bytes(b"other weights")
     assert Layout(config_from_dict(warm)).train_fingerprint != before
+
+
+def test_a_config_that_set_resample_and_downmix_keeps_its_fingerprints():
+    """The new defaults (issue 37) move no fingerprint of a config that already asked for them."""
+    explicit = {"features": {"resample": True, "downmix": True}}
+    assert Layout(config_from_dict(explicit)).features_fingerprint("train") == Layout(
+        config_from_dict({})
+    ).features_fingerprint("train")
+    refused = Layout(config_from_dict({"features": {"resample": False}}))
+    assert refused.features_fingerprint("train") != Layout(config_from_dict({})).features_fingerprint("train")

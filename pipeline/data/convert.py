@@ -7,13 +7,16 @@ import, with the first tool on ``PATH`` that succeeds: ``sph2pipe`` (for shorten
 ``sox`` (a dependency already: WavPack, AMR, ...), then ``ffmpeg`` (nearly anything, shorten and
 AAC included). The copy, FLAC (WAV from sph2pipe), is named by a hash of the source's resolved path,
 size and modification time, so a changed source is converted again and an unchanged one never is.
-A piped Kaldi command (``run_commands: true``) is run the same way, its output named by a hash of
-the command.
+A piped Kaldi command (``run_commands: true``) is run the same way, in the folder it is given, its
+output named by a hash of the command, that folder, and the resolved path, size and modification time
+of every file the command names (``named_files``): a changed input file runs the command again. A
+command that names no existing file is run at every import (its output is never reused).
 """
 
 from __future__ import annotations
 
 import hashlib
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -105,18 +108,47 @@ def _run_converter(tool: str, command: list[str], tmp: Path) -> None:
         raise _ConversionFailed(lines[-1] if lines else f"exit {done.returncode}, no audio written")
 
 
-def command_output(command: str, convert_dir: Path) -> Path:
-    """The audio a piped Kaldi ``wav.scp`` command writes to standard output, run once (through the
-    shell, as Kaldi runs it) and kept under ``convert_dir``. AudioError("unreadable_audio") naming
-    the command when it fails or its output is not audio."""
-    out = convert_dir / f"{_key('command', command)}.wav"
-    if out.is_file():
+def named_files(command: str, cwd: Path) -> list[Path]:
+    """The existing files a shell command names, each once: its words (and what follows ``=`` in a word
+    such as ``--input=FILE``) that are files, relative names taken in ``cwd``, where it runs. These are
+    what its output is made from, as far as the import can tell without running it."""
+    try:
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        words = list(lexer)
+    except ValueError:
+        return []
+    found: list[Path] = []
+    for word in words:
+        for candidate in (word, word.partition("=")[2]):
+            if not candidate or candidate == "-":
+                continue
+            path = Path(candidate)
+            path = path if path.is_absolute() else Path(cwd) / path
+            if path not in found and path.is_file():
+                found.append(path)
+    return found
+
+
+def command_output(command: str, convert_dir: Path, cwd: Path) -> Path:
+    """The audio a piped Kaldi ``wav.scp`` command writes to standard output, run (through the shell, as
+    Kaldi runs it) in the folder ``cwd`` and kept under ``convert_dir``, named by the command, ``cwd``
+    and the stat of the files it names (``named_files``): reused while those are unchanged; a command
+    that names no file is run every time. AudioError("unreadable_audio") naming the command when it
+    fails or its output is not audio."""
+    cwd = Path(cwd).resolve()
+    sources = []
+    for path in named_files(command, cwd):
+        stat = path.stat()
+        sources.append((str(path.resolve()), stat.st_size, stat.st_mtime_ns))
+    out = convert_dir / f"{_key('command', command, cwd, *sources)}.wav"
+    if sources and out.is_file():
         return out
     with atomic_path(out, suffix=".wav") as tmp:
         with open(tmp, "wb") as sink:
             try:
                 done = subprocess.run(
-                    command, shell=True, stdout=sink, stderr=subprocess.PIPE, timeout=TIMEOUT_S
+                    command, shell=True, cwd=cwd, stdout=sink, stderr=subprocess.PIPE, timeout=TIMEOUT_S
                 )  # noqa: S602 - wav.scp commands are shell pipelines by definition (Kaldi runs them the same way)
             except subprocess.TimeoutExpired:
                 raise AudioError("unreadable_audio", f"command {command!r} ran over {TIMEOUT_S} s") from None

@@ -20,12 +20,18 @@ they would have gone to (``rejected_by_split``): the split of their part, or for
 splits the speaker's split (``train`` for a row that names no speaker); the Features stage adds
 them to that split's rejects when it checks ``data.max_reject_fraction``.
 
+A row whose audio an earlier kept row already reads (the same resolved file and segment: a folder
+or file reached twice through symbolic links) is dropped as ``duplicate_audio`` and counted in the
+report, never as a reject: the same recording is never in two splits, whatever speaker or name the
+second path gives it. That check holds a 64-bit digest per kept row (66 bytes each in a set).
+
 Per row: the transcript goes through ``pipeline.data.text.normalise_transcript``; the audio header
 is read (never the audio: ``native_client.audio.probe``) for its length and to drop missing, empty,
 truncated and unreadable files; a file libsndfile cannot read is converted once
 (``pipeline.data.convert``); a segment must lie inside its file; the split is the part's official
 one or, for corpora without, the speaker's hash (``pipeline.data.splits``). Memory holds one row,
-the speaker ids per split, and a small cache of recent headers (segments of one file come together).
+the speaker ids per split, the digests of the kept rows' audio, and a small cache of recent headers
+(segments of one file come together).
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ import csv
 import hashlib
 import json
 import logging
+import math
+import os
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -63,6 +71,9 @@ MANIFEST_COLUMNS = ("wav_filename", "wav_filesize", "transcript", "offset", "dur
 REJECT_COLUMNS = ("source", "audio", "reason", "detail")
 # The files of an import folder: a manifest per split, the rejects, and the report (written last).
 REJECTS_NAME, REPORT_NAME = "rejects.csv", "report.json"
+# The drop reason of a row whose audio (resolved path and segment) an earlier row of the import already
+# took: the same file reached again through a symbolic link. Not a defect: never counted as a reject.
+DUPLICATE = "duplicate_audio"
 HEADER_CACHE = 64
 # progress(rows read, rows kept, rows dropped)
 ProgressFn = Callable[[int, int, int], None]
@@ -188,11 +199,14 @@ def corpus_listing(
     for entry in chosen.listing(root, list(parts), options):
         try:
             stat = entry.stat()
-        except FileNotFoundError:
+        except OSError:  # gone, a dangling or looping link: the import rejects the rows naming it
             continue
         path = Path(entry.path if hasattr(entry, "path") else entry)
+        name = (
+            path.relative_to(root) if path.is_relative_to(root) else path
+        )  # Kaldi's audio may lie elsewhere
         digest = hashlib.blake2b(
-            f"{path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}".encode(), digest_size=16
+            f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}".encode(), digest_size=16
         ).digest()
         total = (total + int.from_bytes(digest, "big")) % 2**128
         count += 1
@@ -230,7 +244,7 @@ class _Headers:
 
     def get(self, row: Utterance) -> tuple[str, AudioInfo]:
         """(the audio path to list, its header); AudioError when the audio cannot be used."""
-        key = "\0" + row.command if row.command else row.audio
+        key = f"\0{row.command_dir}\0{row.command}" if row.command else row.audio
         if key not in self.cache:
             self.cache[key] = self._read(row)
             if len(self.cache) > HEADER_CACHE:
@@ -245,7 +259,7 @@ class _Headers:
             if row.command:
                 if self.convert_dir is None:
                     raise AudioError("piped_command", f"{row.audio}: no folder to keep a command's output in")
-                path = str(command_output(row.command, self.convert_dir))
+                path = str(command_output(row.command, self.convert_dir, Path(row.command_dir)))
                 self.converted += 1
                 return path, probe(path)
             try:
@@ -280,6 +294,7 @@ def import_corpus(
     dropped: Counter[str] = Counter()
     rejected = {split: Counter() for split in SPLITS}  # the drops that are not selections, by reason
     headers = _Headers(convert_dir)
+    taken: set[int] = set()  # _audio_identity of every row kept
     read = 0
     files = {REJECTS_NAME: REJECT_COLUMNS, **{manifest_name(s): MANIFEST_COLUMNS for s in SPLITS}}
     with contextlib.ExitStack() as stack:
@@ -292,7 +307,7 @@ def import_corpus(
 
         def drop(source: str, audio: str, reason: str, detail: str, split: str) -> None:
             dropped[reason] += 1
-            if reason not in plan.importer.SELECTIONS:
+            if reason not in plan.importer.SELECTIONS and reason != DUPLICATE:
                 rejected[split][reason] += 1
             writers[REJECTS_NAME].writerow([source, audio, reason, detail])
 
@@ -305,6 +320,11 @@ def import_corpus(
                     drop(row.source, row.audio, row.reason, row.detail, official_split or "train")
                     continue
                 split = official_split or split_of(row.speaker, plan.fractions, plan.spec.salt)
+                identity = _audio_identity(row)
+                if identity in taken:
+                    real = os.path.realpath(row.audio) if not row.command else row.audio
+                    drop(row.source, row.audio, DUPLICATE, f"{real}: the same audio as an earlier row", split)
+                    continue
                 try:
                     transcript = normalise_transcript(row.transcript, plan.spec.text)
                     audio, info = headers.get(row)
@@ -319,6 +339,7 @@ def import_corpus(
                 else:
                     segment = ["", ""]
                 writers[manifest_name(split)].writerow([audio, size, transcript, *segment, row.speaker])
+                taken.add(identity)
                 tally = tallies[split]
                 tally.utterances += 1
                 tally.seconds += duration
@@ -329,6 +350,14 @@ def import_corpus(
     if progress is not None:
         progress(read, report["kept"], report["dropped"])
     return report
+
+
+def _audio_identity(row: Utterance) -> int:
+    """A 64-bit digest of the audio a row reads: the file's resolved path (or the command and where it
+    runs) and the segment. Two rows with the same identity read the same audio."""
+    where = f"\0{row.command_dir}\0{row.command}" if row.command else os.path.realpath(row.audio)
+    key = f"{where}\0{row.offset!r}\0{row.duration!r}".encode("utf-8", "surrogateescape")
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
 
 
 def _part_splits(plan: ImportPlan) -> list[tuple[str, str | None]]:
@@ -342,6 +371,10 @@ def _part_splits(plan: ImportPlan) -> list[tuple[str, str | None]]:
 def _segment_duration(info: AudioInfo, row: Utterance) -> float:
     """The duration of the row's audio; AudioError("segment_out_of_range") when its segment is not
     inside the file (up to the tolerance the reader allows at the end)."""
+    if math.isnan(row.offset) or (row.duration is not None and math.isnan(row.duration)):
+        raise AudioError(
+            "segment_out_of_range", f"{info.path}: the segment's start or length is not a number"
+        )
     if not row.offset and row.duration is None:
         return info.duration
     end = info.duration if row.duration is None else row.offset + row.duration
@@ -390,6 +423,7 @@ def _report(
         "dropped": sum(dropped.values()),
         "dropped_by_reason": dict(dropped.most_common()),
         "selected": sum(n for reason, n in dropped.items() if reason in plan.importer.SELECTIONS),
+        "duplicate_audio": dropped.get(DUPLICATE, 0),
         "rejected_by_split": {split: dict(rejected[split].most_common()) for split in SPLITS},
         "converted_audio_files": converted,
         "splits": {

@@ -173,8 +173,10 @@ class CacheWriter:
         transcripts: list[str],
         paths: list[str],
         durations: np.ndarray,
+        counts: dict[str, int] | None = None,
     ):
         self.path = Path(path)
+        self.counts = dict(counts or {})  # recorded as attributes (resampled_files, ...)
         self.fingerprint = fingerprint
         self.features = features
         self.lengths = np.asarray(lengths, dtype=np.int32)
@@ -242,6 +244,8 @@ class CacheWriter:
         h5.attrs["fingerprint"] = self.fingerprint
         h5.attrs["feature_settings"] = json.dumps(recorded_settings(self.features), sort_keys=True)
         h5.attrs["audio_seconds"] = float(np.sum(self.durations, dtype=np.float64))
+        for name, count in self.counts.items():
+            h5.attrs[name] = int(count)
         h5.close()
         self._atomic.__exit__(None, None, None)
 
@@ -307,10 +311,14 @@ def _read_index(path: Path) -> CacheIndex:
 
 
 def cache_summary(path: Path) -> dict:
-    """Sample count, audio seconds and fingerprint of a cache, without loading features."""
+    """Sample count, audio seconds, fingerprint, and the utterances read resampled and downmixed
+    (``resampled_files``, ``downmixed_files``; 0 in a cache that did not record them) of a cache,
+    without loading features."""
     with h5py.File(path, "r") as h5:
         return {
             "samples": int(h5["lengths"].shape[0]),
             "audio_seconds": float(h5.attrs["audio_seconds"]),
             "fingerprint": str(h5.attrs["fingerprint"]),
+            "resampled_files": int(h5.attrs.get("resampled_files", 0)),
+            "downmixed_files": int(h5.attrs.get("downmixed_files", 0)),
         }

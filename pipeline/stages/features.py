@@ -72,6 +72,12 @@ class FeaturesSummary:
     rejected: int = 0
     audio_seconds: float = 0.0
     reasons: dict = field(default_factory=dict)
+    resampled: int = 0  # kept utterances read from audio of another sample rate (features.resample)
+    downmixed: int = 0  # kept utterances read from multi-channel audio (features.downmix)
+
+
+# Bits of a shard's ``converted`` array: how an utterance's audio was read.
+RESAMPLED, DOWNMIXED = 1, 2
 
 
 # Seconds of audio read (and featurised) at once: a long file is never in memory whole.
@@ -80,8 +86,9 @@ AUDIO_BLOCK_S = 20.0
 
 def _utterance(
     job: tuple, features: FeaturesConfig, computation, max_duration_s: float
-) -> tuple[np.ndarray, float]:
-    """The features ``[frames, feature_size]`` and duration (seconds) of one job; AudioError when unusable.
+) -> tuple[np.ndarray, float, int]:
+    """The features ``[frames, feature_size]``, duration (seconds) and how the audio was converted
+    (``RESAMPLED | DOWNMIXED`` bits) of one job; AudioError when unusable.
 
     Audio longer than ``max_duration_s`` (when not 0) is refused as ``too_long`` from its header, before
     anything is decoded. Without an augmented copy the audio is read and featurised in blocks."""
@@ -120,7 +127,7 @@ def _utterance(
     duration = count / features.sample_rate
     if max_duration_s and duration > max_duration_s:
         raise too_long(duration)
-    return frames, duration
+    return frames, duration, RESAMPLED * audio.resampled | DOWNMIXED * (audio.info.channels > 1)
 
 
 def _process_shard(
@@ -132,7 +139,7 @@ def _process_shard(
     copy of the audio; offset and duration (seconds) read a segment of the file (None = to its end).
     Audio longer than ``max_duration_s`` (when not 0) is rejected as ``too_long``. ``key`` (the digest of
     the jobs, ``shard_key``) is stored in the part, which is valid for those jobs only."""
-    utterances, lengths, durations, reasons, details = [], [], [], [], []
+    utterances, lengths, durations, reasons, details, converted = [], [], [], [], [], []
     computation = feature_pipeline(features)
     empty = np.zeros((0, computation.feature_size), np.float32)
     for job in jobs:
@@ -140,8 +147,9 @@ def _process_shard(
         reason = detail = ""
         frames = empty
         duration = 0.0
+        how = 0
         try:
-            frames, duration = _utterance(job, features, computation, max_duration_s)
+            frames, duration, how = _utterance(job, features, computation, max_duration_s)
             if not np.isfinite(frames).all():
                 reason = "non_finite_features"
                 detail = f"{job[0]}: the features hold NaN or Inf (corrupt samples?)"
@@ -160,6 +168,7 @@ def _process_shard(
         durations.append(duration)
         reasons.append(reason)
         details.append(detail)
+        converted.append(0 if reason else how)
     with atomic_path(part) as tmp, open(tmp, "wb") as handle:
         np.savez(
             handle,
@@ -168,6 +177,7 @@ def _process_shard(
             durations=np.array(durations, np.float32),
             reasons=np.array(reasons, dtype=str),
             details=np.array(details, dtype=str),
+            converted=np.array(converted, np.int8),
             key=np.array(key),
         )
     return (
@@ -202,6 +212,9 @@ def _part_summary(part: Path, key: str | None = None, count: int | None = None) 
     try:
         with np.load(part, allow_pickle=False) as data:
             summary = {k: data[k] for k in ("lengths", "durations", "reasons", "details")}
+            summary["converted"] = (
+                data["converted"] if "converted" in data.files else np.zeros(len(summary["lengths"]), np.int8)
+            )
             stored = str(data["key"]) if "key" in data.files else None
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as error:
         log.warning("%s: damaged feature shard (%s); computing it again", part, error)
@@ -306,6 +319,8 @@ def _existing_summary(split: str, cache: Path, report: Path) -> FeaturesSummary:
         rejected=sum(reasons.values()),
         audio_seconds=summary["audio_seconds"],
         reasons=dict(reasons),
+        resampled=summary["resampled_files"],
+        downmixed=summary["downmixed_files"],
     )
 
 
@@ -389,7 +404,7 @@ def _build_split_cache(layout: Layout, split: str, progress: ProgressFn | None) 
 
     report = layout.rejects_report(split)
     is_copy = [variant is not None for _, variant in audio_sources]
-    kept_samples, durations = _merge_parts(
+    kept_samples, durations, conversions = _merge_parts(
         layout, split, shards, part_paths, keys, rejects, is_copy, rows, report
     )
     return FeaturesSummary(
@@ -400,6 +415,8 @@ def _build_split_cache(layout: Layout, split: str, progress: ProgressFn | None) 
         rejected=len(rejects),
         audio_seconds=float(sum(durations)),
         reasons=dict(Counter(r.reason for r in rejects)),
+        resampled=conversions["resampled_files"],
+        downmixed=conversions["downmixed_files"],
     )
 
 
@@ -424,10 +441,12 @@ def _merge_parts(
     is_copy: list[bool],
     rows: int,
     report: Path,
-) -> tuple[list, list[float]]:
+) -> tuple[list, list[float], dict[str, int]]:
     """Write the rejects report, check the reject fraction, then the cache from the finished parts:
     the kept utterances in length order, one shard's features in memory at a time. Returns the kept
-    samples and their durations (manifest order).
+    samples and their durations (manifest order), and how many kept rows (augmented copies not
+    counted) were read resampled and downmixed (``resampled_files``, ``downmixed_files``, also
+    recorded in the cache).
 
     The fraction counts manifest rows (``rows``; ``rejects`` starts with the rows the manifest check
     refused): a rejected augmented copy (``is_copy``, per entry) is listed in the report but counted
@@ -438,6 +457,7 @@ def _merge_parts(
     # The index of every kept utterance (small: no features), then the cache in length order.
     kept: list[tuple[int, int, int]] = []  # (shard, position in shard, frames)
     kept_samples, durations = [], []
+    conversions = {"resampled_files": 0, "downmixed_files": 0}
     for index, shard in enumerate(shards):
         part = _part_summary(part_paths[index], keys[index], len(shard))
         if part is None:
@@ -459,6 +479,10 @@ def _merge_parts(
                     row_rejects.append(reject)
                 continue
             kept.append((index, position, length))
+            if not is_copy[index * SHARD_SIZE + position]:
+                how = int(part["converted"][position])
+                conversions["resampled_files"] += bool(how & RESAMPLED)
+                conversions["downmixed_files"] += bool(how & DOWNMIXED)
             kept_samples.append(sample)
             durations.append(float(part["durations"][position]))
 
@@ -487,6 +511,7 @@ def _merge_parts(
         [kept_samples[i].transcript for i in order],
         [kept_samples[i].audio_path for i in order],
         np.asarray(durations, np.float32)[order],
+        counts=conversions,
     ) as writer:
         first = 0  # ``kept`` is in shard order: shard i's utterances are kept[first:stop]
         for index in range(len(shards)):  # one shard's features in memory at a time
@@ -501,4 +526,4 @@ def _merge_parts(
                 start += kept[k][2]
             first = stop
     shutil.rmtree(layout.features_parts(split), ignore_errors=True)
-    return kept_samples, durations
+    return kept_samples, durations, conversions

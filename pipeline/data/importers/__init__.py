@@ -18,6 +18,7 @@ modules whose names start with ``_`` (those are not importers).
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import os
 import typing
@@ -45,7 +46,8 @@ class Utterance:
     ``audio`` is the absolute path of the audio file; ``offset`` and ``duration`` (seconds; None =
     to the end) cut a segment from it, as lhotse's supervisions do. ``command`` (Kaldi's piped
     ``wav.scp`` only) is a shell command whose standard output is the audio, run once at import
-    when the importer allows it; ``audio`` then names the recording for messages."""
+    when the importer allows it, in the folder ``command_dir``; ``audio`` then names the recording
+    for messages."""
 
     audio: str
     transcript: str
@@ -54,6 +56,7 @@ class Utterance:
     offset: float = 0.0
     duration: float | None = None
     command: str = ""
+    command_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -122,19 +125,79 @@ class CorpusImporter:
         raise NotImplementedError
 
 
-def walk(folder: Path, suffixes: tuple[str, ...] = ()) -> Iterator[os.DirEntry]:
+def walk(
+    folder: Path, suffixes: tuple[str, ...] = (), _above: frozenset = frozenset()
+) -> Iterator[os.DirEntry]:
     """The files under ``folder`` (recursively, unsorted, symbolic links followed), those whose
-    lower-cased name ends with one of ``suffixes`` when given; for listings, where order does not matter."""
+    lower-cased name ends with one of ``suffixes`` when given; for listings, where order does not matter.
+    CorpusLayoutError naming the link when a symbolic link leads back to a folder above it (a loop)."""
     try:
         entries = os.scandir(folder)
     except (FileNotFoundError, NotADirectoryError):
         return
+    except OSError as error:
+        raise CorpusLayoutError(f"{folder}: cannot list this folder: {error.strerror}") from None
+    above = _above | {folder_identity(folder)}
     with entries:
         for entry in entries:
             if entry.is_dir():
-                yield from walk(Path(entry.path), suffixes)
+                check_not_a_loop(Path(entry.path), above)
+                yield from walk(Path(entry.path), suffixes, above)
             elif not suffixes or entry.name.lower().endswith(suffixes):
                 yield entry
+
+
+def folder_identity(folder: Path) -> tuple[int, int]:
+    """(device, inode) of ``folder``, the same whichever symbolic link leads to it."""
+    stat = os.stat(folder)
+    return stat.st_dev, stat.st_ino
+
+
+def check_not_a_loop(folder: Path, above: frozenset | set) -> None:
+    """CorpusLayoutError naming ``folder`` when it is one of the folders ``above`` it (by
+    ``folder_identity``): a symbolic link back up the tree, which a walk would follow for ever."""
+    try:
+        identity = folder_identity(folder)
+    except OSError as error:
+        raise CorpusLayoutError(f"{folder}: cannot open this folder: {error.strerror}") from None
+    if identity in above:
+        raise CorpusLayoutError(
+            f"{folder}: a symbolic link loop (it leads back to {Path(folder).resolve()}, a folder above it); "
+            "remove or replace the link"
+        )
+
+
+def text_lines(path: Path) -> Iterator[tuple[int, str | UnicodeDecodeError]]:
+    """(line number, the line without its line end) for each line of the UTF-8 text file ``path`` (a
+    byte-order mark before the first line is skipped); a line that is not UTF-8 comes as its
+    UnicodeDecodeError, so that the caller drops that line (``bad_encoding``) and reads on."""
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            if number == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8) :]
+            try:
+                yield number, raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as error:
+                yield number, error
+
+
+def bad_encoding(source: str, error: UnicodeDecodeError, audio: str = "") -> Dropped:
+    """The ``bad_encoding`` drop of the text at ``source`` (``file`` or ``file:line``)."""
+    return Dropped(
+        source,
+        "bad_encoding",
+        f"{source}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at byte {error.start}); "
+        "convert the file to UTF-8 (iconv -f <its encoding> -t utf-8)",
+        audio,
+    )
+
+
+def read_text(path: Path) -> str | UnicodeDecodeError:
+    """The whole UTF-8 text file ``path`` (a leading byte-order mark skipped), or its UnicodeDecodeError."""
+    try:
+        return path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        return error
 
 
 def sorted_dirs(folder: Path) -> list[Path]:

@@ -27,7 +27,9 @@ from pipeline.data.importers import (
     Dropped,
     Row,
     Utterance,
+    bad_encoding,
     sorted_dirs,
+    text_lines,
     walk,
 )
 
@@ -109,34 +111,39 @@ def read_tsv(root: Path, part: str) -> Iterator[Row]:
     tsv = root / f"{part}.tsv"
     if not tsv.is_file():
         raise CorpusLayoutError(f"{tsv}: no such file")
-    with open(tsv, encoding="utf-8-sig", newline="") as handle:
-        header = handle.readline().rstrip("\r\n").split("\t")
-        missing = [name for name in NEEDED_COLUMNS if name not in header]
-        if missing:
-            raise CorpusLayoutError(
-                f"{tsv}:1: no column(s) {', '.join(missing)} in the header; a Common Voice TSV has "
-                f"{', '.join(NEEDED_COLUMNS)} (found: {', '.join(header)})"
+    lines = text_lines(tsv)
+    _, header_line = next(lines, (1, ""))
+    if isinstance(header_line, UnicodeDecodeError):
+        raise CorpusLayoutError(f"{tsv}:1: the header is not UTF-8 text")
+    header = header_line.split("\t")
+    missing = [name for name in NEEDED_COLUMNS if name not in header]
+    if missing:
+        raise CorpusLayoutError(
+            f"{tsv}:1: no column(s) {', '.join(missing)} in the header; a Common Voice TSV has "
+            f"{', '.join(NEEDED_COLUMNS)} (found: {', '.join(header)})"
+        )
+    index = {name: header.index(name) for name in NEEDED_COLUMNS}
+    for number, line in lines:
+        source = f"{tsv}:{number}"
+        if isinstance(line, UnicodeDecodeError):
+            yield bad_encoding(source, line)
+            continue
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != len(header):
+            yield Dropped(
+                source, "malformed_row", f"{len(fields)} tab-separated fields, expected {len(header)}"
             )
-        index = {name: header.index(name) for name in NEEDED_COLUMNS}
-        for number, line in enumerate(handle, 2):
-            source = f"{tsv}:{number}"
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            fields = line.split("\t")
-            if len(fields) != len(header):
-                yield Dropped(
-                    source, "malformed_row", f"{len(fields)} tab-separated fields, expected {len(header)}"
-                )
-                continue
-            clip = _unquote(fields[index["path"]]).strip()
-            if not clip:
-                yield Dropped(source, "malformed_row", "empty path field")
-                continue
-            if not Path(clip).suffix:
-                clip += ".mp3"
-            speaker = fields[index["client_id"]].strip()
-            yield Utterance(str(root / "clips" / clip), _unquote(fields[index["sentence"]]), speaker, source)
+            continue
+        clip = _unquote(fields[index["path"]]).strip()
+        if not clip:
+            yield Dropped(source, "malformed_row", "empty path field")
+            continue
+        if not Path(clip).suffix:
+            clip += ".mp3"
+        speaker = fields[index["client_id"]].strip()
+        yield Utterance(str(root / "clips" / clip), _unquote(fields[index["sentence"]]), speaker, source)
 
 
 IMPORTER = CommonVoice()

@@ -8,8 +8,10 @@ the file's own name (nothing else tells who speaks: every such file is then its 
 
 Audio files are those libsndfile reads (``.wav .flac .mp3 .ogg .opus .sph .aiff .au``) and those
 converted once at import (``.wv .amr .m4a``, see ``pipeline.data.convert``). A ``.txt`` without
-audio is ignored; audio without a ``.txt`` is dropped as ``missing_transcript``. The transcript is
-the whole text file (lines joined by spaces).
+audio is ignored; audio without a ``.txt`` is dropped as ``missing_transcript``, and audio whose
+``.txt`` is not UTF-8 as ``bad_encoding``. The transcript is the whole text file (lines joined by
+spaces). Folders reached through symbolic links are read (a link back to a folder above it is an
+error naming it); the same file reached twice is imported once (``pipeline.data.importing``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.data.importers import CorpusImporter, Dropped, Row, Utterance, sorted_dirs, walk
+from pipeline.data.importers import (
+    CorpusImporter,
+    Dropped,
+    Row,
+    Utterance,
+    bad_encoding,
+    check_not_a_loop,
+    folder_identity,
+    read_text,
+    sorted_dirs,
+    walk,
+)
 
 AUDIO_SUFFIXES = (
     ".wav",
@@ -74,16 +87,17 @@ class Folder(CorpusImporter):
     def utterances(self, root: Path, part: str, options) -> Iterator[Row]:
         """Every audio file of ``part`` (folders and files in name order)."""
         folder = self._part_folder(root, part)
-        yield from self._walk(folder, folder, options)
+        yield from self._walk(folder, folder, options, frozenset({folder_identity(folder)}))
 
-    def _walk(self, part_folder: Path, folder: Path, options) -> Iterator[Row]:
+    def _walk(self, part_folder: Path, folder: Path, options, above: frozenset) -> Iterator[Row]:
         with os.scandir(folder) as entries:
             listed = sorted((entry.name, entry.is_dir()) for entry in entries)
         names = {name for name, _ in listed}
         for name, is_dir in listed:
             path = folder / name
             if is_dir:
-                yield from self._walk(part_folder, path, options)
+                check_not_a_loop(path, above)
+                yield from self._walk(part_folder, path, options, above | {folder_identity(path)})
                 continue
             if not name.lower().endswith(tuple(options.audio_suffixes)):
                 continue
@@ -93,8 +107,11 @@ class Folder(CorpusImporter):
             if transcript not in names:
                 yield Dropped(str(path), "missing_transcript", f"no {transcript} beside it", str(path))
                 continue
-            with open(folder / transcript, encoding="utf-8-sig") as handle:
-                text = " ".join(line.strip() for line in handle)
+            text = read_text(folder / transcript)
+            if isinstance(text, UnicodeDecodeError):
+                yield bad_encoding(str(folder / transcript), text, str(path))
+                continue
+            text = " ".join(line.strip() for line in text.splitlines())
             yield Utterance(str(path), text, speaker, f"{folder / transcript}:1")
 
 

@@ -12,7 +12,16 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.data.importers import CorpusImporter, Dropped, Row, Utterance, sorted_dirs, walk
+from pipeline.data.importers import (
+    CorpusImporter,
+    Dropped,
+    Row,
+    Utterance,
+    bad_encoding,
+    sorted_dirs,
+    text_lines,
+    walk,
+)
 
 TRAIN_PARTS = ("train-clean-100", "train-clean-360", "train-other-500")
 TRANSCRIPT_SUFFIX = ".trans.txt"
@@ -61,17 +70,20 @@ class LibriSpeech(CorpusImporter):
 
 
 def read_transcripts(transcripts: Path, speaker: str, suffix: str) -> Iterator[Row]:
-    """The rows of one ``.trans.txt`` (``<id> <text>`` per line), audio ``<id><suffix>`` beside it."""
-    with open(transcripts, encoding="utf-8-sig") as handle:
-        for number, line in enumerate(handle, 1):
-            source = f"{transcripts}:{number}"
-            if not line.strip():
-                continue
-            ident, _, text = line.strip().partition(" ")
-            if not text.strip():
-                yield Dropped(source, "empty_transcript", f"utterance {ident} has no transcript")
-                continue
-            yield Utterance(str(transcripts.parent / f"{ident}{suffix}"), text, speaker, source)
+    """The rows of one ``.trans.txt`` (``<id> <text>`` per line), audio ``<id><suffix>`` beside it; a
+    line that is not UTF-8 is dropped as ``bad_encoding``."""
+    for number, line in text_lines(transcripts):
+        source = f"{transcripts}:{number}"
+        if isinstance(line, UnicodeDecodeError):
+            yield bad_encoding(source, line)
+            continue
+        if not line.strip():
+            continue
+        ident, _, text = line.strip().partition(" ")
+        if not text.strip():
+            yield Dropped(source, "empty_transcript", f"utterance {ident} has no transcript")
+            continue
+        yield Utterance(str(transcripts.parent / f"{ident}{suffix}"), text, speaker, source)
 
 
 IMPORTER = LibriSpeech()

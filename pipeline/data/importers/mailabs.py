@@ -16,7 +16,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.data.importers import CorpusImporter, Dropped, Row, Utterance, sorted_dirs, walk
+from pipeline.data.importers import (
+    CorpusImporter,
+    Dropped,
+    Row,
+    Utterance,
+    bad_encoding,
+    sorted_dirs,
+    text_lines,
+    walk,
+)
 
 
 @dataclass(frozen=True)
@@ -64,23 +73,24 @@ class Mailabs(CorpusImporter):
 
 
 def _read_metadata(metadata: Path, speaker: str, options) -> Iterator[Row]:
-    with open(metadata, encoding="utf-8-sig") as handle:
-        for number, line in enumerate(handle, 1):
-            source = f"{metadata}:{number}"
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            fields = line.split("|")
-            if len(fields) < 2 or not fields[0].strip():
-                yield Dropped(source, "malformed_row", "expected <id>|<text>|<normalised text>")
-                continue
-            text = (
-                fields[2]
-                if options.text_column == "normalized" and len(fields) > 2 and fields[2].strip()
-                else fields[1]
-            )
-            audio = metadata.parent / "wavs" / f"{fields[0].strip()}.wav"
-            yield Utterance(str(audio), text, speaker, source)
+    for number, line in text_lines(metadata):
+        source = f"{metadata}:{number}"
+        if isinstance(line, UnicodeDecodeError):
+            yield bad_encoding(source, line)
+            continue
+        if not line.strip():
+            continue
+        fields = line.split("|")
+        if len(fields) < 2 or not fields[0].strip():
+            yield Dropped(source, "malformed_row", "expected <id>|<text>|<normalised text>")
+            continue
+        text = (
+            fields[2]
+            if options.text_column == "normalized" and len(fields) > 2 and fields[2].strip()
+            else fields[1]
+        )
+        audio = metadata.parent / "wavs" / f"{fields[0].strip()}.wav"
+        yield Utterance(str(audio), text, speaker, source)
 
 
 IMPORTER = Mailabs()

@@ -12,7 +12,16 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.data.importers import CorpusImporter, Dropped, Row, Utterance, sorted_dirs, walk
+from pipeline.data.importers import (
+    CorpusImporter,
+    Dropped,
+    Row,
+    Utterance,
+    bad_encoding,
+    sorted_dirs,
+    text_lines,
+    walk,
+)
 
 PARTS = ("train", "dev", "test")
 AUDIO_SUFFIXES = (".flac", ".opus")
@@ -42,22 +51,23 @@ class MultilingualLibriSpeech(CorpusImporter):
         """The lines of ``<part>/transcripts.txt`` in file order."""
         transcripts = root / part / "transcripts.txt"
         suffix = _audio_suffix(root / part / "audio")
-        with open(transcripts, encoding="utf-8-sig") as handle:
-            for number, line in enumerate(handle, 1):
-                source = f"{transcripts}:{number}"
-                line = line.rstrip("\r\n")
-                if not line.strip():
-                    continue
-                ident, tab, text = line.partition("\t")
-                fields = ident.split("_")
-                if not tab or len(fields) != 3:
-                    yield Dropped(
-                        source, "malformed_row", "expected <speaker>_<book>_<utterance><TAB><transcript>"
-                    )
-                    continue
-                speaker, book, _ = fields
-                audio = root / part / "audio" / speaker / book / f"{ident}{suffix}"
-                yield Utterance(str(audio), text, speaker, source)
+        for number, line in text_lines(transcripts):
+            source = f"{transcripts}:{number}"
+            if isinstance(line, UnicodeDecodeError):
+                yield bad_encoding(source, line)
+                continue
+            if not line.strip():
+                continue
+            ident, tab, text = line.partition("\t")
+            fields = ident.split("_")
+            if not tab or len(fields) != 3:
+                yield Dropped(
+                    source, "malformed_row", "expected <speaker>_<book>_<utterance><TAB><transcript>"
+                )
+                continue
+            speaker, book, _ = fields
+            audio = root / part / "audio" / speaker / book / f"{ident}{suffix}"
+            yield Utterance(str(audio), text, speaker, source)
 
 
 def _audio_suffix(audio: Path) -> str:

@@ -6,7 +6,9 @@ levels down, holding ``sph/`` and ``stm/``: ``legacy/train``, ``legacy/dev``, ``
 ``speaker-adaptation/...`` and ``data`` in release 3; ``train``, ``dev``, ``test`` in release 2.
 Official splits: ``legacy/{train,dev,test}`` (or ``{train,dev,test}``).
 
-An STM line is ``<talk> <channel> <speaker> <start> <end> [<label>] <words>``. Segments whose
+An STM line is ``<talk> <channel> <speaker> <start> <end> [<label>] <words>``, read by its columns:
+the sixth is the label when it is bracketed (``<o,f0,male>``) and not a bracketed word of the corpus
+(``<unk>``, which is the first word of a line without a label). Segments whose
 words are ``ignore_time_segment_in_scoring`` are not speech to learn and are skipped (counted as
 ``ignored_segment``); ``;;`` lines are comments. The words are TED-LIUM's tokenisation, undone
 here before the shared normalisation: noise marks (``{NOISE}``, ``[LAUGHTER]``) removed; split
@@ -18,20 +20,34 @@ or is deleted from the text (``unk: remove``, as Kaldi's recipe does).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.data.importers import CorpusImporter, Dropped, Row, Utterance, sorted_dirs, walk
+from pipeline.data.importers import (
+    CorpusImporter,
+    Dropped,
+    Row,
+    Utterance,
+    bad_encoding,
+    sorted_dirs,
+    text_lines,
+    walk,
+)
 
 IGNORED = "ignore_time_segment_in_scoring"
 _NOISE = re.compile(r"\{[^}]*\}|\[[^\]]*\]")
 _SPLIT_SUFFIX = re.compile(r"(\w) '(\w)")  # they 're -> they're
 _SPLIT_NT = re.compile(r"(\w) n't\b")  # do n't -> don't (treebank style)
 _DANGLING = re.compile(r"(^|\s)' (\w)")  # ' 60s -> '60s
-_LABEL = re.compile(r"^<[^>]*>$")
+# The optional sixth STM column: <category,category,...> (TED-LIUM writes <o,f0,male>). A word of
+# the transcript can look the same (<unk>), so a field counts as the label only when it is not one
+# of the corpus's bracketed words.
+_LABEL = re.compile(r"^<[^<>\s]*>$")
+BRACKETED_WORDS = frozenset({"<unk>"})
 
 
 @dataclass(frozen=True)
@@ -80,45 +96,55 @@ class Tedlium(CorpusImporter):
             yield from self._segments(stm, root / part / "sph", options)
 
     def _segments(self, stm: Path, sph: Path, options) -> Iterator[Row]:
-        with open(stm, encoding="utf-8-sig") as handle:
-            for number, line in enumerate(handle, 1):
-                source = f"{stm}:{number}"
-                fields = line.split()
-                if not fields or fields[0].startswith(";;"):
-                    continue
-                if len(fields) < 5:
+        for number, line in text_lines(stm):
+            source = f"{stm}:{number}"
+            if isinstance(line, UnicodeDecodeError):
+                yield bad_encoding(source, line)
+                continue
+            fields = line.split()
+            if not fields or fields[0].startswith(";;"):
+                continue
+            if len(fields) < 5:
+                yield Dropped(
+                    source, "malformed_row", "expected <talk> <channel> <speaker> <start> <end> <words>"
+                )
+                continue
+            talk, _, speaker, start, end, *words = fields
+            audio = str(sph / f"{talk}.sph")
+            if words and is_label(words[0]):
+                words = words[1:]
+            text = " ".join(words)
+            if text == IGNORED:
+                yield Dropped(source, "ignored_segment", IGNORED, audio)
+                continue
+            try:
+                offset, stop = float(start), float(end)
+                if not (math.isfinite(offset) and math.isfinite(stop)):
+                    raise ValueError
+            except ValueError:
+                yield Dropped(
+                    source, "malformed_row", f"start {start!r} or end {end!r} is not a finite number", audio
+                )
+                continue
+            if stop <= offset:
+                yield Dropped(
+                    source, "malformed_row", f"segment ends ({stop}) before it starts ({offset})", audio
+                )
+                continue
+            if "<unk>" in words:
+                if options.unk == "drop":
                     yield Dropped(
-                        source, "malformed_row", "expected <talk> <channel> <speaker> <start> <end> <words>"
+                        source, "unknown_word", "<unk> in the transcript (tedlium unk: drop)", audio
                     )
                     continue
-                talk, _, speaker, start, end, *words = fields
-                audio = str(sph / f"{talk}.sph")
-                if words and _LABEL.match(words[0]):
-                    words = words[1:]
-                text = " ".join(words)
-                if text == IGNORED:
-                    yield Dropped(source, "ignored_segment", IGNORED, audio)
-                    continue
-                try:
-                    offset, stop = float(start), float(end)
-                except ValueError:
-                    yield Dropped(
-                        source, "malformed_row", f"start {start!r} or end {end!r} is not a number", audio
-                    )
-                    continue
-                if stop <= offset:
-                    yield Dropped(
-                        source, "malformed_row", f"segment ends ({stop}) before it starts ({offset})", audio
-                    )
-                    continue
-                if "<unk>" in words:
-                    if options.unk == "drop":
-                        yield Dropped(
-                            source, "unknown_word", "<unk> in the transcript (tedlium unk: drop)", audio
-                        )
-                        continue
-                    text = " ".join(word for word in words if word != "<unk>")
-                yield Utterance(audio, join_tokens(text), speaker, source, offset, round(stop - offset, 6))
+                text = " ".join(word for word in words if word != "<unk>")
+            yield Utterance(audio, join_tokens(text), speaker, source, offset, round(stop - offset, 6))
+
+
+def is_label(field: str) -> bool:
+    """Whether ``field``, the sixth column of an STM line, is its optional label (``<o,f0,male>``)
+    rather than the first word of the transcript (``<unk>``)."""
+    return bool(_LABEL.match(field)) and field.lower() not in BRACKETED_WORDS
 
 
 def join_tokens(text: str) -> str:

@@ -25,6 +25,8 @@ from pipeline.data.importers import (
     Dropped,
     Row,
     Utterance,
+    bad_encoding,
+    read_text,
     sorted_dirs,
     walk,
 )
@@ -129,12 +131,18 @@ class Timit(CorpusImporter):
                     yield Dropped(str(text_file), "missing_transcript", f"no {stem.upper()}.WRD beside it")
                     continue
                 words_file = folder / names[stem + ".wrd"]
-                with open(words_file, encoding="utf-8-sig") as handle:
-                    words = [line.split()[2] for line in handle if len(line.split()) >= 3]
+                content = read_text(words_file)
+                if isinstance(content, UnicodeDecodeError):
+                    yield bad_encoding(str(words_file), content, str(audio))
+                    continue
+                words = [line.split()[2] for line in content.splitlines() if len(line.split()) >= 3]
                 yield Utterance(str(audio), " ".join(words), speaker, f"{words_file}:1")
                 continue
-            with open(text_file, encoding="utf-8-sig") as handle:
-                fields = handle.readline().split(None, 2)
+            content = read_text(text_file)
+            if isinstance(content, UnicodeDecodeError):
+                yield bad_encoding(str(text_file), content, str(audio))
+                continue
+            fields = (content.splitlines() or [""])[0].split(None, 2)
             if len(fields) < 3:
                 yield Dropped(
                     f"{text_file}:1", "malformed_row", "expected <first sample> <last sample> <sentence>"
