@@ -203,9 +203,9 @@ def restore_files():
 
 
 def _luigi(*args, timeout=180):
-    luigi_bin = ROOT / ".venv" / "bin" / "luigi"
+    luigi_bin = Path(sys.executable).parent / "luigi"  # the luigi of the venv running the tests
     return subprocess.run(
-        [str(luigi_bin) if luigi_bin.exists() else "luigi", "--module", "tasks", *args, "--local-scheduler"],
+        [str(luigi_bin), "--module", "tasks", *args, "--local-scheduler"],
         cwd=ROOT,
         capture_output=True,
         text=True,

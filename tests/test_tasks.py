@@ -114,7 +114,7 @@ def test_luigi_command_line_exits_non_zero_on_a_failed_task(write_config, tmp_pa
     """)
     result = subprocess.run(
         [
-            str(ROOT / ".venv" / "bin" / "luigi") if (ROOT / ".venv" / "bin" / "luigi").exists() else "luigi",
+            str(Path(sys.executable).parent / "luigi"),
             "--module",
             "tasks",
             "FeaturesSplit",
