@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from native_client.frontends import normalize_frames
-from native_client.runtime import SavedModelRunner, StepRunner, TFLiteRunner
+from native_client.runtime import SavedModelRunner, StepRunner, TFLiteRunner, _tflite_interpreter
 from native_client.windows import ready_windows, window_view
 
 
@@ -194,8 +194,11 @@ def batch_runner(runner: StepRunner) -> BatchRunner:
     one and the backend runs it (TFLite, SavedModel), else one batch-1 call per stream."""
     signature = runner.metadata.tensors.get("batch_signature")
     if signature and isinstance(runner, TFLiteRunner):
-        if signature in runner.interpreter.get_signature_list():
-            call = runner.interpreter.get_signature_runner(signature)
+        # An interpreter of its own: while a signature runner holds an interpreter, LiteRT refuses the
+        # plain ``invoke`` that ``TFLiteRunner`` makes.
+        interpreter = _tflite_interpreter(str(runner.metadata.path("tflite")), runner.threads)
+        if signature in interpreter.get_signature_list():
+            call = interpreter.get_signature_runner(signature)
             return _SignatureBatchRunner(runner, lambda inputs: call(**inputs))
     if signature and isinstance(runner, SavedModelRunner) and signature in runner.loaded.signatures:
         function = runner.loaded.signatures[signature]

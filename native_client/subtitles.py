@@ -2,7 +2,8 @@
 
 Utterances the length limit cut (``cut``) are joined with the next one into one run of words, so a
 sentence is not broken at the cut. A run's words are grouped into cues of at most ``max_chars`` characters
-and ``max_seconds``; the first cue of a run starts where the voice activity detector heard its speech
+and ``max_seconds`` (a word heard wholly outside the detected speech, clamped to its edge, never
+starts a cue of its own); the first cue of a run starts where the voice activity detector heard its speech
 start and the last one ends where it heard it end (those edges are sharper than CTC's letter spikes,
 which fall anywhere in a letter); cue edges inside a run are the words' own times.
 """
@@ -73,7 +74,10 @@ def cues(
         for word in words:
             group = groups[-1]
             text = " ".join(w for w, _, _ in group + [word])
-            if group and (len(text) > max_chars or word[2] - group[0][1] > max_seconds):
+            # A word wholly outside the detected speech (clamped to nothing) stays with its neighbours.
+            long = bool(group) and (len(text) > max_chars or word[2] - group[0][1] > max_seconds)
+            spans = word[2] > word[1] and any(end > start for _, start, end in group)
+            if long and spans:
                 groups.append([word])
             else:
                 group.append(word)
