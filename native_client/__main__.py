@@ -3,7 +3,7 @@
     deepspeech-transcribe --model <export dir | model.tflite | output_graph.pb> --audio a.wav [--audio ...]
         [--scorer lm.arpa | lm.binary --vocabulary words.txt | kenlm.scorer | --no-scorer] [--beam_width N]
         [--lm_alpha A] [--lm_beta B] [--hot_words word:boost,...] [--candidate_transcripts N] [--extended]
-        [--json] [--no-resample] [--allow-plugin MODULE] [--version]
+        [--json] [--no-resample] [--allow-plugin MODULE] [--vad] [--format text|json|srt|vtt] [--version]
 
 (also ``python -m native_client``). Hyphen and underscore spellings of the options are both accepted.
 """
@@ -18,6 +18,8 @@ from pathlib import Path
 
 from native_client.audio import AudioError
 from native_client.deepspeech_tflite import is_deepspeech_tflite
+from native_client.long_audio import add_arguments as add_long_audio_arguments
+from native_client.long_audio import render
 from native_client.metadata import FORMAT_VERSION, METADATA_NAME, ExportError
 
 BACKEND_OF_SUFFIX = {".tflite": "tflite", ".pb": "frozen_graph"}
@@ -122,6 +124,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="let the export load this module of one's own (a front end or decoder named by its dotted name "
         "in the export's metadata); repeat for several. Built-in ones need none",
     )
+    add_long_audio_arguments(parser)
     parser.add_argument("--version", action="version", version=_version())
     return parser.parse_args(argv)
 
@@ -244,17 +247,26 @@ def main(argv=None) -> int:
             )
 
         try:
-            result = model.transcribe_file(
-                path,
-                convert_rate=not args.no_resample,
-                candidates=args.candidate_transcripts if args.json and not args.extended else 1,
-                on_resample=warn,
-            )
+            if args.vad or args.format in ("srt", "vtt"):
+                from native_client.long_audio import transcribe_segmented
+
+                result = transcribe_segmented(model, path, not args.no_resample, warn)
+            else:
+                result = model.transcribe_file(
+                    path,
+                    convert_rate=not args.no_resample,
+                    candidates=args.candidate_transcripts if args.json and not args.extended else 1,
+                    on_resample=warn,
+                )
         except AudioError as error:
             print(f"error: {error}", file=sys.stderr)
             failed += 1
             continue
-        print(format_result(result, args.json, args.extended, len(args.audio) > 1), flush=True)
+        if args.format in ("srt", "vtt"):
+            print(render(result, args.format), end="", flush=True)
+            continue
+        json_output = args.json or args.format == "json"
+        print(format_result(result, json_output, args.extended, len(args.audio) > 1), flush=True)
     return 1 if failed else 0
 
 

@@ -42,6 +42,7 @@ class TFLiteRunner(StepRunner):
 
     def __init__(self, metadata: ExportMetadata, threads: int = 1):
         super().__init__(metadata)
+        self.threads = threads
         path = metadata.path("tflite")
         if not path.is_file():
             raise ExportError(f"{path}: TFLite model missing from the export")

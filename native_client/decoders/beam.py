@@ -252,6 +252,7 @@ class BeamDecoder(Decoder):
         self, logits: np.ndarray, count: int, seconds_per_frame: float, first_frame: int
     ) -> list[Candidate]:
         found, seen = [], set()
+        probabilities = log_softmax(np.asarray(logits, dtype=np.float32))
         for result in self._search(logits):
             text = self._text(result)
             if text in seen:
@@ -262,7 +263,7 @@ class BeamDecoder(Decoder):
                 Candidate(
                     text,
                     float(result.score),
-                    word_timings(path, self.alphabet, seconds_per_frame, first_frame),
+                    word_timings(path, self.alphabet, seconds_per_frame, first_frame, probabilities),
                 )
             )
             if len(found) == count:

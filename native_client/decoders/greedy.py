@@ -49,10 +49,10 @@ class GreedyDecoder(Decoder):
         """The best path as the one candidate (greedy search has no others); its confidence is the sum
         of each frame's best log probability."""
         path = np.argmax(logits, axis=-1)
-        confidence = float(np.sum(np.max(log_softmax(logits), axis=-1))) if len(logits) else 0.0
-        return [
-            Candidate(self.decode(logits), confidence, word_timings(path, self.alphabet, seconds_per_frame))
-        ]
+        probabilities = log_softmax(logits)
+        confidence = float(np.sum(np.max(probabilities, axis=-1))) if len(logits) else 0.0
+        words = word_timings(path, self.alphabet, seconds_per_frame, log_probs=probabilities)
+        return [Candidate(self.decode(logits), confidence, words)]
 
 
 DECODER = GreedyDecoder

@@ -15,6 +15,9 @@ import tensorflow as tf
 from pipeline.model import StateTensor, model_family
 
 SIGNATURE = "stream"
+# Many streams in one call: windows ``[batch, n_steps, window, n_input]``, each state ``[batch, ...]``
+# (``deepspeech-serve`` steps every stream with a chunk ready at once). Only for families with a batched form.
+BATCH_SIGNATURE = "stream_batch"
 INPUT, LOGITS = "input_node", "logits"
 
 
@@ -37,6 +40,18 @@ class InferenceGraph(tf.Module):
             self._stream,
             input_signature=[tf.TensorSpec([1, n_steps, window, n_input], tf.float32, name=INPUT), *states],
         )
+        self.stream_batch = None
+        if self.form.batched:
+            batch_states = [
+                tf.TensorSpec([None, *s.shape[1:]], tf.float32, name=s.input) for s in self.state_tensors
+            ]
+            self.stream_batch = tf.function(
+                self._stream_batch,
+                input_signature=[
+                    tf.TensorSpec([None, n_steps, window, n_input], tf.float32, name=INPUT),
+                    *batch_states,
+                ],
+            )
         self.utterance = tf.function(
             self._utterance,
             input_signature=[tf.TensorSpec([1, None, window, n_input], tf.float32, name=INPUT)],
@@ -50,19 +65,38 @@ class InferenceGraph(tf.Module):
             out[spec.output] = tf.identity(value, name=spec.output)
         return out
 
+    def _stream_batch(self, windows, *state):
+        logits, *new_state = self.form.batch_step(windows, *state)
+        out = {LOGITS: tf.identity(logits, name=LOGITS)}
+        for spec, value in zip(self.state_tensors, new_state, strict=True):
+            out[spec.output] = tf.identity(value, name=spec.output)
+        return out
+
+    def signatures(self) -> dict:
+        """The SavedModel's signatures: the streaming step (and its batched form when the family has one),
+        the whole utterance, the metadata."""
+        found = {SIGNATURE: self.stream, "utterance": self.utterance, "metadata": self.metadata}
+        if self.stream_batch is not None:
+            found[BATCH_SIGNATURE] = self.stream_batch
+        return found
+
     def _utterance(self, windows):
         return {LOGITS: self.form.utterance(windows)}
 
     def tensors(self) -> dict:
         """The tensor names a client needs (the export metadata's ``tensors``)."""
-        return tensor_names(self.state_tensors)
+        return tensor_names(self.state_tensors, self.stream_batch is not None)
 
 
-def tensor_names(state: tuple[StateTensor, ...]) -> dict:
-    """The export's tensor names for a family's ``state``: signature, input, logits, and the state list."""
-    return {
+def tensor_names(state: tuple[StateTensor, ...], batched: bool = False) -> dict:
+    """The export's tensor names for a family's ``state``: signature, input, logits, and the state list;
+    ``batch_signature`` (the batched streaming signature's name, same tensor names) when ``batched``."""
+    names = {
         "signature": SIGNATURE,
         "input": INPUT,
         "logits": LOGITS,
         "state": [{"input": s.input, "output": s.output, "shape": list(s.shape)} for s in state],
     }
+    if batched:
+        names["batch_signature"] = BATCH_SIGNATURE
+    return names

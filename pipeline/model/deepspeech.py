@@ -161,6 +161,32 @@ class DeepSpeechStreaming(StreamingForm):
         logits = self.model.stack(windows, recurrence, training=False)
         return logits, final["h"], final["c"]
 
+    batched = True
+
+    def batch_step(self, windows, state_h, state_c):
+        """``(logits [batch, n_steps, n_classes], new state_h, new state_c)`` of ``batch`` streams at once:
+        every matrix product reads its weights once for all of them (the recurrent kernel, read per frame,
+        dominates a batch-1 step)."""
+        final = {}
+        cell = self.model.lstm.cell
+
+        def recurrence(x):
+            batch, width = tf.shape(x)[0], tf.shape(x)[2]
+            flat = tf.matmul(tf.reshape(x, [-1, width]), cell.kernel) + cell.bias
+            projected = tf.reshape(flat, [batch, self.n_steps, -1])  # [batch, steps, 4 * n_hidden]
+            h, c, outputs = state_h, state_c, []
+            for t in range(self.n_steps):
+                z = projected[:, t] + tf.matmul(h, cell.recurrent_kernel)
+                i, f, g, o = tf.split(z, 4, axis=-1)
+                c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
+                h = tf.sigmoid(o) * tf.tanh(c)
+                outputs.append(h)
+            final["h"], final["c"] = h, c
+            return tf.stack(outputs, axis=1)
+
+        logits = self.model.stack(windows, recurrence, training=False)
+        return logits, final["h"], final["c"]
+
     def utterance(self, windows):
         """Logits ``[1, time, n_classes]`` of any number of windows (the Keras LSTM layer's own loop)."""
         zeros = tf.zeros([1, self.model.model_config.n_hidden])

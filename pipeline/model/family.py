@@ -43,6 +43,16 @@ class StreamingForm(abc.ABC):
     def utterance(self, windows):
         """Logits ``[1, time, n_classes]`` of a whole utterance's windows, from a zero state."""
 
+    # Families whose streaming form can step several independent streams in one call set this and
+    # implement ``batch_step``; the export then carries a batched streaming signature.
+    batched: bool = False
+
+    def batch_step(self, windows, *state) -> tuple:
+        """``(logits [batch, n_steps, n_classes], *new_state)`` for windows ``[batch, n_steps, window,
+        n_input]`` of ``batch`` independent streams, each state ``[batch, ...]`` (row ``i`` is stream
+        ``i``'s): the same numbers as ``step`` on each stream alone."""
+        raise NotImplementedError(f"{type(self).__name__} has no batched step")
+
 
 class ModelFamily(abc.ABC):
     """A family of acoustic models chosen by ``model.architecture``."""

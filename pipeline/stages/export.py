@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from native_client.metadata import MANIFEST_NAME, METADATA_NAME, write_manifest
 from pipeline.export.coqui_tflite import write_coqui_tflite
-from pipeline.export.inference_graph import SIGNATURE, InferenceGraph, tensor_names
+from pipeline.export.inference_graph import InferenceGraph, tensor_names
 from pipeline.export.writers import build_metadata, copy_language_model, write_frozen_graph, write_tflite
 from pipeline.features.frontend import feature_pipeline
 from pipeline.files import publish_entries, remove_leftovers
@@ -116,19 +116,21 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
         prefix = resolve_checkpoint(checkpoint or layout.train_run.best)
         n_input = feature_pipeline(config.features).feature_size
         model = load_trained_model(config, prefix, n_input, alphabet.n_classes)
-        names = tensor_names(model_family(config.model.architecture).state(config.model))
+        family = model_family(config.model.architecture)
+        batched = family.streaming(model, config.export.n_steps).batched
+        names = tensor_names(family.state(config.model), batched)
         metadata = build_metadata(layout, alphabet, prefix, version or 1, n_input, names)
         graph = InferenceGraph(model, config.export.n_steps, dataclasses.asdict(metadata))
         on_status("writing the SavedModel", 10)
         tf.saved_model.save(
             graph,
             str(staging.file("saved_model")),
-            signatures={SIGNATURE: graph.stream, "utterance": graph.utterance, "metadata": graph.metadata},
+            signatures=graph.signatures(),
         )
         on_status("freezing the graph", 40)
         frozen = write_frozen_graph(graph, staging.file("frozen_graph"))
         on_status("converting to TFLite" + (" (int8 dynamic range)" if config.export.quantize else ""), 55)
-        write_tflite(staging.file("saved_model"), staging.file("tflite"), config.export.quantize)
+        write_tflite(staging.file("saved_model"), staging.file("tflite"), config.export.quantize, batched)
         if config.export.coqui_tflite:
             on_status("converting to the Coqui STT layout", 75)
             write_coqui_tflite(

@@ -1,0 +1,129 @@
+"""The scheduler that batches streams: every model call advances each stream that has a chunk ready.
+
+Connections hand their ready chunks to ``BatchEngine.run`` and await the logits. One loop takes, in
+turn, the next chunk of every waiting job (up to ``max_batch``), stacks them and makes one model call on
+a thread of its own, so the event loop keeps reading and answering sockets meanwhile; jobs that arrive
+during a call join the next one. A job with many chunks (a whole utterance rerun, a posted file)
+advances one chunk per call like any other, so it never holds the others up for longer than a call.
+Decoding (greedy partials, beam search for results) runs on a second thread (``decode``), so a long
+beam search does not stall the model calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from native_client.batching import BatchRunner, Chunk
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Job:
+    chunks: list[Chunk]
+    state: tuple
+    future: asyncio.Future
+    done: int = 0
+    logits: list = field(default_factory=list)
+
+
+@dataclass
+class EngineStats:
+    """Counters since start: model calls and chunks run (their ratio is the mean batch)."""
+
+    calls: int = 0
+    chunks: int = 0
+    largest_batch: int = 0
+
+
+class BatchEngine:
+    """Runs the chunks of many streams through one ``BatchRunner`` (see the module docstring)."""
+
+    def __init__(self, runner: BatchRunner, max_batch: int = 64):
+        self.runner = runner
+        self.max_batch = max(1, int(max_batch))
+        self.stats = EngineStats()
+        self._jobs: deque[_Job] = deque()
+        self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
+        self._decode_thread = ThreadPoolExecutor(1, thread_name_prefix="decode")
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Start the scheduling loop on the running event loop."""
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        """Stop the loop and the threads."""
+        if self._task is not None:
+            self._task.cancel()
+        self._model_thread.shutdown(wait=True, cancel_futures=True)
+        self._decode_thread.shutdown(wait=True, cancel_futures=True)
+
+    async def run(self, chunks: list[Chunk], state: tuple) -> tuple[np.ndarray, tuple]:
+        """Logits ``[time, n_classes]`` of ``chunks`` (padding steps dropped) run in order from
+        ``state``, and the state after them. Cancelling the caller drops the job's remaining chunks."""
+        if not chunks:
+            return np.zeros((0, self.runner.metadata.n_classes), np.float32), state
+        job = _Job(list(chunks), state, asyncio.get_running_loop().create_future())
+        self._jobs.append(job)
+        self._wakeup.set()
+        try:
+            return await job.future
+        finally:
+            if not job.future.done():
+                job.future.cancel()
+
+    async def decode(self, function, *args):
+        """``function(*args)`` on the decoding thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._decode_thread, function, *args)
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._jobs:
+                batch = self._next_batch()
+                if not batch:
+                    continue
+                windows = np.stack([job.chunks[job.done].windows for job in batch])
+                states = [job.state for job in batch]
+                try:
+                    logits, new_states = await loop.run_in_executor(
+                        self._model_thread, self.runner.step, windows, states
+                    )
+                except Exception as error:  # a model failure fails these jobs, not the server
+                    log.exception("model call failed")
+                    for job in batch:
+                        if not job.future.done():
+                            job.future.set_exception(RuntimeError(f"model call failed: {error}"))
+                    continue
+                self.stats.calls += 1
+                self.stats.chunks += len(batch)
+                self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
+                for job, out, state in zip(batch, logits, new_states, strict=True):
+                    job.logits.append(out[: job.chunks[job.done].real])
+                    job.state = state
+                    job.done += 1
+                    if job.done == len(job.chunks):
+                        if not job.future.done():
+                            job.future.set_result((np.concatenate(job.logits), job.state))
+                    elif not job.future.done():
+                        self._jobs.append(job)
+
+    def _next_batch(self) -> list[_Job]:
+        """Up to ``max_batch`` live jobs from the front of the queue (each re-queued after its chunk)."""
+        batch = []
+        while self._jobs and len(batch) < self.max_batch:
+            job = self._jobs.popleft()
+            if not job.future.done():  # cancelled: its connection is gone
+                batch.append(job)
+        return batch

@@ -1,0 +1,243 @@
+"""One recognition connection, in vosk-server's protocol, apart from the WebSocket library.
+
+A client sends an optional ``{"config": {"sample_rate": 16000, "words": true, "max_alternatives": 0}}``,
+then binary frames of 16-bit little-endian mono PCM, then ``{"eof" : 1}``. Each binary frame is answered
+with one message, as vosk-server does (its clients wait for it before sending the next): ``{"partial":
+"..."}``, or, when an utterance ended in that frame (the voice activity detector found a pause), its
+result ``{"result": [{"word", "start", "end", "conf"}, ...], "text": "..."}``. ``eof`` is answered with
+the last result, after which the server closes the connection. Anything else is refused with ``{"error":
+"..."}`` and the connection closed (``ProtocolError``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import soxr
+
+from native_client.audio import RESAMPLE_QUALITY, to_int16
+from native_client.batching import Utterance
+from native_client.vad import Audio, End, Segmenter, Start
+
+CONFIG_KEYS = ("sample_rate", "words", "max_alternatives")
+MAX_ALTERNATIVES = 10
+SAMPLE_RATES = (4000, 192000)  # the rates a client may stream at (resampled to the model's)
+
+
+class ProtocolError(ValueError):
+    """A message the server refuses: sent to the client as ``{"error": str(error)}``, then it closes."""
+
+
+@dataclass
+class _Ended:
+    """An utterance that ended: where it started (samples since the connection's first one) and its
+    logits."""
+
+    start: int
+    logits: np.ndarray
+
+
+class RecognizerSession:
+    """The state of one connection: its settings, its resampler, its voice activity detector and the
+    utterance in progress. ``service`` (``native_client.server.app.Service``) holds the model, the engine
+    and the settings shared by all connections."""
+
+    def __init__(self, service):
+        self.service = service
+        self.model_rate = service.model.sample_rate
+        self.sample_rate = self.model_rate
+        self.words = True
+        self.alternatives = 0
+        self.configured = False
+        self.audio_started = False
+        self._resampler = None
+        self._segmenter = Segmenter(self.model_rate, service.vad) if service.vad is not None else None
+        self._utterance: Utterance | None = None
+        self._start = 0
+        self._position = 0  # samples at the model's rate since the first one
+        self._partial = ""
+        self._rerun_at = 0  # normalised exports: samples of the utterance at the last partial rerun
+
+    # ---- text messages
+
+    def text_message(self, text: str) -> str:
+        """``config`` (returns ``"config"``, nothing is sent back) or ``eof`` (returns ``"eof"``)."""
+        try:
+            message = json.loads(text)
+        except ValueError:
+            raise ProtocolError(f"text frame is not JSON: {text[:60]!r}") from None
+        if not isinstance(message, dict) or len(message) != 1:
+            raise ProtocolError(f'expected {{"config": {{...}}}} or {{"eof": 1}}, got {text[:60]!r}')
+        ((key, value),) = message.items()
+        if key == "eof":
+            return "eof"
+        if key == "config":
+            self.configure(value)
+            return "config"
+        raise ProtocolError(f'unknown message {key!r}: expected "config" or "eof"')
+
+    def configure(self, config) -> None:
+        """Apply a ``config`` object; only before the first audio."""
+        if self.audio_started:
+            raise ProtocolError("config after audio: send it first")
+        if not isinstance(config, dict):
+            raise ProtocolError(f"config: expected an object, got {json.dumps(config)[:60]}")
+        unknown = sorted(set(config) - set(CONFIG_KEYS))
+        if unknown:
+            raise ProtocolError(
+                f"config: {', '.join(unknown)}: not supported (known: {', '.join(CONFIG_KEYS)})"
+            )
+        if "sample_rate" in config:
+            rate = config["sample_rate"]
+            low, high = SAMPLE_RATES
+            if (
+                isinstance(rate, bool)
+                or not isinstance(rate, (int, float))
+                or not math.isfinite(rate)
+                or rate != int(rate)
+                or not low <= rate <= high
+            ):
+                raise ProtocolError(
+                    f"config.sample_rate {json.dumps(rate)}: expected a whole number of Hz from {low} to "
+                    f"{high} (the model's is {self.model_rate}; others are resampled)"
+                )
+            self.sample_rate = int(rate)
+        if "words" in config:
+            if not isinstance(config["words"], (bool, int)):
+                raise ProtocolError("config.words: expected true or false")
+            self.words = bool(config["words"])
+        if "max_alternatives" in config:
+            count = config["max_alternatives"]
+            if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_ALTERNATIVES:
+                raise ProtocolError(f"config.max_alternatives: expected 0 to {MAX_ALTERNATIVES}")
+            self.alternatives = count
+        self.configured = True
+
+    # ---- audio
+
+    def samples_of(self, data: bytes) -> np.ndarray:
+        """int16 samples at the model's rate of a binary frame (resampled from the client's rate)."""
+        if len(data) % 2:
+            raise ProtocolError(f"binary frame of {len(data)} bytes: 16-bit samples take 2 bytes each")
+        samples = np.frombuffer(data, "<i2")
+        self.audio_started = True
+        if self.sample_rate == self.model_rate:
+            return samples.astype(np.int16)
+        if self._resampler is None:
+            self._resampler = soxr.ResampleStream(
+                self.sample_rate, self.model_rate, 1, dtype="float32", quality=RESAMPLE_QUALITY
+            )
+        return to_int16(self._resampler.resample_chunk(samples.astype(np.float32) / 32768))
+
+    async def audio(self, data: bytes) -> dict:
+        """The reply to one binary frame: the result of utterances that ended in it, else a partial."""
+        ended = await self._feed(self.samples_of(data))
+        if ended:
+            return await self._result(ended)
+        return {"partial": await self._partial_text()}
+
+    async def eof(self) -> dict:
+        """The reply to ``eof``: the last utterance's result (``{"text": ""}`` when there was none)."""
+        samples = np.zeros(0, np.int16)
+        if self._resampler is not None:
+            samples = to_int16(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
+        ended = await self._feed(samples, final=True)
+        return await self._result(ended)
+
+    async def _feed(self, samples: np.ndarray, final: bool = False) -> list[_Ended]:
+        """Run ``samples`` through the detector and the utterances; the utterances that ended."""
+        if self._segmenter is not None:
+            events = self._segmenter.feed(samples)
+            if final:
+                events += self._segmenter.finish()
+        else:  # no detector: the whole connection is one utterance
+            events = [] if self._utterance is not None or not (len(samples) or final) else [Start(0)]
+            events.append(Audio(samples))
+            if final:
+                events.append(End(self._position + len(samples), 0, self._position + len(samples)))
+        self._position += len(samples)
+        ended = []
+        for event in events:
+            if isinstance(event, Start):
+                self._utterance = Utterance(self.service.model.runner)
+                self._start, self._partial, self._rerun_at = event.at, "", 0
+            elif isinstance(event, Audio) and self._utterance is not None:
+                self._utterance.feed_audio(event.samples)
+            elif isinstance(event, End) and self._utterance is not None:
+                self._utterance.finish()
+                await self._run_ready()
+                ended.append(_Ended(self._start, self._utterance.logits()))
+                self._utterance = None
+        if self._utterance is not None and self._utterance.incremental:
+            await self._run_ready()
+        return ended
+
+    async def _run_ready(self) -> None:
+        utterance = self._utterance
+        logits, state = await self.service.engine.run(utterance.ready(), utterance.state)
+        utterance.accept(logits, state)
+
+    async def _partial_text(self) -> str:
+        """The current utterance's transcript so far (greedy), ``""`` between utterances. An export with
+        normalisation reruns the utterance from its start at most every ``partial_interval_s`` of audio."""
+        utterance, greedy = self._utterance, self.service.model.greedy
+        if utterance is None:
+            return ""
+        if utterance.incremental:
+            return greedy.decode(utterance.logits())
+        if utterance.samples - self._rerun_at >= self.service.partial_interval_s * self.model_rate:
+            self._rerun_at = utterance.samples
+            logits, _ = await self.service.engine.run(utterance.rerun(), utterance.state)
+            self._partial = greedy.decode(logits)
+        return self._partial
+
+    async def _result(self, ended: list[_Ended]) -> dict:
+        """vosk-server's result object of the utterances that ended (normally one; several ended in one
+        frame are joined into one result)."""
+        model = self.service.model
+        seconds = model.metadata.features.seconds_per_frame
+        count = max(1, self.alternatives)
+        found = []
+        for utterance in ended:
+            candidates = await self.service.engine.decode(
+                model.decoder.candidates, utterance.logits, count, seconds
+            )
+            found.append((utterance.start / self.model_rate, candidates))
+        if self.alternatives:
+            if len(found) == 1:
+                offset, candidates = found[0]
+                return {"alternatives": [self._alternative(c, offset) for c in candidates]}
+            return {"alternatives": [self._joined(found)]}
+        joined = self._joined(found)
+        joined.pop("confidence")
+        return joined
+
+    def _words(self, candidate, offset: float) -> list[dict]:
+        return [
+            {
+                "conf": round(w.confidence, 4) if w.confidence is not None else 1.0,
+                "end": round(offset + w.start_time + w.duration, 3),
+                "start": round(offset + w.start_time, 3),
+                "word": w.word,
+            }
+            for w in candidate.words
+        ]
+
+    def _alternative(self, candidate, offset: float) -> dict:
+        out = {"confidence": round(candidate.confidence, 4), "text": candidate.text}
+        if self.words:
+            out["result"] = self._words(candidate, offset)
+        return out
+
+    def _joined(self, found: list) -> dict:
+        """The best candidates of several utterances as one result."""
+        best = [(offset, candidates[0]) for offset, candidates in found if candidates]
+        out = {}
+        if self.words:
+            out["result"] = [word for offset, c in best for word in self._words(c, offset)]
+        out["text"] = " ".join(c.text for _, c in best if c.text)
+        out["confidence"] = round(sum(c.confidence for _, c in best), 4)
+        return out

@@ -1,0 +1,346 @@
+"""deepspeech-serve: vosk-server's protocol over a real WebSocket client, batched streams, limits, POST /stt;
+the client's --vad and --format srt; per-word confidence."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from tornado.websocket import websocket_connect
+
+from native_client.alphabet import Alphabet
+from native_client.batching import batch_runner
+from native_client.model import open_model
+from native_client.transcripts import word_timings
+from tests.conftest import ROOT, SAMPLE
+
+CLIPS = [SAMPLE / "test" / f"{i:05d}.flac" for i in range(8)]
+CHUNK = 3200  # 0.2 s at 16 kHz, as vosk-server's test client sends
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory) -> Path:
+    """An untrained small model (random weights: greedy decoding gives a different string of letters for
+    every clip, so any difference in the logits shows in the text), unnormalised features (incremental
+    streams), exported with the real Export code: int8 TFLite with the batched signature."""
+    import tensorflow as tf
+
+    from pipeline.config_loader import load_config
+    from pipeline.features.frontend import feature_pipeline
+    from pipeline.layout import Layout
+    from pipeline.model import build_model
+    from pipeline.model.checkpoints import named_weights
+    from pipeline.stages.export import export_stage
+
+    out = tmp_path_factory.mktemp("serve")
+    config = load_config(
+        ROOT / "configs" / "sample.yaml",
+        {
+            "paths": {"work_dir": str(out / "work"), "export_dir": str(out / "export")},
+            "features": {"normalize": False},
+            "model": {"n_hidden": 64},
+        },
+    )
+    model = build_model(config.model, feature_pipeline(config.features).feature_size, 29)
+    prefix = tf.train.Checkpoint(weights=named_weights(model)).write(str(out / "ckpt" / "untrained"))
+    return export_stage(Layout(config), checkpoint=prefix, with_lm=False).root
+
+
+@pytest.fixture(scope="module")
+def one_shot(export) -> dict[Path, str]:
+    """The one-shot client's transcript of each clip (greedy)."""
+    model = open_model(export)
+    texts = {clip: model.transcribe_file(clip).text for clip in CLIPS}
+    assert all(texts.values()) and len(set(texts.values())) == len(CLIPS)
+    return texts
+
+
+class Server:
+    """``deepspeech-serve`` in a subprocess on a free loopback port."""
+
+    def __init__(self, export: Path, *args: str):
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "native_client.server.cli", "--model", str(export), "--port", "0"]
+            + ["--no-scorer", *args],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        lines = []
+        for line in self.process.stderr:
+            lines.append(line)
+            found = re.search(r"listening on ws://127\.0\.0\.1:(\d+)/", line)
+            if found:
+                self.port = int(found.group(1))
+                self.banner = line
+                break
+        else:
+            raise AssertionError("the server did not start:\n" + "".join(lines))
+        self.url = f"ws://127.0.0.1:{self.port}/"
+        self.http = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+@pytest.fixture
+def server(export):
+    servers = []
+
+    def start(*args: str) -> Server:
+        servers.append(Server(export, *args))
+        return servers[-1]
+
+    yield start
+    for running in servers:
+        running.stop()
+
+
+async def _stream(url: str, clip: Path, config: dict | None = None) -> tuple[str, list[dict], list]:
+    """Stream ``clip`` as vosk-server's test client does (a reply awaited after each frame); the joined
+    text of the results, every reply, and what follows the eof result (None: the server closed)."""
+    samples, rate = soundfile.read(clip, dtype="int16")
+    ws = await websocket_connect(url)
+    await ws.write_message(json.dumps({"config": config or {"sample_rate": rate}}))
+    replies = []
+    for start in range(0, len(samples), CHUNK):
+        await ws.write_message(samples[start : start + CHUNK].tobytes(), binary=True)
+        replies.append(json.loads(await ws.read_message()))
+    await ws.write_message('{"eof" : 1}')
+    replies.append(json.loads(await ws.read_message()))
+    after = await ws.read_message()
+    text = " ".join(r["text"] for r in replies if r.get("text"))
+    return text, replies, after
+
+
+async def _status(server: Server) -> dict:
+    response = await AsyncHTTPClient().fetch(server.http + "/status")
+    return json.loads(response.body)
+
+
+def test_the_batched_signature_steps_each_stream_as_its_own_call(export):
+    model = open_model(export)
+    runner = batch_runner(model.runner)
+    assert runner.batched
+    meta = model.metadata
+    rng = np.random.default_rng(0)
+    windows = rng.normal(size=(5, meta.n_steps, 2 * meta.n_context + 1, meta.n_input)).astype(np.float32)
+    states = [
+        tuple(rng.normal(size=s.shape).astype(np.float32) for s in model.runner.zero_state())
+        for _ in range(5)
+    ]
+    logits, new_states = runner.step(windows, states)
+    for row, state, out, new in zip(windows, states, logits, new_states, strict=True):
+        alone, alone_state = model.runner.step(row[None], state)
+        np.testing.assert_allclose(out, alone, atol=1e-5)
+        for a, b in zip(new, alone_state, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_sixteen_concurrent_streams_give_the_one_shot_text(export, one_shot, server):
+    running = server()
+    assert "loopback only" in running.banner and "batched" in running.banner
+
+    async def main():
+        clips = [CLIPS[i % len(CLIPS)] for i in range(16)]
+        results = await asyncio.gather(*(_stream(running.url, clip) for clip in clips))
+        return clips, results, await _status(running)
+
+    clips, results, status = asyncio.run(main())
+    for clip, (text, replies, after) in zip(clips, results, strict=True):
+        assert text == one_shot[clip], clip
+        assert after is None  # closed after the eof result, as vosk-server
+        assert all(set(r) in ({"partial"}, {"result", "text"}) for r in replies)
+        final = replies[-1]
+        assert [w["word"] for w in final["result"]] == final["text"].split()
+        for word in final["result"]:
+            assert 0 <= word["conf"] <= 1 and 0 <= word["start"] <= word["end"]
+    assert status["largest_batch"] > 1 and status["chunks"] > status["calls"]
+    assert status["streams"] == 0
+
+
+def test_resampled_stream_and_post_stt(export, one_shot, server):
+    running = server()
+    clip = CLIPS[0]
+    samples, rate = soundfile.read(clip, dtype="int16")
+
+    async def main():
+        response = await AsyncHTTPClient().fetch(running.http + "/stt", method="POST", body=clip.read_bytes())
+        try:
+            await AsyncHTTPClient().fetch(running.http + "/stt", method="POST", body=b"not audio at all")
+            bad = None
+        except HTTPClientError as error:
+            bad = error
+        return json.loads(response.body), bad
+
+    posted, bad = asyncio.run(main())
+    client = subprocess.run(
+        [sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(clip), "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=True,
+    )
+    expected = json.loads(client.stdout)
+    assert posted["text"] == expected["text"] == one_shot[clip]
+    assert posted["transcripts"] == expected["transcripts"]
+    assert set(posted) == set(expected)
+    assert bad.code == 400 and "request body" in json.loads(bad.response.body)["error"]
+
+
+KILLED_CLIENT = textwrap.dedent("""
+    import asyncio, sys
+    from tornado.websocket import websocket_connect
+
+    async def main():
+        ws = await websocket_connect(sys.argv[1])
+        await ws.write_message(bytes(6400), binary=True)
+        await ws.read_message()
+        print("streaming", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+    asyncio.run(main())
+""")
+
+
+def test_refusals_drop_only_the_offending_connections(export, one_shot, server):
+    running = server("--max-streams", "64", "--idle-timeout", "1", "--max-messages-per-s", "50")
+    clip = CLIPS[1]
+
+    async def refused(first, *rest) -> tuple[dict | None, int | None]:
+        ws = await websocket_connect(running.url)
+        for message in (first, *rest):
+            await ws.write_message(message, binary=isinstance(message, bytes))
+        reply = await ws.read_message()
+        closing = await ws.read_message() if reply is not None else None
+        return (json.loads(reply) if reply is not None else None), closing, ws.close_code
+
+    async def idle() -> tuple[dict, None]:
+        ws = await websocket_connect(running.url)
+        return json.loads(await ws.read_message()), await ws.read_message()
+
+    async def too_big():
+        ws = await websocket_connect(running.url)
+        try:
+            await ws.write_message(bytes(100 << 20), binary=True)
+        except Exception:  # the server may close before the frame is written
+            pass
+        reply = await ws.read_message()
+        return reply, ws.close_code
+
+    async def flood():
+        ws = await websocket_connect(running.url)
+        for _ in range(200):
+            ws.write_message(bytes(2), binary=True)
+        replies = []
+        while (reply := await ws.read_message()) is not None:
+            replies.append(json.loads(reply))
+        return replies
+
+    async def main():
+        good = asyncio.ensure_future(_stream(running.url, clip))
+        killed = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            KILLED_CLIENT,
+            running.url,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert (await killed.stdout.readline()).strip() == b"streaming"
+        killed.kill()
+        await killed.wait()
+        garbage = await refused("this is not json")
+        unknown = await refused('{"config": {"sample_rate": 16000, "grammar": ["a"]}}')
+        odd = await refused(bytes(3))
+        rate = await refused('{"config": {"sample_rate": "fast"}}')
+        zero = await refused('{"config": {"sample_rate": 0}}')
+        big = await too_big()
+        flooded = await flood()
+        idlers = await asyncio.gather(*(idle() for _ in range(500)))
+        text, _, after = await good
+        while (status := await _status(running))["streams"]:  # the killed client's stream is released
+            await asyncio.sleep(0.1)
+        return garbage, unknown, odd, rate, zero, big, flooded, idlers, text, after, status
+
+    garbage, unknown, odd, rate, zero, big, flooded, idlers, text, after, status = asyncio.run(main())
+    assert "not JSON" in garbage[0]["error"] and garbage[1] is None
+    assert "grammar" in unknown[0]["error"]
+    assert "3 bytes" in odd[0]["error"]
+    assert "sample_rate" in rate[0]["error"] and "sample_rate" in zero[0]["error"]
+    # Tornado cuts the connection as soon as it reads the frame's header: the error (or the 1009 close)
+    # reaches the client when it was read before the cut, else the client is simply dropped.
+    reply, code = big
+    assert reply is None or "frame larger" in json.loads(reply)["error"]
+    assert code in (None, 1009)
+    assert "messages a second" in flooded[-1]["error"]
+    errors = [reply["error"] for reply, closing in idlers]
+    assert all(closing is None for _, closing in idlers)
+    assert all("too many streams" in e or "idle" in e for e in errors)
+    assert any("too many streams" in e for e in errors) and any("idle" in e for e in errors)
+    assert text == one_shot[clip] and after is None
+    assert status["streams"] == 0
+    assert running.process.poll() is None
+
+
+def test_word_confidence_is_the_geometric_mean_of_the_path_probabilities():
+    alphabet = Alphabet(tuple(" ab"))
+    blank = alphabet.blank_index
+    path = [1, 1, blank, 2, 0, 2]  # "ab b": word "ab" on frames 0-3, "b" on frame 5
+    probabilities = np.full((6, alphabet.n_classes), 0.1)
+    probabilities[np.arange(6), path] = [0.9, 0.8, 0.5, 0.6, 0.9, 0.3]
+    words = word_timings(path, alphabet, 0.02, log_probs=np.log(probabilities))
+    assert [w.word for w in words] == ["ab", "b"]
+    assert words[0].confidence == pytest.approx((0.9 * 0.8 * 0.5 * 0.6) ** 0.25)
+    assert words[1].confidence == pytest.approx(0.3)
+    assert word_timings(path, alphabet, 0.02)[0].confidence is None
+
+
+def test_srt_of_a_long_file_has_a_cue_at_each_clip(export, tmp_path):
+    """Ten minutes: every test clip of the sample (65), each after 7 s of silence; the client with
+    --format srt gives one cue per clip at the clip's time."""
+    clips = sorted((SAMPLE / "test").glob("*.flac"))
+    pieces, expected, at = [], [], 0
+    rate = 16000
+    for clip in clips:
+        samples, clip_rate = soundfile.read(clip, dtype="int16")
+        assert clip_rate == rate
+        pieces += [np.zeros(int(7 * rate), np.int16), samples]
+        at += int(7 * rate)
+        expected.append((at / rate, (at + len(samples)) / rate))
+        at += len(samples)
+    pieces.append(np.zeros(2 * rate, np.int16))
+    long_file = tmp_path / "long.flac"
+    soundfile.write(long_file, np.concatenate(pieces), rate)
+    assert at / rate > 590
+    client = subprocess.run(
+        [sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(long_file)]
+        + ["--format", "srt"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=True,
+    )
+
+    def seconds(stamp: str) -> float:
+        hours, minutes, rest = stamp.split(":")
+        return int(hours) * 3600 + int(minutes) * 60 + float(rest.replace(",", "."))
+
+    cues = re.findall(r"(\d+)\n(\S+) --> (\S+)\n(.+)\n\n", client.stdout)
+    assert len(cues) == len(clips), client.stdout[:2000]
+    for (_, start, end, text), (clip_start, clip_end) in zip(cues, expected, strict=True):
+        assert abs(seconds(start) - clip_start) <= 0.3 and abs(seconds(end) - clip_end) <= 0.3, (start, end)
+        assert text.strip()
