@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.config_loader import config_from_dict
+from pipeline.dag import upstream
 from pipeline.layout import Layout
 from pipeline.reports import AlphabetReport, ReportError, read_report
 from pipeline.stages.alphabet import alphabet_intact, build_alphabet, model_alphabet
-from pipeline.stages.graph import upstream
 from tests.conftest import SAMPLE
 
 SENTENCES = [

@@ -30,9 +30,10 @@ from native_client.alphabet import Alphabet, ByteAlphabet, Labels, load_alphabet
 from pipeline.data.manifests import iter_transcripts
 from pipeline.data.text import TranscriptRejected
 from pipeline.files import write_text_atomic
-from pipeline.layout import AlphabetFiles, Layout
+from pipeline.layout import Layout
 from pipeline.locks import stage_lock
 from pipeline.reports import AlphabetReport, ReportError, read_report, write_report
+from pipeline.workdir import AlphabetFiles
 
 log = logging.getLogger(__name__)
 

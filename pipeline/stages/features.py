@@ -44,9 +44,10 @@ from pipeline.features.audio_augment import apply_variant, noise_files, variants
 from pipeline.features.cache import CacheWriter, cache_summary
 from pipeline.features.frontend import ctc_min_frames, feature_pipeline
 from pipeline.files import atomic_path, remove_leftovers
-from pipeline.layout import LEFTOVER_PATTERNS, Layout
+from pipeline.layout import Layout
 from pipeline.locks import stage_lock
 from pipeline.stages.alphabet import model_alphabet
+from pipeline.workdir import LEFTOVER_PATTERNS
 
 log = logging.getLogger(__name__)
 

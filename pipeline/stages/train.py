@@ -11,13 +11,14 @@ import yaml
 from pipeline.config_loader import config_to_dict
 from pipeline.features.cache import read_cache
 from pipeline.files import write_text_atomic
-from pipeline.layout import Layout, TrainRun
+from pipeline.layout import Layout
 from pipeline.locks import stage_lock
 from pipeline.reports import TrainReport, write_report
 from pipeline.stages.alphabet import model_alphabet
 from pipeline.train.distribute import DistributionError, configure_devices, make_strategy, training_role
 from pipeline.train.hooks import TrainHooks
 from pipeline.train.loop import Trainer
+from pipeline.workdir import TrainRun
 
 # What a collective operation raises when a peer worker died or stopped answering.
 LOST_WORKER_ERRORS = (

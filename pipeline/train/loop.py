@@ -33,29 +33,27 @@ import numpy as np
 import tensorflow as tf
 
 from native_client.alphabet import Labels
+from pipeline.batches.dataset import SplitReader, batch_plan, plan_digest, train_dataset
 from pipeline.config import Config
 from pipeline.evaluation.metrics import best_and_worst, corpus_rates, format_report, headline_metric
 from pipeline.evaluation.run import make_forward, run_split
 from pipeline.features.cache import CacheIndex, damage_in
-from pipeline.layout import BEST_PREFIX, CHECKPOINT_PREFIX, TrainRun
 from pipeline.model import build_model
 from pipeline.model.checkpoints import (
     check_geometry,
     checkpoints_on_disk,
-    named_weights,
     remove_checkpoint_leftovers,
-    rng_states,
     warm_start,
-    weights_digest,
 )
+from pipeline.model.weights import named_weights, rng_states, weights_digest
 from pipeline.reports import DevFigures, StopRecord, TrainReport
-from pipeline.train.dataset import SplitReader, batch_plan, plan_digest, train_dataset
 from pipeline.train.distribute import ClusterRole
 from pipeline.train.epochs import RunRecord, epoch_target
 from pipeline.train.history import EpochLoss, HistoryState, SkippedBatch, TrainHistory
 from pipeline.train.hooks import EpochInfo, StepInfo, StopTraining, TrainHooks, ValidationInfo
 from pipeline.train.policy import EpochPolicy, EpochVerdict, learning_rate
 from pipeline.train.step import StepResult, TrainStep
+from pipeline.workdir import BEST_PREFIX, CHECKPOINT_PREFIX, TrainRun
 
 __all__ = ["Trainer", "TrainHooks", "TrainingError", "global_batch_size"]
 
