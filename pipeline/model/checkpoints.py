@@ -5,16 +5,14 @@ from a checkpoint or a Train run directory. Weights are read and written under t
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 import tensorflow as tf
 
 from pipeline.config import Config
-from pipeline.files import remove_leftovers
 from pipeline.model import build_model, model_family
 from pipeline.model.weights import named_weights
-from pipeline.workdir import CHECKPOINT_PREFIX, LEFTOVER_PATTERNS, TrainRun
+from pipeline.workdir import TrainRun
 
 log = logging.getLogger(__name__)
 
@@ -27,42 +25,6 @@ def _checkpoint_key(name: str) -> str:
     # tf.train.Checkpoint escapes "." in object names as "..".
     escaped = name.replace(".", "..")
     return f"weights/{escaped}/.ATTRIBUTES/VARIABLE_VALUE"
-
-
-def remove_checkpoint_leftovers(run: TrainRun) -> list[Path]:
-    """Remove what a killed run left in ``run``: the ``<prefix>_temp`` directories of an interrupted
-    checkpoint write (TensorFlow writes there, then renames) and temporary files; returns what was removed."""
-    removed = remove_leftovers(run.root, LEFTOVER_PATTERNS)
-    for directory in (run.checkpoints, run.best):
-        for leftover in directory.glob("*_temp*") if directory.is_dir() else ():
-            shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(
-                missing_ok=True
-            )
-            removed.append(leftover)
-    if removed:
-        log.info(
-            "Removed %d leftovers of an interrupted checkpoint write: %s",
-            len(removed),
-            ", ".join(str(p) for p in removed),
-        )
-    return removed
-
-
-def checkpoints_on_disk(directory: Path) -> list[str]:
-    """Checkpoint prefixes found by their index files, newest first: what a run can still resume from
-    when TensorFlow's ``checkpoint`` state file is missing or damaged (TensorFlow then lists none)."""
-    found = []
-    for index in Path(directory).glob(f"{CHECKPOINT_PREFIX}-*.index"):
-        number = index.name[len(CHECKPOINT_PREFIX) + 1 : -len(".index")]
-        if number.isdigit():
-            found.append((int(number), str(index.with_suffix(""))))
-    if found:
-        log.warning(
-            "%s: the checkpoint state file lists no checkpoint; resuming from the %d found on disk",
-            directory,
-            len(found),
-        )
-    return [prefix for _, prefix in sorted(found, reverse=True)]
 
 
 def resolve_checkpoint(path: str | Path) -> str:
