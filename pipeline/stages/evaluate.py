@@ -22,8 +22,8 @@ from pipeline.layout import Layout
 from pipeline.lm.files import lm_built, verify_lm_files
 from pipeline.locks import stage_lock
 from pipeline.model.checkpoints import load_trained_model, resolve_checkpoint
+from pipeline.model.labels import model_alphabet
 from pipeline.reports import EvaluationReport, write_report
-from pipeline.stages.alphabet import model_alphabet
 from pipeline.workdir import LEFTOVER_PATTERNS
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def evaluate_stage(
     greedy pass and the beam decoding, utterance by utterance."""
     config = layout.config
     out_dir = Path(out_dir or layout.evaluate_dir)
-    alphabet = model_alphabet(layout)
+    alphabet = model_alphabet(layout.config, layout.alphabet)
     test_data = read_cache(layout.features_cache("test"), config.features)
     checkpoint = checkpoint or layout.train_run.best
     beam = beam or (beam is None and lm_built(layout.lm))

@@ -37,8 +37,8 @@ from pipeline.lm.files import lm_built
 from pipeline.locks import in_use, lock_path, stage_lock
 from pipeline.model import model_family
 from pipeline.model.checkpoints import load_trained_model, resolve_checkpoint
+from pipeline.model.labels import model_alphabet
 from pipeline.reports import write_report
-from pipeline.stages.alphabet import model_alphabet
 from pipeline.workdir import EXPORT_STAGING_PREFIX, LEFTOVER_PATTERNS, ExportFiles
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
     staging.root.mkdir(parents=True)
     try:
         on_status("loading the best-dev checkpoint", 0)
-        alphabet = model_alphabet(layout)
+        alphabet = model_alphabet(layout.config, layout.alphabet)
         prefix = resolve_checkpoint(checkpoint or layout.train_run.best)
         n_input = feature_pipeline(config.features).feature_size
         model = load_trained_model(config, prefix, n_input, alphabet.n_classes)

@@ -25,8 +25,8 @@ from pipeline.lm.kenlm_tools import build_binary, filter_vocabulary, find_tools,
 from pipeline.lm.kneser_ney import LanguageModelError, estimate, write_arpa
 from pipeline.lm.text import HeldOutCheck, char_tokens, lm_sentences
 from pipeline.locks import stage_lock
+from pipeline.model.labels import model_alphabet
 from pipeline.reports import LMReport, read_report, write_report
-from pipeline.stages.alphabet import model_alphabet
 from pipeline.workdir import LMFiles
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def lm_intact(layout: Layout) -> bool:
 
 def _build(layout: Layout, staging: LMFiles, on_status: Callable[[str, float], None]) -> LMReport:
     config = layout.config
-    alphabet = model_alphabet(layout)
+    alphabet = model_alphabet(layout.config, layout.alphabet)
     decoder = config.decoder
     started = time.time()
     stats: Counter = Counter()

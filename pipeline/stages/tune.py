@@ -20,8 +20,8 @@ from pipeline.layout import Layout
 from pipeline.lm.files import verify_lm_files
 from pipeline.locks import stage_lock
 from pipeline.model.checkpoints import load_trained_model
+from pipeline.model.labels import model_alphabet
 from pipeline.reports import TunedPair, TuneReport, write_report
-from pipeline.stages.alphabet import model_alphabet
 from pipeline.workdir import LEFTOVER_PATTERNS
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def tune_decoder(
     Writes ``tune.json`` (default: the fingerprinted TuneDecoder directory's) with the best pair and
     every trial."""
     config = layout.config
-    alphabet = model_alphabet(layout)
+    alphabet = model_alphabet(layout.config, layout.alphabet)
     dev = read_cache(layout.features_cache("dev"), config.features)
     verify_lm_files(layout.lm, deep=True)  # before the greedy pass, not after it
     with stage_lock(layout.tune_dir):
