@@ -115,6 +115,8 @@ lint: setup
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/python -m compileall -q $(LINTED)
+	@# The floors and the no-cycle rule (pyproject.toml [tool.importlinter]; docs/ARCHITECTURE.md).
+	$(BIN)/lint-imports --no-cache
 	@! grep -rn "import luigi\|from luigi" pipeline || { echo "pipeline/ must not import luigi"; exit 1; }
 	@! grep -rn "import luigi\|from luigi\|import pipeline\|from pipeline\|import tasks\|from tasks" native_client || { echo "native_client/ must not import luigi or the training code"; exit 1; }
 

@@ -114,13 +114,15 @@ def before_figures(model_path: Path, config_path: Path) -> dict:
     from native_client import Model
     from native_client.decoders import build_decoder
     from pipeline.config_loader import load_config
-    from pipeline.decode.settings import decoder_spec
+    from pipeline.decode.settings import decoder_settings, decoder_spec
     from pipeline.evaluation.metrics import corpus_rates, score_sample
     from pipeline.layout import Layout
 
     config = load_config(config_path)
     model = Model(model_path)
-    beam = build_decoder(decoder_spec(Layout(config), model.metadata.alphabet))
+    layout = Layout(config)
+    settings = decoder_settings(config, layout.tune_report)
+    beam = build_decoder(decoder_spec(config, layout.lm, model.metadata.alphabet, settings))
     greedy, with_lm = [], []
     test = Path(config.data.test_files[0])
     with open(test, encoding="utf-8") as handle:

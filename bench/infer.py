@@ -41,7 +41,7 @@ def export_untrained(config_path: Path, out: Path, quantize: bool, features: dic
     from pipeline.config_loader import load_config
     from pipeline.layout import Layout
     from pipeline.model import build_model
-    from pipeline.model.checkpoints import named_weights
+    from pipeline.model.weights import named_weights
     from pipeline.stages.export import export_stage
 
     config = load_config(
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
 
     from native_client import Model
     from native_client.audio import load_for_model
-    from pipeline.layout import ExportFiles
+    from pipeline.workdir import ExportFiles
 
     rows = list(csv.DictReader(open(ROOT / "data" / "sample" / "test.csv")))[: args.clips]
     clips = [load_for_model(ROOT / "data" / "sample" / row["wav_filename"], 16000) for row in rows]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from measured_child import run_measured
 
-from pipeline.layout import LMFiles
+from pipeline.workdir import LMFiles
 
 ROOT = Path(__file__).resolve().parent.parent
 LETTERS = "abcdefghijklmnopqrstuvwxyz"

@@ -147,10 +147,10 @@ def stage_train(manifest: Path, work: Path, steps: int) -> dict:
     import tensorflow as tf
 
     from native_client.alphabet import load_alphabet
+    from pipeline.batches.dataset import epoch_batches
     from pipeline.features.cache import read_cache
     from pipeline.layout import Layout
-    from pipeline.model.checkpoints import named_weights
-    from pipeline.train.dataset import epoch_batches
+    from pipeline.model.weights import named_weights
     from pipeline.train.distribute import make_strategy
     from pipeline.train.hooks import StepInfo, TrainHooks
     from pipeline.train.loop import Trainer

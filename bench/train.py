@@ -35,14 +35,14 @@ import numpy as np
 import tensorflow as tf
 
 from native_client.alphabet import load_alphabet
+from pipeline.batches.dataset import SplitReader, batch_plan, train_dataset
 from pipeline.config_loader import load_config
 from pipeline.features.cache import CacheIndex, FeatureReader, read_cache
 from pipeline.features.frontend import feature_pipeline
 from pipeline.layout import Layout
 from pipeline.model import build_model
+from pipeline.model.ctc import KERNEL, ctc_loss
 from pipeline.stages.features import build_split_cache
-from pipeline.train.ctc import KERNEL, ctc_loss
-from pipeline.train.dataset import SplitReader, batch_plan, train_dataset
 from pipeline.train.distribute import make_strategy
 from pipeline.train.hooks import TrainHooks
 from pipeline.train.loop import Trainer

@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 import yaml
 
-from pipeline.config import Config, ConfigError, FeaturesConfig, validate_config
+from pipeline.config import Config, ConfigError, FeaturesConfig
+from pipeline.config_checks import validate_config
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "source"}
 
@@ -327,7 +328,7 @@ def _check_corpora(config: Config) -> None:
     when the config loads: the importer, its options, the split names and fractions, and, when the corpus
     folder exists, its parts (a glance at the folder's top levels; a missing folder is left to preflight
     and to the Import task, so that a template's placeholder paths load)."""
-    from pipeline.data.importing import check_spec, corpus_spec, plan_import
+    from pipeline.data.importing import check_spec, corpus_error, corpus_spec, plan_import
 
     src = config.source
     try:
@@ -350,13 +351,6 @@ def _check_corpora(config: Config) -> None:
                 plan_import(spec, where)
         except ValueError as error:  # CorpusLayoutError and PluginError are ValueErrors
             raise corpus_error(error, where, src) from None
-
-
-def corpus_error(error: ValueError, where: str, source: str) -> ConfigError:
-    """A planning error of the corpus entry ``where`` (``data.corpora[1]``) as a one-line ConfigError
-    naming the config file and the entry."""
-    message = str(error) if str(error).startswith(where) else f"{where}: {error}"
-    return ConfigError(f"{source}: {message}")
 
 
 def load_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = None) -> Config:

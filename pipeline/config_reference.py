@@ -23,7 +23,7 @@ from typing import Any, Literal
 from native_client.frontends import frontend_class
 from native_client.plugins import builtin_names
 from pipeline.config import Config, field_stages
-from pipeline.stages.graph import describe_tag
+from pipeline.dag import describe_tag
 
 INTRO = """\
 # Configuration reference
@@ -34,7 +34,7 @@ INTRO = """\
 A config is a YAML file with the sections below. `extends: other.yaml` (relative to the file)
 inherits another config and overrides any subset of its keys. An unknown key, a wrong type or a
 value out of range stops with one line naming the file, the key and what was expected; checks that
-involve several keys are in `pipeline/config.py` `validate_config`. `configs/sample.yaml` is the
+involve several keys are in `pipeline/config_checks.py` `validate_config`. `configs/sample.yaml` is the
 embedded default; `configs/en.yaml` holds the full-size DeepSpeech settings
 (`deepspeech-train --template en` prints it); `configs/librispeech.yaml`, `configs/common_voice.yaml`
 and `configs/folder.yaml` train on a corpus in its own layout (`data.corpora`, docs/DATA.md).

@@ -1,15 +1,14 @@
-"""The one map of the work directory: every stage's paths and fingerprints, made once per config.
+"""The one place paths and fingerprints are made: every stage's output directory and fingerprint,
+made once per config.
 
 A stage's fingerprint hashes exactly the settings it depends on plus the
-fingerprints of the stages it reads, so changing ``model.n_hidden`` moves
-Train and everything after it, never Features. No other module spells a stage
-file name: they ask a ``Layout`` (or the ``TrainRun``/``LMFiles``/``ExportFiles``
-it hands out) for paths.
-
-Input files (manifests, alphabet, LM corpora) are digested by streaming, and a
-digest is remembered for the life of the process, keyed on path, size and
-modification time: Luigi calls ``output()``/``complete()`` many times per run,
-and a multi-GB LM text must not be read each time.
+fingerprints of the stages it reads (``pipeline.dag``), so changing
+``model.n_hidden`` moves Train and everything after it, never Features. The
+file names inside a stage's directory are its file map's (``pipeline.workdir``:
+``TrainRun``, ``LMFiles``, ``ExportFiles``, ...); a ``Layout`` roots each map at
+its stage's fingerprinted directory and hands it out. Only the stage functions
+(``pipeline.stages``) and the tasks see a ``Layout``; the code below them takes
+its own map. Input files are digested through ``pipeline.digests``.
 """
 
 from __future__ import annotations
@@ -18,132 +17,47 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 import re
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from xdg import BaseDirectory
 
-from native_client.metadata import MANIFEST_NAME, METADATA_NAME
 from pipeline.config import APP_NAME, Config, ConfigError, CorpusConfig, field_stages
-from pipeline.config_loader import corpus_error
+from pipeline.dag import tag_applies, upstream
 from pipeline.data.importing import (
-    REJECTS_NAME,
-    REPORT_NAME,
     ImportPlan,
     Listing,
+    corpus_error,
     corpus_listing,
     corpus_spec,
     import_fingerprint,
-    manifest_name,
     plan_import,
 )
-from pipeline.files import writer_tag
+from pipeline.digests import file_digest, path_digest
 from pipeline.lm.kenlm_tools import find_tools
-from pipeline.stages.graph import tag_applies, upstream
-
-# English letters, space and apostrophe; package data (the checkout's data/alphabet.txt links to it).
-DEFAULT_ALPHABET = Path(__file__).resolve().parent / "resources" / "alphabet.txt"
-DIGEST_BLOCK = 1 << 20
-# Stage directories under the work directory.
-IMPORT_DIR, ALPHABET_DIR, FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR, EXPORT_DIR = (
-    "imports",
-    "alphabet",
-    "features",
-    "train",
-    "lm",
-    "tune",
-    "evaluate",
-    "export",
+from pipeline.workdir import (
+    ALPHABET_DIR,
+    CONVERTED_DIR,
+    DEFAULT_ALPHABET,
+    EVALUATE_DIR,
+    EXPORT_DIR,
+    FEATURES_DIR,
+    IMPORT_DIR,
+    LM_DIR,
+    TRAIN_DIR,
+    TUNE_DIR,
+    AlphabetFiles,
+    EvaluateFiles,
+    ExportFiles,
+    FeaturesFiles,
+    ImportFiles,
+    LMFiles,
+    TrainRun,
+    TuneFiles,
+    checkpoint_prefix,
+    logits_scratch,
+    run_log,
 )
-# Under IMPORT_DIR: the one copy of corpus audio libsndfile cannot read, shared by every import.
-CONVERTED_DIR = "converted"
-
-# Checkpoint file prefixes (``ckpt-<step>``, ``best-<step>``).
-CHECKPOINT_PREFIX, BEST_PREFIX = "ckpt", "best"
-# LM files, in the LanguageModel directory and in an export.
-WORD_ARPA, WORD_BINARY, CHAR_ARPA, VOCABULARY = "lm.arpa", "lm.binary", "chars.arpa", "vocab.txt"
-# Temporary names of killed runs' leftovers (group ``pid``: the writer; ``host``: its machine, see
-# files.writer_tag; names without one come from versions before host tags): files.atomic_path's
-# ``.<name>.<host>-<pid>.tmp``, an export's staging directory (inside the export directory; beside it
-# and its ``.old-`` twin in older versions), Evaluate's and TuneDecoder's logits scratch file.
-_WRITER = r"(?:(?P<host>[^.]+)-)?(?P<pid>\d+)"
-LEFTOVER_PATTERNS = (
-    rf"\..+\.{_WRITER}\.tmp.*",
-    rf"\.(?:.+\.)?staging-{_WRITER}",
-    rf"\..+\.old-{_WRITER}",
-    rf"\.logits-{_WRITER}\.h5",
-)
-# The staging directories inside an export directory (all made under its lock).
-EXPORT_STAGING_PREFIX = ".staging-"
-# File names inside an export; the client learns them from metadata.json ("files", "decoder").
-EXPORT_FILES = {
-    "saved_model": "saved_model",
-    "frozen_graph": "output_graph.pb",
-    "tflite": "model.tflite",
-    "alphabet": "alphabet.txt",
-    "coqui_tflite": "output_graph.tflite",  # only with export.coqui_tflite
-}
-
-
-def _hash_file(path: Path) -> str:
-    """SHA-256 of a file's bytes, read in blocks (memory stays flat whatever the file's size)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(DIGEST_BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-@functools.cache
-def _remembered_digest(path: str, size: int, mtime_ns: int) -> str:
-    # A pure memo: the key changes whenever the file does, so a remembered digest is never stale.
-    return _hash_file(Path(path))
-
-
-def file_digest(path: str | Path) -> str:
-    """SHA-256 of a file's bytes (remembered per process), or ``missing`` (the stage reports that)."""
-    try:
-        stat = os.stat(path)
-        return _remembered_digest(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
-    except OSError:
-        return "missing"
-
-
-def path_digest(path: str | Path) -> str:
-    """The digest of a file (``file_digest``) or of a directory's files (their relative names and
-    digests, in name order); ``missing`` when there is nothing there."""
-    path = Path(path)
-    if not path.is_dir():
-        return file_digest(path)
-    digest = hashlib.sha256()
-    for item in sorted(p for p in path.rglob("*") if p.is_file()):
-        digest.update(f"{item.relative_to(path).as_posix()}\n{file_digest(item)}\n".encode())
-    return digest.hexdigest()
-
-
-def checkpoint_prefix(path: str | Path) -> Path | None:
-    """The checkpoint a warm start reads, found without TensorFlow: ``path`` itself when it is a prefix
-    (``ckpt-12`` beside ``ckpt-12.index``), else the one a ``checkpoint`` state file names in ``path``,
-    its ``best/`` or its ``checkpoints/`` (a Train run directory); None when there is none."""
-    path = Path(path)
-    if Path(f"{path}.index").is_file():
-        return path
-    run = TrainRun(path)
-    for directory in (path, run.best, run.checkpoints):
-        state = directory / "checkpoint"
-        try:
-            match = re.search(r'^model_checkpoint_path:\s*"(.*)"', state.read_text(encoding="utf-8"), re.M)
-        except OSError:
-            continue
-        if match:
-            prefix = Path(match.group(1))
-            prefix = prefix if prefix.is_absolute() else directory / prefix
-            if Path(f"{prefix}.index").is_file():
-                return prefix
-    return None
 
 
 def init_digest(path: str | Path) -> str:
@@ -185,194 +99,6 @@ def _hash(payload: dict) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 
-@dataclass(frozen=True)
-class ImportFiles:
-    """The files of one Import output directory (``pipeline.data.importing`` writes them)."""
-
-    root: Path
-
-    def manifest(self, split: str) -> Path:
-        """The DeepSpeech manifest of ``split`` (absolute audio paths, optional offset/duration/speaker)."""
-        return self.root / manifest_name(split)
-
-    @property
-    def rejects(self) -> Path:
-        """Every dropped row: its ``file:line``, audio, reason and detail."""
-        return self.root / REJECTS_NAME
-
-    @property
-    def report(self) -> Path:
-        """``report.json``: rows kept and dropped, hours and speakers per split, the files' sizes."""
-        return self.root / REPORT_NAME
-
-    def staging(self) -> Path:
-        """A hidden directory beside ``root`` where an import is written before it is renamed into place."""
-        return self.root.with_name(f".{self.root.name}.staging-{writer_tag()}")
-
-
-@dataclass(frozen=True)
-class AlphabetFiles:
-    """The files of one Alphabet output directory (``paths.alphabet: auto``)."""
-
-    root: Path
-
-    @property
-    def alphabet(self) -> Path:
-        """The alphabet built from the training transcripts, in the alphabet file format."""
-        return self.root / "alphabet.txt"
-
-    @property
-    def report(self) -> Path:
-        """``alphabet_report.json``: every character with its count, those left out with the rows they
-        cost, and the alphabet file's SHA-256 (written last)."""
-        return self.root / "alphabet_report.json"
-
-
-@dataclass(frozen=True)
-class TrainRun:
-    """The files of one Train run directory (the chief's, or a worker's scratch copy)."""
-
-    root: Path
-
-    @property
-    def report(self) -> Path:
-        """``train_report.json``: written when a run ends."""
-        return self.root / "train_report.json"
-
-    @property
-    def resolved_config(self) -> Path:
-        """The config the run was made with, as plain YAML."""
-        return self.root / "config.yaml"
-
-    @property
-    def checkpoints(self) -> Path:
-        """The latest checkpoints (``tf.train.CheckpointManager``)."""
-        return self.root / "checkpoints"
-
-    @property
-    def best(self) -> Path:
-        """The best-dev checkpoint."""
-        return self.root / "best"
-
-    @property
-    def summaries(self) -> Path:
-        """TensorBoard event files, one folder per split."""
-        return self.root / "summaries"
-
-    @property
-    def logs(self) -> Path:
-        """Logs of local multi-worker processes."""
-        return self.root / "logs"
-
-    def worker_log(self, index: int) -> Path:
-        """The log file of local worker ``index``."""
-        return self.logs / f"worker-{index}.log"
-
-    def worker_scratch(self, index: int) -> TrainRun:
-        """Where a non-chief worker saves (MultiWorkerMirroredStrategy makes every worker save)."""
-        return TrainRun(self.root / f".worker-{index}")
-
-
-@dataclass(frozen=True)
-class LMFiles:
-    """The files of one LanguageModel output directory."""
-
-    root: Path
-
-    @property
-    def report(self) -> Path:
-        """``lm_report.json``: written last, so its presence means the stage finished."""
-        return self.root / "lm_report.json"
-
-    @property
-    def word_arpa(self) -> Path:
-        """The word n-gram model built here (ARPA)."""
-        return self.root / WORD_ARPA
-
-    @property
-    def char_arpa(self) -> Path:
-        """The character n-gram model (lexicon-free decoding)."""
-        return self.root / CHAR_ARPA
-
-    @property
-    def word_binary(self) -> Path:
-        """The word n-gram model as a KenLM trie binary (what the KenLM builder ships)."""
-        return self.root / WORD_BINARY
-
-    @property
-    def vocabulary(self) -> Path:
-        """One word per line, most frequent first."""
-        return self.root / VOCABULARY
-
-    @property
-    def filtered_arpa(self) -> Path:
-        """The word ARPA limited to ``decoder.lm_top_k`` words (a step before the binary)."""
-        return self.root / "lm.filtered.arpa"
-
-    @property
-    def sort_space(self) -> Path:
-        """Where lmplz spills its sort (removed when the stage ends)."""
-        return self.root / "lmplz-tmp"
-
-    @property
-    def build_log(self) -> Path:
-        """The output of KenLM's tools."""
-        return self.root / "kenlm.log"
-
-    @property
-    def staging(self) -> Path:
-        """Where the stage assembles its files before renaming them into ``root``."""
-        return self.root.with_name(self.root.name + ".partial")
-
-    def resolve(self, name: str) -> Path:
-        """A file a report names: absolute as given (``decoder.lm_path``), else inside ``root``."""
-        value = Path(name)
-        return value if value.is_absolute() else self.root / value
-
-
-@dataclass(frozen=True)
-class ExportFiles:
-    """The files of one export directory (``paths.export_dir`` or one numbered version)."""
-
-    root: Path
-
-    @property
-    def metadata(self) -> Path:
-        """``metadata.json``: what a client needs (written last)."""
-        return self.root / METADATA_NAME
-
-    def file(self, kind: str) -> Path:
-        """One of ``EXPORT_FILES`` (``saved_model``, ``frozen_graph``, ``tflite``, ``alphabet``)."""
-        return self.root / EXPORT_FILES[kind]
-
-    @property
-    def transcripts(self) -> Path:
-        """Where Transcribe writes its JSON records."""
-        return self.root / "transcripts"
-
-    def transcript(self, audio: str | Path, export_fingerprint: str) -> Path:
-        """The record of one audio file by the export of ``export_fingerprint``: the file's stem plus a hash
-        of its resolved path, its content (``file_digest``: remembered per size and modification time) and
-        the fingerprint, so neither a changed export nor a changed file is answered by an old record."""
-        audio = Path(audio).resolve()
-        key = hashlib.sha256(f"{audio}\n{file_digest(audio)}\n{export_fingerprint}".encode()).hexdigest()[:10]
-        return self.transcripts / f"{audio.stem}-{key}.json"
-
-    def staging(self) -> Path:
-        """A hidden directory inside ``root`` where a new export is assembled: on the same file system as
-        the export, also when ``root`` is a mount point."""
-        return self.root / f"{EXPORT_STAGING_PREFIX}{writer_tag()}"
-
-    def written_entries(self) -> list[str]:
-        """The top-level names this export wrote, from its manifest (plus the manifest itself); empty when
-        there is no readable manifest (a directory holding no export of ours)."""
-        try:
-            listed = json.loads((self.root / MANIFEST_NAME).read_text(encoding="utf-8"))["files"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return []
-        return sorted({name.split("/", 1)[0] for name in listed} | {MANIFEST_NAME})
-
-
 class Layout:
     """Every stage's directory, file names and fingerprint for one frozen config.
 
@@ -398,7 +124,7 @@ class Layout:
     def run_log(self, task: str) -> Path:
         """A new log file for one ``deepspeech-train`` run of ``task``:
         ``<work_dir>/logs/<time>-<task>-<pid>.log``."""
-        return self.work_dir / "logs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{task}-{os.getpid()}.log"
+        return run_log(self.work_dir, task)
 
     @functools.cached_property
     def export_root(self) -> Path:
@@ -424,7 +150,7 @@ class Layout:
 
     # -- fingerprints --------------------------------------------------------------------------
     def fingerprint(self, stage: str, **params) -> str:
-        """The fingerprint of one stage instance (``pipeline.stages.graph``): a hash of the config keys
+        """The fingerprint of one stage instance (``pipeline.dag``): a hash of the config keys
         tagged with it (input files by their digests), what the layout derives for it, and the
         fingerprints of its upstream stages. Computed once per ``Layout``."""
         key = (stage, tuple(sorted(params.items())))
@@ -596,24 +322,23 @@ class Layout:
         return tuple(self.config.split_files(split)) + imported
 
     # -- Features ------------------------------------------------------------------------------
+    def features_files(self, split: str) -> FeaturesFiles:
+        """The feature cache of ``split`` and its neighbours: ``features/<split>-<fingerprint>.h5``."""
+        return FeaturesFiles(self.work_dir / FEATURES_DIR / f"{split}-{self.features_fingerprint(split)}.h5")
+
     def features_cache(self, split: str) -> Path:
         """The HDF5 cache of ``split``."""
-        return self.work_dir / FEATURES_DIR / f"{split}-{self.features_fingerprint(split)}.h5"
+        return self.features_files(split).cache
 
     def rejects_report(self, split: str) -> Path:
         """The rejects report (CSV) beside the cache of ``split``."""
-        cache = self.features_cache(split)
-        return cache.with_name(cache.stem + ".rejects.csv")
+        return self.features_files(split).rejects
 
     def features_parts(self, split: str) -> Path:
         """The folder of finished shards while ``split`` is being featurised."""
-        cache = self.features_cache(split)
-        return cache.with_name(cache.stem + ".parts")
+        return self.features_files(split).parts
 
-    @staticmethod
-    def features_part(parts: Path, index: int, key: str) -> Path:
-        """Shard ``index`` inside a parts folder, made from the jobs whose digest is ``key``."""
-        return parts / f"{index:05d}-{key}.npz"
+    features_part = staticmethod(FeaturesFiles.part)
 
     # -- Train, LanguageModel, TuneDecoder, Evaluate -----------------------------------------
     @functools.cached_property
@@ -627,14 +352,19 @@ class Layout:
         return LMFiles(self.work_dir / LM_DIR / self.lm_fingerprint)
 
     @functools.cached_property
-    def tune_dir(self) -> Path:
+    def tune(self) -> TuneFiles:
         """The TuneDecoder output directory."""
-        return self.work_dir / TUNE_DIR / self.tune_fingerprint
+        return TuneFiles(self.work_dir / TUNE_DIR / self.tune_fingerprint)
+
+    @property
+    def tune_dir(self) -> Path:
+        """The TuneDecoder output directory's path."""
+        return self.tune.root
 
     @property
     def tune_report(self) -> Path:
         """``tune.json``: the best alpha/beta and every trial."""
-        return self.tune_dir / "tune.json"
+        return self.tune.report
 
     @functools.cached_property
     def evaluate_dir(self) -> Path:
@@ -644,23 +374,19 @@ class Layout:
     @staticmethod
     def evaluation_report(directory: Path) -> Path:
         """``evaluation.json`` in an Evaluate output directory."""
-        return Path(directory) / "evaluation.json"
+        return EvaluateFiles(Path(directory)).report
 
-    @staticmethod
-    def logits_scratch(directory: Path) -> Path:
-        """A scratch file of logits while Evaluate or TuneDecoder runs in ``directory`` (removed after)."""
-        return Path(directory) / f".logits-{writer_tag()}.h5"
+    logits_scratch = staticmethod(logits_scratch)
 
     @staticmethod
     def evaluation_samples(directory: Path, lm: bool = False) -> Path:
-        """``samples.jsonl`` (``samples_lm.jsonl`` with beam search + LM): every test utterance's result,
-        one JSON line each, in an Evaluate output directory."""
-        return Path(directory) / ("samples_lm.jsonl" if lm else "samples.jsonl")
+        """``samples.jsonl`` (``samples_lm.jsonl`` with beam search + LM) in an Evaluate output directory."""
+        return EvaluateFiles(Path(directory)).samples(lm)
 
     @staticmethod
     def evaluation_text(directory: Path) -> Path:
         """``evaluation.txt`` (the human-readable report) in an Evaluate output directory."""
-        return Path(directory) / "evaluation.txt"
+        return EvaluateFiles(Path(directory)).text
 
     # -- Export --------------------------------------------------------------------------------
     def export_destination(self, version: int | None) -> ExportFiles:

@@ -24,7 +24,7 @@ class Alphabet(ConfigTask):
 
     def stage_complete(self):
         """Whether the alphabet is there with the digest its report recorded (two small files read)."""
-        from pipeline.stages.alphabet import alphabet_intact
+        from pipeline.model.labels import alphabet_intact
 
         return alphabet_intact(self.layout.alphabet_files)
 

@@ -18,8 +18,8 @@ from tqdm import tqdm
 from native_client.quiet import import_tensorflow_quietly
 from pipeline.config import Config
 from pipeline.config_loader import load_config
+from pipeline.dag import STAGES, upstream
 from pipeline.layout import Layout
-from pipeline.stages.graph import STAGES, upstream
 
 log = logging.getLogger("luigi-interface")
 
@@ -68,19 +68,19 @@ luigi.interface.core.ignore_unconsumed = set(luigi.interface.core.ignore_unconsu
     "rpc_log_retries",
 }
 
-# stage name (pipeline.stages.graph) -> the task that runs it; filled as task classes are defined
+# stage name (pipeline.dag) -> the task that runs it; filled as task classes are defined
 TASK_OF_STAGE: dict[str, type] = {}
 
 
 class ConfigTask(luigi.Task):
-    """A task driven by one YAML config file, running one stage of ``pipeline.stages.graph``.
+    """A task driven by one YAML config file, running one stage of ``pipeline.dag``.
 
     A subclass names its ``stage``; its Luigi parameters besides ``config`` are the
     stage's parameters, and ``requires()`` is the stage's declared upstream.
     """
 
     config = ConfigParameter(description="Path of the YAML config file (see configs/).")
-    # The stage of pipeline.stages.graph this task runs.
+    # The stage of pipeline.dag this task runs.
     stage: ClassVar[str] = ""
     # Stages that load TensorFlow have it imported first with its start-up chatter filtered.
     needs_tensorflow = False

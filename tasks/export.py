@@ -8,7 +8,8 @@ from pathlib import Path
 import luigi
 
 from native_client.metadata import ExportError, verify_manifest
-from pipeline.layout import ExportFiles, file_digest
+from pipeline.digests import file_digest
+from pipeline.workdir import ExportFiles
 from tasks.base import ConfigTask, Progress
 
 log = logging.getLogger("luigi-interface")

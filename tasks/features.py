@@ -7,8 +7,8 @@ import logging
 import luigi
 
 from pipeline.config_loader import load_config
+from pipeline.dag import SPLITS
 from pipeline.stages.features import build_split_cache
-from pipeline.stages.graph import SPLITS
 from tasks.base import ConfigParameter, ConfigTask, Progress
 
 log = logging.getLogger("luigi-interface")

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.config_loader import config_from_dict
+from pipeline.dag import upstream
 from pipeline.layout import Layout
+from pipeline.model.labels import alphabet_intact, model_alphabet
 from pipeline.reports import AlphabetReport, ReportError, read_report
-from pipeline.stages.alphabet import alphabet_intact, build_alphabet, model_alphabet
-from pipeline.stages.graph import upstream
+from pipeline.stages.alphabet import build_alphabet
 from tests.conftest import SAMPLE
 
 SENTENCES = [
@@ -56,7 +57,7 @@ def _config(tmp_path: Path, **data):
 def test_the_alphabet_holds_each_letter_once_whatever_the_normal_form(tmp_path):
     layout = Layout(_config(tmp_path))
     report = build_alphabet(layout)
-    alphabet = model_alphabet(layout)
+    alphabet = model_alphabet(layout.config, layout.alphabet)
     assert alphabet.labels[0] == " " and list(alphabet.labels[1:]) == sorted(alphabet.labels[1:])
     assert set(alphabet.labels) == set(" 'acefglnoprstvàèéêëøù")
     assert report.labels == alphabet.size and report.rows == 10 and report.rows_rejected == {"digits": 1}
@@ -70,7 +71,7 @@ def test_the_alphabet_holds_each_letter_once_whatever_the_normal_form(tmp_path):
 def test_characters_under_the_minimum_are_left_out_with_the_rows_they_cost(tmp_path):
     layout = Layout(_config(tmp_path, alphabet_min_count=2))
     report = build_alphabet(layout)
-    assert "ø" not in model_alphabet(layout).labels
+    assert "ø" not in model_alphabet(layout.config, layout.alphabet).labels
     assert report.dropped == [
         {
             "char": "ø",
@@ -94,9 +95,9 @@ def test_an_edited_alphabet_is_refused_naming_the_file_and_rebuilt(tmp_path):
     with pytest.raises(
         ReportError, match=rf"{files.alphabet}: its SHA-256 differs .*make rerun STAGE=Alphabet"
     ):
-        model_alphabet(layout)
+        model_alphabet(layout.config, layout.alphabet)
     build_alphabet(Layout(layout.config))
-    assert "x" not in model_alphabet(layout).labels
+    assert "x" not in model_alphabet(layout.config, layout.alphabet).labels
 
 
 def test_no_training_text_is_a_clear_error(tmp_path):
@@ -132,4 +133,7 @@ def test_fingerprints_follow_the_text_settings_and_the_stage_is_upstream_of_the_
         name == "alphabet" for name, _ in upstream(config_from_dict({}), "features", {"split": "train"})
     )
     as_bytes = config_from_dict({"paths": {"alphabet": "auto"}, "model": {"output": "bytes"}})
-    assert not as_bytes.alphabet_auto and type(model_alphabet(Layout(as_bytes))).__name__ == "ByteAlphabet"
+    assert (
+        not as_bytes.alphabet_auto
+        and type(model_alphabet(as_bytes, Layout(as_bytes).alphabet)).__name__ == "ByteAlphabet"
+    )

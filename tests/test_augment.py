@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from pipeline.batches.augment import augment_features, batch_seed
+from pipeline.batches.dataset import SplitReader, batch_plan, eval_dataset, train_dataset
 from pipeline.config import AugmentConfig
 from pipeline.config_loader import load_config
 from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
-from pipeline.train.augment import augment_features, batch_seed
-from pipeline.train.dataset import SplitReader, batch_plan, eval_dataset, train_dataset
 from tests.conftest import build_features
 
 MASKS = AugmentConfig(freq_masks=2, freq_mask_max=5, time_masks=2, time_mask_max=30, time_mask_fraction=0.2)

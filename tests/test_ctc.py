@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipeline.train.ctc import KERNEL, LOG_SPACE, ctc_implementation, ctc_loss
+from pipeline.model.ctc import KERNEL, LOG_SPACE, ctc_implementation, ctc_loss
 
 BLANK = 28
 
@@ -222,7 +222,7 @@ def test_a_jit_compiled_training_step_gives_the_exact_loss_of_a_long_utterance()
 
     from pipeline.config import ModelConfig, TrainingConfig
     from pipeline.model import build_model
-    from pipeline.model.checkpoints import named_weights
+    from pipeline.model.weights import named_weights
     from pipeline.train.step import TrainStep
 
     rng = np.random.default_rng(5)

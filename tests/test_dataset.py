@@ -7,10 +7,7 @@ import numpy as np
 import pytest
 
 from native_client.alphabet import load_alphabet
-from pipeline.config_loader import load_config
-from pipeline.features.cache import read_cache
-from pipeline.layout import Layout
-from pipeline.train.dataset import (
+from pipeline.batches.dataset import (
     SplitReader,
     batch_plan,
     epoch_batches,
@@ -18,6 +15,9 @@ from pipeline.train.dataset import (
     eval_dataset,
     train_dataset,
 )
+from pipeline.config_loader import load_config
+from pipeline.features.cache import read_cache
+from pipeline.layout import Layout
 from tests.conftest import build_features
 
 

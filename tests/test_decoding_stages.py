@@ -17,9 +17,10 @@ from native_client import Model, load_metadata, open_model
 from native_client.decoders.beam import BeamDecoder
 from native_client.export_decoder import decoder_for_export
 from pipeline.config_loader import load_config
-from pipeline.layout import Layout, LMFiles
+from pipeline.layout import Layout
 from pipeline.lm.kneser_ney import LanguageModelError
 from pipeline.stages.language_model import build_language_model
+from pipeline.workdir import LMFiles
 from tasks import Evaluate, Export, LanguageModel, Transcribe
 from tests.conftest import ROOT, SAMPLE
 

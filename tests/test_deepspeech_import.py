@@ -32,8 +32,9 @@ from native_client.windows import window_view
 from pipeline.config_loader import config_from_dict
 from pipeline.evaluation.metrics import corpus_rates, score_sample
 from pipeline.model import build_model
-from pipeline.model.checkpoints import CheckpointMismatchError, named_weights, warm_start
+from pipeline.model.checkpoints import CheckpointMismatchError, warm_start
 from pipeline.model.deepspeech_import import LSTM_SCOPE, read_tflite, to_family_names, to_tf1_names
+from pipeline.model.weights import named_weights
 from tests.conftest import ROOT
 
 ARMENIAN = ROOT / "data" / "armenian"

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from pipeline.files import atomic_path, remove_leftovers, write_json_atomic
-from pipeline.layout import LEFTOVER_PATTERNS
 from pipeline.locks import stage_lock
+from pipeline.workdir import LEFTOVER_PATTERNS
 from tests.conftest import ROOT
 
 

@@ -12,9 +12,9 @@ import tensorflow as tf
 
 from pipeline.config import ModelConfig
 from pipeline.model import build_model
-from pipeline.model.checkpoints import weights_digest
 from pipeline.model.deepspeech import uses_fused_lstm
 from pipeline.model.fused_lstm import lstm_sequence
+from pipeline.model.weights import weights_digest
 
 
 def _layer(units: int, inputs: int, seed: int = 3) -> keras.layers.LSTM:

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-import pipeline.layout as layout_module
+import pipeline.digests as digests_module
 from pipeline.config_loader import config_from_dict, load_config
+from pipeline.dag import SPLITS
 from pipeline.layout import Layout
-from pipeline.stages.graph import SPLITS
 from tests.conftest import ROOT, SAMPLE
 
-# Names of stage files and folders: only pipeline/layout.py may spell them (native_client/metadata.py
+# Names of stage files and folders: only pipeline/workdir.py may spell them (native_client/metadata.py
 # defines the client's metadata.json, the one name a client must know before it has read anything).
 STAGE_FILES = (
     "train_report.json",
@@ -59,7 +59,7 @@ def _string_literals(path: Path):
 
 
 def test_no_stage_file_name_is_spelt_outside_the_layout_module():
-    allowed = {ROOT / "pipeline" / "layout.py", ROOT / "native_client" / "metadata.py"}
+    allowed = {ROOT / "pipeline" / "workdir.py", ROOT / "native_client" / "metadata.py"}
     offences = []
     for folder in ("pipeline", "tasks", "native_client", "bench"):
         for path in sorted((ROOT / folder).rglob("*.py")):
@@ -163,14 +163,14 @@ def test_complete_on_the_whole_dag_reads_a_1_gb_lm_text_at_most_once(write_confi
           tune: true
     """)
     reads: Counter = Counter()
-    real = layout_module._hash_file
+    real = digests_module._hash_file
 
     def counting(file: Path) -> str:
         reads[Path(file)] += 1
         return real(file)
 
-    monkeypatch.setattr(layout_module, "_hash_file", counting)
-    layout_module._remembered_digest.cache_clear()
+    monkeypatch.setattr(digests_module, "_hash_file", counting)
+    digests_module._remembered_digest.cache_clear()
     roots = [
         Evaluate(config=str(path)),
         Export(config=str(path)),

@@ -17,9 +17,10 @@ import pytest
 
 import pipeline.train.multiworker as multiworker
 from pipeline.config_loader import load_config
-from pipeline.layout import Layout, TrainRun
+from pipeline.layout import Layout
 from pipeline.train.distribute import DistributionError
 from pipeline.train.multiworker import wait_for_workers
+from pipeline.workdir import TrainRun
 from tests.conftest import ROOT, build_features
 from tests.plugins.step_barrier import StepBarrier
 
@@ -230,7 +231,7 @@ def _kill_workers(logs: list[Path]) -> None:
     """Kill the worker processes named in ``logs`` that still run (a failed test must not leave them)."""
     for pid in set().union(*(_pids(log) for log in logs)):
         try:
-            if b"pipeline.train.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"pipeline.stages.train_worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
@@ -343,9 +344,9 @@ def train_failures():
 def test_a_non_chief_train_task_succeeds_only_on_the_chiefs_report(
     small_config, tmp_path, monkeypatch, train_failures
 ):
-    """Issue 26 H3: a cluster of a chief (``python -m pipeline.train.worker``) and a Train task as worker 1.
-    On a shared work directory the worker's task ends when the chief's report of the same run (step and
-    weights) is there; when its work directory is not the chief's, its task fails in one line instead of
+    """Issue 26 H3: a cluster of a chief (``python -m pipeline.stages.train_worker``) and a Train task as
+    worker 1. On a shared work directory the worker's task ends when the chief's report of the same run (step
+    and weights) is there; when its work directory is not the chief's, its task fails in one line instead of
     succeeding without a report."""
     import luigi
 
@@ -363,7 +364,7 @@ def test_a_non_chief_train_task_succeeds_only_on_the_chiefs_report(
         env = {**os.environ, "TF_CONFIG": multiworker.tf_config(addresses, 0)}
         with open(chief_log, "w") as log:
             chief = subprocess.Popen(
-                [sys.executable, "-m", "pipeline.train.worker", "--config", str(path)],
+                [sys.executable, "-m", "pipeline.stages.train_worker", "--config", str(path)],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -129,7 +129,7 @@ def test_logfbank_trains_through_the_whole_dag_and_the_client_uses_it(small_conf
 
 def test_every_stage_has_its_task_and_the_commands_know_it():
     import tasks  # noqa: F401  (defines every task)
-    from pipeline.stages.graph import STAGES
+    from pipeline.dag import STAGES
     from tasks.base import TASK_OF_STAGE
     from tasks.cli import TASKS
     from tasks.rerun import STAGES as RERUN

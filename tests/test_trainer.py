@@ -20,8 +20,9 @@ from pipeline.config_loader import load_config
 from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
 from pipeline.model import build_model, model_family
-from pipeline.model.checkpoints import CheckpointMismatchError, named_weights
+from pipeline.model.checkpoints import CheckpointMismatchError
 from pipeline.model.deepspeech import make_windows
+from pipeline.model.weights import named_weights
 from pipeline.reports import TrainReport, read_report
 from pipeline.stages.evaluate import evaluate_stage
 from pipeline.stages.train import train_stage

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from native_client.audio import SEGMENT_END_TOLERANCE_S, AudioError, AudioInfo, probe
+from pipeline.config import ConfigError
 from pipeline.data.convert import command_output, converted_copy
 from pipeline.data.importers import (
     CorpusImporter,
@@ -436,3 +437,10 @@ def _report(
         },
         "speakers_in_several_splits": shared,
     }
+
+
+def corpus_error(error: ValueError, where: str, source: str) -> ConfigError:
+    """A planning error of the corpus entry ``where`` (``data.corpora[1]``) as a one-line ConfigError
+    naming the config file and the entry."""
+    message = str(error) if str(error).startswith(where) else f"{where}: {error}"
+    return ConfigError(f"{source}: {message}")

@@ -3,24 +3,27 @@ its ``DecoderSpec``, and the pool that decodes with it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from native_client.alphabet import Labels
 from native_client.decoders import DecoderSpec
 from pipeline.config import Config
 from pipeline.decode.pool import DecodePool
 from pipeline.evaluation.metrics import SampleResult, score_sample
-from pipeline.layout import Layout
 from pipeline.lm.files import read_lm_report
 from pipeline.reports import TuneReport, read_report
+from pipeline.workdir import LMFiles
 
 # The decoder config keys a decoder is built with (DecoderSpec.settings, the export's ``decoder`` entry).
 SEARCH_KEYS = ("beam_width", "beam_threshold", "beam_size_token", "lm_alpha", "lm_beta", "lexicon")
 
 
-def tuned_values(layout: Layout) -> dict | None:
-    """``{"lm_alpha", "lm_beta"}`` from TuneDecoder when ``decoder.tune`` is on; None otherwise."""
-    if not layout.config.decoder.tune:
+def tuned_values(config: Config, tune_report: Path) -> dict | None:
+    """``{"lm_alpha", "lm_beta"}`` from TuneDecoder's ``tune_report`` when ``decoder.tune`` is on; None
+    otherwise."""
+    if not config.decoder.tune:
         return None
-    best = read_report(layout.tune_report, TuneReport).best
+    best = read_report(tune_report, TuneReport).best
     return {"lm_alpha": best.lm_alpha, "lm_beta": best.lm_beta}
 
 
@@ -29,30 +32,31 @@ def configured_settings(config: Config) -> dict:
     return {key: getattr(config.decoder, key) for key in SEARCH_KEYS}
 
 
-def decoder_settings(layout: Layout) -> dict:
-    """The decoder's settings, with TuneDecoder's alpha and beta when ``decoder.tune`` is on."""
-    return {**configured_settings(layout.config), **(tuned_values(layout) or {})}
+def decoder_settings(config: Config, tune_report: Path) -> dict:
+    """The decoder's settings, with TuneDecoder's alpha and beta (from ``tune_report``) when
+    ``decoder.tune`` is on."""
+    return {**configured_settings(config), **(tuned_values(config, tune_report) or {})}
 
 
-def decoder_spec(layout: Layout, alphabet: Labels, settings: dict | None = None) -> DecoderSpec:
-    """``decoder.type`` over the LanguageModel stage's LM (the word LM and its vocabulary with a lexicon,
-    the character LM without), with ``settings`` (default: ``decoder_settings``)."""
-    settings = dict(settings or decoder_settings(layout))
-    report = read_lm_report(layout)
+def decoder_spec(config: Config, lm: LMFiles, alphabet: Labels, settings: dict) -> DecoderSpec:
+    """``decoder.type`` over the LanguageModel stage's LM in ``lm`` (the word LM and its vocabulary with a
+    lexicon, the character LM without), with ``settings`` (``decoder_settings`` or a trial's)."""
+    settings = dict(settings)
+    report = read_lm_report(lm)
     lexicon = settings["lexicon"]
     return DecoderSpec(
-        type=layout.config.decoder.type,
+        type=config.decoder.type,
         labels=tuple(getattr(alphabet, "labels", ())),
         output=alphabet.output,
-        lm=str(layout.lm.resolve(report.lm if lexicon else report.char_lm)),
-        vocabulary=str(layout.lm.vocabulary) if lexicon else None,
+        lm=str(lm.resolve(report.lm if lexicon else report.char_lm)),
+        vocabulary=str(lm.vocabulary) if lexicon else None,
         settings=settings,
     )
 
 
-def decode_pool(layout: Layout, spec: DecoderSpec) -> DecodePool:
+def decode_pool(config: Config, spec: DecoderSpec) -> DecodePool:
     """``decoder.workers`` processes decoding with the decoder ``spec`` describes (see ``DecodePool``)."""
-    return DecodePool(spec, workers=layout.config.decoder.workers)
+    return DecodePool(spec, workers=config.decoder.workers)
 
 
 def describe(spec: DecoderSpec) -> str:

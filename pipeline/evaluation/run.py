@@ -9,10 +9,10 @@ import numpy as np
 import tensorflow as tf
 
 from native_client.alphabet import Labels
+from pipeline.batches.dataset import SplitReader, checked, eval_dataset
 from pipeline.evaluation.metrics import SampleResult, greedy_decode, score_sample
 from pipeline.features.cache import CacheIndex
-from pipeline.train.ctc import ctc_implementation, ctc_loss
-from pipeline.train.dataset import SplitReader, checked, eval_dataset
+from pipeline.model.ctc import ctc_implementation, ctc_loss
 
 # on_logits(sample index, logits [time, classes])
 LogitsSink = Callable[[int, np.ndarray], None]

@@ -27,6 +27,7 @@ import struct
 from native_client.alphabet import Alphabet
 from native_client.frontends import FeaturePipeline
 from pipeline.model.deepspeech_import import DENSE, LSTM_SCOPE, to_tf1_names
+from pipeline.model.weights import named_weights
 
 GRAPH_VERSION = 6
 
@@ -71,8 +72,6 @@ def check_exportable(features: FeaturePipeline, architecture: str) -> None:
 def build_graph(model, features: FeaturePipeline, alphabet: Alphabet, n_steps: int, beam_width: int):
     """The TF1 graph in their layout: ``(graph, inputs, outputs)`` (tensor lists in their order)."""
     import tensorflow as tf
-
-    from pipeline.model.checkpoints import named_weights  # TensorFlow: not when a config is only checked
 
     v1 = tf.compat.v1
     config = model.model_config

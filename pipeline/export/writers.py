@@ -12,33 +12,41 @@ from tensorflow.python.framework.convert_to_constants import convert_variables_t
 from native_client.alphabet import Labels
 from native_client.arpa import is_arpa
 from native_client.metadata import FORMAT, FORMAT_VERSION
-from pipeline.decode.settings import decoder_settings
+from pipeline.config import Config
 from pipeline.export.inference_graph import BATCH_SIGNATURE, SIGNATURE, InferenceGraph
 from pipeline.features.frontend import feature_pipeline
-from pipeline.layout import EXPORT_FILES, WORD_ARPA, WORD_BINARY, ExportFiles, Layout
 from pipeline.lm.files import read_lm_report, verify_lm_files
 from pipeline.model import model_family
 from pipeline.reports import ExportRecord, TrainReport, read_report
+from pipeline.workdir import EXPORT_FILES, WORD_ARPA, WORD_BINARY, ExportFiles, LMFiles
 
 
 def build_metadata(
-    layout: Layout, alphabet: Labels, checkpoint: str, model_version: int, n_input: int, tensors: dict
+    config: Config,
+    alphabet: Labels,
+    checkpoint: str,
+    model_version: int,
+    n_input: int,
+    tensors: dict,
+    *,
+    train_report: Path,
+    fingerprint: str,
+    train_fingerprint: str,
 ) -> ExportRecord:
     """The metadata a client needs: features, geometry, the output labels (an alphabet, or ``output:
     bytes``), the text settings the client applies (``data.text``), versions, fingerprints, and the
     best-dev figures and step of the Train run it comes from (None when an explicitly given checkpoint
     has no Train report, e.g. an untrained model in a benchmark). ``tensors``: the inference graph's
-    tensor names (``InferenceGraph.tensors``)."""
-    config = layout.config
-    report = layout.train_run.report
-    train = read_report(report, TrainReport) if report.is_file() else None
+    tensor names (``InferenceGraph.tensors``). ``fingerprint``, ``train_fingerprint``: the Export's and the
+    Train run's; ``train_report``: that run's report."""
+    train = read_report(train_report, TrainReport) if train_report.is_file() else None
     return ExportRecord(
         format=FORMAT,
         format_version=FORMAT_VERSION,
         model_version=model_version,
         created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        fingerprint=layout.export_fingerprint,
-        train_fingerprint=layout.train_fingerprint,
+        fingerprint=fingerprint,
+        train_fingerprint=train_fingerprint,
         checkpoint=checkpoint,
         config=config.source,
         global_step=train and train.global_step,
@@ -89,16 +97,16 @@ def write_tflite(saved_model: Path, path: Path, quantize: bool, batched: bool = 
     path.write_bytes(converter.convert())
 
 
-def copy_language_model(layout: Layout, staging: ExportFiles) -> dict:
-    """Copy the LanguageModel stage's LM files into the export; returns the metadata ``decoder`` entry:
-    the decoder's type and settings (tuned ones when tuning is on) and the LM files' names."""
-    verify_lm_files(layout, deep=True)
-    report = read_lm_report(layout)
-    lm = layout.lm
+def copy_language_model(config: Config, lm: LMFiles, settings: dict, staging: ExportFiles) -> dict:
+    """Copy the LanguageModel stage's LM files in ``lm`` into the export; returns the metadata ``decoder``
+    entry: the decoder's type, its ``settings`` (``decoder_settings``: tuned ones when tuning is on) and
+    the LM files' names."""
+    verify_lm_files(lm, deep=True)
+    report = read_lm_report(lm)
     entry = {
-        "type": layout.config.decoder.type,
-        **decoder_settings(layout),
-        "tuned": layout.config.decoder.tune,
+        "type": config.decoder.type,
+        **settings,
+        "tuned": config.decoder.tune,
     }
     word_lm = lm.resolve(report.lm)
     entry["lm"] = WORD_ARPA if is_arpa(word_lm) else WORD_BINARY

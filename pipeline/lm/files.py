@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.layout import Layout, file_digest
+from pipeline.digests import file_digest
 from pipeline.reports import LMReport, read_report
+from pipeline.workdir import LMFiles
 
 
 class LanguageModelDamaged(RuntimeError):
     """A file the LanguageModel stage wrote was changed, truncated or removed since."""
 
 
-def lm_built(layout: Layout) -> bool:
-    """Whether the LanguageModel stage of this config has finished (its report exists)."""
-    return layout.lm.report.is_file()
+def lm_built(lm: LMFiles) -> bool:
+    """Whether the LanguageModel stage that writes ``lm`` has finished (its report exists)."""
+    return lm.report.is_file()
 
 
 def lm_file_records(directory: Path, names) -> dict:
@@ -30,13 +31,13 @@ def lm_file_records(directory: Path, names) -> dict:
     return records
 
 
-def verify_lm_files(layout: Layout, deep: bool) -> None:
+def verify_lm_files(lm: LMFiles, deep: bool) -> None:
     """Check the LanguageModel stage's files against its report: size and modification time (cheap,
     for ``complete()``), and with ``deep`` their SHA-256 too (before a stage reads them). Raises
     LanguageModelDamaged naming the first file that differs."""
-    report = read_lm_report(layout)
+    report = read_lm_report(lm)
     for name, record in (report.files or {}).items():
-        path = layout.lm.root / name
+        path = lm.root / name
         redo = "make rerun STAGE=LanguageModel (or delete the directory) to build it again"
         try:
             stat = path.stat()
@@ -52,6 +53,6 @@ def verify_lm_files(layout: Layout, deep: bool) -> None:
             raise LanguageModelDamaged(f"{path}: its SHA-256 differs from the LM report's; {redo}")
 
 
-def read_lm_report(layout: Layout) -> LMReport:
-    """The LanguageModel report of this config (ReportError naming the file when missing or damaged)."""
-    return read_report(layout.lm.report, LMReport)
+def read_lm_report(lm: LMFiles) -> LMReport:
+    """The LanguageModel report in ``lm`` (ReportError naming the file when missing or damaged)."""
+    return read_report(lm.report, LMReport)

@@ -1,24 +1,18 @@
-"""Checkpoint contents and checks: named model weights, geometry mismatch messages, warm start, and
-loading a trained model from a checkpoint or a Train run directory.
-
-Model weights are saved under explicit names (``weights/layer_1.kernel``)
-rather than through Keras' object graph, so every weight (the LSTM's too) has
-a stable, readable key that mismatch messages and warm starts can use.
-"""
+"""Checkpoint contents and checks: geometry mismatch messages, warm start, and loading a trained model
+from a checkpoint or a Train run directory. Weights are read and written under the names of
+``pipeline.model.weights``."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import shutil
 from pathlib import Path
 
 import tensorflow as tf
 
 from pipeline.config import Config
-from pipeline.files import remove_leftovers
-from pipeline.layout import CHECKPOINT_PREFIX, LEFTOVER_PATTERNS, TrainRun
 from pipeline.model import build_model, model_family
+from pipeline.model.weights import named_weights
+from pipeline.workdir import TrainRun
 
 log = logging.getLogger(__name__)
 
@@ -27,72 +21,10 @@ class CheckpointMismatchError(RuntimeError):
     """A checkpoint's weights do not fit the model built from the config."""
 
 
-def weight_name(variable) -> str:
-    """Stable name of a model weight, e.g. ``layer_1.kernel`` or ``lstm.lstm_cell.recurrent_kernel``."""
-    return ".".join(variable.path.split("/")[1:])
-
-
-def named_weights(model) -> dict:
-    """{name: variable} for every model weight (what checkpoints store under ``weights/``)."""
-    return {weight_name(v): v for v in model.weights}
-
-
-def rng_states(model) -> dict:
-    """{path: variable} of the model's random-number state (Keras 3 Dropout's ``seed_generator_state``):
-    in ``model.variables`` but not ``model.weights``, and needed for a resumed run to draw the same masks."""
-    weights = {id(v) for v in model.weights}
-    return {v.path.replace("/", "."): v for v in model.variables if id(v) not in weights}
-
-
-def weights_digest(model) -> str:
-    """SHA-256 over every weight's name and bytes, in name order (equal digests: identical models)."""
-    digest = hashlib.sha256()
-    for name, variable in sorted(named_weights(model).items()):
-        digest.update(name.encode())
-        digest.update(variable.numpy().tobytes())
-    return digest.hexdigest()
-
-
 def _checkpoint_key(name: str) -> str:
     # tf.train.Checkpoint escapes "." in object names as "..".
     escaped = name.replace(".", "..")
     return f"weights/{escaped}/.ATTRIBUTES/VARIABLE_VALUE"
-
-
-def remove_checkpoint_leftovers(run: TrainRun) -> list[Path]:
-    """Remove what a killed run left in ``run``: the ``<prefix>_temp`` directories of an interrupted
-    checkpoint write (TensorFlow writes there, then renames) and temporary files; returns what was removed."""
-    removed = remove_leftovers(run.root, LEFTOVER_PATTERNS)
-    for directory in (run.checkpoints, run.best):
-        for leftover in directory.glob("*_temp*") if directory.is_dir() else ():
-            shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(
-                missing_ok=True
-            )
-            removed.append(leftover)
-    if removed:
-        log.info(
-            "Removed %d leftovers of an interrupted checkpoint write: %s",
-            len(removed),
-            ", ".join(str(p) for p in removed),
-        )
-    return removed
-
-
-def checkpoints_on_disk(directory: Path) -> list[str]:
-    """Checkpoint prefixes found by their index files, newest first: what a run can still resume from
-    when TensorFlow's ``checkpoint`` state file is missing or damaged (TensorFlow then lists none)."""
-    found = []
-    for index in Path(directory).glob(f"{CHECKPOINT_PREFIX}-*.index"):
-        number = index.name[len(CHECKPOINT_PREFIX) + 1 : -len(".index")]
-        if number.isdigit():
-            found.append((int(number), str(index.with_suffix(""))))
-    if found:
-        log.warning(
-            "%s: the checkpoint state file lists no checkpoint; resuming from the %d found on disk",
-            directory,
-            len(found),
-        )
-    return [prefix for _, prefix in sorted(found, reverse=True)]
 
 
 def resolve_checkpoint(path: str | Path) -> str:

@@ -11,10 +11,7 @@ The alphabet: the space first (label 0, as DeepSpeech's; the decoders' word sepa
 even when no transcript has one), then every other character in code point order, so the same text
 always gives the same alphabet. Written to ``alphabet.txt``, then ``alphabet_report.json`` with the
 file's SHA-256 (its presence means the stage finished); every stage that loads the alphabet
-(``model_alphabet``) checks that digest.
-
-``model_alphabet`` is what every later stage calls for the model's labels: the Alphabet stage's
-alphabet, a hand-written one (``paths.alphabet``), or the UTF-8 bytes (``model.output: bytes``).
+(``pipeline.model.labels.model_alphabet``) checks that digest.
 """
 
 from __future__ import annotations
@@ -26,13 +23,15 @@ import unicodedata
 from collections import Counter
 from collections.abc import Callable
 
-from native_client.alphabet import Alphabet, ByteAlphabet, Labels, load_alphabet
+from native_client.alphabet import Alphabet
 from pipeline.data.manifests import iter_transcripts
 from pipeline.data.text import TranscriptRejected
 from pipeline.files import write_text_atomic
-from pipeline.layout import AlphabetFiles, Layout
+from pipeline.layout import Layout
 from pipeline.locks import stage_lock
-from pipeline.reports import AlphabetReport, ReportError, read_report, write_report
+from pipeline.model.labels import alphabet_intact
+from pipeline.reports import AlphabetReport, read_report, write_report
+from pipeline.workdir import AlphabetFiles
 
 log = logging.getLogger(__name__)
 
@@ -127,41 +126,3 @@ def _build(layout: Layout, files: AlphabetFiles, progress: Callable[[int], None]
         else "",
     )
     return report
-
-
-def alphabet_intact(files: AlphabetFiles) -> bool:
-    """Whether ``files`` holds a finished alphabet whose file has the digest its report recorded."""
-    try:
-        _verified(files)
-    except ReportError:
-        return False
-    return True
-
-
-def _verified(files: AlphabetFiles) -> Alphabet:
-    """The alphabet of ``files``, checked against its report; ReportError naming the file otherwise."""
-    report = read_report(files.report, AlphabetReport)
-    try:
-        data = files.alphabet.read_bytes()
-    except OSError as error:
-        raise ReportError(
-            f"{files.alphabet}: cannot read the built alphabet ({error.strerror}); "
-            f"run `make rerun STAGE=Alphabet`"
-        ) from None
-    if hashlib.sha256(data).hexdigest() != report.sha256:
-        raise ReportError(
-            f"{files.alphabet}: its SHA-256 differs from the one {files.report.name} recorded (edited or "
-            f"damaged); run `make rerun STAGE=Alphabet`"
-        )
-    return load_alphabet(files.alphabet)
-
-
-def model_alphabet(layout: Layout) -> Labels:
-    """The model's labels for ``layout``'s config: the UTF-8 bytes (``model.output: bytes``), the Alphabet
-    stage's alphabet, checked against its report (``paths.alphabet: auto``), or the alphabet file."""
-    config = layout.config
-    if config.model.output == "bytes":
-        return ByteAlphabet()
-    if config.alphabet_auto:
-        return _verified(layout.alphabet_files)
-    return load_alphabet(layout.alphabet)

@@ -12,18 +12,19 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.decode.settings import decode_pool, decoder_spec, describe
+from pipeline.decode.settings import decode_pool, decoder_settings, decoder_spec, describe
 from pipeline.evaluation.logits_store import LogitsStore
 from pipeline.evaluation.metrics import ScoreBoard, format_report, headline_metric, score_sample
 from pipeline.evaluation.run import run_split
 from pipeline.features.cache import read_cache
 from pipeline.files import atomic_path, remove_leftovers, write_text_atomic
-from pipeline.layout import LEFTOVER_PATTERNS, Layout
+from pipeline.layout import Layout
 from pipeline.lm.files import lm_built, verify_lm_files
 from pipeline.locks import stage_lock
 from pipeline.model.checkpoints import load_trained_model, resolve_checkpoint
+from pipeline.model.labels import model_alphabet
 from pipeline.reports import EvaluationReport, write_report
-from pipeline.stages.alphabet import model_alphabet
+from pipeline.workdir import LEFTOVER_PATTERNS
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +45,12 @@ def evaluate_stage(
     greedy pass and the beam decoding, utterance by utterance."""
     config = layout.config
     out_dir = Path(out_dir or layout.evaluate_dir)
-    alphabet = model_alphabet(layout)
+    alphabet = model_alphabet(layout.config, layout.alphabet)
     test_data = read_cache(layout.features_cache("test"), config.features)
     checkpoint = checkpoint or layout.train_run.best
-    beam = beam or (beam is None and lm_built(layout))
+    beam = beam or (beam is None and lm_built(layout.lm))
     if beam:
-        verify_lm_files(layout, deep=True)  # before the greedy pass, not after it
+        verify_lm_files(layout.lm, deep=True)  # before the greedy pass, not after it
     with stage_lock(out_dir):
         # Every Evaluate writing here holds this lock: the scratch files found now are dead.
         remove_leftovers(out_dir, LEFTOVER_PATTERNS, locked_prefixes=(".",))
@@ -122,12 +123,14 @@ def _beam_pass(layout, alphabet, test_data, logits, losses, out_dir, report, tex
     """Beam search + LM over the stored logits, block by block; returns the report and text with the
     ``*_lm`` figures added."""
     config = layout.config
-    spec = decoder_spec(layout, alphabet)
+    spec = decoder_spec(
+        layout.config, layout.lm, alphabet, decoder_settings(layout.config, layout.tune_report)
+    )
     started = time.time()
     board_path = layout.evaluation_samples(out_dir, lm=True)
     stream = iter(logits)
     with (
-        decode_pool(layout, spec) as pool,
+        decode_pool(layout.config, spec) as pool,
         atomic_path(board_path) as tmp,
         open(tmp, "w", encoding="utf-8") as sink,
     ):

@@ -26,18 +26,20 @@ from pathlib import Path
 import tensorflow as tf
 
 from native_client.metadata import MANIFEST_NAME, METADATA_NAME, write_manifest
+from pipeline.decode.settings import decoder_settings
 from pipeline.export.coqui_tflite import write_coqui_tflite
 from pipeline.export.inference_graph import InferenceGraph, tensor_names
 from pipeline.export.writers import build_metadata, copy_language_model, write_frozen_graph, write_tflite
 from pipeline.features.frontend import feature_pipeline
 from pipeline.files import publish_entries, remove_leftovers
-from pipeline.layout import EXPORT_STAGING_PREFIX, LEFTOVER_PATTERNS, ExportFiles, Layout
+from pipeline.layout import Layout
 from pipeline.lm.files import lm_built
 from pipeline.locks import in_use, lock_path, stage_lock
 from pipeline.model import model_family
 from pipeline.model.checkpoints import load_trained_model, resolve_checkpoint
+from pipeline.model.labels import model_alphabet
 from pipeline.reports import write_report
-from pipeline.stages.alphabet import model_alphabet
+from pipeline.workdir import EXPORT_STAGING_PREFIX, LEFTOVER_PATTERNS, ExportFiles
 
 log = logging.getLogger(__name__)
 
@@ -112,14 +114,24 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
     staging.root.mkdir(parents=True)
     try:
         on_status("loading the best-dev checkpoint", 0)
-        alphabet = model_alphabet(layout)
+        alphabet = model_alphabet(layout.config, layout.alphabet)
         prefix = resolve_checkpoint(checkpoint or layout.train_run.best)
         n_input = feature_pipeline(config.features).feature_size
         model = load_trained_model(config, prefix, n_input, alphabet.n_classes)
         family = model_family(config.model.architecture)
         batched = family.streaming(model, config.export.n_steps).batched
         names = tensor_names(family.state(config.model), batched)
-        metadata = build_metadata(layout, alphabet, prefix, version or 1, n_input, names)
+        metadata = build_metadata(
+            config,
+            alphabet,
+            prefix,
+            version or 1,
+            n_input,
+            names,
+            train_report=layout.train_run.report,
+            fingerprint=layout.export_fingerprint,
+            train_fingerprint=layout.train_fingerprint,
+        )
         graph = InferenceGraph(model, config.export.n_steps, dataclasses.asdict(metadata))
         on_status("writing the SavedModel", 10)
         tf.saved_model.save(
@@ -145,9 +157,10 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
         if alphabet.output == "characters":  # byte labels need no file
             staging.file("alphabet").write_text(alphabet.to_text(), encoding="utf-8")
         decoder = None
-        if with_lm or (with_lm is None and lm_built(layout)):
+        if with_lm or (with_lm is None and lm_built(layout.lm)):
             on_status("copying the language model", 90)
-            decoder = copy_language_model(layout, staging)
+            settings = decoder_settings(config, layout.tune_report)
+            decoder = copy_language_model(config, layout.lm, settings, staging)
         on_status("writing metadata", 95)
         metadata = dataclasses.replace(metadata, frozen_graph=frozen, decoder=decoder)
         write_report(staging.metadata, metadata)

@@ -44,9 +44,10 @@ from pipeline.features.audio_augment import apply_variant, noise_files, variants
 from pipeline.features.cache import CacheWriter, cache_summary
 from pipeline.features.frontend import ctc_min_frames, feature_pipeline
 from pipeline.files import atomic_path, remove_leftovers
-from pipeline.layout import LEFTOVER_PATTERNS, Layout
+from pipeline.layout import Layout
 from pipeline.locks import stage_lock
-from pipeline.stages.alphabet import model_alphabet
+from pipeline.model.labels import model_alphabet
+from pipeline.workdir import LEFTOVER_PATTERNS
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +327,7 @@ def _existing_summary(split: str, cache: Path, report: Path) -> FeaturesSummary:
 
 def _build_split_cache(layout: Layout, split: str, progress: ProgressFn | None) -> FeaturesSummary:
     config = layout.config
-    alphabet = model_alphabet(layout)
+    alphabet = model_alphabet(layout.config, layout.alphabet)
     if split == "train" and alphabet.output == "characters" and not config.alphabet_auto:
         dead = unreachable_labels(alphabet.labels, config.data.text)
         if dead:

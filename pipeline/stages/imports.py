@@ -16,8 +16,9 @@ from collections.abc import Callable
 
 from pipeline.data.importing import import_corpus
 from pipeline.files import remove_leftovers, replace_directory
-from pipeline.layout import LEFTOVER_PATTERNS, ImportFiles, Layout
+from pipeline.layout import Layout
 from pipeline.locks import stage_lock
+from pipeline.workdir import LEFTOVER_PATTERNS, ImportFiles
 
 log = logging.getLogger(__name__)
 

@@ -19,14 +19,15 @@ from pathlib import Path
 from native_client.alphabet import Labels
 from native_client.arpa import arpa_counts, arpa_unigrams, is_arpa
 from pipeline.files import fsync_path, fsync_tree, write_text_atomic
-from pipeline.layout import Layout, LMFiles
+from pipeline.layout import Layout
 from pipeline.lm.files import LanguageModelDamaged, lm_file_records, verify_lm_files
 from pipeline.lm.kenlm_tools import build_binary, filter_vocabulary, find_tools, run_lmplz
 from pipeline.lm.kneser_ney import LanguageModelError, estimate, write_arpa
 from pipeline.lm.text import HeldOutCheck, char_tokens, lm_sentences
 from pipeline.locks import stage_lock
+from pipeline.model.labels import model_alphabet
 from pipeline.reports import LMReport, read_report, write_report
-from pipeline.stages.alphabet import model_alphabet
+from pipeline.workdir import LMFiles
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def lm_intact(layout: Layout) -> bool:
     """Whether the LanguageModel stage's files are as its report recorded them (size and modification
     time); a changed one is named in a warning."""
     try:
-        verify_lm_files(layout, deep=False)
+        verify_lm_files(layout.lm, deep=False)
     except LanguageModelDamaged as error:
         log.warning("%s", error)
         return False
@@ -71,7 +72,7 @@ def lm_intact(layout: Layout) -> bool:
 
 def _build(layout: Layout, staging: LMFiles, on_status: Callable[[str, float], None]) -> LMReport:
     config = layout.config
-    alphabet = model_alphabet(layout)
+    alphabet = model_alphabet(layout.config, layout.alphabet)
     decoder = config.decoder
     started = time.time()
     stats: Counter = Counter()

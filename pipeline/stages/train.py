@@ -11,13 +11,14 @@ import yaml
 from pipeline.config_loader import config_to_dict
 from pipeline.features.cache import read_cache
 from pipeline.files import write_text_atomic
-from pipeline.layout import Layout, TrainRun
+from pipeline.layout import Layout
 from pipeline.locks import stage_lock
+from pipeline.model.labels import model_alphabet
 from pipeline.reports import TrainReport, write_report
-from pipeline.stages.alphabet import model_alphabet
 from pipeline.train.distribute import DistributionError, configure_devices, make_strategy, training_role
 from pipeline.train.hooks import TrainHooks
 from pipeline.train.loop import Trainer
+from pipeline.workdir import TrainRun
 
 # What a collective operation raises when a peer worker died or stopped answering.
 LOST_WORKER_ERRORS = (
@@ -43,7 +44,7 @@ def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks |
     configure_devices(config.distribution)
     role = training_role(config.distribution)
     strategy = make_strategy(config.distribution)
-    alphabet = model_alphabet(layout)
+    alphabet = model_alphabet(layout.config, layout.alphabet)
     train_data = read_cache(layout.features_cache("train"), config.features)
     dev_data = read_cache(layout.features_cache("dev"), config.features) if config.has_split("dev") else None
     if role.is_chief:

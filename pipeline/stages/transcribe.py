@@ -9,11 +9,12 @@ from pathlib import Path
 
 from native_client import open_model
 from native_client.export_decoder import decoder_for_export
+from pipeline.dag import SPLITS
 from pipeline.data.manifests import find_reference
 from pipeline.data.text import TranscriptRejected, normalise_transcript
 from pipeline.files import write_json_atomic
-from pipeline.layout import ExportFiles, Layout
-from pipeline.stages.graph import SPLITS
+from pipeline.layout import Layout
+from pipeline.workdir import ExportFiles
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,13 @@ from pipeline.evaluation.metrics import corpus_rates, headline_metric
 from pipeline.evaluation.run import run_split
 from pipeline.features.cache import read_cache
 from pipeline.files import remove_leftovers
-from pipeline.layout import LEFTOVER_PATTERNS, Layout
+from pipeline.layout import Layout
 from pipeline.lm.files import verify_lm_files
 from pipeline.locks import stage_lock
 from pipeline.model.checkpoints import load_trained_model
+from pipeline.model.labels import model_alphabet
 from pipeline.reports import TunedPair, TuneReport, write_report
-from pipeline.stages.alphabet import model_alphabet
+from pipeline.workdir import LEFTOVER_PATTERNS
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,9 @@ def tune_decoder(
     Writes ``tune.json`` (default: the fingerprinted TuneDecoder directory's) with the best pair and
     every trial."""
     config = layout.config
-    alphabet = model_alphabet(layout)
+    alphabet = model_alphabet(layout.config, layout.alphabet)
     dev = read_cache(layout.features_cache("dev"), config.features)
-    verify_lm_files(layout, deep=True)  # before the greedy pass, not after it
+    verify_lm_files(layout.lm, deep=True)  # before the greedy pass, not after it
     with stage_lock(layout.tune_dir):
         # Every TuneDecoder writing here holds this lock: the scratch files found now are dead.
         remove_leftovers(layout.tune_dir, LEFTOVER_PATTERNS, locked_prefixes=(".logits-",))
@@ -64,7 +65,7 @@ def _tune(layout, alphabet, dev, on_trial, report_path) -> TuneReport:
             max_batch_frames=config.training.max_batch_frames,
         )
         headline = headline_metric(r.reference for r in greedy)
-        with decode_pool(layout, decoder_spec(layout, alphabet, base)) as pool:
+        with decode_pool(config, decoder_spec(config, layout.lm, alphabet, base)) as pool:
             trials = _search(config, base, greedy, logits, pool, on_trial, headline)
     best = min(trials, key=_ranking(headline))
     greedy_rates = corpus_rates(greedy, headline)

@@ -1,19 +1,14 @@
-"""The training loop: positions, the input iterator, checkpoints (latest and best-dev, restore with
-fallback), summaries and hooks.
+"""The training loop: the input iterator, steps and epochs, when to save, summaries and hooks.
 
-Position is kept in the checkpoint (global step, epoch, step inside the epoch,
-the epoch target and the ``training.epochs`` it came from) together with the
-run's history (``history.py``), and the batch order of an epoch is a pure function
-of its seed and number, so a restarted run continues at the very next batch: no
-batch seen twice or skipped. The checkpoint also records the towers, global batch
-and a digest of the batch plan the position refers to: a run resumed mid-epoch on
-another plan (other devices) is refused, one resumed at an epoch boundary warned.
+The batch order of an epoch is a pure function of its seed and number, and the
+position is in every checkpoint, so a restarted run continues at the very next
+batch: no batch seen twice or skipped. What a checkpoint holds, restoring it
+(with fallback, the batch-plan check and multi-worker agreement) is
+``checkpointing.py``.
 
 Multi-worker runs save together: the chief's clock decides when a checkpoint is
 due and its vote reaches every worker in the step's all-reduce, so all save after
-the same step; on restart the chief restores its latest checkpoint and every other
-worker that same one (from the chief's directory on a shared work directory, else
-its own scratch copy), or every worker stops with one line.
+the same step.
 
 What one step computes is ``step.py``; what happens after an epoch (validation,
 best-dev, plateau halving, early stop) is ``policy.py``.
@@ -25,7 +20,6 @@ import dataclasses
 import logging
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import keras
@@ -33,26 +27,18 @@ import numpy as np
 import tensorflow as tf
 
 from native_client.alphabet import Labels
+from pipeline.batches.dataset import SplitReader, batch_plan, plan_digest, train_dataset
 from pipeline.config import Config
 from pipeline.evaluation.metrics import best_and_worst, corpus_rates, format_report, headline_metric
 from pipeline.evaluation.run import make_forward, run_split
 from pipeline.features.cache import CacheIndex, damage_in
-from pipeline.layout import BEST_PREFIX, CHECKPOINT_PREFIX, TrainRun
 from pipeline.model import build_model
-from pipeline.model.checkpoints import (
-    check_geometry,
-    checkpoints_on_disk,
-    named_weights,
-    remove_checkpoint_leftovers,
-    rng_states,
-    warm_start,
-    weights_digest,
-)
+from pipeline.model.weights import named_weights, weights_digest
 from pipeline.reports import DevFigures, StopRecord, TrainReport
-from pipeline.train.dataset import SplitReader, batch_plan, plan_digest, train_dataset
+from pipeline.train.checkpointing import BatchPlan, RunCheckpoints, TrainingError
 from pipeline.train.distribute import ClusterRole
-from pipeline.train.epochs import RunRecord, epoch_target
-from pipeline.train.history import EpochLoss, HistoryState, SkippedBatch, TrainHistory
+from pipeline.train.epochs import epoch_target
+from pipeline.train.history import EpochLoss, SkippedBatch, TrainHistory
 from pipeline.train.hooks import (
     EpochInfo,
     StepInfo,
@@ -64,42 +50,11 @@ from pipeline.train.hooks import (
 )
 from pipeline.train.policy import EpochPolicy, EpochVerdict, learning_rate
 from pipeline.train.step import StepResult, TrainStep
+from pipeline.workdir import TrainRun
 
 __all__ = ["Trainer", "TrainHooks", "TrainingError", "global_batch_size"]
 
 log = logging.getLogger(__name__)
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (too many non-finite batches, bad batch geometry, ...)."""
-
-
-def _counter(dtype=tf.int64, value=0):
-    return field(default_factory=lambda: tf.Variable(value, dtype=dtype, trainable=False))
-
-
-@dataclass
-class _State:
-    """Training position, saved in every checkpoint. ``epochs_setting`` is the ``training.epochs`` the
-    target came from (0: not recorded, a checkpoint from before it was). ``towers``, ``global_batch`` and
-    ``plan_digest`` describe the batch plan the position counts in (0: not recorded)."""
-
-    global_step: tf.Variable = _counter()
-    epoch: tf.Variable = _counter()
-    step_in_epoch: tf.Variable = _counter()
-    target_epochs: tf.Variable = _counter()
-    epochs_setting: tf.Variable = _counter()
-    finished: tf.Variable = _counter()
-    lr_factor: tf.Variable = _counter(tf.float64, 1.0)
-    epoch_loss_sum: tf.Variable = _counter(tf.float64, 0.0)
-    epoch_loss_count: tf.Variable = _counter()
-    towers: tf.Variable = _counter()
-    global_batch: tf.Variable = _counter()
-    plan_digest: tf.Variable = _counter()
-
-    def variables(self) -> dict:
-        """{checkpoint name: variable}."""
-        return dict(self.__dict__)
 
 
 def global_batch_size(config: Config, towers: int) -> tuple[int, int]:
@@ -158,8 +113,6 @@ class Trainer:
         )
         self.steps_per_epoch = len(self.plan)
         self.plan_digest = plan_digest(self.plan)
-        writes = self.run if role.is_chief else self.run.worker_scratch(role.index)
-        self.scratch = None if role.is_chief else writes.root
         training = config.training
         with strategy.scope():
             self.model = build_model(config.model, train_data.n_input, alphabet.n_classes, training.precision)
@@ -183,28 +136,18 @@ class Trainer:
             if self.step_optimizer is not self.optimizer
             else {}
         )
-        self.state = _State()
-        self.history_state = HistoryState()
-        self.resumed = False
         # Everything a step depends on: weights, optimizer slots and step, dropout RNG state, data
         # position, learning-rate factor and history; so a resumed run is bit-identical.
-        self.checkpoint = tf.train.Checkpoint(
-            weights=named_weights(self.model),
-            rng=rng_states(self.model),
-            optimizer=self.optimizer,
-            loss_scale=loss_scale,
-            history=self.history_state,
-            **self.state.variables(),
+        self.checkpoints = RunCheckpoints(
+            config,
+            self.run,
+            self.model,
+            alphabet,
+            strategy,
+            role,
+            tracked={"optimizer": self.optimizer, "loss_scale": loss_scale},
         )
-        self.manager = tf.train.CheckpointManager(
-            self.checkpoint,
-            str(writes.checkpoints),
-            max_to_keep=training.max_to_keep,
-            checkpoint_name=CHECKPOINT_PREFIX,
-        )
-        self.best_manager = tf.train.CheckpointManager(
-            self.checkpoint, str(writes.best), max_to_keep=1, checkpoint_name=BEST_PREFIX
-        )
+        self.state = self.checkpoints.state
         self._train_step = TrainStep(
             self.model, self.optimizer, self.step_optimizer, strategy, training, alphabet.blank_index
         )
@@ -219,213 +162,23 @@ class Trainer:
         self._last_loss = float("nan")
         self._first_loss = None
         self._warned_growth = False
-        if role.is_chief:
-            remove_checkpoint_leftovers(self.run)
 
     @property
     def history(self) -> TrainHistory:
         """The run's record (restored with the checkpoint, saved with every checkpoint)."""
-        return self.history_state.history
+        return self.checkpoints.history
 
-    # -- persistence ---------------------------------------------------------------------------
     def _save(self) -> None:
-        """Write a checkpoint of everything (the history is serialised only here, never per step)."""
-        saved = self.manager.save(checkpoint_number=int(self.state.global_step.numpy()))
-        log.info(
-            "Saved %s: epoch %d, step %d (%d of this epoch)",
-            saved,
-            int(self.state.epoch.numpy()),
-            int(self.state.global_step.numpy()),
-            int(self.state.step_in_epoch.numpy()),
-        )
+        """Write a checkpoint of everything (every save of the loop goes through here)."""
+        self.checkpoints.save()
 
     def restore(self) -> str | None:
-        """Restore the latest checkpoint (or warm-start from ``training.init_from``); returns what was loaded.
-
-        A damaged checkpoint (unreadable data, a malformed history) is skipped with a warning for the one
-        before it; ``resumed`` says whether a checkpoint of this run was restored. In a multi-worker run
-        every worker restores the checkpoint the chief chose (``_restore_agreed``).
-        """
-        self.resumed = False
-        if self.role.count > 1:
-            return self._restore_agreed()
-        return self._restore_latest()
-
-    def _restore_prefix(self, prefix: str, directory: Path) -> None:
-        """Restore checkpoint ``prefix`` (of ``directory``, named in errors) and log where training stands."""
-        check_geometry(prefix, self.model, directory)
-        self.checkpoint.restore(prefix).expect_partial()
-        self.resumed = True
-        log.info(
-            "Restored %s: epoch %d, step %d (%d of this epoch)",
-            prefix,
-            int(self.state.epoch.numpy()),
-            int(self.state.global_step.numpy()),
-            int(self.state.step_in_epoch.numpy()),
-        )
-
-    def _restore_latest(self) -> str | None:
-        """The latest intact checkpoint of this process's directory, else the warm start, else None."""
-        candidates = list(reversed(self.manager.checkpoints)) or checkpoints_on_disk(self.manager.directory)
-        for prefix in candidates:
-            try:
-                self._restore_prefix(prefix, Path(self.manager.directory))
-            except (tf.errors.OpError, ValueError) as error:
-                # Every checkpoint holds every variable, so the next restore overwrites a partial one.
-                log.warning(
-                    "%s: damaged checkpoint (%s); falling back to the one before it",
-                    prefix,
-                    str(error).splitlines()[0][:200],
-                )
-                continue
-            return prefix
-        if candidates:
-            raise TrainingError(
-                f"{self.run.checkpoints}: no intact checkpoint among {len(candidates)}; "
-                f"delete the directory (make rerun STAGE=Train) to train from the start"
-            )
-        return self._warm_start()
-
-    def _warm_start(self) -> str | None:
-        """Copy the weights of ``training.init_from`` when it is set; returns it (None when unset)."""
-        if not self.config.training.init_from:
-            return None
-        copied = warm_start(
-            self.model,
-            self.config.training.init_from,
-            self.config.training.drop_source_layers,
-            self.config,
-            self.alphabet,
-        )
-        log.info(
-            "Warm start from %s: %d weights copied, %d last layers fresh",
-            self.config.training.init_from,
-            len(copied),
-            self.config.training.drop_source_layers,
-        )
-        return self.config.training.init_from
-
-    def _sum_over_workers(self, value: int) -> int:
-        """``value`` summed over the workers of a multi-worker run: one collective operation, which every
-        worker must reach (each worker's first tower contributes its value, the others 0)."""
-        local = self.towers // self.role.count
-
-        def contribution(context: tf.distribute.ValueContext):
-            first = context.replica_id_in_sync_group % local == 0
-            return tf.constant(float(value) if first else 0.0, tf.float64)
-
-        values = self.strategy.experimental_distribute_values_from_function(contribution)
-        return int(round(float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, values, axis=None).numpy())))
-
-    def _restore_agreed(self) -> str | None:
-        """Multi-worker restore: the chief restores its latest intact checkpoint (``_restore_latest``) and
-        every other worker the checkpoint of that same step, so that all resume at one position with one
-        model. A non-chief reads it from the chief's directory when it can (a shared work directory), else
-        from its own scratch directory (saves happen at the same steps everywhere). When any worker cannot,
-        every worker raises TrainingError with the same line."""
-        loaded = self._restore_latest() if self.role.is_chief else None
-        chief_step = int(self.state.global_step.numpy()) if self.resumed else -1
-        agreed = self._sum_over_workers(chief_step if self.role.is_chief else 0)
-        problem = None
-        if not self.role.is_chief:
-            if agreed < 0:
-                loaded = self._warm_start()
-            else:
-                loaded, problem = self._restore_step(agreed)
-        failures = self._sum_over_workers(1 if problem else 0)
-        if problem:
-            log.error("%s", problem)
-        if failures:
-            raise TrainingError(
-                f"{failures} worker(s) could not restore ckpt-{agreed}, the chief's latest checkpoint in "
-                f"{self.run.checkpoints} (see their logs): put paths.work_dir on a filesystem every worker "
-                f"shares, or delete the run directory (make rerun STAGE=Train) to train from the start"
-            )
-        return loaded
-
-    def _restore_step(self, step: int) -> tuple[str | None, str | None]:
-        """Restore the checkpoint numbered ``step``: the chief's copy, else this worker's scratch copy.
-        Returns (the prefix restored, None) or (None, why not)."""
-        tried = []
-        for directory in dict.fromkeys([self.run.checkpoints, Path(self.manager.directory)]):
-            prefix = directory / f"{CHECKPOINT_PREFIX}-{step}"
-            if not Path(f"{prefix}.index").is_file():
-                tried.append(f"{directory}: none")
-                continue
-            try:
-                self._restore_prefix(str(prefix), directory)
-            except (tf.errors.OpError, ValueError) as error:
-                tried.append(f"{directory}: {str(error).splitlines()[0][:200]}")
-                continue
-            return str(prefix), None
-        return (
-            None,
-            f"worker {self.role.index}: cannot restore {CHECKPOINT_PREFIX}-{step} ({'; '.join(tried)})",
-        )
-
-    def _check_plan(self) -> None:
-        """Compare the restored position's batch plan (towers, global batch, plan digest in the checkpoint)
-        with this run's, then record this run's. Mid-epoch on another plan the position would skip or
-        repeat batches: TrainingError. At an epoch boundary the next epoch starts on the new plan: a
-        warning. A checkpoint from before these were recorded is taken as it is."""
-        state = self.state
-        old_digest, old_towers, old_global = (
-            int(v.numpy()) for v in (state.plan_digest, state.towers, state.global_batch)
-        )
-        epoch, step = int(state.epoch.numpy()), int(state.step_in_epoch.numpy())
-        if self.resumed and old_digest and old_digest != self.plan_digest:
-            was = f"{old_towers} towers x {old_global // max(old_towers, 1)} = global batch {old_global}"
-            now = f"{self.towers} towers x {self.per_tower_batch} = global batch {self.global_batch}"
-            if step > 0:
-                # training.global_batch_size is in the Train fingerprint: setting it would start another run.
-                raise TrainingError(
-                    f"{self.run.checkpoints}: the run stopped in epoch {epoch + 1} at step {step} of a batch "
-                    f"plan of {was}; this run has {now}, on which that position would skip or repeat "
-                    f"batches. Finish the epoch on the old devices first (training.epochs: -1 stops at its "
-                    f"end), or delete the run (make rerun STAGE=Train) to start again"
-                )
-            log.warning(
-                "%s: resuming at the start of epoch %d with %s (the run had %s): the epochs from here follow "
-                "the new batch plan",
-                self.run.checkpoints,
-                epoch + 1,
-                now,
-                was,
-            )
-        state.plan_digest.assign(self.plan_digest)
-        state.towers.assign(self.towers)
-        state.global_batch.assign(self.global_batch)
-
-    def _last_run(self) -> RunRecord | None:
-        """What the restored checkpoint says about its run (None when none of this run was restored)."""
-        if not self.resumed:
-            return None
-        return RunRecord(
-            epochs_done=int(self.state.epoch.numpy()),
-            target=int(self.state.target_epochs.numpy()),
-            setting=int(self.state.epochs_setting.numpy()) or None,
-            finished=bool(self.state.finished.numpy()),
-            stopped=self.history.stop is not None,
-        )
-
-    def _plan(self) -> tuple[int, int, int]:
-        """(target epochs, epochs setting, finished): what a save records about the run's plan."""
-        return tuple(
-            int(v.numpy()) for v in (self.state.target_epochs, self.state.epochs_setting, self.state.finished)
-        )
+        """Restore the latest checkpoint, or warm-start (``RunCheckpoints.restore``); returns what was
+        loaded."""
+        return self.checkpoints.restore()
 
     def _run_over(self, target: int) -> bool:
         return int(self.state.epoch.numpy()) >= target or self.history.stop is not None
-
-    def _ensure_best(self) -> None:
-        """Make the last checkpoint the best-dev one when no validation has told better: no dev split,
-        validation off, or no finite dev loss (and ``training.best_by`` figure) yet."""
-        latest = self.best_manager.latest_checkpoint
-        if latest and self.history.best(self.config.training.best_by) is not None:
-            return
-        step = int(self.state.global_step.numpy())
-        if latest is None or not latest.endswith(f"-{step}"):
-            self.best_manager.save(checkpoint_number=step)
 
     # -- summaries -----------------------------------------------------------------------------
     def _writer(self, name: str):
@@ -563,7 +316,7 @@ class Trainer:
         if self._run_over(target):
             self.state.finished.assign(1)
         if verdict.is_best:
-            self.best_manager.save(checkpoint_number=int(self.state.global_step.numpy()))
+            self.checkpoints.save_best()
         self._save()
 
     def _record_validation(self, verdict: EpochVerdict) -> None:
@@ -608,9 +361,12 @@ class Trainer:
         """Train until the target epoch or an early stop; returns the training report."""
         started = time.monotonic()
         self.restore()
-        target = epoch_target(self.config.training.epochs, self._last_run())
-        self._check_plan()
-        plan_before = self._plan()
+        checkpoints = self.checkpoints
+        target = epoch_target(self.config.training.epochs, checkpoints.last_run())
+        checkpoints.check_plan(
+            BatchPlan(self.towers, self.per_tower_batch, self.global_batch, self.plan_digest)
+        )
+        plan_before = checkpoints.plan_record()
         self.state.target_epochs.assign(target)
         self.state.epochs_setting.assign(self.config.training.epochs)
         self.state.finished.assign(int(self._run_over(target)))
@@ -623,15 +379,15 @@ class Trainer:
                 target,
                 f", stopped early ({self.history.stop.reason})" if self.history.stop else "",
             )
-            if self._plan() != plan_before:
+            if checkpoints.plan_record() != plan_before:
                 self._save()  # the new target and setting, so checkpoint and report agree
         else:
             self._train(target, started)
-        self._ensure_best()
+        checkpoints.ensure_best()
         for writer in (self._writers or {}).values():
             writer.flush()
-        if self.scratch is not None:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+        if checkpoints.scratch is not None:
+            shutil.rmtree(checkpoints.scratch, ignore_errors=True)
         return self._report(target, time.monotonic() - started)
 
     def _train(self, target: int, started: float) -> None:
@@ -714,8 +470,8 @@ class Trainer:
             last_samples=history.last_samples,
             stop=stop,
             skipped_batches=[dataclasses.asdict(b) for b in history.skipped_batches],
-            best_checkpoint=self.best_manager.latest_checkpoint,
-            latest_checkpoint=self.manager.latest_checkpoint,
+            best_checkpoint=self.checkpoints.best_manager.latest_checkpoint,
+            latest_checkpoint=self.checkpoints.manager.latest_checkpoint,
             wall_time_s_this_run=wall_this_run,
             epochs_setting=self.config.training.epochs,
             weights_sha256=weights_digest(self.model),

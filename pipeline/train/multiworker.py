@@ -1,7 +1,7 @@
 """Multi-worker training on one machine: start N worker processes on 127.0.0.1, each with its own TF_CONFIG.
 
 This is what the Train task does with ``distribution.local_workers: N``. On a
-real cluster, start ``python -m pipeline.train.worker --config X`` (or the Train
+real cluster, start ``python -m pipeline.stages.train_worker --config X`` (or the Train
 task) on each machine with that machine's ``TF_CONFIG`` instead.
 """
 
@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.layout import TrainRun
 from pipeline.reports import ReportError, TrainReport, read_report
 from pipeline.train.bind_address import bound_environment
 from pipeline.train.distribute import DistributionError
+from pipeline.workdir import TrainRun
 
 # worker index -> its log file
 LogPaths = Callable[[int], Path]
@@ -58,8 +58,8 @@ def _die_with_parent() -> None:
 def start_workers(
     config_path: str | Path, count: int, logs: LogPaths, env: dict | None = None
 ) -> list[subprocess.Popen]:
-    """Start ``count`` workers of ``python -m pipeline.train.worker``; worker i's output goes to ``logs(i)``
-    (``TrainRun.worker_log`` for a Train run)."""
+    """Start ``count`` workers of ``python -m pipeline.stages.train_worker``; worker i's output goes to
+    ``logs(i)`` (``TrainRun.worker_log`` for a Train run)."""
     addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
     processes = []
     for index in range(count):
@@ -68,7 +68,7 @@ def start_workers(
         log = open(logs(index), "w")
         processes.append(
             subprocess.Popen(
-                [sys.executable, "-m", "pipeline.train.worker", "--config", str(config_path)],
+                [sys.executable, "-m", "pipeline.stages.train_worker", "--config", str(config_path)],
                 env=worker_env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -144,7 +144,7 @@ def run_cluster_worker(
     logs(index).parent.mkdir(parents=True, exist_ok=True)
     with open(logs(index), "w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.train.worker", "--config", str(config_path)],
+            [sys.executable, "-m", "pipeline.stages.train_worker", "--config", str(config_path)],
             env=bound_environment(os.environ["TF_CONFIG"]),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -158,7 +158,7 @@ def run_cluster_worker(
 
 
 def worker_result(log: Path) -> dict | None:
-    """The result a worker printed (``pipeline.train.worker``: its index, final global step and weights
+    """The result a worker printed (``pipeline.stages.train_worker``: its index, final global step and weights
     digest), read from its log: the last such line, as gRPC may log after it; None when there is none."""
     try:
         lines = [

@@ -13,7 +13,7 @@ import keras
 import tensorflow as tf
 
 from pipeline.config import TrainingConfig
-from pipeline.train.ctc import ctc_implementation, ctc_loss
+from pipeline.model.ctc import ctc_implementation, ctc_loss
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""One multi-worker training process: ``python -m pipeline.train.worker --config X`` with ``TF_CONFIG`` set.
+"""One multi-worker training process: ``python -m pipeline.stages.train_worker --config X`` with
+``TF_CONFIG`` set.
 
 Started by ``pipeline.train.multiworker.launch_local_workers`` (one machine) or by
 hand / a cluster manager on each machine. Prints, as its last stdout line, one
@@ -16,16 +17,15 @@ import os
 import sys
 
 from pipeline.config_loader import load_config
+from pipeline.train.bind_address import bound_environment, is_bound
+from pipeline.train.distribute import DistributionError, cluster_role
 
 
 def main(argv=None) -> int:
     """Train as the worker that ``TF_CONFIG`` names."""
-    parser = argparse.ArgumentParser(prog="python -m pipeline.train.worker")
+    parser = argparse.ArgumentParser(prog="python -m pipeline.stages.train_worker")
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
-    from pipeline.train.bind_address import bound_environment, is_bound
-    from pipeline.train.distribute import DistributionError
-
     if sys.platform.startswith("linux") and os.environ.get("TF_CONFIG") and not is_bound():
         # Start again with the library that keeps TensorFlow's server on this worker's own address.
         try:
@@ -33,11 +33,11 @@ def main(argv=None) -> int:
         except (DistributionError, ValueError, KeyError, IndexError) as error:
             print(f"error: {error}", file=sys.stderr, flush=True)
             return 3
-        os.execve(sys.executable, [sys.executable, "-m", "pipeline.train.worker", *sys.argv[1:]], env)
+        os.execve(sys.executable, [sys.executable, "-m", "pipeline.stages.train_worker", *sys.argv[1:]], env)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(process)d %(levelname)s %(message)s")
+    # TensorFlow loads here, after the re-exec above, not before it.
     from pipeline.layout import Layout
     from pipeline.stages.train import train_stage
-    from pipeline.train.distribute import DistributionError, cluster_role
 
     try:
         config = load_config(args.config)

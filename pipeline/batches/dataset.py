@@ -20,9 +20,9 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from pipeline.batches.augment import augment_features, batch_seed
 from pipeline.config import AugmentConfig
 from pipeline.features.cache import CacheIndex, damage_in
-from pipeline.train.augment import augment_features, batch_seed
 
 PARALLEL_BATCHES = 2  # batches read at once
 PREFETCH_BATCHES = 2  # batches ready ahead of the model
