@@ -80,6 +80,16 @@ def pause_segments(logits: np.ndarray, quiet: Sequence[int], max_frames: int) ->
     return segments
 
 
+def _load_kenlm(kenlm_class, path: str, dictionary):
+    """KenLM's model of ``path``; ValueError naming the file when KenLM cannot read it (its own message
+    may quote the file's bytes, which need not even be UTF-8)."""
+    try:
+        return kenlm_class(path, dictionary)
+    except (RuntimeError, ValueError) as error:  # UnicodeDecodeError is a ValueError
+        detail = str(error).splitlines()[0][:200] if not isinstance(error, UnicodeDecodeError) else "not text"
+        raise ValueError(f"{path}: KenLM cannot read this language model ({detail})") from None
+
+
 def _label_starts(path: Sequence[int], blank: int) -> list[int]:
     """The frame where each label of a CTC frame path starts (repeats merged, blanks dropped)."""
     return [
@@ -142,7 +152,7 @@ class BeamDecoder(Decoder):
             lexicon = {w: [list(w)] for w in words}
             lexicon[UNK_WORD] = [[]]
             self.word_dict = create_word_dict(lexicon)
-            self.lm = KenLM(self.lm_path, self.word_dict)
+            self.lm = _load_kenlm(KenLM, self.lm_path, self.word_dict)
             if hot:
                 from native_client.decoders._hot_words import LOG10_E, WordBoostLM
 
@@ -169,7 +179,7 @@ class BeamDecoder(Decoder):
         else:
             self.word_dict = None
             self.trie = None
-            self.lm = KenLM(self.lm_path, token_dict)
+            self.lm = _load_kenlm(KenLM, self.lm_path, token_dict)
             if hot:
                 from native_client.decoders._hot_words import SpellingBoostLM
 
