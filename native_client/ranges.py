@@ -86,9 +86,12 @@ def check_fields(cls: type, values: Mapping, where: str) -> None:
     """ValueError ``<where>.<key>: expected ...`` for the first value whose field of the dataclass ``cls``
     is of another type (int, float, bool, str) or whose range (field metadata ``min``, ``max``,
     ``exclusive_min``) it leaves; keys that are not fields are left to the caller."""
-    hints = typing.get_type_hints(cls)
+    try:
+        hints = typing.get_type_hints(cls)
+    except (NameError, TypeError):  # a plug-in's annotations that do not resolve: its types are its own
+        hints = {}
     for field in dataclasses.fields(cls):
-        if field.name not in values or hints[field.name] not in _NAMES:
+        if field.name not in values or hints.get(field.name) not in _NAMES:
             continue
         meta = field.metadata
         expected = Range(hints[field.name], meta.get("min"), meta.get("max"), bool(meta.get("exclusive_min")))
