@@ -21,6 +21,7 @@ from native_client.deepspeech_tflite import is_deepspeech_tflite
 from native_client.long_audio import add_arguments as add_long_audio_arguments
 from native_client.long_audio import render
 from native_client.metadata import FORMAT_VERSION, METADATA_NAME, ExportError
+from native_client.ranges import DECODER_SETTINGS, Range, value_problem
 
 BACKEND_OF_SUFFIX = {".tflite": "tflite", ".pb": "frozen_graph"}
 
@@ -188,6 +189,17 @@ def main(argv=None) -> int:
     if args.candidate_transcripts < 1:
         print("error: --candidate_transcripts must be at least 1", file=sys.stderr)
         return 2
+    # The config's ranges (native_client.ranges): what a config refuses, the client refuses too.
+    for option, expected in (
+        ("beam_width", DECODER_SETTINGS["beam_width"]),
+        ("lm_alpha", DECODER_SETTINGS["lm_alpha"]),
+        ("lm_beta", DECODER_SETTINGS["lm_beta"]),
+        ("threads", Range(int, 1)),
+    ):
+        value = getattr(args, option)
+        if value is not None and (problem := value_problem(value, expected)):
+            print(f"error: --{option}: {problem}", file=sys.stderr)
+            return 2
     if args.hot_words and args.no_scorer:
         print(
             "error: --hot_words boost words through the language model; --no-scorer has none", file=sys.stderr

@@ -13,6 +13,7 @@ what is there, which would pair the whole transcript with part of the speech.
 
 from __future__ import annotations
 
+import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -67,13 +68,19 @@ def probe(path: str | Path) -> AudioInfo:
     """
     path = Path(path)
     try:
-        size = path.stat().st_size
+        status = path.stat()
     except FileNotFoundError:
         raise AudioError("missing_file", f"{path}: no such file") from None
     except OSError as error:
         raise AudioError("missing_file", f"{path}: cannot read: {error.strerror}") from error
-    if path.is_dir():
+    size = status.st_size
+    if stat.S_ISDIR(status.st_mode):
         raise AudioError("unreadable_audio", f"{path}: is a directory, not an audio file")
+    if not stat.S_ISREG(status.st_mode):
+        kind = "a FIFO (named pipe)" if stat.S_ISFIFO(status.st_mode) else "a device or socket"
+        raise AudioError(
+            "unreadable_audio", f"{path}: is {kind}, not an audio file (write the audio to a file first)"
+        )
     if size == 0:
         raise AudioError("empty_audio", f"{path}: empty file (0 bytes)")
     try:
@@ -242,7 +249,23 @@ def read_samples(
     except DECODE_ERRORS as error:
         raise AudioError("unreadable_audio", f"{path}: cannot decode audio: {error}") from error
     _check_length(info, count, len(samples))
+    check_finite(samples, path, start, info.sample_rate)
     return samples, info.sample_rate
+
+
+def check_finite(samples: np.ndarray, path: str | Path, first_frame: int, rate: int) -> None:
+    """AudioError ``non_finite_audio`` naming ``path`` when float ``samples`` (``[frames, channels]``,
+    the first at frame ``first_frame``) hold a NaN or an infinity: a float WAV can, and cast to int16
+    they would be garbage."""
+    bad = ~np.isfinite(samples).all(axis=1)
+    if bad.any():
+        frame = int(np.argmax(bad))
+        value = samples[frame][~np.isfinite(samples[frame])][0]
+        raise AudioError(
+            "non_finite_audio",
+            f"{path}: the sample at {(first_frame + frame) / rate:.3f} s is {value}: not audio "
+            "(a float file holding NaN or infinity)",
+        )
 
 
 def to_mono(samples: np.ndarray) -> np.ndarray:
@@ -347,12 +370,15 @@ class CheckedAudio:
                 dtype="float32",
                 always_2d=True,
             ):
+                check_finite(block, self.path, self.start + decoded, rate)
                 decoded += len(block)
                 mono = to_mono(block)
                 if stream is not None:
                     mono = stream.resample_chunk(mono)
                 if len(mono):
                     yield to_int16(mono)
+        except AudioError:
+            raise
         except DECODE_ERRORS as error:
             raise AudioError("unreadable_audio", f"{self.path}: cannot decode audio: {error}") from error
         _check_length(self.info, self.count, decoded)

@@ -50,6 +50,8 @@ def decoder_spec_for_export(
     ``vocabulary_file`` (white-space separated), a DeepSpeech/Coqui ``.scorer`` package its own words
     and default weights (``native_client.scorer_package``)."""
     entry = dict(metadata.decoder or {})
+    if scorer:
+        _check_scorer(Path(scorer))
     settings = {
         key: value for key, value in entry.items() if key not in ("type", "lm", "char_lm", "vocabulary")
     }
@@ -96,6 +98,24 @@ def decoder_spec_for_export(
         vocabulary=vocabulary,
         settings=settings,
     )
+
+
+def _check_scorer(path: Path) -> None:
+    """FileNotFoundError or ValueError naming ``path`` unless it is a file that begins as a language model
+    does (ARPA text, a KenLM binary, a .scorer package, which is one): KenLM would report anything else
+    in a message that does not name the file, or not even decode as text."""
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "not found"
+        raise FileNotFoundError(f"{path}: language model file {what}")
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(64)
+    except OSError as error:
+        raise ValueError(f"{path}: cannot read the language model: {error.strerror or error}") from None
+    if not (head.lstrip().startswith(b"\\data\\") or head.startswith(b"mmap lm ")):
+        raise ValueError(
+            f"{path}: not a language model (an ARPA file, a KenLM binary or a DeepSpeech/Coqui .scorer)"
+        )
 
 
 def _read_words(path: str | Path) -> tuple[str, ...]:

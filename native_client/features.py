@@ -6,20 +6,30 @@ import dataclasses
 from collections.abc import Iterable
 
 from native_client.frontends import FeaturePipeline, frontend_class
+from native_client.ranges import SAMPLE_RATE, Range, check_fields, value_problem
 
 
 def features_from_metadata(entry: dict, plugins: Iterable[str] = ()) -> FeaturePipeline:
     """The feature pipeline of an export's ``features`` entry (``type``, ``sample_rate``, ``normalize``
     and the front end's settings; format 1 exports, without ``type``, are python_speech_features MFCC).
     A front end of someone's own (a dotted ``type``) is loaded only when named in ``plugins``: the
-    metadata must not choose code to import. Raises ValueError, KeyError or PluginError naming what is
-    missing or wrong."""
+    metadata must not choose code to import. Each setting is checked against its type and range (those of
+    the config), so that an edited file cannot make a front end of 3,000,000 filters. Raises ValueError,
+    KeyError or PluginError naming what is missing or wrong."""
     values = dict(entry)
     name = values.pop("type", "mfcc")
     sample_rate, normalize = values.pop("sample_rate"), values.pop("normalize", False)
+    for key, value, expected in (
+        ("type", name, Range(str)),
+        ("sample_rate", sample_rate, SAMPLE_RATE),
+        ("normalize", normalize, Range(bool)),
+    ):
+        if problem := value_problem(value, expected):
+            raise ValueError(f"{key}: {problem}")
     frontend = frontend_class(name, "features.type", allowed=plugins)
     known = {f.name for f in dataclasses.fields(frontend.Settings)}
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"features: {', '.join(unknown)} are not settings of the {name} front end")
+    check_fields(frontend.Settings, values, "")
     return FeaturePipeline(frontend(frontend.Settings(**values), sample_rate), normalize, name)

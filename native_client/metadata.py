@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from native_client.alphabet import OUTPUTS, AlphabetError, Labels, make_alphabet
 from native_client.features import features_from_metadata
 from native_client.frontends import FeaturePipeline
 from native_client.plugins import PluginError
+from native_client.ranges import Range, check_decoder_settings, check_fields, value_problem
 from native_client.text import TextSettings
 
 METADATA_NAME = "metadata.json"
@@ -38,6 +40,27 @@ REQUIRED_KEYS = (
     "files",
     "tensors",
 )
+
+# The type and range of each value a client reads (an export's manifest vouches for its files, not for
+# what a hand-edited metadata.json says: every key is checked before it is used).
+NUMBERS = {
+    "format": Range(str),
+    "format_version": Range(int, 1, FORMAT_VERSION),
+    "model_version": Range(int, 0),
+    "fingerprint": Range(str),
+    "n_context": Range(int, 0),
+    "n_input": Range(int, 1),
+    "n_steps": Range(int, 1),
+    "n_classes": Range(int, 2),
+    "tflite_quantized": Range(bool),
+    "output": Range(str),
+    "n_hidden": Range(int, 1, 1 << 24),  # format 1: the LSTM's width, the size of its state
+}
+MAPPINGS = ("features", "files", "tensors", "decoder", "text", "frozen_graph")  # decoder on: may be null
+# The decoder entry's names of files of the export.
+DECODER_FILES = ("lm", "char_lm", "vocabulary")
+# The most values a recurrent state tensor may hold (an LSTM of n_hidden 2048 holds 2,048).
+MAX_STATE_VALUES = 1 << 24
 
 
 class ExportError(ValueError):
@@ -127,8 +150,9 @@ def verify_manifest(directory: Path, names=None, digest=sha256_file) -> None:
             if name == prefix or name.startswith(prefix.rstrip("/") + "/")
         ]
     )
-    if names is not None and not wanted:
-        raise ExportError(f"{manifest}: lists none of {', '.join(names)}; {redo}")
+    for prefix in names or ():
+        if not any(name == prefix or name.startswith(prefix.rstrip("/") + "/") for name in files):
+            raise ExportError(f"{manifest}: lists no {prefix}; {redo}")
     for name in wanted:
         path, entry = directory / name, files[name]
         try:
@@ -172,6 +196,7 @@ def parse_metadata(raw: dict, directory: Path, plugins: Iterable[str] = ()) -> E
     missing = [key for key in REQUIRED_KEYS if key not in raw]
     if missing:
         raise ExportError(f"{source}: missing keys: {', '.join(missing)}")
+    _check_values(raw, directory, source)
     if raw["format"] != FORMAT:
         raise ExportError(f"{source}: format is {raw['format']!r}, expected {FORMAT!r}")
     if raw["format_version"] > FORMAT_VERSION:
@@ -196,7 +221,14 @@ def parse_metadata(raw: dict, directory: Path, plugins: Iterable[str] = ()) -> E
             f"{source}: {output} outputs have {alphabet.size} labels but n_classes is {raw['n_classes']} "
             f"(expected labels + 1 for the CTC blank)"
         )
+    if features.feature_size != raw["n_input"]:
+        raise ExportError(
+            f"{source}: n_input is {raw['n_input']} but the features give {features.feature_size} values per "
+            f"frame"
+        )
     try:
+        if raw.get("text") is not None:
+            check_fields(TextSettings, raw["text"], "text")
         text = TextSettings.for_client(raw["text"]) if raw.get("text") is not None else None
     except (ValueError, TypeError, AttributeError) as error:
         raise ExportError(f"{source}: {error}") from None
@@ -217,6 +249,74 @@ def parse_metadata(raw: dict, directory: Path, plugins: Iterable[str] = ()) -> E
         raw=raw,
         text=text,
     )
+
+
+def _check_values(raw: dict, directory: Path, source: Path) -> None:
+    """ExportError naming ``source`` and the key for a value of the wrong type or range (``NUMBERS``,
+    ``MAPPINGS``), a file name that leaves the export directory (``files``, ``decoder.lm``, ...), a state
+    tensor that is not names and a small shape, or a decoder setting outside the config's range."""
+    for key, expected in NUMBERS.items():
+        if key in raw and (problem := value_problem(raw[key], expected)):
+            raise ExportError(f"{source}: {key}: {problem}")
+    for key in MAPPINGS:
+        if key in raw and not isinstance(raw[key], dict) and (key in REQUIRED_KEYS or raw[key] is not None):
+            raise ExportError(f"{source}: {key}: expected a mapping, got {raw[key]!r}")
+    if not isinstance(raw["alphabet"], list) or not all(isinstance(label, str) for label in raw["alphabet"]):
+        raise ExportError(f"{source}: alphabet: expected a list of characters, got {raw['alphabet']!r}")
+    for kind, name in raw["files"].items():
+        _check_file_name(name, f"files.{kind}", directory, source)
+    decoder = raw.get("decoder") or {}
+    for key in DECODER_FILES:
+        if decoder.get(key) is not None:
+            _check_file_name(decoder[key], f"decoder.{key}", directory, source)
+    if (problem := value_problem(decoder.get("type", ""), Range(str))) is not None:
+        raise ExportError(f"{source}: decoder.type: {problem}")
+    try:
+        check_decoder_settings(decoder, "decoder")
+    except ValueError as error:
+        raise ExportError(f"{source}: {error}") from None
+    tensors = raw["tensors"]
+    for key, value in tensors.items():
+        if key != "state" and not isinstance(value, str):
+            raise ExportError(f"{source}: tensors.{key}: expected a tensor name, got {value!r}")
+    state = tensors.get("state", [])
+    if not isinstance(state, list):
+        raise ExportError(f"{source}: tensors.state: expected a list, got {state!r}")
+    for index, spec in enumerate(state):
+        where = f"tensors.state[{index}]"
+        if not (
+            isinstance(spec, dict)
+            and isinstance(spec.get("input"), str)
+            and isinstance(spec.get("output"), str)
+        ):
+            raise ExportError(f"{source}: {where}: expected input, output and shape, got {spec!r}")
+        shape = spec.get("shape")
+        if not (
+            isinstance(shape, list)
+            and shape
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape)
+            and math.prod(shape) <= MAX_STATE_VALUES
+        ):
+            raise ExportError(
+                f"{source}: {where}.shape: expected a list of sizes of at most {MAX_STATE_VALUES:,} values "
+                f"in all, got {shape!r}"
+            )
+
+
+def _check_file_name(name, where: str, directory: Path, source: Path) -> None:
+    """ExportError unless ``name`` is a relative path to a file inside ``directory`` (no ``..``, not
+    absolute, not a link out of it): an export names its own files, never ``/etc/passwd``."""
+    if not isinstance(name, str):
+        raise ExportError(f"{source}: {where}: expected a file name, got {name!r}")
+    posix = PurePosixPath(name.replace("\\", "/"))
+    inside = (
+        bool(name)
+        and not posix.is_absolute()
+        and ".." not in posix.parts
+        and (directory / name).resolve().is_relative_to(directory.resolve())
+    )
+    if not inside:
+        raise ExportError(f"{source}: {where}: {name!r} is not a file inside the export directory")
 
 
 def _tensors(raw: dict, source: Path) -> dict:

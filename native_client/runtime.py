@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from native_client.metadata import ExportError, ExportMetadata
+from native_client.metadata import METADATA_NAME, ExportError, ExportMetadata
 
 BACKENDS = ("tflite", "saved_model", "frozen_graph")
 
@@ -50,8 +50,12 @@ class TFLiteRunner(StepRunner):
         self.interpreter.allocate_tensors()
         # Tensor indices from the signature, then plain set_tensor/invoke: less overhead per step.
         runner = self.interpreter.get_signature_runner(metadata.tensors["signature"])
-        self._inputs = {name: detail["index"] for name, detail in runner.get_input_details().items()}
-        self._outputs = {name: detail["index"] for name, detail in runner.get_output_details().items()}
+        inputs, outputs = runner.get_input_details(), runner.get_output_details()
+        _check_shapes(
+            metadata, {name: list(detail["shape"]) for name, detail in inputs.items()}, set(outputs)
+        )
+        self._inputs = {name: detail["index"] for name, detail in inputs.items()}
+        self._outputs = {name: detail["index"] for name, detail in outputs.items()}
 
     def step(self, windows, state):
         """See ``StepRunner.step``."""
@@ -64,6 +68,26 @@ class TFLiteRunner(StepRunner):
         return logits, tuple(
             interpreter.get_tensor(self._outputs[spec["output"]]) for spec in self.metadata.state
         )
+
+
+def _check_shapes(metadata: ExportMetadata, inputs: dict[str, list[int]], outputs: set[str]) -> None:
+    """ExportError naming metadata.json when its tensor names or geometry (n_steps, n_context, n_input,
+    the state shapes) are not the model's: an edited file must not reach the interpreter."""
+    names = metadata.tensors
+    source = metadata.directory / METADATA_NAME
+    expected = {names.get("input"): [1, metadata.n_steps, 2 * metadata.n_context + 1, metadata.n_input]}
+    expected.update({spec["input"]: list(spec["shape"]) for spec in metadata.state})
+    for name, shape in expected.items():
+        if name not in inputs:
+            raise ExportError(f"{source}: tensors: the model has no input {name!r}")
+        if inputs[name] != shape:
+            raise ExportError(
+                f"{source}: tensors: the model's input {name!r} is shaped {inputs[name]}, the metadata "
+                f"says {shape} (n_steps, n_context, n_input or a state shape was edited)"
+            )
+    for name in [names.get("logits")] + [spec["output"] for spec in metadata.state]:
+        if name not in outputs:
+            raise ExportError(f"{source}: tensors: the model has no output {name!r}")
 
 
 class SavedModelRunner(StepRunner):

@@ -10,9 +10,14 @@ in the client's package, because the client imports nothing of the training code
 
 1. the Unicode normal form (``normal_form``, NFC by default: NFD-accented text, as some tools
    write it, becomes the same characters as NFC text);
-2. removal of invisible characters (byte-order marks, zero-width spaces, soft hyphens, word
-   joiners) and control characters (tabs, line breaks become spaces); zero-width joiners and
-   non-joiners are kept, since Persian and Indic scripts need them;
+2. removal of invisible characters: every format character (Unicode category Cf: byte-order marks,
+   zero-width spaces, soft hyphens, word joiners, the direction marks U+200E/F and U+061C, the
+   embeddings, overrides and isolates U+202A-E and U+2066-9, tags, ...), which would otherwise become
+   labels and split LM words; control characters (tabs, line breaks) become spaces. The zero-width
+   non-joiner and joiner (U+200C, U+200D) are kept between two letters or marks of a script whose
+   spelling uses them (``JOINING_SCRIPTS``: Arabic, as in Persian, Urdu, Pashto or Sorani; Syriac,
+   Thaana, N'Ko; the scripts of India and Sri Lanka, Devanagari to Sinhala; Mongolian), and removed
+   elsewhere (between Latin letters, in emoji sequences, at a word's edge);
 3. typographic apostrophes (U+2019, U+02BC, U+2018) as ``'``;
 4. the digits policy (``digits``): ``keep``; ``reject`` (the row is dropped as ``digits``); or
    ``hook``: ``digits_hook`` names a function ``module.function`` (or ``module:function``) taking
@@ -50,8 +55,12 @@ CASES = ("lower", "keep")
 DIGIT_POLICIES = ("keep", "reject", "hook")
 # Languages whose lower-casing differs from Unicode's default (SpecialCasing.txt's conditional mappings).
 DOTTED_I_LANGUAGES = ("tr", "az")
-# Invisible characters that only get in the way: BOM, zero-width space, soft hyphen, word joiner.
-INVISIBLE = dict.fromkeys(map(ord, "\ufeff\u200b\u00ad\u2060"), None)
+# The zero-width non-joiner and joiner: format characters that some scripts spell with.
+JOINERS = "\u200c\u200d"
+# Code point ranges of the scripts whose spelling uses them (see the module docstring, step 2): Arabic,
+# Syriac, Arabic Supplement, Thaana, N'Ko, ... Arabic Extended (0600-08FF); Devanagari to Sinhala
+# (0900-0DFF); Mongolian (1800-18AF); Arabic presentation forms (FB50-FDFF, FE70-FEFF).
+JOINING_SCRIPTS = ((0x0600, 0x08FF), (0x0900, 0x0DFF), (0x1800, 0x18AF), (0xFB50, 0xFDFF), (0xFE70, 0xFEFF))
 APOSTROPHES = str.maketrans({"\u2019": "'", "\u02bc": "'", "\u2018": "'"})
 _SPACES = re.compile(r"\s+")
 _LONE_APOSTROPHES = re.compile(r"(?<!\w)'+(?!\w)")
@@ -159,6 +168,30 @@ def digits_hook(name: str, where: str = "data.text") -> Callable[[str], str]:
     return found
 
 
+def _joins(char: str) -> bool:
+    """Whether ``char`` is a letter or mark of a script that spells with ZWNJ/ZWJ (``JOINING_SCRIPTS``)."""
+    code = ord(char)
+    return unicodedata.category(char)[0] in "LM" and any(low <= code <= high for low, high in JOINING_SCRIPTS)
+
+
+def _invisible_out(text: str) -> str:
+    """Step 2 of the module docstring: format characters removed (a joiner kept between two letters of a
+    script that spells with it), control characters as spaces."""
+    out = []
+    for index, char in enumerate(text):
+        category = unicodedata.category(char)
+        if category == "Cc":
+            out.append(" ")
+        elif category != "Cf" or (
+            char in JOINERS
+            and 0 < index < len(text) - 1
+            and _joins(text[index - 1])
+            and _joins(text[index + 1])
+        ):
+            out.append(char)
+    return "".join(out)
+
+
 def _is_punctuation(char: str, keep: str) -> bool:
     return char not in keep and unicodedata.category(char)[0] in "PS"
 
@@ -202,8 +235,7 @@ def normalise_transcript(text: str, settings: TextSettings) -> str:
     """The training form of a raw transcript (see the module docstring for the steps and their order).
 
     Raises TranscriptRejected with reason ``digits`` or ``empty_transcript``."""
-    text = unicodedata.normalize(settings.normal_form, text).translate(INVISIBLE).translate(APOSTROPHES)
-    text = "".join(" " if unicodedata.category(c) == "Cc" else c for c in text)
+    text = _invisible_out(unicodedata.normalize(settings.normal_form, text)).translate(APOSTROPHES)
     if settings.digits != "keep" and any(c.isdigit() for c in text):
         if settings.digits == "hook":
             text = unicodedata.normalize(settings.normal_form, digits_hook(settings.digits_hook)(text))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from native_client.ranges import DECODER_SETTINGS, SAMPLE_RATE
 from native_client.text import TextSettings
 
 APP_NAME = "luigi-deepspeech"
@@ -310,7 +311,9 @@ class FeaturesConfig:
         "The feature front end: a module of native_client/frontends/ (mfcc, logfbank, "
         "deepspeech) or the dotted name of a module of your own defining FRONTEND.",
     )
-    sample_rate: int = _opt(16000, "Expected sample rate in Hz.", minimum=1000)
+    sample_rate: int = _opt(
+        16000, "Expected sample rate in Hz.", minimum=SAMPLE_RATE.minimum, maximum=SAMPLE_RATE.maximum
+    )
     resample: bool = _opt(
         True,
         "Resample audio of another rate to sample_rate (soxr), as DeepSpeech's importers converted "
@@ -636,17 +639,24 @@ class DecoderConfig:
         maximum=16,
         when={"lm": _kenlm_builds},
     )
-    beam_width: int = _opt(256, "CTC beam width.", minimum=1, stages=("tune", "evaluate", "export"))
+    # The ranges of the settings an export records are the client's (native_client.ranges), so that it
+    # refuses what this schema refuses.
+    beam_width: int = _opt(
+        256,
+        "CTC beam width.",
+        minimum=DECODER_SETTINGS["beam_width"].minimum,
+        stages=("tune", "evaluate", "export"),
+    )
     beam_threshold: float = _opt(
         15.0,
         "Prune hypotheses whose score is this far below the best.",
-        minimum=0.0,
+        minimum=DECODER_SETTINGS["beam_threshold"].minimum,
         stages=("tune", "evaluate", "export"),
     )
     beam_size_token: int = _opt(
         8,
         "Tokens (most likely first) tried per frame for each hypothesis; 0 = all.",
-        minimum=0,
+        minimum=DECODER_SETTINGS["beam_size_token"].minimum,
         stages=("tune", "evaluate", "export"),
     )
     lm_alpha: float = _opt(

@@ -283,3 +283,20 @@ def test_shorten_compressed_sphere_is_named_as_such(tmp_path):
     with pytest.raises(AudioError, match="shorten .*sph2pipe") as error:
         probe(tmp_path / "shorten.sph")
     assert error.value.reason == "unreadable_audio"
+
+
+def test_nan_samples_are_a_reject_of_the_features_stage(tmp_path, two_second_wav):
+    """Issue 37 row 13 in Features: a float WAV holding a NaN is a reject (``non_finite_audio``), counted,
+    and the good row is kept."""
+    from pipeline.config import FeaturesConfig
+    from pipeline.stages.features import _process_shard
+
+    samples, _ = soundfile.read(two_second_wav, dtype="float32")
+    samples[RATE] = np.nan
+    poisoned = tmp_path / "nan.wav"
+    soundfile.write(poisoned, samples, RATE, subtype="FLOAT")
+    part = tmp_path / "part.npz"
+    _process_shard(str(part), [(str(two_second_wav), 1), (str(poisoned), 1)], FeaturesConfig(), 0.0)
+    with np.load(part) as saved:
+        assert list(saved["reasons"]) == ["", "non_finite_audio"]
+        assert saved["lengths"][0] > 0

@@ -13,7 +13,6 @@ import json
 import struct
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +24,7 @@ from native_client.deepspeech_tflite import deserialize_alphabet, is_deepspeech_
 from native_client.metadata import ExportError
 from pipeline.evaluation.metrics import corpus_rates, score_sample
 from tests.conftest import ROOT
+from tests.scorer_factory import write_scorer_package
 
 ARMENIAN = ROOT / "data" / "armenian"
 
@@ -217,39 +217,6 @@ def test_serialised_alphabets_are_read_and_damaged_ones_refused():
         deserialize_alphabet(serialise([" ", "ա"])[:-1], "m")
     with pytest.raises(ExportError, match="multi-character or byte labels"):
         deserialize_alphabet(serialise([" ", "ու"]), "m")
-
-
-def write_scorer_package(
-    binary: Path, words: list[str], alphabet, alpha: float, beta: float, out: Path
-) -> None:
-    """A .scorer package laid out as DeepSpeech's generate_scorer_package writes one (trie not minimised)."""
-    children: list[dict] = [{}]
-    final = {0: False}
-    space = alphabet.labels.index(" ") + 1
-    for word in words:
-        state = 0
-        for label in [alphabet.labels.index(ch) + 1 for ch in word] + [space]:
-            if label not in children[state]:
-                children.append({})
-                children[state][label] = len(children) - 1
-            state = children[state][label]
-        final[state] = True
-    states, arcs = b"", b""
-    for state, arcs_of in enumerate(children):
-        weight = 0.0 if final.get(state) else float("inf")
-        states += struct.pack("<fIIII", weight, len(arcs) // 16, len(arcs_of), 0, len(arcs_of))
-        arcs += b"".join(
-            struct.pack("<iifi", label, label, 0.0, nxt) for label, nxt in sorted(arcs_of.items())
-        )
-    data = bytearray(binary.read_bytes())
-    data += b"EIRT" + struct.pack("<ib", 6, 0) + struct.pack("<dd", alpha, beta)
-    data += (
-        struct.pack("<i", 2125659606) + struct.pack("<i", 5) + b"const" + struct.pack("<i", 8) + b"standard"
-    )
-    data += struct.pack("<iiQqqq", 2, 4, 0, 0, len(children), len(arcs) // 16)
-    data += b"\0" * (-len(data) % 16) + states
-    data += b"\0" * (-len(data) % 16) + arcs
-    out.write_bytes(bytes(data))
 
 
 def test_a_deepspeech_scorer_package_is_read_with_its_words_and_weights(model, armspeech_model, tmp_path):

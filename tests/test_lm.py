@@ -201,3 +201,30 @@ def test_lexicon_free_beam_search_over_a_byte_language_model(tmp_path):
     assert decoder.decode(logits) == "今天天气"
     noise = np.random.default_rng(0).normal(size=(60, 256)).astype(np.float32)
     assert unicodedata.is_normalized("NFC", decoder.decode(noise))
+
+
+def test_a_character_cut_by_a_segment_boundary_is_kept(tmp_path, monkeypatch):
+    """Issue 37 row 15: a long input is beam-searched in segments cut at pauses; with byte outputs a pause can
+    fall between the bytes of one character (here 气, e6 b0 94, with a long blank after its first byte),
+    and each side decoded alone held invalid UTF-8, so the character was dropped."""
+    from native_client.alphabet import ByteAlphabet
+    from native_client.decoders import beam
+    from native_client.decoders.beam import pause_segments
+
+    labels = ByteAlphabet()
+    sentences = ["今天天气很好", "我们去学校", "今天我们去公园", "天气很好"] * 5
+    write_arpa(estimate([char_tokens(s, labels) for s in sentences], 6), tmp_path / "bytes.arpa")
+    logits = _byte_logits(labels.encode("今天天气"))
+    first_byte_of_qi = 3 * 9  # its two frames, then a blank
+    pause = np.repeat(logits[first_byte_of_qi + 2 : first_byte_of_qi + 3], 8, axis=0)
+    logits = np.concatenate([logits[: first_byte_of_qi + 3], pause, logits[first_byte_of_qi + 3 :]])
+    monkeypatch.setattr(beam, "SEGMENT_FRAMES", 40)  # the cut is made at 40 frames instead of 6,000
+    (_, cut), _ = pause_segments(logits, (labels.blank_index, labels.space_index), 40)
+    assert first_byte_of_qi + 2 < cut < first_byte_of_qi + 3 + len(pause)  # inside 气
+    settings = BeamSettings(beam_width=32, lm_alpha=0.5, lm_beta=0.0, lexicon=False)
+    decoder = BeamDecoder(labels, tmp_path / "bytes.arpa", settings)
+    assert decoder.decode(logits) == "今天天气"
+    (candidate,) = decoder.candidates(logits, 3, 0.02)
+    assert candidate.text == "今天天气" and [(w.word, w.start_time) for w in candidate.words] == [
+        ("今天天气", 0.0)
+    ]

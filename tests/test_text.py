@@ -176,3 +176,32 @@ def test_reports_lead_with_cer_where_the_references_have_no_word_spaces():
     french = [score_sample("c.wav", "le café est prêt", "le café est pré", 1.0)]
     assert corpus_rates(french)["headline"] == "wer"
     assert format_report("Test", corpus_rates(french), {}).startswith("Test: WER 0.2500, CER 0.1250")
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("left\u200e to\u200f right", "left to right"),  # LRM, RLM
+        ("\u202bשלום\u202c \u202ahello\u202c", "שלום hello"),  # embeddings and their pop
+        ("\u202ename\u202d \u2066x\u2069 \u2067y\u2069 \u2068z\u2069", "name x y z"),  # overrides, isolates
+        (
+            "\u0627\u0644\u0639\u0631\u0628\u064a\u0629\u061c",
+            "\u0627\u0644\u0639\u0631\u0628\u064a\u0629",
+        ),  # ALM
+        ("co\u200dop\u200cerate", "cooperate"),  # joiners between Latin letters mean nothing
+        ("\u200cword\u200d", "word"),  # nor at a word's edge
+        (
+            "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",
+            "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",
+        ),  # Persian
+        ("\u0645\u06cc\u200c \u0631\u0648\u0645", "\u0645\u06cc \u0631\u0648\u0645"),  # ZWNJ before a space
+        ("\u0915\u094d\u200d\u0937", "\u0915\u094d\u200d\u0937"),  # Devanagari: half form with ZWJ kept
+        ("\u0d7b\u0d4d\u200d\u0d31", "\u0d7b\u0d4d\u200d\u0d31"),  # Malayalam
+        ("tag\U000e0041\U000e007f", "tag"),  # tag characters
+    ],
+)
+def test_direction_and_format_characters_are_removed(raw, expected):
+    """Issue 37 row 11: direction marks, embeddings, overrides, isolates and zero-width joiners survived
+    normalisation, so that with ``alphabet: auto`` they became labels and a word holding one was another
+    LM word; ZWNJ/ZWJ stay between letters of the scripts that spell with them (Persian, Indic)."""
+    assert normalise_transcript(raw, DEFAULT) == expected

@@ -80,6 +80,36 @@ def pause_segments(logits: np.ndarray, quiet: Sequence[int], max_frames: int) ->
     return segments
 
 
+def _load_kenlm(kenlm_class, path: str, dictionary):
+    """KenLM's model of ``path``; ValueError naming the file when KenLM cannot read it (its own message
+    may quote the file's bytes, which need not even be UTF-8)."""
+    try:
+        return kenlm_class(path, dictionary)
+    except (RuntimeError, ValueError) as error:  # UnicodeDecodeError is a ValueError
+        detail = str(error).splitlines()[0][:200] if not isinstance(error, UnicodeDecodeError) else "not text"
+        raise ValueError(f"{path}: KenLM cannot read this language model ({detail})") from None
+
+
+def _label_starts(path: Sequence[int], blank: int) -> list[int]:
+    """The frame where each label of a CTC frame path starts (repeats merged, blanks dropped)."""
+    return [
+        frame
+        for frame, label in enumerate(path)
+        if 0 <= label != blank and (frame == 0 or path[frame - 1] != label)
+    ]
+
+
+def _unfinished_character(labels: Sequence[int]) -> int:
+    """How many of the byte labels (label ``i`` is byte ``i + 1``) at the end of ``labels`` begin a UTF-8
+    character without finishing it; 0 when the last character is whole (or the bytes are no UTF-8)."""
+    for back in range(1, min(4, len(labels)) + 1):
+        byte = labels[-back] + 1
+        if byte & 0xC0 != 0x80:  # not a continuation byte: the character's first byte
+            length = 1 if byte < 0xC0 else 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return back if back < length else 0
+    return 0
+
+
 class BeamDecoder(Decoder):
     """Beam search over CTC logits with an n-gram LM (see the module docstring for the two modes)."""
 
@@ -122,7 +152,7 @@ class BeamDecoder(Decoder):
             lexicon = {w: [list(w)] for w in words}
             lexicon[UNK_WORD] = [[]]
             self.word_dict = create_word_dict(lexicon)
-            self.lm = KenLM(self.lm_path, self.word_dict)
+            self.lm = _load_kenlm(KenLM, self.lm_path, self.word_dict)
             if hot:
                 from native_client.decoders._hot_words import LOG10_E, WordBoostLM
 
@@ -149,7 +179,7 @@ class BeamDecoder(Decoder):
         else:
             self.word_dict = None
             self.trie = None
-            self.lm = KenLM(self.lm_path, token_dict)
+            self.lm = _load_kenlm(KenLM, self.lm_path, token_dict)
             if hot:
                 from native_client.decoders._hot_words import SpellingBoostLM
 
@@ -223,30 +253,50 @@ class BeamDecoder(Decoder):
         """The best transcript of ``logits`` ``[time, classes]``. Longer than ``SEGMENT_FRAMES``, the
         logits are cut at pauses and the segments decoded one after another: the decoder keeps state for
         every frame (about 19 KB each at beam 1024), which a two-hour recording would not fit."""
-        segments = [
-            self._search(logits[start:stop])
-            for start, stop in pause_segments(logits, (self.blank, self.space), SEGMENT_FRAMES)
-        ]
-        return " ".join(self._text(results[0]) for results in segments if results and self._text(results[0]))
+        return " ".join(text for text, _, _, _ in self._segments(logits) if text)
 
     def candidates(self, logits: np.ndarray, count: int, seconds_per_frame: float) -> list[Candidate]:
         """Up to ``count`` distinct transcripts, best first, with confidence (the decoder's score) and word
         timings from each one's frame path. An input cut into segments (see ``decode``) has one candidate."""
-        segments = pause_segments(logits, (self.blank, self.space), SEGMENT_FRAMES)
-        if len(segments) == 1:
+        if len(logits) <= SEGMENT_FRAMES:
             return self._candidates(logits, count, seconds_per_frame, 0) or [Candidate("", 0.0, ())]
-        best = [
-            found[0]
-            for start, stop in segments
-            if (found := self._candidates(logits[start:stop], 1, seconds_per_frame, start))
-        ]
+        parts = self._segments(logits)
         return [
             Candidate(
-                " ".join(c.text for c in best if c.text),
-                sum(c.confidence for c in best),
-                tuple(w for c in best for w in c.words),
+                " ".join(text for text, _, _, _ in parts if text),
+                sum(score for _, score, _, _ in parts),
+                tuple(
+                    w
+                    for _, _, first, path in parts
+                    for w in word_timings(path, self.alphabet, seconds_per_frame, first)
+                ),
             )
         ]
+
+    def _segments(self, logits: np.ndarray) -> list[tuple[str, float, int, list[int]]]:
+        """(text, score, first frame, frame path) of the best result of each segment of ``logits`` (see
+        ``decode``). Lexicon-free over bytes, a cut can fall between the bytes of one character, which
+        each side alone would drop as invalid UTF-8: then the frames of the word it is in (from the last
+        space; the whole segment when there is none) move to the next segment, and decode there whole."""
+        segments = pause_segments(logits, (self.blank, self.space), SEGMENT_FRAMES)
+        parts, carry = [], []
+        for index, (start, stop) in enumerate(segments):
+            found = self._search(logits[start:stop])
+            if not found:
+                continue
+            path = carry + list(found[0].tokens)[1 : stop - start + 1]  # the decoder pads one token first
+            first, carry = start - len(carry), []
+            if self.word_dict is not None:
+                parts.append((self._text(found[0]), float(found[0].score), first, path))
+                continue
+            if self.alphabet.output == "bytes" and index < len(segments) - 1:
+                starts = _label_starts(path, self.blank)
+                if _unfinished_character([path[f] for f in starts]):
+                    spaces = [f for f in starts if path[f] == self.space]
+                    split = next(f for f in starts if f > spaces[-1]) if spaces else 0
+                    path, carry = path[:split], path[split:]
+            parts.append((self._path_text(path), float(found[0].score), first, path))
+        return parts
 
     def _candidates(
         self, logits: np.ndarray, count: int, seconds_per_frame: float, first_frame: int
@@ -274,6 +324,11 @@ class BeamDecoder(Decoder):
         if self.word_dict is not None:
             return " ".join(self.word_dict.get_entry(w) for w in result.words if w >= 0)
         labels = [t for t, _ in itertools.groupby(result.tokens) if 0 <= t != self.blank]
+        return " ".join(self.alphabet.decode(labels).split())
+
+    def _path_text(self, path: Sequence[int]) -> str:
+        """The text of a frame path of lexicon-free decoding: repeats merged, blanks dropped."""
+        labels = [t for t, _ in itertools.groupby(path) if 0 <= t != self.blank]
         return " ".join(self.alphabet.decode(labels).split())
 
     def _search(self, logits: np.ndarray) -> list:

@@ -17,6 +17,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+# Bounds that keep a front end's filterbank small whatever an export's metadata says (1,024 filters over a
+# 65,536-point FFT: 268 MB); speech uses ~40 filters and 512 points.
+MAX_CHANNELS = 1024
+MAX_FFT = 65536
+
 
 def setting(default: Any, doc: str, *, minimum=None, maximum=None, exclusive_min: bool = False):
     """A front-end setting: a dataclass field with its documentation and range (the same metadata the

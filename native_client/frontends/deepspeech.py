@@ -26,8 +26,10 @@ from functools import cached_property
 
 import numpy as np
 
-from native_client.frontends._base import FrontEnd, setting
+from native_client.frontends._base import MAX_CHANNELS, FrontEnd, setting
 
+# The longest window: at 384 kHz (the highest features.sample_rate) a 65,536-point FFT, as MAX_FFT.
+MAX_WINDOW_S = 0.1
 # Below this a mel band's log is taken of the floor instead (TensorFlow's kFilterbankFloor).
 FILTERBANK_FLOOR = 1e-12
 
@@ -41,11 +43,14 @@ class DeepSpeechSettings:
         "MFCC coefficients per frame (TensorFlow's dct_coefficient_count; the model's n_input).",
         minimum=1,
     )
-    filterbank_channels: int = setting(40, "Mel filterbank channels (filterbank_channel_count).", minimum=1)
+    filterbank_channels: int = setting(
+        40, "Mel filterbank channels (filterbank_channel_count).", minimum=1, maximum=MAX_CHANNELS
+    )
     winlen: float = setting(
         0.032,
         "Window length in seconds (DeepSpeech's feature_win_len, 32 ms); a whole number of samples.",
         minimum=0.0,
+        maximum=MAX_WINDOW_S,
         exclusive_min=True,
     )
     winstep: float = setting(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from native_client.frontends._base import setting
+from native_client.frontends._base import MAX_CHANNELS, MAX_FFT, setting
 from native_client.frontends.mfcc import PythonSpeechFeaturesFrontEnd, check_window
 
 
@@ -15,10 +15,12 @@ from native_client.frontends.mfcc import PythonSpeechFeaturesFrontEnd, check_win
 class LogFbankSettings:
     """The ``features.*`` keys of the ``logfbank`` front end."""
 
-    nfilt: int = setting(40, "Mel filters (values per frame: the model's n_input).", minimum=1)
+    nfilt: int = setting(
+        40, "Mel filters (values per frame: the model's n_input).", minimum=1, maximum=MAX_CHANNELS
+    )
     winlen: float = setting(0.025, "Analysis window length in seconds.", minimum=0.0, exclusive_min=True)
     winstep: float = setting(0.01, "Step between frames in seconds.", minimum=0.0, exclusive_min=True)
-    nfft: int = setting(512, "FFT size.", minimum=1)
+    nfft: int = setting(512, "FFT size.", minimum=1, maximum=MAX_FFT)
     lowfreq: float = setting(0.0, "Lowest band edge of the mel filters in Hz.", minimum=0.0)
     highfreq: float = setting(
         0.0, "Highest band edge of the mel filters in Hz; 0 = half the sample rate.", minimum=0.0

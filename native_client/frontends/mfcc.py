@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from native_client.frontends._base import FrontEnd, round_half_up, setting
+from native_client.frontends._base import MAX_CHANNELS, MAX_FFT, FrontEnd, round_half_up, setting
 
 
 @dataclass(frozen=True)
@@ -15,10 +15,10 @@ class MfccSettings:
     """The ``features.*`` keys of the ``mfcc`` front end."""
 
     numcep: int = setting(26, "MFCC coefficients per frame (the model's n_input).", minimum=1)
-    nfilt: int = setting(26, "Mel filters.", minimum=1)
+    nfilt: int = setting(26, "Mel filters.", minimum=1, maximum=MAX_CHANNELS)
     winlen: float = setting(0.025, "Analysis window length in seconds.", minimum=0.0, exclusive_min=True)
     winstep: float = setting(0.01, "Step between frames in seconds.", minimum=0.0, exclusive_min=True)
-    nfft: int = setting(512, "FFT size.", minimum=1)
+    nfft: int = setting(512, "FFT size.", minimum=1, maximum=MAX_FFT)
     preemph: float = setting(0.97, "Pre-emphasis coefficient.", minimum=0.0, maximum=1.0)
     ceplifter: int = setting(22, "Cepstral lifter.", minimum=0)
 
