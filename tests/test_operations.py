@@ -274,8 +274,8 @@ def test_a_damaged_output_fails_once_with_one_mail_and_is_not_retried(small_conf
 
 def test_a_final_error_in_the_task_process_reaches_the_worker(tmp_path):
     """The mark ``note_failure`` leaves in a forked task process (as Luigi runs each task) is what the
-    worker's
-    copy of the task reads: a config error makes retry_count 1, any other failure leaves Train's policy."""
+    worker's copy of the task reads: a config error makes retry_count 1, any other failure leaves
+    Train's policy."""
     import multiprocessing
 
     from pipeline.config import ConfigError
