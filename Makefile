@@ -90,11 +90,12 @@ test-long: setup test-tools
 test-fast: setup test-tools
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not long" $(PYTEST_ARGS)
 
-## The central Luigi scheduler on 127.0.0.1:8082 (UI at http://127.0.0.1:8082).
+## The central Luigi scheduler on 127.0.0.1:8082 (UI at http://127.0.0.1:8082, task history at /history):
+## its state, task history (history.db) and daily rotated log in <work_dir>/luigid (docs/OPERATIONS.md).
 scheduler: setup
 	@dir=$$($(BIN)/python -c "from pipeline.config_loader import load_config; from pipeline.layout import Layout; print(Layout(load_config('$(CONFIG)')).work_dir)")/luigid; \
-	mkdir -p $$dir && echo "luigid state and logs in $$dir; UI at http://127.0.0.1:8082" && \
-	$(BIN)/luigid --address 127.0.0.1 --port 8082 --state-path $$dir/state.pickle --logdir $$dir
+	mkdir -p $$dir && echo "luigid state, task history and logs in $$dir; UI at http://127.0.0.1:8082" && \
+	$(BIN)/python -m tasks.scheduler --address 127.0.0.1 --port 8082 --state-dir $$dir
 
 ## Benchmarks; each prints a JSON object as its last line.
 bench: setup

@@ -559,6 +559,21 @@ class DistributionConfig:
         minimum=1.0,
         stages=(),
     )
+    cluster: Literal["tf_config", "slurm"] = _opt(
+        "tf_config",
+        "multi_worker without local_workers: where this worker learns the cluster. tf_config: the TF_CONFIG "
+        "variable (set by hand, or per pod by Kubeflow's TFJob: configs/k8s-tfjob.yaml); slurm: the Slurm "
+        "job step it runs in (srun; configs/slurm.sbatch), through TensorFlow's SlurmClusterResolver. Never "
+        "guessed from SLURM_* variables: every sbatch job has them, also one training alone.",
+        stages=(),
+    )
+    port_base: int = _opt(
+        0,
+        "cluster slurm: the first port of a node's workers (the next ones on that node follow); 0: 20000 + "
+        "16 x (SLURM_JOB_ID mod 2000), so that two jobs sharing a node do not collide.",
+        minimum=0,
+        stages=(),
+    )
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,9 @@ from pipeline.config import Config
 from pipeline.config_loader import load_config
 from pipeline.dag import STAGES, upstream
 from pipeline.layout import Layout
+from tasks.errors import StageError
 
 log = logging.getLogger("luigi-interface")
-
-
-class StageError(RuntimeError):
-    """What ``complete()`` found wrong (a damaged output, a bad config); the message names the file or
-    key and the remedy."""
 
 
 def _unusable_errors() -> tuple:
@@ -107,6 +103,16 @@ class ConfigTask(luigi.Task):
             needs[key] = TASK_OF_STAGE[name](config=self.config, **params)
         return needs
 
+    @property
+    def resources(self) -> dict:
+        """What the stage takes of the machine (``tasks.resources``): a ``cpu`` share, ``gpu`` towers."""
+        from tasks.resources import scheduler_totals, stage_resources
+
+        try:
+            return stage_resources(self.cfg, self.stage, scheduler_totals())
+        except _unusable_errors():
+            return {"cpu": 1}  # a bad config: the task fails at once with its one line
+
     @functools.cached_property
     def cfg(self) -> Config:
         """The loaded, validated config."""
@@ -141,6 +147,30 @@ class ConfigTask(luigi.Task):
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             import_tensorflow_quietly()
         self.run_stage()
+
+    @property
+    def retry_count(self) -> int:
+        """Failures before the scheduler disables the task (``tasks.retries``: 1 after a config or data
+        error, 6 for Train, else 2)."""
+        from tasks.retries import retry_policy
+
+        return retry_policy(self).failures
+
+    @property
+    def disable_window(self) -> int:
+        """Seconds within which ``retry_count`` failures disable the task (``tasks.retries``)."""
+        from tasks.retries import retry_policy
+
+        return retry_policy(self).window_s
+
+    def on_failure(self, exception) -> str:
+        """The failure mail's and the scheduler's text (``tasks.mail.failure_text``); a config or data
+        error is marked never to be retried (``tasks.retries.note_failure``)."""
+        from tasks.mail import failure_text
+        from tasks.retries import note_failure
+
+        note_failure(self, exception)
+        return failure_text(self, exception, super().on_failure(exception))
 
     def run_stage(self) -> None:
         """Do the stage's work (each task defines it)."""

@@ -21,6 +21,9 @@ PACKAGE = Path(__file__).resolve().parent
 USAGE = (
     "deepspeech-train <Task> --config CONFIG [--local-scheduler] [other luigi options]\n"
     "       deepspeech-train --template en   (print a config template: en, librispeech, common_voice, folder)"
+    "\n"
+    "       deepspeech-train gc --config CONFIG [--config OTHER ...] [--dry-run]   (remove old outputs)\n"
+    "--workers N: run up to N independent stages at once, within luigi.cfg's [resources] (cpu, gpu)"
 )
 TASKS = (
     "Imports",
@@ -105,6 +108,10 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--template"]:
         return _print_template(argv[1] if len(argv) > 1 else "en")
+    if argv[:1] == ["gc"]:
+        from pipeline.stages.gc import main as gc_main
+
+        return gc_main(argv[1:])
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in TASKS:
         print(f"usage: {USAGE}\ntasks: {', '.join(TASKS)}", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pipeline.config import Config
 from pipeline.layout import Layout
+from pipeline.train.cluster import check_shared_work_dir
 
 
 class PreflightError(RuntimeError):
@@ -59,6 +60,7 @@ def check_inputs(config: Config) -> None:
     layout = Layout(config)
     for key in layout.corpora:
         layout.import_plan(key)  # a corpus that is not what its importer reads: one line (ConfigError)
+    check_shared_work_dir(config)  # a cluster's workers need one work directory (ConfigError)
 
 
 def check_scheduler(host: str, port: int, timeout_s: float = 3.0) -> None:

@@ -43,6 +43,9 @@ class Train(ConfigTask):
         return report.is_file() and training_done(self.cfg.training.epochs, read_report(report, TrainReport))
 
     def run_stage(self):
+        from pipeline.train.cluster import apply_cluster
+
+        apply_cluster(self.cfg)  # distribution.cluster: slurm sets TF_CONFIG from the Slurm step
         distribution = self.cfg.distribution
         if distribution.local_workers:
             if os.environ.get("TF_CONFIG"):

@@ -1,0 +1,248 @@
+"""Clusters launched by Slurm and Kubernetes (issue 36, 5 and 6): a faked 2-task Slurm step on 127.0.0.1
+trains a tiny model with 2 workers through TensorFlow's SlurmClusterResolver; the TFJob manifest's
+TF_CONFIG per pod
+is what the multi_worker path takes, and a missing shared work directory is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import ConfigError
+from pipeline.config_loader import load_config
+from pipeline.layout import Layout
+from pipeline.train.cluster import check_shared_work_dir, slurm_tf_config
+from pipeline.train.distribute import cluster_role
+from pipeline.train.multiworker import worker_result
+from tests.conftest import ROOT, build_features
+
+SBATCH = ROOT / "configs" / "slurm.sbatch"
+TFJOB = ROOT / "configs" / "k8s-tfjob.yaml"
+
+
+def _two_free_ports() -> int:
+    """A port p such that p and p + 1 are free on 127.0.0.1 (a node's two Slurm tasks take both)."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        try:
+            with socket.socket() as first, socket.socket() as second:
+                first.bind(("127.0.0.1", base))
+                second.bind(("127.0.0.1", base + 1))
+            return base
+        except OSError:
+            continue
+    raise AssertionError("no two consecutive free ports")
+
+
+def _slurm_step(rank: int, tasks: int = 2, job: str = "4242") -> dict:
+    """The variables Slurm sets for task ``rank`` of a job step of ``tasks`` tasks on one node."""
+    return {
+        "SLURM_JOB_ID": job,
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": str(rank),
+        "SLURM_NTASKS": str(tasks),
+        "SLURM_STEP_NUM_TASKS": str(tasks),
+        "SLURM_STEP_NODELIST": "127.0.0.1",
+        "SLURM_STEP_TASKS_PER_NODE": str(tasks),
+        "SLURM_NODEID": "0",
+    }
+
+
+def test_slurm_tf_config_on_cpu_and_gpu_nodes():
+    """The resolver's quirks: on a CPU-only step it gets one pretend GPU per task and leaves
+    CUDA_VISIBLE_DEVICES alone; a node's GPUs are split by their ids; port_base 0 follows the job id."""
+    from pipeline.config import DistributionConfig
+
+    distribution = DistributionConfig(strategy="multi_worker", cluster="slurm")
+    for rank in (0, 1):
+        raw, changes = slurm_tf_config(distribution, _slurm_step(rank))
+        spec = json.loads(raw)
+        base = 20000 + 16 * (4242 % 2000)
+        assert spec == {
+            "cluster": {"worker": [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]},
+            "task": {"type": "worker", "index": rank},
+        }
+        assert changes == {}
+        _, changes = slurm_tf_config(distribution, {**_slurm_step(rank), "CUDA_VISIBLE_DEVICES": "2,3,4,5"})
+        assert changes == {"CUDA_VISIBLE_DEVICES": ["2,3", "4,5"][rank]}
+        _, changes = slurm_tf_config(distribution, {**_slurm_step(rank), "CUDA_VISIBLE_DEVICES": "0"})
+        assert changes == {}  # Slurm gave each task its own GPU
+    with pytest.raises(Exception, match="SLURM_PROCID.*is not set: start Train with srun"):
+        slurm_tf_config(distribution, {})
+
+
+@pytest.mark.slow
+def test_a_faked_two_task_slurm_step_trains_with_two_workers(small_config, tmp_path):
+    """Two `deepspeech-train Train` processes, each with the Slurm variables of its task in a 2-task step on
+    127.0.0.1 (as `srun` in configs/slurm.sbatch starts them), and distribution.cluster: slurm: they find
+    each other through SlurmClusterResolver and train one model, ending with the same weights."""
+    port = _two_free_ports()
+    path = small_config(
+        "slurm.yaml",
+        limit_train=16,
+        limit_dev=4,
+        limit_test=4,
+        extra=f"""
+distribution:
+  strategy: multi_worker
+  cluster: slurm
+  port_base: {port}
+  collective_timeout_s: 30
+training:
+  epochs: 2
+  batch_size: 4
+  validation_epochs: 1000
+""",
+    )
+    config = load_config(path)
+    build_features(config, ("train", "dev"))
+    run = Layout(config).train_run
+    command = [
+        sys.executable,
+        "-m",
+        "tasks.cli",
+        "Train",
+        "--config",
+        str(path),
+        "--local-scheduler",
+        "--no-lock",
+    ]
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "TF_CONFIG"}
+    environment["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    tasks = [
+        subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**environment, **_slurm_step(rank), "CUDA_VISIBLE_DEVICES": ""},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        outputs = [task.communicate(timeout=900) for task in tasks]
+    finally:
+        for task in tasks:
+            task.kill()
+    for task, (_, stderr) in zip(tasks, outputs, strict=True):
+        assert task.returncode == 0, stderr[-3000:]
+    results = [worker_result(run.worker_log(rank)) for rank in (0, 1)]
+    assert [r["worker"] for r in results] == [0, 1]
+    assert results[0]["weights_sha256"] == results[1]["weights_sha256"]
+    report = json.loads(run.report.read_text())
+    assert (
+        report["weights_sha256"] == results[0]["weights_sha256"]
+        and report["global_step"] == results[0]["global_step"]
+    )
+
+
+def test_the_sbatch_template_runs_train_under_srun():
+    text = SBATCH.read_text()
+    assert text.startswith("#!/bin/bash\n") and "#SBATCH --ntasks-per-node" in text
+    srun = [line for line in text.splitlines() if line.strip().startswith("srun ") and " Train " in line]
+    assert srun and "deepspeech-train Train" in srun[0] and "--no-lock" in srun[0]
+    assert "--local-scheduler" in srun[0]
+    result = subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def _tfjob() -> tuple[dict, dict]:
+    """(the TFJob, the ConfigMap holding its config) of configs/k8s-tfjob.yaml."""
+    documents = [d for d in yaml.safe_load_all(TFJOB.read_text()) if d]
+    kinds = {d["kind"]: d for d in documents}
+    return kinds["TFJob"], kinds["ConfigMap"]
+
+
+def _pod_tf_configs(job: dict) -> list[str]:
+    """The TF_CONFIG Kubeflow's training operator gives each worker pod of ``job``: every replica's service
+    ``<job>-worker-<i>.<namespace>.svc:<tfjob-port>``, and the pod's own type and index."""
+    name, namespace = job["metadata"]["name"], job["metadata"].get("namespace", "default")
+    worker = job["spec"]["tfReplicaSpecs"]["Worker"]
+    container = next(c for c in worker["template"]["spec"]["containers"] if c["name"] == "tensorflow")
+    port = next(p["containerPort"] for p in container.get("ports", []) if p["name"] == "tfjob-port")
+    hosts = [f"{name}-worker-{i}.{namespace}.svc:{port}" for i in range(worker["replicas"])]
+    return [
+        json.dumps(
+            {"cluster": {"worker": hosts}, "task": {"type": "worker", "index": i}, "environment": "cloud"}
+        )
+        for i in range(worker["replicas"])
+    ]
+
+
+def test_the_tfjob_manifest_gives_each_pod_a_tf_config_the_multi_worker_path_takes(tmp_path, monkeypatch):
+    job, config_map = _tfjob()
+    assert job["apiVersion"] == "kubeflow.org/v1"
+    worker = job["spec"]["tfReplicaSpecs"]["Worker"]
+    pod = worker["template"]["spec"]
+    container = next(c for c in pod["containers"] if c["name"] == "tensorflow")
+    assert (
+        container["command"][:2] == ["deepspeech-train", "Train"]
+        and "--local-scheduler" in container["command"]
+    )
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    shared = next(name for name, v in volumes.items() if "persistentVolumeClaim" in v)
+    config_text = next(iter(config_map["data"].values()))
+    settings = yaml.safe_load(config_text)
+    assert settings["paths"]["work_dir"] == mounts[shared]
+    assert settings["distribution"]["strategy"] == "multi_worker"
+    config_path = mounts[next(name for name, v in volumes.items() if "configMap" in v)]
+    assert container["command"][container["command"].index("--config") + 1].startswith(config_path)
+
+    # The pod's config, with the shared volume's mount point here: a tmp directory.
+    mounted = tmp_path / "work"
+    settings["paths"]["work_dir"] = str(mounted)
+    settings.pop("data", None)
+    settings["data"] = {"train_files": [str(ROOT / "data" / "sample" / "train.csv")]}
+    local = tmp_path / "pod.yaml"
+    local.write_text(yaml.safe_dump(settings))
+    config = load_config(local)
+    pods = _pod_tf_configs(job)
+    assert len(pods) == worker["replicas"] >= 2
+    for index, tf_config in enumerate(pods):
+        monkeypatch.setenv("TF_CONFIG", tf_config)
+        role = cluster_role()
+        assert (role.index, role.count, role.is_chief) == (index, len(pods), index == 0)
+        with pytest.raises(ConfigError) as refused:
+            check_shared_work_dir(config)  # the volume is not mounted: no work directory
+        message = str(refused.value)
+        assert "\n" not in message and f"paths.work_dir {mounted} does not exist" in message
+        mounted.mkdir(exist_ok=True)
+        check_shared_work_dir(config)
+        mounted.rmdir()
+
+
+def test_a_cluster_train_without_its_shared_work_dir_is_refused_before_it_starts(tmp_path):
+    """deepspeech-train's check before scheduling: one line, exit 2, nothing created."""
+    config = tmp_path / "pod.yaml"
+    work = tmp_path / "not-mounted"
+    config.write_text(
+        f"paths:\n  work_dir: {work}\ndata:\n  train_files: [{ROOT / 'data' / 'sample' / 'train.csv'}]\n"
+        "distribution:\n  strategy: multi_worker\n"
+    )
+    job, _ = _tfjob()
+    env = {**os.environ, "TF_CONFIG": _pod_tf_configs(job)[1]}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    result = subprocess.run(
+        [sys.executable, "-m", "tasks.cli", "Train", "--config", str(config), "--local-scheduler"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "paths.work_dir" in lines[0] and "does not exist" in lines[0], result.stderr
+    assert not work.exists()
+    assert Path(config).is_file()

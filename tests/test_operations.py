@@ -1,0 +1,365 @@
+"""Operating the pipeline as a Luigi pipeline (issue 36), on a real luigid started as `make scheduler` starts
+it (``python -m tasks.scheduler``): ``--workers 2`` within ``[resources]``, the task history in SQLite, the
+failure mail, and the retry rule per stage."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.train.multiworker import free_ports
+from tests import corpus_layouts
+from tests.conftest import ALPHABET, ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def _environment(luigi_cfg: Path) -> dict:
+    return {
+        **os.environ,
+        "LUIGI_CONFIG_PATH": str(luigi_cfg),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+
+
+class Luigid:
+    """``python -m tasks.scheduler`` on a free port, reading ``luigi_cfg`` over the project's luigi.cfg."""
+
+    def __init__(self, state_dir: Path, luigi_cfg: Path):
+        self.state_dir, self.luigi_cfg = state_dir, luigi_cfg
+        self.port = free_ports(1)[0]
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tasks.scheduler",
+                "--state-dir",
+                str(state_dir),
+                "--port",
+                str(self.port),
+            ],
+            cwd=ROOT,
+            env=_environment(luigi_cfg),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.page("/history")
+                return
+            except OSError:
+                assert self.process.poll() is None and time.monotonic() < deadline, "luigid did not start"
+                time.sleep(0.3)
+
+    def page(self, path: str) -> str:
+        """The text of one page of luigid's HTTP server."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as response:
+            return response.read().decode()
+
+    def run(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        """``deepspeech-train *args`` against this luigid."""
+        return subprocess.run(
+            [sys.executable, "-m", "tasks.cli", *args, "--scheduler-port", str(self.port)],
+            cwd=ROOT,
+            env=_environment(self.luigi_cfg),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def stop(self) -> None:
+        """SIGTERM: luigid saves its state and exits."""
+        self.process.terminate()
+        self.process.wait(30)
+
+    def history(self) -> list[tuple[str, dict, list[tuple[str, str]]]]:
+        """Every task run in the history database: (name, parameters, [(event, timestamp), ...])."""
+        with sqlite3.connect(self.state_dir / "history.db") as db:
+            runs = []
+            for task_id, name in db.execute("SELECT id, name FROM tasks ORDER BY id"):
+                params = dict(
+                    db.execute("SELECT name, value FROM task_parameters WHERE task_id = ?", (task_id,))
+                )
+                events = db.execute(
+                    "SELECT event_name, ts FROM task_events WHERE task_id = ? ORDER BY id", (task_id,)
+                ).fetchall()
+                runs.append((name, params, events))
+        return runs
+
+
+@pytest.fixture
+def luigid(tmp_path):
+    """Start luigids with a luigi.cfg of the test's own (``settings``: its text); stopped after the test."""
+    started = []
+
+    def start(settings: str, name: str = "luigid") -> Luigid:
+        luigi_cfg = tmp_path / f"{name}.cfg"
+        luigi_cfg.write_text(textwrap.dedent(settings))
+        started.append(Luigid(tmp_path / name, luigi_cfg))
+        return started[-1]
+
+    yield start
+    for each in started:
+        each.stop()
+
+
+def _two_corpora_config(tmp_path: Path, name: str) -> Path:
+    corpora = []
+    for key in ("one", "two"):
+        root = corpus_layouts.librispeech_speech(
+            tmp_path / f"corpus-{key}", {"train": 24, "dev": 8, "test": 8}
+        )
+        corpora.append({"importer": "librispeech", "path": str(root), "name": key})
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "paths": {"work_dir": str(tmp_path / f"work-{name}"), "alphabet": str(ALPHABET)},
+                "data": {"corpora": corpora},
+                "features": {"workers": 1},
+            }
+        )
+    )
+    return path
+
+
+def _intervals(runs, name: str) -> list[tuple[str, str]]:
+    """(RUNNING, DONE) timestamps of each run of task ``name`` that finished."""
+    found = []
+    for task_name, _, events in runs:
+        times = dict(events)
+        if task_name == name and "RUNNING" in times and "DONE" in times:
+            found.append((times["RUNNING"], times["DONE"]))
+    return found
+
+
+def _overlap(first: tuple[str, str], second: tuple[str, str]) -> bool:
+    return first[0] < second[1] and second[0] < first[1]
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("cpu", [2, 1])
+def test_workers_run_independent_stages_at_once_within_the_cpu_resource(tmp_path, luigid, cpu):
+    """Issue 36 (1, 3): with --workers 2 and [resources] cpu = 2, the two corpora's Imports run at once and
+    so do the FeaturesSplits (each takes features.workers = 1 cpu); with cpu = 1 no two of them overlap.
+    The times come from luigid's task history (SQLite beside its state file), also served at /history."""
+    scheduler = luigid(f"[resources]\ncpu = {cpu}\ngpu = 1\n")
+    config = _two_corpora_config(tmp_path, "two")
+    result = scheduler.run("Features", "--config", str(config), "--workers", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    runs = scheduler.history()
+    imports, splits = _intervals(runs, "Import"), _intervals(runs, "FeaturesSplit")
+    assert len(imports) == 2 and len(splits) == 3, runs
+    assert sorted(params["corpus"] for name, params, _ in runs if name == "Import") == ["one", "two"]
+    pairs = [(imports[0], imports[1]), (splits[0], splits[1]), (splits[0], splits[2]), (splits[1], splits[2])]
+    if cpu == 2:
+        assert _overlap(*pairs[0]), imports
+        assert any(_overlap(*pair) for pair in pairs[1:]), splits
+    else:
+        assert not any(_overlap(*pair) for pair in pairs), runs
+    page = scheduler.page("/history")
+    assert "FeaturesSplit" in page and "Import" in page
+
+
+class MailSink:
+    """An SMTP server on 127.0.0.1 (aiosmtpd) keeping every message it receives."""
+
+    def __init__(self):
+        from aiosmtpd.controller import Controller
+
+        self.messages = []
+        self.port = free_ports(1)[0]
+        self.controller = Controller(self, hostname="127.0.0.1", port=self.port)
+        self.controller.start()
+
+    async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's handler name
+        """Keep the message."""
+        import email
+
+        self.messages.append(email.message_from_bytes(envelope.content))
+        return "250 OK"
+
+    def stop(self) -> None:
+        """Stop the server."""
+        self.controller.stop()
+
+
+@pytest.fixture
+def mail_sink():
+    """A local SMTP sink; yields it, stopped after the test."""
+    sink = MailSink()
+    yield sink
+    sink.stop()
+
+
+def _mail_settings(port: int) -> str:
+    return f"""
+        [scheduler]
+        retry_delay = 1
+        [email]
+        receiver = lab@example.org
+        sender = deepspeech@example.org
+        method = smtp
+        force_send = true
+        [smtp]
+        host = 127.0.0.1
+        port = {port}
+    """
+
+
+def _body(message) -> str:
+    return (
+        message.get_payload(decode=True).decode()
+        if not message.is_multipart()
+        else str(message.get_payload(0).get_payload(decode=True).decode())
+    )
+
+
+def test_a_damaged_output_fails_once_with_one_mail_and_is_not_retried(small_config, luigid, mail_sink):
+    """Issue 36 (2, 4): Train finds its report damaged: the task fails with the project's one line, Luigi's
+    worker sends one failure mail whose body holds that line, the run's log file and the commands
+    that go on, and the scheduler disables the task at once (retry_count 1 for a config or data error;
+    with retry_delay 1 s, a retry would have come before the run ended); the history has one failure."""
+    from pipeline.config_loader import load_config
+    from pipeline.layout import Layout
+
+    path = small_config()
+    report = Layout(load_config(path)).train_run.report
+    report.parent.mkdir(parents=True)
+    report.write_text("{not json")
+    scheduler = luigid(_mail_settings(mail_sink.port))
+    result = scheduler.run("Train", "--config", str(path))
+    assert result.returncode == 30, result.stderr[-3000:]
+
+    # One failure mail from the worker; luigid (reading the same [email]) adds its note that it disabled
+    # the task.
+    subjects = [m["Subject"] for m in mail_sink.messages]
+    failed = [m for m in mail_sink.messages if "FAILED" in m["Subject"]]
+    assert len(failed) == 1 and len(subjects) == 2, subjects
+    assert any(s.startswith("Luigi Scheduler: DISABLED Train_") for s in subjects), subjects
+    message = failed[0]
+    assert message["Subject"].startswith("Luigi: Train(") and "FAILED" in message["Subject"]
+    assert message["To"] == "lab@example.org"
+    body = _body(message)
+    lines = [line.strip() for line in body.splitlines() if line.strip()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("StageError: "))
+    assert str(report) in lines[start], lines[start]
+    log_line = lines[start + 1]
+    assert log_line.startswith("log: ") and Path(log_line[5:]).is_file(), log_line
+    assert lines[start + 2] == f"go on: deepspeech-train Train --config {path}"
+    assert lines[start + 3] == f"start the stage over: make rerun STAGE=Train CONFIG={path}"
+    assert lines[start + 4].startswith("retry: not retried")
+
+    failures = [
+        [event for event, _ in events if event == "FAILED"]
+        for name, _, events in scheduler.history()
+        if name == "Train"
+    ]
+    assert failures == [["FAILED"]], scheduler.history()
+    disabled = scheduler.page('/api/task_list?data={"status":"DISABLED","upstream_status":"","search":""}')
+    assert "Train(" in disabled
+
+
+def test_a_final_error_in_the_task_process_reaches_the_worker(tmp_path):
+    """The mark ``note_failure`` leaves in a forked task process (as Luigi runs each task) is what the
+    worker's copy of the task reads: a config error makes retry_count 1, any other failure leaves
+    Train's policy."""
+    import multiprocessing
+
+    from pipeline.config import ConfigError
+    from tasks import Train
+    from tasks.retries import TRAIN, note_failure, retry_policy
+
+    config = tmp_path / "c.yaml"
+    config.write_text(f"paths:\n  work_dir: {tmp_path / 'work'}\n")
+    for error, expected in ((RuntimeError("lost a worker"), TRAIN.failures), (ConfigError("x: bad"), 1)):
+        task = Train(config=str(config))
+        task._final_error = False
+        child = multiprocessing.get_context("fork").Process(target=note_failure, args=(task, error))
+        child.start()
+        child.join()
+        assert child.exitcode == 0
+        assert retry_policy(task).failures == expected, error
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+@pytest.mark.long
+def test_a_killed_train_process_is_retried_and_resumes(small_config, luigid):
+    """Issue 36 (4): the Train task's process killed (SIGKILL, as a lost node or the OOM killer would) after
+    its first checkpoint: Luigi's worker reports it failed, luigid sets it back to PENDING after retry_delay,
+    the same `deepspeech-train` run (keep_alive) runs it again, and it resumes from the checkpoint to the end;
+    the history has one failure and then the finished run."""
+    from pipeline.config_loader import load_config
+    from pipeline.layout import Layout
+
+    path = small_config(limit_train=32, extra="training:\n  epochs: 6\n")
+    run_dir = Layout(load_config(path)).train_run
+    scheduler = luigid("[scheduler]\nretry_delay = 1\n")
+    command = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tasks.cli",
+            "Train",
+            "--config",
+            str(path),
+            "--scheduler-port",
+            str(scheduler.port),
+        ],
+        cwd=ROOT,
+        env=_environment(scheduler.luigi_cfg),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not list(run_dir.checkpoints.glob("ckpt-*.index")):
+            assert command.poll() is None and time.monotonic() < deadline, command.stderr.read()[-3000:]
+            time.sleep(0.2)
+        # The Train task's process: Luigi's fork of the command (the same command line).
+        task_processes = [pid for pid in _children(command.pid) if _cmdline(pid) == _cmdline(command.pid)]
+        assert len(task_processes) == 1, task_processes
+        os.kill(task_processes[0], 9)
+        _, stderr = command.communicate(timeout=900)
+    finally:
+        if command.poll() is None:
+            command.kill()
+    assert command.returncode == 0, stderr[-3000:]
+    report = yaml.safe_load(run_dir.report.read_text())
+    assert report["epochs_completed"] == 6 and report["global_step"] == 6 * 8
+    events = [
+        [event for event, _ in e if event in ("FAILED", "DONE")]
+        for n, _, e in scheduler.history()
+        if n == "Train"
+    ]
+    assert [event for run in events for event in run] == ["FAILED", "DONE"], scheduler.history()
+    log_file = next(
+        line.split(": ", 1)[1] for line in stderr.splitlines() if line.startswith("log of this run: ")
+    )
+    assert "Restored " in Path(log_file).read_text()
