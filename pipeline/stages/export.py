@@ -1,4 +1,5 @@
-"""Export: the best-dev checkpoint as SavedModel, frozen GraphDef and TFLite, with metadata.
+"""Export: the best-dev checkpoint as SavedModel, frozen GraphDef and TFLite, with metadata and
+the model card.
 
 The export is assembled in a hidden staging directory inside its destination, with
 a manifest of every file's SHA-256 and size, and published only when complete: each
@@ -28,6 +29,7 @@ import tensorflow as tf
 from native_client.metadata import MANIFEST_NAME, METADATA_NAME, write_manifest
 from pipeline.export.coqui_tflite import write_coqui_tflite
 from pipeline.export.inference_graph import InferenceGraph, tensor_names
+from pipeline.export.model_card import card_language, write_model_card
 from pipeline.export.writers import build_metadata, copy_language_model, write_frozen_graph, write_tflite
 from pipeline.features.frontend import feature_pipeline
 from pipeline.files import publish_entries, remove_leftovers
@@ -141,6 +143,7 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
                 config.export.n_steps,
                 config.decoder.beam_width,
                 config.export.quantize,
+                card_language(config),
             )
         if alphabet.output == "characters":  # byte labels need no file
             staging.file("alphabet").write_text(alphabet.to_text(), encoding="utf-8")
@@ -150,6 +153,7 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
             decoder = copy_language_model(layout, staging)
         on_status("writing metadata", 95)
         metadata = dataclasses.replace(metadata, frozen_graph=frozen, decoder=decoder)
+        metadata = dataclasses.replace(metadata, card=write_model_card(layout, metadata, staging.root))
         write_report(staging.metadata, metadata)
         write_manifest(staging.root)
         publish_entries(
