@@ -563,6 +563,11 @@ def _card_given(config: Config) -> bool:
     return config.export.card != CardConfig()
 
 
+def _onnx(config: Config) -> bool:
+    """with export.onnx"""
+    return config.export.onnx
+
+
 @dataclass(frozen=True)
 class CardConfig:
     """The export's model card (``MODEL_CARD.md`` and the ``card`` entry of ``metadata.json``): Coqui STT's
@@ -609,6 +614,13 @@ class ExportConfig:
         'The model card\'s fields, as a mapping of the keys below (docs/CLIENT.md "The model card"); every '
         "export has a card, these fill in what the pipeline cannot know.",
         when={"export": _card_given},
+    )
+    onnx: bool = _opt(
+        False,
+        "Also write model.onnx: the streaming step (state as inputs and outputs) in float, converted from "
+        "the SavedModel by tf2onnx (the onnx extra: pip install -e '.[onnx]'); the client runs it with "
+        "onnxruntime (--model model.onnx).",
+        when={"export": _onnx},
     )
 
 

@@ -86,6 +86,7 @@ EXPORT_FILES = {
     "alphabet": "alphabet.txt",
     "coqui_tflite": "output_graph.tflite",  # only with export.coqui_tflite
     "model_card": "MODEL_CARD.md",
+    "onnx": "model.onnx",  # only with export.onnx
 }
 
 

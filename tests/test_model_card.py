@@ -143,7 +143,7 @@ def test_the_card_refuses_figures_of_another_checkpoint(trained):
 
 def test_card_keys_left_unset_move_no_fingerprint_and_set_ones_move_the_exports_only():
     base = Layout(config_from_dict({}))
-    same = Layout(config_from_dict({"export": {"card": {}}}))
+    same = Layout(config_from_dict({"export": {"card": {}, "onnx": False}}))
     assert same.export_fingerprint == base.export_fingerprint
     assert upstream(base.config, "export") == upstream(same.config, "export")
     for key, value in (("license", "MIT"), ("language", "de-DE"), ("evaluation", True)):
@@ -154,6 +154,7 @@ def test_card_keys_left_unset_move_no_fingerprint_and_set_ones_move_the_exports_
         config_from_dict({"export": {"card": {"evaluation": True}}}), "export"
     )
     assert ("evaluate", {}) not in upstream(base.config, "export")
+    assert Layout(config_from_dict({"export": {"onnx": True}})).export_fingerprint != base.export_fingerprint
 
 
 def test_an_unknown_card_key_is_one_line_naming_it():

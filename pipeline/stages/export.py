@@ -1,4 +1,4 @@
-"""Export: the best-dev checkpoint as SavedModel, frozen GraphDef and TFLite, with metadata and
+"""Export: the best-dev checkpoint as SavedModel, frozen GraphDef and TFLite (and ONNX), with metadata and
 the model card.
 
 The export is assembled in a hidden staging directory inside its destination, with
@@ -30,6 +30,7 @@ from native_client.metadata import MANIFEST_NAME, METADATA_NAME, write_manifest
 from pipeline.export.coqui_tflite import write_coqui_tflite
 from pipeline.export.inference_graph import InferenceGraph, tensor_names
 from pipeline.export.model_card import card_language, write_model_card
+from pipeline.export.onnx_export import write_onnx
 from pipeline.export.writers import build_metadata, copy_language_model, write_frozen_graph, write_tflite
 from pipeline.features.frontend import feature_pipeline
 from pipeline.files import publish_entries, remove_leftovers
@@ -133,6 +134,9 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
         frozen = write_frozen_graph(graph, staging.file("frozen_graph"))
         on_status("converting to TFLite" + (" (int8 dynamic range)" if config.export.quantize else ""), 55)
         write_tflite(staging.file("saved_model"), staging.file("tflite"), config.export.quantize, batched)
+        if config.export.onnx:
+            on_status("converting to ONNX", 70)
+            write_onnx(staging.file("saved_model"), staging.file("onnx"))
         if config.export.coqui_tflite:
             on_status("converting to the Coqui STT layout", 75)
             write_coqui_tflite(
