@@ -1,6 +1,7 @@
 """Command line, compatible with DeepSpeech's client:
 
-    deepspeech-transcribe --model <export dir | model.tflite | output_graph.pb> --audio a.wav [--audio ...]
+    deepspeech-transcribe --model <export dir | model.tflite | output_graph.pb | model.onnx>
+        --audio a.wav [--audio ...]
         [--scorer lm.arpa | lm.binary --vocabulary words.txt | kenlm.scorer | --no-scorer] [--beam_width N]
         [--lm_alpha A] [--lm_beta B] [--hot_words word:boost,...] [--candidate_transcripts N] [--extended]
         [--json] [--no-resample] [--allow-plugin MODULE] [--vad] [--format text|json|srt|vtt] [--version]
@@ -22,8 +23,9 @@ from native_client.long_audio import add_arguments as add_long_audio_arguments
 from native_client.long_audio import render
 from native_client.metadata import FORMAT_VERSION, METADATA_NAME, ExportError
 from native_client.ranges import DECODER_SETTINGS, Range, value_problem
+from native_client.runtime import BACKENDS
 
-BACKEND_OF_SUFFIX = {".tflite": "tflite", ".pb": "frozen_graph"}
+BACKEND_OF_SUFFIX = {".tflite": "tflite", ".pb": "frozen_graph", ".onnx": "onnx"}
 
 
 def _version() -> str:
@@ -71,7 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--backend",
-        choices=("tflite", "saved_model", "frozen_graph"),
+        choices=BACKENDS,
         help="model runtime (default: from --model's file, else tflite)",
     )
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for the model (default: 1)")
@@ -155,7 +157,9 @@ def model_location(model: str, backend: str | None) -> tuple[Path, str]:
         return path, "tflite"
     if path.is_file():
         if path.suffix not in BACKEND_OF_SUFFIX:
-            raise ExportError(f"{path}: not a model file (expected an export directory, a .tflite or a .pb)")
+            raise ExportError(
+                f"{path}: not a model file (expected an export directory, a .tflite, a .pb or a .onnx)"
+            )
         implied = BACKEND_OF_SUFFIX[path.suffix]
     elif path.is_dir() and not (path / METADATA_NAME).is_file() and (path.parent / METADATA_NAME).is_file():
         implied, path = "saved_model", path  # <export>/saved_model
@@ -164,7 +168,7 @@ def model_location(model: str, backend: str | None) -> tuple[Path, str]:
     else:
         return path, backend or "tflite"
     if backend and backend != implied:
-        raise ExportError(f"{model}: a {implied} model, but --backend {backend} was given")
+        raise ExportError(f"{model}: a model of the {implied} backend, but --backend {backend} was given")
     return path.parent, implied
 
 

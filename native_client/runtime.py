@@ -1,4 +1,4 @@
-"""Runners for one streaming step of an exported model: TFLite, SavedModel or frozen graph.
+"""Runners for one streaming step of an exported model: TFLite, SavedModel, frozen graph or ONNX.
 
 Each runner maps ``(windows [1, n_steps, window, n_input], state)`` to ``(logits [n_steps, n_classes],
 new state)``, the state being a tuple of arrays in the order of the metadata's ``tensors["state"]`` (the
@@ -11,7 +11,7 @@ import numpy as np
 
 from native_client.metadata import METADATA_NAME, ExportError, ExportMetadata
 
-BACKENDS = ("tflite", "saved_model", "frozen_graph")
+BACKENDS = ("tflite", "saved_model", "frozen_graph", "onnx")
 
 
 class StepRunner:
@@ -136,6 +136,35 @@ class FrozenGraphRunner(StepRunner):
         return logits.numpy()[0], tuple(s.numpy() for s in new_state)
 
 
+class OnnxRunner(StepRunner):
+    """``model.onnx`` (``export.onnx``) through onnxruntime (the ``onnx`` extra)."""
+
+    def __init__(self, metadata: ExportMetadata, threads: int = 1):
+        super().__init__(metadata)
+        try:
+            import onnxruntime
+        except ImportError:
+            raise ExportError(
+                "the onnx backend needs onnxruntime, which is not installed "
+                "(pip install onnxruntime==1.31.1, or the project's onnx extra)"
+            ) from None
+        path = metadata.path("onnx")
+        if not path.is_file():
+            raise ExportError(f"{path}: ONNX model missing from the export")
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self._outputs = [metadata.tensors["logits"], *(spec["output"] for spec in metadata.state)]
+
+    def step(self, windows, state):
+        """See ``StepRunner.step``."""
+        feeds = {self.metadata.tensors["input"]: windows.astype(np.float32, copy=False)}
+        feeds.update({spec["input"]: value for spec, value in zip(self.metadata.state, state, strict=True)})
+        logits, *new_state = self.session.run(self._outputs, feeds)
+        return logits[0], tuple(new_state)
+
+
 def _frozen_names(entry: dict) -> tuple[list[str], list[str]]:
     """Graph tensor names (input, then the state) and (logits, then the new state) of a frozen graph;
     format 1 exports named an LSTM's two tensors in a mapping."""
@@ -157,7 +186,12 @@ def _limit_tf_threads(tf, threads: int) -> None:
 
 def make_runner(metadata: ExportMetadata, backend: str = "tflite", threads: int = 1) -> StepRunner:
     """The runner for ``backend`` (one of BACKENDS)."""
-    runners = {"tflite": TFLiteRunner, "saved_model": SavedModelRunner, "frozen_graph": FrozenGraphRunner}
+    runners = {
+        "tflite": TFLiteRunner,
+        "saved_model": SavedModelRunner,
+        "frozen_graph": FrozenGraphRunner,
+        "onnx": OnnxRunner,
+    }
     if backend not in runners:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     return runners[backend](metadata, threads)

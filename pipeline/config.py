@@ -576,6 +576,42 @@ class DistributionConfig:
     )
 
 
+def _card_given(config: Config) -> bool:
+    """when any export.card key is set"""
+    return config.export.card != CardConfig()
+
+
+def _onnx(config: Config) -> bool:
+    """with export.onnx"""
+    return config.export.onnx
+
+
+@dataclass(frozen=True)
+class CardConfig:
+    """The export's model card (``MODEL_CARD.md`` and the ``card`` entry of ``metadata.json``): Coqui STT's
+    model metadata fields, filled from these keys and from the stages' reports."""
+
+    name: str = _opt("", "The model's name (Coqui's model_name); default: the config file's name.")
+    version: str = _opt("", "The model's version (Coqui's model_version); default: the export's number.")
+    language: str = _opt(
+        "", "IETF BCP 47 tag of the model's language (en-US, de-DE); default: data.text.language, else und."
+    )
+    license: str = _opt("", "SPDX identifier of the model's licence (MPL-2.0, CC-BY-4.0).")
+    author: str = _opt("", "Who made the model (Coqui's author: a person or an organisation).")
+    contact: str = _opt("", "How to reach the author (Coqui's contact_info: e-mail, issue tracker).")
+    description: str = _opt("", "Free text: what the model is for, its known limits (Markdown).")
+    training_data: str = _opt(
+        "",
+        "Free text: what the training data is (corpora, their licences, speakers); the card adds the "
+        "samples and hours Train read.",
+    )
+    evaluation: bool = _opt(
+        False,
+        "Put Evaluate's test-set figures (greedy, and with the decoder and its settings) in the card: Export "
+        "then runs after Evaluate.",
+    )
+
+
 @dataclass(frozen=True)
 class ExportConfig:
     """The deployable model."""
@@ -590,6 +626,19 @@ class ExportConfig:
         "Also write output_graph.tflite in the DeepSpeech 0.9 / Coqui STT layout (their tensor names, MFCC "
         "subgraph and metadata), which their clients and apps load; needs features.type deepspeech with its "
         "filterbank defaults and the deepspeech family.",
+    )
+    card: CardConfig = _opt(
+        CardConfig(),
+        'The model card\'s fields, as a mapping of the keys below (docs/CLIENT.md "The model card"); every '
+        "export has a card, these fill in what the pipeline cannot know.",
+        when={"export": _card_given},
+    )
+    onnx: bool = _opt(
+        False,
+        "Also write model.onnx: the streaming step (state as inputs and outputs) in float, converted from "
+        "the SavedModel by tf2onnx (the onnx extra: pip install -e '.[onnx]'); the client runs it with "
+        "onnxruntime (--model model.onnx).",
+        when={"export": _onnx},
     )
 
 

@@ -95,7 +95,12 @@ STAGES: dict[str, Stage] = {
         Stage(
             "export",
             "Export",
-            upstream=lambda config, params: [("train", {}), *_decoding(config), *_alphabet(config)],
+            upstream=lambda config, params: [
+                ("train", {}),
+                *_decoding(config),
+                *_alphabet(config),
+                *([("evaluate", {})] if config.export.card.evaluation else []),
+            ],
         ),
         Stage(
             "transcribe", "Transcribe", params=("audio",), upstream=lambda config, params: [("export", {})]

@@ -205,6 +205,7 @@ class ExportRecord:
     decoder: dict | None = None
     output: str = "characters"  # or bytes: UTF-8 byte labels (format 3)
     text: dict | None = None  # the data.text settings the client applies (format 3)
+    card: dict | None = None  # the model card (pipeline.export.model_card; MODEL_CARD.md renders it)
 
 
 def _dataclass_of(tp) -> type | None:

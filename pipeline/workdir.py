@@ -64,6 +64,8 @@ EXPORT_FILES = {
     "tflite": "model.tflite",
     "alphabet": "alphabet.txt",
     "coqui_tflite": "output_graph.tflite",  # only with export.coqui_tflite
+    "model_card": "MODEL_CARD.md",
+    "onnx": "model.onnx",  # only with export.onnx
 }
 
 

@@ -95,7 +95,7 @@ def test_the_export_stage_writes_it_and_the_client_runs_it(tmp_path):
         extends: base.yaml
         features: {{type: deepspeech, normalize: false}}
         training: {{epochs: 1}}
-        export: {{coqui_tflite: true}}
+        export: {{coqui_tflite: true, card: {{language: hy-AM, license: CC-BY-4.0}}}}
         paths: {{export_dir: {tmp_path / "export"}}}
     """)
     )
@@ -112,6 +112,8 @@ def test_the_export_stage_writes_it_and_the_client_runs_it(tmp_path):
         theirs.metadata.n_context == ours.metadata.n_context
         and theirs.metadata.alphabet == ours.metadata.alphabet
     )
+    # Their metadata_language comes from the model card, as the card's own front matter.
+    assert theirs.metadata.raw["language"] == "hy-AM" == ours.metadata.raw["card"]["language"]
     rng = np.random.default_rng(1)
     windows = rng.normal(0, 5, (1, 16, 19, 26)).astype(np.float32)
     runner = make_runner(ours.metadata)

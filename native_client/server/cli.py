@@ -18,6 +18,7 @@ import signal
 import sys
 
 from native_client.metadata import ExportError
+from native_client.runtime import BACKENDS
 from native_client.vad import VadError, VadSettings
 
 
@@ -36,7 +37,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--port", type=int, default=2700, help="port (default 2700, vosk-server's; 0: any free)"
     )
-    parser.add_argument("--backend", choices=("tflite", "saved_model", "frozen_graph"))
+    parser.add_argument("--backend", choices=BACKENDS)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads of the model (default 1)")
     parser.add_argument(
         "--scorer", help="language model instead of the export's own (as deepspeech-transcribe)"

@@ -69,8 +69,11 @@ def check_exportable(features: FeaturePipeline, architecture: str) -> None:
             raise ValueError(f"features.{key}: {getattr(s, key)} s is not a whole number of milliseconds")
 
 
-def build_graph(model, features: FeaturePipeline, alphabet: Alphabet, n_steps: int, beam_width: int):
-    """The TF1 graph in their layout: ``(graph, inputs, outputs)`` (tensor lists in their order)."""
+def build_graph(
+    model, features: FeaturePipeline, alphabet: Alphabet, n_steps: int, beam_width: int, language: str = ""
+):
+    """The TF1 graph in their layout: ``(graph, inputs, outputs)`` (tensor lists in their order);
+    ``language``: their ``metadata_language`` (a BCP 47 tag), none when empty or ``und``."""
     import tensorflow as tf
 
     v1 = tf.compat.v1
@@ -131,19 +134,29 @@ def build_graph(model, features: FeaturePipeline, alphabet: Alphabet, n_steps: i
             tf.constant([beam_width], name="metadata_beam_width"),
             tf.constant([serialise_alphabet(alphabet)], name="metadata_alphabet"),
         ]
+        if language and language != "und":
+            metadata.append(tf.constant([language.encode("utf-8")], name="metadata_language"))
     return graph, [windows, state_c, state_h, samples], [logits, new_c, new_h, mfccs, *metadata]
 
 
 def write_coqui_tflite(
-    model, features: FeaturePipeline, alphabet: Alphabet, path, n_steps: int, beam_width: int, quantize: bool
+    model,
+    features: FeaturePipeline,
+    alphabet: Alphabet,
+    path,
+    n_steps: int,
+    beam_width: int,
+    quantize: bool,
+    language: str = "",
 ) -> None:
     """Convert ``model`` (the deepspeech family, weights loaded) to ``path`` in their layout; dynamic-range
-    int8 weights when ``quantize`` (as their published models). ValueError when the model or its features
-    do not fit their client (``check_exportable``)."""
+    int8 weights when ``quantize`` (as their published models); ``language``: the model card's, as their
+    ``metadata_language``. ValueError when the model or its features do not fit their client
+    (``check_exportable``)."""
     import tensorflow as tf
 
     check_exportable(features, model.model_config.architecture)
-    graph, inputs, outputs = build_graph(model, features, alphabet, n_steps, beam_width)
+    graph, inputs, outputs = build_graph(model, features, alphabet, n_steps, beam_width, language)
     with tf.compat.v1.Session(graph=graph) as session:
         converter = tf.compat.v1.lite.TFLiteConverter.from_session(session, inputs, outputs)
         converter.allow_custom_ops = True  # AudioSpectrogram, Mfcc: custom ops TFLite's resolver implements

@@ -62,6 +62,7 @@ def build_metadata(
             kind: name
             for kind, name in EXPORT_FILES.items()
             if (kind != "coqui_tflite" or config.export.coqui_tflite)
+            and (kind != "onnx" or config.export.onnx)
             and (kind != "alphabet" or alphabet.output == "characters")
         },
         tensors=tensors,

@@ -1,4 +1,5 @@
-"""Export: the best-dev checkpoint as SavedModel, frozen GraphDef and TFLite, with metadata.
+"""Export: the best-dev checkpoint as SavedModel, frozen GraphDef and TFLite (and ONNX), with metadata and
+the model card.
 
 The export is assembled in a hidden staging directory inside its destination, with
 a manifest of every file's SHA-256 and size, and published only when complete: each
@@ -29,6 +30,8 @@ from native_client.metadata import MANIFEST_NAME, METADATA_NAME, write_manifest
 from pipeline.decode.settings import decoder_settings
 from pipeline.export.coqui_tflite import write_coqui_tflite
 from pipeline.export.inference_graph import InferenceGraph, tensor_names
+from pipeline.export.model_card import card_language, write_model_card
+from pipeline.export.onnx_export import write_onnx
 from pipeline.export.writers import build_metadata, copy_language_model, write_frozen_graph, write_tflite
 from pipeline.features.frontend import feature_pipeline
 from pipeline.files import publish_entries, remove_leftovers
@@ -143,6 +146,9 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
         frozen = write_frozen_graph(graph, staging.file("frozen_graph"))
         on_status("converting to TFLite" + (" (int8 dynamic range)" if config.export.quantize else ""), 55)
         write_tflite(staging.file("saved_model"), staging.file("tflite"), config.export.quantize, batched)
+        if config.export.onnx:
+            on_status("converting to ONNX", 70)
+            write_onnx(staging.file("saved_model"), staging.file("onnx"))
         if config.export.coqui_tflite:
             on_status("converting to the Coqui STT layout", 75)
             write_coqui_tflite(
@@ -153,6 +159,7 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
                 config.export.n_steps,
                 config.decoder.beam_width,
                 config.export.quantize,
+                card_language(config),
             )
         if alphabet.output == "characters":  # byte labels need no file
             staging.file("alphabet").write_text(alphabet.to_text(), encoding="utf-8")
@@ -163,6 +170,14 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
             decoder = copy_language_model(config, layout.lm, settings, staging)
         on_status("writing metadata", 95)
         metadata = dataclasses.replace(metadata, frozen_graph=frozen, decoder=decoder)
+        card = write_model_card(
+            config,
+            metadata,
+            staging.root,
+            train_report=layout.train_run.report,
+            evaluation_report=layout.evaluation_report(layout.evaluate_dir),
+        )
+        metadata = dataclasses.replace(metadata, card=card)
         write_report(staging.metadata, metadata)
         write_manifest(staging.root)
         publish_entries(

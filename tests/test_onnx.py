@@ -1,0 +1,96 @@
+"""export.onnx: model.onnx (the streaming step, state in and out) converted by tf2onnx and run by
+onnxruntime in the client; its logits against the TFLite export's, the CLI with --model model.onnx."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from native_client import Model
+from native_client.metadata import verify_manifest
+from native_client.runtime import OnnxRunner, TFLiteRunner
+from pipeline.config_loader import load_config
+from pipeline.layout import Layout
+from pipeline.stages.export import export_stage
+from pipeline.stages.train import train_stage
+from tests.conftest import ROOT, SAMPLE, build_features, small_config_text
+
+pytest.importorskip("tf2onnx", reason="the onnx extra is not installed (pip install -e '.[onnx]')")
+pytest.importorskip("onnxruntime", reason="the onnx extra is not installed (pip install -e '.[onnx]')")
+
+CLIPS = [SAMPLE / "test" / f"{i:05d}.flac" for i in range(3)]
+# Float ONNX against float TFLite: the same arithmetic in another order (measured: 4e-7 at most on the
+# sample geometry, logits up to 0.56).
+FLOAT_TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    """A tiny model trained one epoch, exported in float with export.onnx."""
+    directory = tmp_path_factory.mktemp("onnx")
+    (directory / "base.yaml").write_text(
+        small_config_text(directory / "work", limit_train=8, limit_dev=4, limit_test=4, n_hidden=32)
+    )
+    path = directory / "onnx.yaml"
+    path.write_text(
+        textwrap.dedent(f"""
+        extends: base.yaml
+        training: {{epochs: 1}}
+        export: {{onnx: true, quantize: false}}
+        paths: {{export_dir: {directory / "export"}}}
+        """)
+    )
+    config = load_config(path)
+    build_features(config, ("train", "dev"))
+    train_stage(Layout(config))
+    return export_stage(Layout(config)).root
+
+
+def test_the_onnx_models_logits_equal_the_tflite_exports(export):
+    import soundfile
+
+    assert (export / "model.onnx").is_file()
+    verify_manifest(export, ["model.onnx"])
+    default, onnx = Model(export), Model(export, backend="onnx")
+    # An export that lists model.onnx still runs its TFLite model unless asked.
+    assert isinstance(default.runner, TFLiteRunner) and isinstance(onnx.runner, OnnxRunner)
+    assert onnx.metadata.files["onnx"] == "model.onnx"
+    for clip in CLIPS:
+        samples = soundfile.read(clip, dtype="int16")[0]
+        ours, theirs = onnx.logits(samples), default.logits(samples)
+        assert ours.shape == theirs.shape and ours.shape[0] > 16  # several calls: the state is carried
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=FLOAT_TOLERANCE)
+
+
+def test_the_client_transcribes_with_model_onnx(export):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+    def transcribe(model) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "native_client", "--model", str(model), "--no-scorer"]
+            + [arg for clip in CLIPS for arg in ("--audio", str(clip))],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    text = transcribe(export / "model.onnx")
+    assert text == transcribe(export) and len(text.splitlines()) == len(CLIPS)
+    result = subprocess.run(
+        [sys.executable, "-m", "native_client", "--model", str(export / "model.onnx"), "--backend", "tflite"]
+        + ["--audio", str(CLIPS[0])],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert (
+        result.returncode == 2
+        and "model.onnx: a model of the onnx backend, but --backend tflite was given" in result.stderr
+    )
