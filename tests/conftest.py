@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -133,3 +136,25 @@ def tasks_in_process():
     config.set("worker", "force_multiprocessing", "false")
     yield
     config.set("worker", "force_multiprocessing", "true")
+
+
+# Starts argv[2:] and writes its exit code and peak RSS (KiB) to argv[1]. A launcher is needed because
+# the kernel's peak of a process (ru_maxrss, VmHWM) starts at the size of the process it was forked
+# from: a child of this pytest process (TensorFlow loaded, gigabytes) would report that as its own,
+# and a test comparing two such peaks could not fail. The launcher is small, and so is its child.
+_PEAK_LAUNCHER = (
+    "import os, subprocess, sys\n"
+    "child = subprocess.Popen(sys.argv[2:])\n"
+    "_, status, usage = os.wait4(child.pid, 0)\n"
+    "open(sys.argv[1], 'w').write(f'{os.waitstatus_to_exitcode(status)} {usage.ru_maxrss}')\n"
+)
+
+
+def run_with_peak_rss(argv: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, float]:
+    """Run ``argv`` (``subprocess.run``'s keyword arguments: capture_output, text, cwd, ...); returns its
+    result and its own peak RSS in MiB, free of this process's size."""
+    with tempfile.TemporaryDirectory() as folder:
+        peak = Path(folder) / "peak"
+        result = subprocess.run([sys.executable, "-c", _PEAK_LAUNCHER, str(peak), *argv], **kwargs)
+        code, kib = (int(value) for value in peak.read_text().split())
+    return subprocess.CompletedProcess(argv, code, result.stdout, result.stderr), kib / 1024

@@ -16,7 +16,7 @@ import pytest
 
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
-from tests.conftest import ROOT, build_features
+from tests.conftest import ROOT, build_features, run_with_peak_rss
 from tests.plugins.step_barrier import StepBarrier
 
 # A training child that SIGKILLs itself at a chosen checkpoint save: after it ("after") or in the middle of
@@ -728,16 +728,15 @@ def test_a_long_recording_is_transcribed_in_bounded_memory(finished, tmp_path):
             written += len(clip)
     peaks = {}
     for name, audio in (("short", short), ("long", long_)):
-        process = subprocess.Popen(
+        result, peaks[name] = run_with_peak_rss(
             [sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(audio), "--json"],
             cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            capture_output=True,
+            text=True,
         )
-        _, _, usage = os.wait4(process.pid, 0)
-        out, err = process.stdout.read().decode(), process.stderr.read().decode()
-        assert json.loads(out)["duration_s"] > (1700 if name == "long" else 9), err[-2000:]
-        peaks[name] = usage.ru_maxrss / 1024
+        assert json.loads(result.stdout)["duration_s"] > (1700 if name == "long" else 9), result.stderr[
+            -2000:
+        ]
     assert peaks["long"] - peaks["short"] < 150, peaks
 
 

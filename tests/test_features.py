@@ -23,7 +23,7 @@ from pipeline.features.cache import CacheError, check_settings, read_cache
 from pipeline.features.frontend import ctc_min_frames
 from pipeline.layout import Layout
 from pipeline.stages.features import FeaturesError, build_split_cache
-from tests.conftest import ALPHABET, ROOT, SAMPLE
+from tests.conftest import ALPHABET, ROOT, SAMPLE, run_with_peak_rss
 from tests.corpus_factory import bad_corpus, sample_rows, write_manifest
 
 
@@ -403,16 +403,13 @@ def test_a_long_file_is_featurised_in_bounded_memory(tmp_path):
     script.write_text(_FEATURISE_ONE)
     peaks = {}
     for audio in (short, long_):
-        process = subprocess.Popen(
+        result, peaks[audio.name] = run_with_peak_rss(
             [sys.executable, str(script), str(audio), str(tmp_path / "part.npz")],
             cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            capture_output=True,
             text=True,
         )
-        _, status, usage = os.wait4(process.pid, 0)
-        out, err = process.stdout.read(), process.stderr.read()
-        assert status == 0 and out.split()[0] == "0", err[-2000:]
-        peaks[audio.name] = usage.ru_maxrss / 1024
+        out, err = result.stdout, result.stderr
+        assert result.returncode == 0 and out.split()[0] == "0", err[-2000:]
     assert int(out.split()[1]) >= 1200
     assert peaks["long.wav"] - peaks["short.wav"] < 100, peaks

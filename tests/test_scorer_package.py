@@ -138,7 +138,11 @@ with open("/proc/self/status") as status:
 resource.setrlimit(resource.RLIMIT_AS, (size + (1 << 30), resource.getrlimit(resource.RLIMIT_AS)[1]))
 from tests.test_scorer_package import fuzz
 outcomes = fuzz(int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]))
-outcomes["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM, not getrusage's ru_maxrss: that one keeps the peak of the process this one was forked from
+# before its exec (a pytest worker holding TensorFlow: gigabytes), VmHWM is this program's own.
+with open("/proc/self/status") as status:
+    peak_kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+outcomes["peak_rss_mb"] = peak_kib / 1024
 print(json.dumps(outcomes))
 """
 
