@@ -34,8 +34,10 @@ def test_setup_without_ensurepip_says_what_is_missing_and_leaves_no_half_venv(tm
             timeout=120,
         )
         assert result.returncode != 0
-        version = "%d.%d" % sys.version_info[:2]
+        version = f"{sys.version_info[0]}.{sys.version_info[1]}"
         errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
-        assert len(errors) == 1 and f"install python{version}-venv" in errors[0], result.stdout + result.stderr
+        assert len(errors) == 1 and f"install python{version}-venv" in errors[0], (
+            result.stdout + result.stderr
+        )
         assert "pip: No such file" not in result.stdout + result.stderr
         assert not venv.exists()
