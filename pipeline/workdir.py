@@ -47,14 +47,18 @@ WORD_ARPA, WORD_BINARY, CHAR_ARPA, VOCABULARY = "lm.arpa", "lm.binary", "chars.a
 # Temporary names of killed runs' leftovers (group ``pid``: the writer; ``host``: its machine, see
 # files.writer_tag; names without one come from versions before host tags): files.atomic_path's
 # ``.<name>.<host>-<pid>.tmp``, an export's staging directory (inside the export directory; beside it
-# and its ``.old-`` twin in older versions), Evaluate's and TuneDecoder's logits scratch file.
+# and its ``.old-`` twin in older versions), Evaluate's and TuneDecoder's logits scratch file, and an
+# entry being deleted (files.remove_entry: gc, make rerun).
 _WRITER = r"(?:(?P<host>[^.]+)-)?(?P<pid>\d+)"
 LEFTOVER_PATTERNS = (
     rf"\..+\.{_WRITER}\.tmp.*",
     rf"\.(?:.+\.)?staging-{_WRITER}",
     rf"\..+\.old-{_WRITER}",
     rf"\.logits-{_WRITER}\.h5",
+    rf"\..+\.removed-{_WRITER}",
 )
+# An entry files.remove_entry was deleting when its process died.
+REMOVED_PATTERN = LEFTOVER_PATTERNS[-1]
 # The staging directories inside an export directory (all made under its lock).
 EXPORT_STAGING_PREFIX = ".staging-"
 # File names inside an export; the client learns them from metadata.json ("files", "decoder").

@@ -22,7 +22,8 @@ USAGE = (
     "deepspeech-train <Task> --config CONFIG [--local-scheduler] [other luigi options]\n"
     "       deepspeech-train --template en   (print a config template: en, librispeech, common_voice, folder)"
     "\n"
-    "       deepspeech-train gc --config CONFIG [--config OTHER ...] [--dry-run]   (remove old outputs)\n"
+    "       deepspeech-train gc --config CONFIG [--config OTHER ...] [--dry-run] [--include-train]"
+    "   (remove old outputs)\n"
     "--workers N: run up to N independent stages at once, within luigi.cfg's [resources] (cpu, gpu)"
 )
 TASKS = (
