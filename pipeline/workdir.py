@@ -305,6 +305,12 @@ def run_log(work_dir: Path, task: str) -> Path:
     return Path(work_dir) / LOGS_DIR / f"{time.strftime('%Y%m%d-%H%M%S')}-{task}-{os.getpid()}.log"
 
 
+def retry_mark(work_dir: Path, name: str) -> Path:
+    """A mark that a task's failure is final (``tasks.retries``), left by the task's process for its Luigi
+    worker: ``<work_dir>/logs/.final-errors/<name>``."""
+    return Path(work_dir) / LOGS_DIR / ".final-errors" / name
+
+
 @dataclass(frozen=True)
 class ExportFiles:
     """The files of one export directory (``paths.export_dir`` or one numbered version)."""

@@ -294,6 +294,43 @@ def test_a_final_error_in_the_task_process_reaches_the_worker(tmp_path):
         assert retry_policy(task).failures == expected, error
 
 
+def test_the_final_error_mark_is_under_the_work_dir_per_worker_process_and_never_raises(tmp_path):
+    """The mark is a file of the run's work directory (not a folder in /tmp another user may own), named by
+    the worker's pid and start time: a mark an earlier process with the same pid left is not read; and a
+    mark that cannot be written never turns into an error inside on_failure (its text would be lost)."""
+    import multiprocessing
+
+    from pipeline.config import ConfigError
+    from tasks import Train
+    from tasks.retries import _mark, failed_for_good, note_failure, process_start
+
+    work = tmp_path / "work"
+    config = tmp_path / "c.yaml"
+    config.write_text(f"paths:\n  work_dir: {work}\n")
+    task = Train(config=str(config))
+    mark = _mark(task, os.getpid())
+    assert mark.is_relative_to(work / "logs") and process_start(os.getpid()) in mark.name
+    assert process_start(os.getpid()) != "0"
+
+    # An earlier worker with this pid (another start time) left a mark: not this worker's.
+    stale = mark.with_name(mark.name.replace(f"-{process_start(os.getpid())}-", "-1-"))
+    stale.parent.mkdir(parents=True)
+    stale.touch()
+    assert not failed_for_good(Train(config=str(config)))
+
+    # The logs folder cannot be made (a file is in its way): the task process still ends normally.
+    blocked = tmp_path / "blocked.yaml"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "logs").write_text("not a folder")
+    blocked.write_text(f"paths:\n  work_dir: {tmp_path / 'other'}\n")
+    child = multiprocessing.get_context("fork").Process(
+        target=note_failure, args=(Train(config=str(blocked)), ConfigError("x: bad"))
+    )
+    child.start()
+    child.join()
+    assert child.exitcode == 0
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
