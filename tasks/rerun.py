@@ -35,6 +35,7 @@ from tasks import (
     Transcribe,
     TuneDecoder,
 )
+from tasks.reenable import dag
 
 log = logging.getLogger("luigi-interface")
 STAGES = {
@@ -50,18 +51,6 @@ STAGES = {
     "Export": Export,
     "Transcribe": Transcribe,
 }
-
-
-def dag(roots) -> dict:
-    """Every task reachable from ``roots``: {task_id: task}."""
-    seen, todo = {}, list(roots)
-    while todo:
-        task = todo.pop()
-        if task.task_id in seen:
-            continue
-        seen[task.task_id] = task
-        todo.extend(luigi.task.flatten(task.requires()))
-    return seen
 
 
 def dependents(targets: set[str], tasks: dict) -> set[str]:

@@ -117,6 +117,7 @@ def note_failure(task, error: BaseException) -> None:
         return
     task._final_error = True
     try:
+        _tell_scheduler(task)
         mark = _mark(task, os.getppid())
         mark.parent.mkdir(parents=True, exist_ok=True)
         mark.touch()
@@ -127,6 +128,21 @@ def note_failure(task, error: BaseException) -> None:
             type(problem).__name__,
             problem,
         )
+
+
+def _tell_scheduler(task) -> None:
+    """Send the FINAL policy to the central scheduler from the task's process, before its worker reports
+    the failure: luigid sets the policy a FAILED report carries only after counting that failure against
+    the old one (luigi/scheduler.py ``add_task``), so a final error would be retried once. Sent as Luigi's
+    own ``update_tracking_url`` does (``add_task`` with status RUNNING, through the task's status reporter);
+    without one (a task not run by a Luigi worker) nothing is sent. With the local scheduler this cannot
+    reach the worker's scheduler (the task process holds a copy): there a final error is retried once."""
+    reporter = getattr(task, "_status_reporter", None)  # ConfigTask.run keeps it
+    scheduler, worker = getattr(reporter, "_scheduler", None), getattr(reporter, "_worker_id", None)
+    if scheduler is None or worker is None:
+        return
+    policy = {"retry_count": FINAL.failures, "disable_window": FINAL.window_s}
+    scheduler.add_task(task_id=task.task_id, worker=worker, status="RUNNING", retry_policy_dict=policy)
 
 
 def failed_for_good(task) -> bool:

@@ -272,6 +272,28 @@ def test_a_damaged_output_fails_once_with_one_mail_and_is_not_retried(small_conf
     assert "Train(" in disabled
 
 
+def test_a_config_error_fails_once_and_the_fixed_command_runs_it(small_config, luigid, tmp_path):
+    """Issue 36 review (6): a config error disables the task at once (not retried); luigid would then ignore
+    the same command for disable_persist (a day). After the config is fixed, the same command re-enables
+    the disabled task of its DAG, says so in one line, and runs it."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text("path,words\nnowhere.wav,hello\n")  # no wav_filename/transcript columns
+    path = small_config(extra=f"data:\n  dev_files: [{bad}]\n")
+    scheduler = luigid("[scheduler]\nretry_delay = 1\n")
+    failed = scheduler.run("FeaturesSplit", "--split", "dev", "--config", str(path))
+    assert failed.returncode == 30, failed.stderr[-3000:]
+    disabled = scheduler.page('/api/task_list?data={"status":"DISABLED","upstream_status":"","search":""}')
+    assert "FeaturesSplit(" in disabled
+
+    path.write_text(path.read_text().replace(str(bad), str(ROOT / "data" / "sample" / "dev.csv")))
+    fixed = scheduler.run("FeaturesSplit", "--split", "dev", "--config", str(path))
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    notes = [line for line in fixed.stderr.splitlines() if line.startswith("note: re-enabled 1 task(s)")]
+    assert len(notes) == 1 and "FeaturesSplit_" in notes[0], fixed.stderr[-3000:]
+    runs = [[e for e, _ in events] for name, _, events in scheduler.history() if name == "FeaturesSplit"]
+    assert [e for run in runs for e in run if e in ("FAILED", "DONE")] == ["FAILED", "DONE"], runs
+
+
 def test_a_final_error_in_the_task_process_reaches_the_worker(tmp_path):
     """The mark ``note_failure`` leaves in a forked task process (as Luigi runs each task) is what the
     worker's copy of the task reads: a config error makes retry_count 1, any other failure leaves
