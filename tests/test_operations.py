@@ -368,48 +368,56 @@ def _cmdline(pid: int) -> bytes:
 
 
 @pytest.mark.long
-def test_a_killed_train_process_is_retried_and_resumes(small_config, luigid):
-    """Issue 36 (4): the Train task's process killed (SIGKILL, as a lost node or the OOM killer would) after
-    its first checkpoint: Luigi's worker reports it failed, luigid sets it back to PENDING after retry_delay,
-    the same `deepspeech-train` run (keep_alive) runs it again, and it resumes from the checkpoint to the end;
-    the history has one failure and then the finished run."""
+def test_a_killed_train_process_is_retried_and_resumes(small_config, luigid, tmp_path):
+    """Issue 36 (4): the Train task's process killed (SIGKILL, as a lost node or the OOM killer would) while
+    paused after step 12 (tests/plugins/step_barrier.py), its last checkpoint the one of step 8: Luigi's
+    worker reports it failed, luigid sets it back to PENDING after retry_delay, the same `deepspeech-train`
+    run (keep_alive) runs it again, and it resumes from step 8 to the end; the history has one failure and
+    then the finished run. The command's output goes to files (a pipe nobody reads would block it)."""
     from pipeline.config_loader import load_config
     from pipeline.layout import Layout
+    from tests.plugins.step_barrier import StepBarrier
 
-    path = small_config(limit_train=32, extra="training:\n  epochs: 6\n")
+    barrier = StepBarrier(tmp_path / "barrier", 12)
+    path = small_config(
+        limit_train=32,
+        extra="training:\n  epochs: 6\n  checkpoint_steps: 8\n" + barrier.config_yaml(),
+    )
     run_dir = Layout(load_config(path)).train_run
     scheduler = luigid("[scheduler]\nretry_delay = 1\n")
-    command = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tasks.cli",
-            "Train",
-            "--config",
-            str(path),
-            "--scheduler-port",
-            str(scheduler.port),
-        ],
-        cwd=ROOT,
-        env=_environment(scheduler.luigi_cfg),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    out, err = tmp_path / "command.out", tmp_path / "command.err"
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        command = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tasks.cli",
+                "Train",
+                "--config",
+                str(path),
+                "--scheduler-port",
+                str(scheduler.port),
+            ],
+            cwd=ROOT,
+            env=barrier.env(_environment(scheduler.luigi_cfg)),
+            stdout=stdout,
+            stderr=stderr,
+        )
     try:
-        deadline = time.monotonic() + 600
-        while not list(run_dir.checkpoints.glob("ckpt-*.index")):
-            assert command.poll() is None and time.monotonic() < deadline, command.stderr.read()[-3000:]
-            time.sleep(0.2)
-        # The Train task's process: Luigi's fork of the command (the same command line).
+        paused = barrier.wait(12, lambda: command.poll() is None or err.read_text()[-3000:])
+        assert sorted(p.name for p in run_dir.checkpoints.glob("ckpt-*.index")) == ["ckpt-8.index"]
+        # The Train task's process: Luigi's fork of the command (the same command line), paused at step 12.
         task_processes = [pid for pid in _children(command.pid) if _cmdline(pid) == _cmdline(command.pid)]
-        assert len(task_processes) == 1, task_processes
+        assert task_processes == list(paused), (task_processes, paused)
         os.kill(task_processes[0], 9)
-        _, stderr = command.communicate(timeout=900)
+        barrier.release(12)  # the retry passes step 12 again
+        command.wait(timeout=900)
     finally:
         if command.poll() is None:
             command.kill()
-    assert command.returncode == 0, stderr[-3000:]
+            command.wait()
+    stderr_text = err.read_text()
+    assert command.returncode == 0, stderr_text[-3000:]
     report = yaml.safe_load(run_dir.report.read_text())
     assert report["epochs_completed"] == 6 and report["global_step"] == 6 * 8
     events = [
@@ -419,6 +427,6 @@ def test_a_killed_train_process_is_retried_and_resumes(small_config, luigid):
     ]
     assert [event for run in events for event in run] == ["FAILED", "DONE"], scheduler.history()
     log_file = next(
-        line.split(": ", 1)[1] for line in stderr.splitlines() if line.startswith("log of this run: ")
+        line.split(": ", 1)[1] for line in stderr_text.splitlines() if line.startswith("log of this run: ")
     )
-    assert "Restored " in Path(log_file).read_text()
+    assert "Restored " in Path(log_file).read_text() and ", step 8 (" in Path(log_file).read_text()
