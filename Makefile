@@ -26,7 +26,10 @@ $(VENV)/.installed-$(TF_EXTRA): pyproject.toml
 	  { $(BIN)/pip show -q tensorflow >/dev/null 2>&1 && echo gpu; }; }; }); \
 	if [ -n "$$have" ] && [ "$$have" != "$(TF_EXTRA)" ]; then \
 	  echo "$(VENV) holds the $$have build of TensorFlow; remove it (rm -rf $(VENV)) to install the $(TF_EXTRA) one"; exit 1; fi
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@# A Python without ensurepip (Debian without python3.X-venv) leaves a venv without pip behind: remove it.
+	@test -x $(BIN)/pip || { rm -rf $(VENV); $(PYTHON) -m venv $(VENV) >/dev/null 2>&1 && test -x $(BIN)/pip; } || { \
+	  rm -rf $(VENV); v=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	  echo "error: $(PYTHON) -m venv made no pip (this Python lacks ensurepip): install python$$v-venv (apt-get install -y python$$v-venv) or another Python 3.11 (PYTHON=...), then run make setup again"; exit 1; }
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev,$(TF_EXTRA)]'
 	echo $(TF_EXTRA) > $(VENV)/.tensorflow

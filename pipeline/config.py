@@ -570,7 +570,8 @@ class DistributionConfig:
     port_base: int = _opt(
         0,
         "cluster slurm: the first port of a node's workers (the next ones on that node follow); 0: 20000 + "
-        "16 x (SLURM_JOB_ID mod 2000), so that two jobs sharing a node do not collide.",
+        "8 x (SLURM_JOB_ID mod 1500), so that two jobs sharing a node (up to 8 tasks each) do not collide, "
+        "below Linux's ephemeral ports (32768-60999).",
         minimum=0,
         stages=(),
     )

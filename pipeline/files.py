@@ -192,6 +192,15 @@ def _alive(pid: int) -> bool:
     return pid != 0
 
 
+def writer_gone(name: str, pattern: str) -> bool | None:
+    """Whether the writer of a leftover named ``name`` is known to be gone: None when ``name`` does not
+    match ``pattern`` (see ``remove_leftovers``), False when its writer lives or ran on another host."""
+    match = re.fullmatch(pattern, name)
+    if not match:
+        return None
+    return match.groupdict().get("host") in (None, host_name()) and not _alive(int(match.group("pid")))
+
+
 def remove_leftovers(
     directory: Path, patterns: tuple[str, ...], locked_prefixes: tuple[str, ...] = ()
 ) -> list[Path]:
@@ -207,17 +216,12 @@ def remove_leftovers(
     removed = []
     if not directory.is_dir():
         return removed
-    here = host_name()
     for entry in directory.iterdir():
         for pattern in patterns:
-            match = re.fullmatch(pattern, entry.name)
-            if not match:
+            if not re.fullmatch(pattern, entry.name):
                 continue
-            host = match.groupdict().get("host")
-            gone = entry.name.startswith(tuple(locked_prefixes)) if locked_prefixes else False
-            if not gone and host in (None, here):
-                gone = not _alive(int(match.group("pid")))
-            if gone:
+            locked = bool(locked_prefixes) and entry.name.startswith(tuple(locked_prefixes))
+            if locked or writer_gone(entry.name, pattern):
                 if entry.is_dir() and not entry.is_symlink():
                     shutil.rmtree(entry, ignore_errors=True)
                 else:
@@ -227,3 +231,25 @@ def remove_leftovers(
     if removed:
         log.info("Removed leftovers of killed runs: %s", ", ".join(str(p) for p in removed))
     return removed
+
+
+def removal_name(path: str | Path) -> Path:
+    """The hidden name ``remove_entry`` gives ``path`` while deleting it: ``.<name>.removed-<host>-<pid>``
+    (``workdir.LEFTOVER_PATTERNS`` knows it, so a killed remover's is swept up)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.removed-{writer_tag()}")
+
+
+def remove_entry(path: str | Path) -> bool:
+    """Remove a file, symlink or directory, renamed to a hidden name (``removal_name``) first so that no
+    reader sees it half gone; a symlink is removed, never followed. False when there was nothing."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return False
+    doomed = removal_name(path)
+    os.replace(path, doomed)
+    if doomed.is_dir() and not doomed.is_symlink():
+        shutil.rmtree(doomed)
+    else:
+        doomed.unlink()
+    return True

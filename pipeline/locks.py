@@ -13,6 +13,7 @@ import fcntl
 import logging
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -34,24 +35,73 @@ def stage_lock(output: str | Path, inside: bool = False):
 
     The kernel releases the lock when its holder dies, so a killed run never
     leaves a stale lock behind. Works across processes on one machine (and on
-    NFS with lock support).
+    NFS with lock support). A lock file may be removed by whoever holds it
+    (``gc`` does, with the output it guards): after taking the lock, the path
+    is checked to still name the file locked; if not, the one there now is locked.
     """
     path = lock_path(output, inside)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
+    while True:
+        handle = open(path, "a")
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("%s is being written by another process; waiting for it", output)
-            started = time.monotonic()
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            log.info("Waited %.0f s for %s", time.monotonic() - started, output)
+            _lock_waiting(handle, output)
+        except BaseException:
+            handle.close()
+            raise
+        if _names(path, handle):
+            break
+        handle.close()  # removed (or replaced) while we waited: that inode guards nothing any more
+    with handle:
         handle.write(f"{os.getpid()}\n")
         handle.flush()
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _lock_waiting(handle, output) -> None:
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        log.info("%s is being written by another process; waiting for it", output)
+        started = time.monotonic()
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        log.info("Waited %.0f s for %s", time.monotonic() - started, output)
+
+
+def _names(path: Path, handle) -> bool:
+    """Whether ``path`` still names the file ``handle`` has open."""
+    try:
+        there = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(handle.fileno())
+    return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+@contextlib.contextmanager
+def try_locks(locks: Iterable[str | Path]):
+    """Take an exclusive ``flock`` on every lock file of ``locks`` without waiting (creating the missing
+    ones), in a stable order; yield True with all of them held for the block, or False (none held) when
+    a live process holds one. A holder may remove its lock files inside the block (``stage_lock``
+    then locks the new file a starting stage makes, never the removed one)."""
+    stack = contextlib.ExitStack()
+    taken = True
+    with stack:
+        for lock in sorted({Path(p) for p in locks}):
+            handle = stack.enter_context(open(lock, "a"))
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                taken = False
+            # a lock file another remover took away since we opened it guards nothing
+            if not taken or not _names(lock, handle):
+                taken = False
+                break
+        if not taken:
+            stack.close()
+        yield taken
 
 
 def held(lock: str | Path) -> bool:

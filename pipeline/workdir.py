@@ -47,14 +47,18 @@ WORD_ARPA, WORD_BINARY, CHAR_ARPA, VOCABULARY = "lm.arpa", "lm.binary", "chars.a
 # Temporary names of killed runs' leftovers (group ``pid``: the writer; ``host``: its machine, see
 # files.writer_tag; names without one come from versions before host tags): files.atomic_path's
 # ``.<name>.<host>-<pid>.tmp``, an export's staging directory (inside the export directory; beside it
-# and its ``.old-`` twin in older versions), Evaluate's and TuneDecoder's logits scratch file.
+# and its ``.old-`` twin in older versions), Evaluate's and TuneDecoder's logits scratch file, and an
+# entry being deleted (files.remove_entry: gc, make rerun).
 _WRITER = r"(?:(?P<host>[^.]+)-)?(?P<pid>\d+)"
 LEFTOVER_PATTERNS = (
     rf"\..+\.{_WRITER}\.tmp.*",
     rf"\.(?:.+\.)?staging-{_WRITER}",
     rf"\..+\.old-{_WRITER}",
     rf"\.logits-{_WRITER}\.h5",
+    rf"\..+\.removed-{_WRITER}",
 )
+# An entry files.remove_entry was deleting when its process died.
+REMOVED_PATTERN = LEFTOVER_PATTERNS[-1]
 # The staging directories inside an export directory (all made under its lock).
 EXPORT_STAGING_PREFIX = ".staging-"
 # File names inside an export; the client learns them from metadata.json ("files", "decoder").
@@ -301,6 +305,12 @@ def run_log(work_dir: Path, task: str) -> Path:
     """A new log file for one ``deepspeech-train`` run of ``task``:
     ``<work_dir>/logs/<time>-<task>-<pid>.log``."""
     return Path(work_dir) / LOGS_DIR / f"{time.strftime('%Y%m%d-%H%M%S')}-{task}-{os.getpid()}.log"
+
+
+def retry_mark(work_dir: Path, name: str) -> Path:
+    """A mark that a task's failure is final (``tasks.retries``), left by the task's process for its Luigi
+    worker: ``<work_dir>/logs/.final-errors/<name>``."""
+    return Path(work_dir) / LOGS_DIR / ".final-errors" / name
 
 
 @dataclass(frozen=True)

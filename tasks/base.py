@@ -141,6 +141,9 @@ class ConfigTask(luigi.Task):
 
     def run(self):
         """Fail at once with what ``complete()`` found wrong, else ``run_stage()`` (TensorFlow quiet)."""
+        # Luigi's status reporter (its scheduler and worker), kept for on_failure: Luigi unsets the task's
+        # reporter methods before it calls on_failure (tasks.retries sends a final error's policy by it).
+        self._status_reporter = getattr(self.set_tracking_url, "__self__", None)
         if getattr(self, "_unusable", None):
             raise StageError(self._unusable)
         if self.needs_tensorflow:

@@ -22,7 +22,8 @@ USAGE = (
     "deepspeech-train <Task> --config CONFIG [--local-scheduler] [other luigi options]\n"
     "       deepspeech-train --template en   (print a config template: en, librispeech, common_voice, folder)"
     "\n"
-    "       deepspeech-train gc --config CONFIG [--config OTHER ...] [--dry-run]   (remove old outputs)\n"
+    "       deepspeech-train gc --config CONFIG [--config OTHER ...] [--dry-run] [--include-train]"
+    "   (remove old outputs)\n"
     "--workers N: run up to N independent stages at once, within luigi.cfg's [resources] (cpu, gpu)"
 )
 TASKS = (
@@ -171,11 +172,35 @@ def main(argv=None) -> int:
             "--logging-conf-file",
             str(PACKAGE / ("logging-debug.ini" if debug else "logging.ini")),
         ]
+    if not options.local_scheduler:
+        _re_enable(luigi_args, options)
     code = _run_luigi(luigi_args)
     if not options.local_scheduler and code in (_retcode("not_run", 25), _retcode("unhandled_exception", 40)):
         code = _after_scheduler_trouble(code, luigi_args, options)
     print(f"log of this run: {log_file}", file=sys.stderr)
     return code
+
+
+def _re_enable(luigi_args: list[str], options) -> None:
+    """Re-enable the DAG's tasks luigid disabled (``tasks.reenable``), saying so in one line."""
+    import luigi.configuration
+
+    from tasks.reenable import re_enable_disabled
+
+    settings = luigi.configuration.get_config()
+    host = options.scheduler_host or settings.get("core", "scheduler_host", "127.0.0.1")
+    port = options.scheduler_port or settings.getint("core", "scheduler_port", 8082)
+    try:
+        enabled = re_enable_disabled(luigi_args, host, port)
+    except Exception as error:  # noqa: BLE001 - bad task arguments or a scheduler gone: Luigi reports them
+        print(f"note: could not re-enable disabled tasks ({type(error).__name__}: {error})", file=sys.stderr)
+        return
+    if enabled:
+        print(
+            f"note: re-enabled {len(enabled)} task(s) the scheduler had disabled after their failures, to "
+            f"run them again: {', '.join(enabled)}",
+            file=sys.stderr,
+        )
 
 
 def _run_luigi(luigi_args: list[str]) -> int:

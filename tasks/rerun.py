@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import shutil
 import sys
 from pathlib import Path
 
 import luigi
 
-from pipeline.locks import in_use
+from pipeline.files import remove_entry
+from pipeline.locks import in_use, lock_path, try_locks
 from tasks import (
     Alphabet,
     Evaluate,
@@ -36,6 +35,7 @@ from tasks import (
     Transcribe,
     TuneDecoder,
 )
+from tasks.reenable import dag
 
 log = logging.getLogger("luigi-interface")
 STAGES = {
@@ -53,18 +53,6 @@ STAGES = {
 }
 
 
-def dag(roots) -> dict:
-    """Every task reachable from ``roots``: {task_id: task}."""
-    seen, todo = {}, list(roots)
-    while todo:
-        task = todo.pop()
-        if task.task_id in seen:
-            continue
-        seen[task.task_id] = task
-        todo.extend(luigi.task.flatten(task.requires()))
-    return seen
-
-
 def dependents(targets: set[str], tasks: dict) -> set[str]:
     """Ids of ``targets`` and of every task that (transitively) requires one of them."""
     result = set(targets)
@@ -80,18 +68,6 @@ def dependents(targets: set[str], tasks: dict) -> set[str]:
     return result
 
 
-def remove(path: Path) -> None:
-    """Remove a file or directory; renamed first so that no reader sees it half deleted."""
-    if not path.exists():
-        return
-    doomed = path.with_name(f".{path.name}.removed-{os.getpid()}")
-    os.replace(path, doomed)
-    if doomed.is_dir():
-        shutil.rmtree(doomed)
-    else:
-        doomed.unlink()
-
-
 def _in_use(paths: list[Path]) -> tuple[Path, Path] | None:
     """(path, lock) of the first stage output a live process holds locked: the output itself (Features'
     cache, Train's and LanguageModel's directory, Evaluate's) or the export directory an export entry
@@ -102,6 +78,18 @@ def _in_use(paths: list[Path]) -> tuple[Path, Path] | None:
             if lock is not None:
                 return path, lock
     return None
+
+
+def _locks(paths: list[Path]) -> list[Path]:
+    """The lock files a writer of ``paths`` holds: each output's beside it (made for the removal when
+    missing: a stage starting now makes the same one) and, when it exists, its folder's (an export
+    entry's)."""
+    locks = [lock_path(path) for path in paths if path.parent.is_dir()]
+    for path in paths:
+        locks += [
+            lock for lock in (lock_path(path.parent), lock_path(path.parent, inside=True)) if lock.exists()
+        ]
+    return locks
 
 
 def main(argv=None) -> int:
@@ -156,12 +144,27 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
-    for task_id, path in paths:
-        print(f"{'would remove' if args.dry_run else 'removing'} {path}  ({task_id})", flush=True)
-        if not args.dry_run:
-            remove(Path(path))
     if args.dry_run:
+        for task_id, path in paths:
+            print(f"would remove {path}  ({task_id})")
         return 0
+    # The check above is not trusted for the removal: it happens while holding, without waiting, the lock
+    # every writer of those outputs takes (a stage starting meanwhile makes the removal stop here).
+    locks = _locks([Path(path) for _, path in paths])
+    made = [lock for lock in locks if not lock.exists()]
+    with try_locks(locks) as taken:
+        if not taken:
+            print(
+                "error: a stage started on these outputs meanwhile (its lock is held); wait for it to "
+                "finish, then rerun (nothing was removed)",
+                file=sys.stderr,
+            )
+            return 2
+        for task_id, path in paths:
+            print(f"removing {path}  ({task_id})", flush=True)
+            remove_entry(path)
+        for lock in made:  # removed still held: a stage starting now locks the file it makes anew
+            lock.unlink(missing_ok=True)
     scheduler = {
         key: value
         for key, value in (("scheduler_host", args.scheduler_host), ("scheduler_port", args.scheduler_port))

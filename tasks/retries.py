@@ -19,15 +19,25 @@ each status report); it has no rule by error type. The rule is built on that:
   process leaves a mark (``note_failure``) that the worker's copy of the task
   reads (``retry_policy``). A damaged output found when the task was scheduled
   (``ConfigTask.complete``) is known to the worker directly.
+
+The mark lives under the work directory (``workdir.retry_mark``: where the
+run's user writes anyway, never a folder another user made in /tmp), named by
+the worker's process id and its start time (``/proc/<pid>/stat``), so a later
+worker that got the same pid (containers restart at low pids) never reads it.
+Leaving the mark never raises: on failure it is logged, and the error is
+retried like any other (the failure text still reaches the mail).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("luigi-interface")
 
 
 @dataclass(frozen=True)
@@ -76,29 +86,75 @@ def is_final(error: BaseException) -> bool:
     return isinstance(error, final_errors())
 
 
-def _mark(task_id: str, worker_pid: int) -> Path:
-    digest = hashlib.sha256(task_id.encode()).hexdigest()[:24]
-    return Path(tempfile.gettempdir()) / "deepspeech-train-final" / f"{worker_pid}-{digest}"
+def process_start(pid: int) -> str:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat``, field 22): with the
+    pid, it names one process, never a later one given the same pid; "0" where there is no /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "0"
+    return stat.rsplit(")", 1)[1].split()[19]  # fields after the command name (which may hold spaces)
+
+
+def _mark(task, worker_pid: int) -> Path:
+    """The mark of a final error of ``task`` for the worker ``worker_pid``: under the task's work directory
+    when its config resolves, else in a folder of this user's in the temporary directory."""
+    from pipeline.workdir import retry_mark
+
+    digest = hashlib.sha256(task.task_id.encode()).hexdigest()[:24]
+    name = f"{worker_pid}-{process_start(worker_pid)}-{digest}"
+    try:
+        work_dir = task.layout.work_dir
+    except Exception:  # noqa: BLE001 - a config that does not resolve (the very error being noted)
+        return Path(tempfile.gettempdir()) / f"deepspeech-train-final-{os.getuid()}" / name
+    return retry_mark(work_dir, name)
 
 
 def note_failure(task, error: BaseException) -> None:
     """In the task's process, on failure: remember a final error for the worker that runs the task (this
-    process's parent when Luigi forked it, else this very task object)."""
+    process's parent when Luigi forked it, else this very task object). Never raises."""
     if not is_final(error):
         return
     task._final_error = True
-    mark = _mark(task.task_id, os.getppid())
-    mark.parent.mkdir(parents=True, exist_ok=True)
-    mark.touch()
+    try:
+        _tell_scheduler(task)
+        mark = _mark(task, os.getppid())
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.touch()
+    except Exception as problem:  # noqa: BLE001 - the failure being reported matters more than the mark
+        log.warning(
+            "%s: could not mark its error as final (%s: %s); the scheduler may retry it",
+            task.task_id,
+            type(problem).__name__,
+            problem,
+        )
+
+
+def _tell_scheduler(task) -> None:
+    """Send the FINAL policy to the central scheduler from the task's process, before its worker reports
+    the failure: luigid sets the policy a FAILED report carries only after counting that failure against
+    the old one (luigi/scheduler.py ``add_task``), so a final error would be retried once. Sent as Luigi's
+    own ``update_tracking_url`` does (``add_task`` with status RUNNING, through the task's status reporter);
+    without one (a task not run by a Luigi worker) nothing is sent. With the local scheduler this cannot
+    reach the worker's scheduler (the task process holds a copy): there a final error is retried once."""
+    reporter = getattr(task, "_status_reporter", None)  # ConfigTask.run keeps it
+    scheduler, worker = getattr(reporter, "_scheduler", None), getattr(reporter, "_worker_id", None)
+    if scheduler is None or worker is None:
+        return
+    policy = {"retry_count": FINAL.failures, "disable_window": FINAL.window_s}
+    scheduler.add_task(task_id=task.task_id, worker=worker, status="RUNNING", retry_policy_dict=policy)
 
 
 def failed_for_good(task) -> bool:
     """In the worker: whether the task's last failure was final (its mark, taken once) or the task was
     found unusable when it was scheduled."""
-    mark = _mark(task.task_id, os.getpid())
-    if mark.exists():
-        task._final_error = True
-        mark.unlink(missing_ok=True)
+    try:
+        mark = _mark(task, os.getpid())
+        if mark.exists():
+            task._final_error = True
+            mark.unlink(missing_ok=True)
+    except OSError:
+        pass
     return bool(getattr(task, "_final_error", False) or getattr(task, "_unusable", None))
 
 

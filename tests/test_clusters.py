@@ -18,7 +18,7 @@ import yaml
 from pipeline.config import ConfigError
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
-from pipeline.train.cluster import check_shared_work_dir, slurm_tf_config
+from pipeline.train.cluster import check_shared_work_dir, slurm_port_base, slurm_tf_config
 from pipeline.train.distribute import cluster_role
 from pipeline.train.multiworker import worker_result
 from tests.conftest import ROOT, build_features
@@ -66,7 +66,7 @@ def test_slurm_tf_config_on_cpu_and_gpu_nodes():
     for rank in (0, 1):
         raw, changes = slurm_tf_config(distribution, _slurm_step(rank))
         spec = json.loads(raw)
-        base = 20000 + 16 * (4242 % 2000)
+        base = 20000 + 8 * (4242 % 1500)
         assert spec == {
             "cluster": {"worker": [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]},
             "task": {"type": "worker", "index": rank},
@@ -76,6 +76,9 @@ def test_slurm_tf_config_on_cpu_and_gpu_nodes():
         assert changes == {"CUDA_VISIBLE_DEVICES": ["2,3", "4,5"][rank]}
         _, changes = slurm_tf_config(distribution, {**_slurm_step(rank), "CUDA_VISIBLE_DEVICES": "0"})
         assert changes == {}  # Slurm gave each task its own GPU
+    # every job id's ports stay below Linux's ephemeral range (32768-60999)
+    highest = max(slurm_port_base(distribution, {"SLURM_JOB_ID": str(job)}) for job in range(4000)) + 7
+    assert highest < 32768
     with pytest.raises(Exception, match="SLURM_PROCID.*is not set: start Train with srun"):
         slurm_tf_config(distribution, {})
 
@@ -246,3 +249,47 @@ def test_a_cluster_train_without_its_shared_work_dir_is_refused_before_it_starts
     assert len(lines) == 1 and "paths.work_dir" in lines[0] and "does not exist" in lines[0], result.stderr
     assert not work.exists()
     assert Path(config).is_file()
+
+
+def test_slurm_template_stops_train_and_requeues_on_the_time_limit_signal(tmp_path):
+    """configs/slurm.sbatch: the SIGTERM Slurm sends the batch script before the time limit (--signal=B:)
+    reaches Train (srun forwards it) and the script requeues the job, which Slurm never does by itself
+    at the time limit. srun and scontrol are stand-ins that record what they are asked to do."""
+    import signal
+    import time
+
+    bin_dir, record = tmp_path / "bin", tmp_path / "record"
+    bin_dir.mkdir()
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "activate").write_text("")
+    (bin_dir / "srun").write_text(
+        "#!/bin/bash\n"
+        f'echo "srun $*" >> {record}\n'
+        'case "$*" in *" Train "*) ;; *) exit 0;; esac\n'
+        f"trap 'echo train-stopped-by-TERM >> {record}; exit 143' TERM\n"
+        f"touch {tmp_path}/train-started\n"
+        "while :; do sleep 0.05; done\n"
+    )
+    (bin_dir / "scontrol").write_text(f'#!/bin/bash\necho "scontrol $*" >> {record}\n')
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "VENV": str(tmp_path / "venv")}
+    env["SLURM_JOB_ID"] = "4242"
+    with open(tmp_path / "out", "wb") as out:
+        script = subprocess.Popen(
+            ["bash", str(ROOT / "configs" / "slurm.sbatch"), "my.yaml"], env=env, stdout=out, stderr=out
+        )
+        try:
+            while not (tmp_path / "train-started").exists():  # waits for a state, not a moment
+                assert script.poll() is None, (tmp_path / "out").read_text()
+                time.sleep(0.05)
+            script.send_signal(signal.SIGTERM)
+            assert script.wait(timeout=60) == 0, (tmp_path / "out").read_text()
+        finally:
+            if script.poll() is None:
+                script.kill()
+    lines = record.read_text().splitlines()
+    assert lines[0].startswith("srun --nodes=1 --ntasks=1 deepspeech-train Features --config my.yaml")
+    assert lines[1].startswith("srun --kill-on-bad-exit=1 deepspeech-train Train --config my.yaml")
+    assert lines[2:] == ["train-stopped-by-TERM", "scontrol requeue 4242"], lines
+    assert "#SBATCH --signal=B:TERM@300" in (ROOT / "configs" / "slurm.sbatch").read_text()

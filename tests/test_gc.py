@@ -3,13 +3,17 @@ listed exactly, removed with its size told, and never a running stage's output n
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 from pipeline.config_loader import load_config
+from pipeline.files import host_name, remove_leftovers
 from pipeline.layout import Layout
-from pipeline.locks import stage_lock
+from pipeline.locks import held, lock_path, stage_lock, try_locks
+from pipeline.stages.gc import _owner, remove_group, unreachable
+from pipeline.workdir import LEFTOVER_PATTERNS
 from tests.conftest import ROOT, build_features
 
 
@@ -75,3 +79,83 @@ def test_gc_refuses_a_config_it_cannot_resolve(tmp_path):
     result = _gc("--config", str(bad), "--dry-run")
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "gc removed nothing" in result.stderr, result.stderr
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_gc_removes_under_the_lock_and_a_stage_never_locks_a_removed_lock_file(small_config):
+    """The listing's lock check is not trusted for the removal: a stage that takes the lock after the
+    listing keeps its files; and a stage that opened a lock file gc then removed (held) locks the file
+    the path names afterwards, so a second stage sees it held (never two writers)."""
+    old, new = small_config("old.yaml", limit_dev=8), small_config("new.yaml", limit_dev=4)
+    build_features(load_config(old), splits=("dev",))
+    cache = Layout(load_config(old)).features_cache("dev")
+    stale = [e for e in unreachable([load_config(new)]) if _owner(e.path) == _owner(cache)]
+    assert cache in {e.path for e in stale} and all(e.lock is None for e in stale)
+    with stage_lock(cache):  # a stage started after the listing
+        assert not remove_group(stale)
+    assert all(e.path.exists() for e in stale)
+
+    # A stage that opened the lock file and waits for it while gc holds it and removes it.
+    lock = lock_path(cache)
+    stage = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import logging, sys; from pipeline.locks import stage_lock\n"
+            "logging.basicConfig(level=logging.INFO, stream=sys.stderr)\n"
+            f"with stage_lock({str(cache)!r}):\n"
+            "    print('locked', flush=True); sys.stdin.read()\n",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with try_locks([lock]) as taken:
+            assert taken
+            for line in stage.stderr:  # read as it comes: the stage is waiting on the lock gc holds
+                if "waiting for it" in line:
+                    break
+            lock.unlink()
+        assert stage.stdout.readline() == "locked\n"
+        assert held(lock), "the stage locked a removed lock file: a second stage would write at once"
+    finally:
+        stage.communicate("", timeout=60)
+
+
+def test_gc_keeps_train_runs_unless_asked_and_sweeps_what_a_killed_remover_left(small_config):
+    config = small_config("small.yaml")
+    layout = Layout(load_config(config))
+    other_run = layout.work_dir / "train" / "0123456789abcdef"
+    (other_run / "checkpoints").mkdir(parents=True)
+    (other_run / "checkpoints" / "ckpt-1.index").write_bytes(b"x" * 10)
+    features = layout.work_dir / "features"
+    features.mkdir(parents=True)
+    dead = features / f".dev-0123.h5.removed-{host_name()}-{_dead_pid()}"
+    live = features / f".dev-4567.h5.removed-{host_name()}-{os.getpid()}"
+    (dead / "part").mkdir(parents=True)
+    live.mkdir()
+
+    dry = _gc("--config", str(config), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert f"kept {other_run}: a Train run" in dry.stdout and "--include-train removes it" in dry.stdout
+    assert _listed(dry.stdout, "would remove") == {str(dead)}, dry.stdout
+    listed = _gc("--config", str(config), "--dry-run", "--include-train")
+    assert _listed(listed.stdout, "would remove") == {str(dead), str(other_run)}, listed.stdout
+
+    done = _gc("--config", str(config))
+    assert done.returncode == 0 and _listed(done.stdout, "removing") == {str(dead)}, done.stdout
+    assert other_run.is_dir() and live.is_dir() and not dead.exists()
+
+    # the owning stage's sweep removes a dead remover's entry too, never a live one's
+    (dead / "part").mkdir(parents=True)
+    assert remove_leftovers(features, LEFTOVER_PATTERNS) == [dead]
+    assert live.is_dir()

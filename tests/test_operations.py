@@ -272,6 +272,28 @@ def test_a_damaged_output_fails_once_with_one_mail_and_is_not_retried(small_conf
     assert "Train(" in disabled
 
 
+def test_a_config_error_fails_once_and_the_fixed_command_runs_it(small_config, luigid, tmp_path):
+    """Issue 36 review (6): a config error disables the task at once (not retried); luigid would then ignore
+    the same command for disable_persist (a day). After the config is fixed, the same command re-enables
+    the disabled task of its DAG, says so in one line, and runs it."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text("path,words\nnowhere.wav,hello\n")  # no wav_filename/transcript columns
+    path = small_config(extra=f"data:\n  dev_files: [{bad}]\n")
+    scheduler = luigid("[scheduler]\nretry_delay = 1\n")
+    failed = scheduler.run("FeaturesSplit", "--split", "dev", "--config", str(path))
+    assert failed.returncode == 30, failed.stderr[-3000:]
+    disabled = scheduler.page('/api/task_list?data={"status":"DISABLED","upstream_status":"","search":""}')
+    assert "FeaturesSplit(" in disabled
+
+    path.write_text(path.read_text().replace(str(bad), str(ROOT / "data" / "sample" / "dev.csv")))
+    fixed = scheduler.run("FeaturesSplit", "--split", "dev", "--config", str(path))
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    notes = [line for line in fixed.stderr.splitlines() if line.startswith("note: re-enabled 1 task(s)")]
+    assert len(notes) == 1 and "FeaturesSplit_" in notes[0], fixed.stderr[-3000:]
+    runs = [[e for e, _ in events] for name, _, events in scheduler.history() if name == "FeaturesSplit"]
+    assert [e for run in runs for e in run if e in ("FAILED", "DONE")] == ["FAILED", "DONE"], runs
+
+
 def test_a_final_error_in_the_task_process_reaches_the_worker(tmp_path):
     """The mark ``note_failure`` leaves in a forked task process (as Luigi runs each task) is what the
     worker's copy of the task reads: a config error makes retry_count 1, any other failure leaves
@@ -294,6 +316,43 @@ def test_a_final_error_in_the_task_process_reaches_the_worker(tmp_path):
         assert retry_policy(task).failures == expected, error
 
 
+def test_the_final_error_mark_is_under_the_work_dir_per_worker_process_and_never_raises(tmp_path):
+    """The mark is a file of the run's work directory (not a folder in /tmp another user may own), named by
+    the worker's pid and start time: a mark an earlier process with the same pid left is not read; and a
+    mark that cannot be written never turns into an error inside on_failure (its text would be lost)."""
+    import multiprocessing
+
+    from pipeline.config import ConfigError
+    from tasks import Train
+    from tasks.retries import _mark, failed_for_good, note_failure, process_start
+
+    work = tmp_path / "work"
+    config = tmp_path / "c.yaml"
+    config.write_text(f"paths:\n  work_dir: {work}\n")
+    task = Train(config=str(config))
+    mark = _mark(task, os.getpid())
+    assert mark.is_relative_to(work / "logs") and process_start(os.getpid()) in mark.name
+    assert process_start(os.getpid()) != "0"
+
+    # An earlier worker with this pid (another start time) left a mark: not this worker's.
+    stale = mark.with_name(mark.name.replace(f"-{process_start(os.getpid())}-", "-1-"))
+    stale.parent.mkdir(parents=True)
+    stale.touch()
+    assert not failed_for_good(Train(config=str(config)))
+
+    # The logs folder cannot be made (a file is in its way): the task process still ends normally.
+    blocked = tmp_path / "blocked.yaml"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "logs").write_text("not a folder")
+    blocked.write_text(f"paths:\n  work_dir: {tmp_path / 'other'}\n")
+    child = multiprocessing.get_context("fork").Process(
+        target=note_failure, args=(Train(config=str(blocked)), ConfigError("x: bad"))
+    )
+    child.start()
+    child.join()
+    assert child.exitcode == 0
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -309,48 +368,56 @@ def _cmdline(pid: int) -> bytes:
 
 
 @pytest.mark.long
-def test_a_killed_train_process_is_retried_and_resumes(small_config, luigid):
-    """Issue 36 (4): the Train task's process killed (SIGKILL, as a lost node or the OOM killer would) after
-    its first checkpoint: Luigi's worker reports it failed, luigid sets it back to PENDING after retry_delay,
-    the same `deepspeech-train` run (keep_alive) runs it again, and it resumes from the checkpoint to the end;
-    the history has one failure and then the finished run."""
+def test_a_killed_train_process_is_retried_and_resumes(small_config, luigid, tmp_path):
+    """Issue 36 (4): the Train task's process killed (SIGKILL, as a lost node or the OOM killer would) while
+    paused after step 12 (tests/plugins/step_barrier.py), its last checkpoint the one of step 8: Luigi's
+    worker reports it failed, luigid sets it back to PENDING after retry_delay, the same `deepspeech-train`
+    run (keep_alive) runs it again, and it resumes from step 8 to the end; the history has one failure and
+    then the finished run. The command's output goes to files (a pipe nobody reads would block it)."""
     from pipeline.config_loader import load_config
     from pipeline.layout import Layout
+    from tests.plugins.step_barrier import StepBarrier
 
-    path = small_config(limit_train=32, extra="training:\n  epochs: 6\n")
+    barrier = StepBarrier(tmp_path / "barrier", 12)
+    path = small_config(
+        limit_train=32,
+        extra="training:\n  epochs: 6\n  checkpoint_steps: 8\n" + barrier.config_yaml(),
+    )
     run_dir = Layout(load_config(path)).train_run
     scheduler = luigid("[scheduler]\nretry_delay = 1\n")
-    command = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tasks.cli",
-            "Train",
-            "--config",
-            str(path),
-            "--scheduler-port",
-            str(scheduler.port),
-        ],
-        cwd=ROOT,
-        env=_environment(scheduler.luigi_cfg),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    out, err = tmp_path / "command.out", tmp_path / "command.err"
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        command = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tasks.cli",
+                "Train",
+                "--config",
+                str(path),
+                "--scheduler-port",
+                str(scheduler.port),
+            ],
+            cwd=ROOT,
+            env=barrier.env(_environment(scheduler.luigi_cfg)),
+            stdout=stdout,
+            stderr=stderr,
+        )
     try:
-        deadline = time.monotonic() + 600
-        while not list(run_dir.checkpoints.glob("ckpt-*.index")):
-            assert command.poll() is None and time.monotonic() < deadline, command.stderr.read()[-3000:]
-            time.sleep(0.2)
-        # The Train task's process: Luigi's fork of the command (the same command line).
+        paused = barrier.wait(12, lambda: command.poll() is None or err.read_text()[-3000:])
+        assert sorted(p.name for p in run_dir.checkpoints.glob("ckpt-*.index")) == ["ckpt-8.index"]
+        # The Train task's process: Luigi's fork of the command (the same command line), paused at step 12.
         task_processes = [pid for pid in _children(command.pid) if _cmdline(pid) == _cmdline(command.pid)]
-        assert len(task_processes) == 1, task_processes
+        assert task_processes == list(paused), (task_processes, paused)
         os.kill(task_processes[0], 9)
-        _, stderr = command.communicate(timeout=900)
+        barrier.release(12)  # the retry passes step 12 again
+        command.wait(timeout=900)
     finally:
         if command.poll() is None:
             command.kill()
-    assert command.returncode == 0, stderr[-3000:]
+            command.wait()
+    stderr_text = err.read_text()
+    assert command.returncode == 0, stderr_text[-3000:]
     report = yaml.safe_load(run_dir.report.read_text())
     assert report["epochs_completed"] == 6 and report["global_step"] == 6 * 8
     events = [
@@ -360,6 +427,6 @@ def test_a_killed_train_process_is_retried_and_resumes(small_config, luigid):
     ]
     assert [event for run in events for event in run] == ["FAILED", "DONE"], scheduler.history()
     log_file = next(
-        line.split(": ", 1)[1] for line in stderr.splitlines() if line.startswith("log of this run: ")
+        line.split(": ", 1)[1] for line in stderr_text.splitlines() if line.startswith("log of this run: ")
     )
-    assert "Restored " in Path(log_file).read_text()
+    assert "Restored " in Path(log_file).read_text() and ", step 8 (" in Path(log_file).read_text()

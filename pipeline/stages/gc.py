@@ -1,4 +1,5 @@
-"""``deepspeech-train gc --config a.yaml [--config b.yaml ...] [--dry-run]``: free the disk of old outputs.
+"""``deepspeech-train gc --config a.yaml [--config b.yaml ...] [--dry-run] [--include-train]``: free the disk
+of old outputs.
 
 Every changed setting leaves the outputs of the old fingerprints behind (a
 features cache per fingerprint: 36 MiB per audio hour). ``gc`` walks each given
@@ -8,12 +9,23 @@ fingerprinted stage directories (imports, alphabet, features, train, lm, tune,
 evaluate) of the configs' work directories. Never removed:
 
 - what any given config reaches (and the lock files beside those outputs);
+- Train runs (``train/``) unless ``--include-train`` is given: the default work
+  directory is shared by every config, a trained model is the costliest output
+  and a touched corpus file makes the only one unreachable; the listing says
+  which runs it keeps;
 - an entry a live process holds locked (``pipeline.locks``: a running stage,
-  on this machine or, through NFS locks, another);
+  on this machine or, through NFS locks, another). The check made when listing
+  is not trusted for the removal: each stage instance's entries are removed
+  while gc holds their lock (``locks.try_locks``, without waiting; an entry it
+  cannot lock is kept), and its lock file is removed last, still held
+  (``locks.stage_lock`` then locks the file a starting stage makes anew, never
+  the removed one, so two writers never hold "the" lock at once);
 - the export directory and its numbered versions (``paths.export_dir``), the
   shared converted audio (``imports/converted``), logs and luigid's state;
 - hidden entries (a running or killed writer's temporary files: the stage that
-  owns them removes its own leftovers when it runs).
+  owns them removes its own leftovers when it runs), except what a killed gc or
+  ``make rerun`` was deleting (``.<name>.removed-<host>-<pid>``) when that
+  process is gone.
 
 A config that cannot be resolved (a corpus folder missing, a bad key) stops gc
 with its one-line error before anything is removed: what it reaches is unknown.
@@ -23,16 +35,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import Config, ConfigError
 from pipeline.config_loader import load_config
 from pipeline.dag import Node, upstream
+from pipeline.files import remove_entry, writer_gone
 from pipeline.layout import Layout
-from pipeline.locks import held, in_use
+from pipeline.locks import held, in_use, lock_path, try_locks
 from pipeline.workdir import (
     ALPHABET_DIR,
     CONVERTED_DIR,
@@ -40,6 +53,7 @@ from pipeline.workdir import (
     FEATURES_DIR,
     IMPORT_DIR,
     LM_DIR,
+    REMOVED_PATTERN,
     TRAIN_DIR,
     TUNE_DIR,
 )
@@ -119,7 +133,8 @@ def _size(path: Path) -> int:
 
 
 def unreachable(configs: list[Config]) -> list[Entry]:
-    """Every entry of the configs' stage directories none of them reaches, in path order."""
+    """Every entry of the configs' stage directories none of them reaches, in path order, with the
+    entries a killed gc or rerun was deleting (their process gone)."""
     reached, work_dirs = reached_outputs(configs)
     # an output's lock file beside it (pipeline.locks.lock_path) belongs to the output
     kept = reached | {path.with_name(path.name + ".lock") for path in reached}
@@ -130,13 +145,13 @@ def unreachable(configs: list[Config]) -> list[Entry]:
             if not folder.is_dir():
                 continue
             for entry in sorted(folder.iterdir()):
-                if entry in kept or entry.name.startswith("."):
+                if entry.name.startswith("."):
+                    if writer_gone(entry.name, REMOVED_PATTERN):
+                        found.append(Entry(entry, _size(entry)))
                     continue
-                if stage_dir == IMPORT_DIR and entry.name == CONVERTED_DIR:
+                if entry in kept or (stage_dir == IMPORT_DIR and entry.name == CONVERTED_DIR):
                     continue
-                is_lock = entry.name.endswith(".lock") and entry.is_file()
-                lock = (entry if held(entry) else None) if is_lock else in_use(entry)
-                found.append(Entry(entry, _size(entry), lock))
+                found.append(Entry(entry, _size(entry), _holder(entry)))
     # The files of one stage instance share the name before the first dot (``dev-<fp>.h5``, its
     # ``.rejects.csv``, ``.parts`` and ``.h5.lock``; ``lm/<fp>`` and ``<fp>.partial``): a lock held on
     # one of them keeps them all.
@@ -144,18 +159,42 @@ def unreachable(configs: list[Config]) -> list[Entry]:
     return [Entry(e.path, e.size, e.lock or held_by.get(_owner(e.path))) for e in found]
 
 
+def _is_lock(path: Path) -> bool:
+    return path.name.endswith(".lock") and path.is_file() and not path.is_symlink()
+
+
+def _holder(entry: Path) -> Path | None:
+    return (entry if held(entry) else None) if _is_lock(entry) else in_use(entry)
+
+
 def _owner(path: Path) -> tuple[Path, str]:
+    if path.name.startswith("."):  # a killed remover's entry: on its own
+        return path.parent, path.name
     return path.parent, path.name.split(".", 1)[0]
 
 
-def remove(path: Path) -> None:
-    """Remove a file or directory, renamed to a hidden name first so that no reader sees it half gone."""
-    doomed = path.with_name(f".{path.name}.removed-{os.getpid()}")
-    os.replace(path, doomed)
-    if doomed.is_dir() and not doomed.is_symlink():
-        shutil.rmtree(doomed)
-    else:
-        doomed.unlink()
+def is_train_run(entry: Entry) -> bool:
+    """Whether ``entry`` belongs to a Train run (kept unless ``--include-train``)."""
+    return entry.path.parent.name == TRAIN_DIR and not entry.path.name.startswith(".")
+
+
+def remove_group(entries: list[Entry], say=lambda entry: None) -> bool:
+    """Remove the entries of one stage instance (one ``_owner``) while holding their lock without waiting:
+    its lock files when there are some, else the lock file of each entry (made for the moment); a killed
+    remover's hidden entry needs none. The lock files go last, still held. ``say(entry)`` is called
+    before each removal. False (nothing removed) when a live process holds one of the locks."""
+    paths = [entry.path for entry in entries if not entry.path.name.startswith(".")]
+    locks = [path for path in paths if _is_lock(path)] or [lock_path(path) for path in paths]
+    with try_locks(locks) as taken:
+        if not taken:
+            return False
+        for entry in entries:
+            say(entry)
+            if entry.path not in locks:
+                remove_entry(entry.path)
+        for lock in locks:
+            lock.unlink(missing_ok=True)
+    return True
 
 
 def human(size: int) -> str:
@@ -174,24 +213,36 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="deepspeech-train gc", description=__doc__.splitlines()[0])
     parser.add_argument("--config", action="append", required=True, help="a config whose outputs are kept")
     parser.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    parser.add_argument(
+        "--include-train", action="store_true", help="also remove Train runs no given config reaches"
+    )
     args = parser.parse_args(argv)
     try:
         entries = unreachable([load_config(path) for path in args.config])
     except ConfigError as error:
         print(f"error: {error} (gc removed nothing)", file=sys.stderr)
         return 2
-    freed = 0
+    trained = [e for e in entries if is_train_run(e) and not args.include_train]
+    for entry in trained:
+        print(f"kept {entry.path}: a Train run ({human(entry.size)}); --include-train removes it")
+    groups: dict[tuple[Path, str], list[Entry]] = defaultdict(list)
     for entry in entries:
+        if entry in trained:
+            continue
         if entry.lock is not None:
             print(f"kept {entry.path}: in use by a running stage (it holds {entry.lock})")
             continue
-        print(
-            f"{'would remove' if args.dry_run else 'removing'} {entry.path} ({human(entry.size)})", flush=True
-        )
-        if not args.dry_run:
-            remove(entry.path)
-        freed += entry.size
-    count = sum(1 for entry in entries if entry.lock is None)
+        groups[_owner(entry.path)].append(entry)
+    freed = count = 0
+    for group in groups.values():
+        if args.dry_run:
+            for entry in group:
+                print(f"would remove {entry.path} ({human(entry.size)})")
+        elif not remove_group(group, lambda e: print(f"removing {e.path} ({human(e.size)})", flush=True)):
+            print(f"kept {', '.join(str(e.path) for e in group)}: a stage started on it (its lock is held)")
+            continue
+        freed += sum(entry.size for entry in group)
+        count += len(group)
     verb = "would free" if args.dry_run else "freed"
     print(f"{count} unreachable outputs; {verb} {human(freed)} ({freed} bytes)")
     return 0

@@ -37,11 +37,17 @@ SLURM_STEP_VARIABLES = (
 )
 
 
+# The default ports of a Slurm job: 8 per job (the tasks of one node), 1500 jobs apart, all below 32768.
+PORT_BASE_FIRST, PORT_BASE_STRIDE, PORT_BASE_JOBS = 20000, 8, 1500
+
+
 def slurm_port_base(distribution: DistributionConfig, environ: dict) -> int:
-    """``distribution.port_base``, or 20000 + 16 x (SLURM_JOB_ID mod 2000) when it is 0."""
+    """``distribution.port_base``, or 20000 + 8 x (SLURM_JOB_ID mod 1500) when it is 0: at most 31999 with
+    up to 8 tasks per node, below Linux's ephemeral ports (32768-60999, which the kernel hands out to
+    outgoing connections and could already hold)."""
     if distribution.port_base:
         return distribution.port_base
-    return 20000 + 16 * (int(environ.get("SLURM_JOB_ID", "0") or 0) % 2000)
+    return PORT_BASE_FIRST + PORT_BASE_STRIDE * (int(environ.get("SLURM_JOB_ID", "0") or 0) % PORT_BASE_JOBS)
 
 
 def _visible_gpu_ids(environ: dict) -> list[str]:
