@@ -55,7 +55,9 @@ POLICIES = {"train": TRAIN}
 
 
 def final_errors() -> tuple[type, ...]:
-    """The config and data errors a retry cannot mend: each is one line naming the file or key."""
+    """The errors a retry cannot mend or must not undo: config and data errors (each one line naming the
+    file or key), a non-chief worker whose chief's report never appeared here, and a training stopped
+    on request (SIGTERM, Ctrl-C: its checkpoint is saved; running it again resumes)."""
     from native_client.alphabet import AlphabetError
     from native_client.metadata import ExportError
     from pipeline.config import ConfigError
@@ -64,6 +66,8 @@ def final_errors() -> tuple[type, ...]:
     from pipeline.lm.files import LanguageModelDamaged
     from pipeline.model.checkpoints import CheckpointMismatchError
     from pipeline.reports import ReportError
+    from pipeline.train.hooks import StopTraining
+    from pipeline.train.multiworker import ChiefReportMissing
     from tasks.errors import StageError
     from tasks.preflight import PreflightError
 
@@ -78,6 +82,8 @@ def final_errors() -> tuple[type, ...]:
         CorpusError,
         AlphabetError,
         CheckpointMismatchError,
+        ChiefReportMissing,
+        StopTraining,
     )
 
 

@@ -172,6 +172,12 @@ def worker_result(log: Path) -> dict | None:
         return None
 
 
+class ChiefReportMissing(DistributionError):
+    """A non-chief worker finished its part but the chief's report never appeared here (the work directory
+    is not shared, or the chief failed). Not worth a retry of this worker alone: it would wait for a chief
+    that has finished."""
+
+
 def wait_for_chief_report(run: TrainRun, result: dict, timeout_s: float, poll_s: float = 1.0) -> TrainReport:
     """The chief's ``train_report.json`` of the run a non-chief worker just finished with ``result``
     (``worker_result``): the report whose global step and weights digest are the worker's own, waited for
@@ -197,7 +203,7 @@ def wait_for_chief_report(run: TrainRun, result: dict, timeout_s: float, poll_s:
             break
         time.sleep(poll_s)
     other = f" (the one there does not match: step {found[0]}, weights {found[1][:12]})" if found else ""
-    raise DistributionError(
+    raise ChiefReportMissing(
         f"worker {result['worker']} finished its part of the run (step {result['global_step']}) but the "
         f"chief's report of it did not appear at {run.report} within {timeout_s:.0f} s{other}. A non-chief "
         f"worker's Train output is the chief's report: put paths.work_dir on a filesystem every worker "
