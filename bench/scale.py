@@ -131,10 +131,10 @@ def _config(manifest: Path, work: Path):
 def stage_features(manifest: Path, work: Path, steps: int) -> dict:
     """FeaturesSplit of the whole corpus."""
     from pipeline.layout import Layout
-    from pipeline.stages.features import build_split_cache
+    from pipeline.stages.features import features_stage
 
     started = time.perf_counter()
-    summary = build_split_cache(Layout(_config(manifest, work)), "train")
+    summary = features_stage(Layout(_config(manifest, work)), "train")
     return {"audio_s": summary.audio_seconds, "seconds": time.perf_counter() - started, "kept": summary.kept}
 
 
