@@ -47,7 +47,7 @@ def run(name: str, augment: dict, config_path: str, work: Path) -> dict:
     from pipeline.config_loader import load_config
     from pipeline.layout import Layout
     from pipeline.stages.features import features_stage
-    from pipeline.stages.language_model import build_language_model
+    from pipeline.stages.language_model import language_model_stage
     from pipeline.stages.train import train_stage
 
     overrides = {"paths": {"work_dir": str(work)}, "augment": augment}
@@ -56,7 +56,7 @@ def run(name: str, augment: dict, config_path: str, work: Path) -> dict:
     for split in ("train", "dev"):
         features_stage(layout, split)
     train_stage(layout)
-    build_language_model(layout)
+    language_model_stage(layout)
     unseen = load_config(
         config_path, {**overrides, "data": {"test_files": [str(ROOT / "data" / "unseen" / "unseen.csv")]}}
     )
