@@ -34,10 +34,10 @@ RUNS = {
 def _evaluate(config, out_dir: Path) -> dict:
     from pipeline.layout import Layout
     from pipeline.stages.evaluate import evaluate_stage
-    from pipeline.stages.features import build_split_cache
+    from pipeline.stages.features import features_stage
 
     layout = Layout(config)
-    build_split_cache(layout, "test")
+    features_stage(layout, "test")
     report = evaluate_stage(layout, out_dir=out_dir, beam=True)
     return {"wer": report.wer, "cer": report.cer, "wer_lm": report.wer_lm, "cer_lm": report.cer_lm}
 
@@ -46,17 +46,17 @@ def run(name: str, augment: dict, config_path: str, work: Path) -> dict:
     """Train ``config_path`` with ``augment`` in ``work``; its figures on the sample and unseen test sets."""
     from pipeline.config_loader import load_config
     from pipeline.layout import Layout
-    from pipeline.stages.features import build_split_cache
-    from pipeline.stages.language_model import build_language_model
+    from pipeline.stages.features import features_stage
+    from pipeline.stages.language_model import language_model_stage
     from pipeline.stages.train import train_stage
 
     overrides = {"paths": {"work_dir": str(work)}, "augment": augment}
     config = load_config(config_path, overrides)
     layout = Layout(config)
     for split in ("train", "dev"):
-        build_split_cache(layout, split)
+        features_stage(layout, split)
     train_stage(layout)
-    build_language_model(layout)
+    language_model_stage(layout)
     unseen = load_config(
         config_path, {**overrides, "data": {"test_files": [str(ROOT / "data" / "unseen" / "unseen.csv")]}}
     )

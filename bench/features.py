@@ -29,7 +29,7 @@ from pipeline.config_loader import load_config
 from pipeline.data.manifests import read_manifests
 from pipeline.features.cache import CHUNK_FRAMES
 from pipeline.layout import Layout
-from pipeline.stages.features import build_split_cache
+from pipeline.stages.features import features_stage
 
 
 def baseline(paths: list[str], numcep: int) -> tuple[float, float]:
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         )
         audio, base_wall = baseline([s.audio_path for s in samples], config.features.numcep)
         started = time.perf_counter()
-        summary = build_split_cache(Layout(config), args.split)
+        summary = features_stage(Layout(config), args.split)
         stage_wall = time.perf_counter() - started
         write_ratio, read_ratio = checksum_cost(Layout(config).features_cache(args.split), Path(work))
     base_rate = audio / base_wall

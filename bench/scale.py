@@ -131,10 +131,10 @@ def _config(manifest: Path, work: Path):
 def stage_features(manifest: Path, work: Path, steps: int) -> dict:
     """FeaturesSplit of the whole corpus."""
     from pipeline.layout import Layout
-    from pipeline.stages.features import build_split_cache
+    from pipeline.stages.features import features_stage
 
     started = time.perf_counter()
-    summary = build_split_cache(Layout(_config(manifest, work)), "train")
+    summary = features_stage(Layout(_config(manifest, work)), "train")
     return {"audio_s": summary.audio_seconds, "seconds": time.perf_counter() - started, "kept": summary.kept}
 
 
@@ -191,13 +191,13 @@ def stage_evaluate(manifest: Path, work: Path, steps: int) -> dict:
     """Evaluate over the whole corpus: greedy, and beam + LM in ``decoder.workers`` processes."""
     from pipeline.layout import Layout
     from pipeline.stages.evaluate import evaluate_stage
-    from pipeline.stages.language_model import build_language_model
+    from pipeline.stages.language_model import language_model_stage
 
     layout = Layout(_config(manifest, work))
     test = layout.features_cache("test")
     if not test.exists():  # the same manifest as train: reuse its cache instead of extracting it again
         os.symlink(layout.features_cache("train"), test)
-    build_language_model(layout)
+    language_model_stage(layout)
     started = time.perf_counter()
     report = evaluate_stage(layout, checkpoint=work / "weights" / "ckpt", beam=True)
     seconds = time.perf_counter() - started

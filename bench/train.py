@@ -42,7 +42,7 @@ from pipeline.features.frontend import feature_pipeline
 from pipeline.layout import Layout
 from pipeline.model import build_model
 from pipeline.model.ctc import KERNEL, ctc_loss
-from pipeline.stages.features import build_split_cache
+from pipeline.stages.features import features_stage
 from pipeline.train.distribute import make_strategy
 from pipeline.train.hooks import TrainHooks
 from pipeline.train.loop import Trainer
@@ -202,7 +202,7 @@ def en_size(config, data, alphabet, run_dir, steps: int) -> tuple[float, float, 
 def split_cache(config) -> CacheIndex:
     """The train split's features of ``config``, built into its work dir."""
     layout = Layout(config)
-    build_split_cache(layout, "train")
+    features_stage(layout, "train")
     return read_cache(layout.features_cache("train"), config.features)
 
 

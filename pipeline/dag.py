@@ -28,12 +28,18 @@ Node = tuple[str, dict]
 @dataclass(frozen=True)
 class Stage:
     """One stage of the DAG: its name (the tag its config keys carry), the task that runs it, its
-    parameters, and the stages whose outputs it reads."""
+    parameters, the stages whose outputs it reads, the task that runs all its instances, and whether a
+    config's pipeline has an instance."""
 
     name: str
     task: str  # the Luigi task that runs it (tasks/)
     params: tuple[str, ...] = ()
     upstream: Callable[[Config, dict], list[Node]] = field(default=lambda config, params: [])
+    # The Luigi task that runs every instance of a stage with parameters (Features: every split).
+    group: str = ""
+    # Whether the config's pipeline has this instance: the DAG's roots are the instances it has that no
+    # other one reads (``make rerun`` runs them).
+    runs: Callable[[Config, dict], bool] = field(default=lambda config, params: True)
 
 
 def _imports(config: Config, params: dict | None = None) -> list[Node]:
@@ -62,13 +68,21 @@ def _decoding(config: Config) -> list[Node]:
 STAGES: dict[str, Stage] = {
     stage.name: stage
     for stage in (
-        Stage("import", "Import", params=("corpus",)),
-        Stage("alphabet", "Alphabet", upstream=_imports),
+        Stage(
+            "import",
+            "Import",
+            params=("corpus",),
+            group="Imports",
+            runs=lambda config, params: any(c.key == params["corpus"] for c in config.data.corpora),
+        ),
+        Stage("alphabet", "Alphabet", upstream=_imports, runs=lambda config, params: config.alphabet_auto),
         Stage(
             "features",
             "FeaturesSplit",
             params=("split",),
             upstream=lambda config, params: [*_imports(config), *_alphabet(config)],
+            group="Features",
+            runs=lambda config, params: params["split"] == "train" or config.has_split(params["split"]),
         ),
         Stage("train", "Train", upstream=_train),
         Stage("lm", "LanguageModel", upstream=lambda config, params: [*_imports(config), *_alphabet(config)]),
@@ -81,6 +95,7 @@ STAGES: dict[str, Stage] = {
                 ("features", {"split": "dev"}),
                 *_alphabet(config),
             ],
+            runs=lambda config, params: config.decoder.tune,
         ),
         Stage(
             "evaluate",
@@ -103,7 +118,11 @@ STAGES: dict[str, Stage] = {
             ],
         ),
         Stage(
-            "transcribe", "Transcribe", params=("audio",), upstream=lambda config, params: [("export", {})]
+            "transcribe",
+            "Transcribe",
+            params=("audio",),
+            upstream=lambda config, params: [("export", {})],
+            runs=lambda config, params: bool(params["audio"]),
         ),
     )
 }

@@ -30,11 +30,11 @@ class Alphabet(ConfigTask):
 
     def run_stage(self):
         """Build the alphabet; the rows read and what was left out shown in the Luigi UI."""
-        from pipeline.stages.alphabet import build_alphabet
+        from pipeline.stages.alphabet import alphabet_stage
 
         progress = Progress(self, total=0, unit="row", description="alphabet")
         try:
-            report = build_alphabet(self.layout, lambda rows: progress.update(rows, f"{rows} rows read"))
+            report = alphabet_stage(self.layout, lambda rows: progress.update(rows, f"{rows} rows read"))
         finally:
             progress.close()
         left_out = " ".join(d["char"] for d in report.dropped)

@@ -8,7 +8,7 @@ import luigi
 
 from pipeline.config_loader import load_config
 from pipeline.dag import SPLITS
-from pipeline.stages.features import build_split_cache
+from pipeline.stages.features import features_stage
 from tasks.base import ConfigParameter, ConfigTask, Progress
 
 log = logging.getLogger("luigi-interface")
@@ -42,7 +42,7 @@ class FeaturesSplit(ConfigTask):
             )
 
         try:
-            summary = build_split_cache(self.layout, self.split, report)
+            summary = features_stage(self.layout, self.split, report)
         finally:
             progress.close()
         converted = f"{summary.resampled} resampled, {summary.downmixed} downmixed"

@@ -25,11 +25,11 @@ class LanguageModel(ConfigTask):
         return self.layout.lm.report.is_file() and lm_intact(self.layout)
 
     def run_stage(self):
-        from pipeline.stages.language_model import build_language_model
+        from pipeline.stages.language_model import language_model_stage
 
         progress = Progress(self, total=100, unit="%", description="language model")
         try:
-            report = build_language_model(self.layout, on_status=progress.percent)
+            report = language_model_stage(self.layout, on_status=progress.percent)
         finally:
             progress.close()
         self.tell_scheduler(percent=100)
@@ -53,7 +53,7 @@ class TuneDecoder(ConfigTask):
         return [self.layout.tune_dir]
 
     def run_stage(self):
-        from pipeline.stages.tune import tune_decoder
+        from pipeline.stages.tune import tune_stage
 
         progress = Progress(
             self, total=self.cfg.decoder.tune_trials, unit="trial", description="tune decoder"
@@ -68,6 +68,6 @@ class TuneDecoder(ConfigTask):
             )
 
         try:
-            tune_decoder(self.layout, on_trial=trial)
+            tune_stage(self.layout, on_trial=trial)
         finally:
             progress.close()

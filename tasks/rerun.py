@@ -6,9 +6,9 @@ then run the DAG.
     python -m tasks.rerun Import --corpus librispeech-LibriSpeech --config ...   (Imports: every corpus)
 
 (``make rerun STAGE=Train CONFIG=...`` calls this.) Stages before the named one
-are left untouched; the DAG's roots (Evaluate and Export, plus TuneDecoder when
-tuning and Transcribe when ``--audio`` is given) are then run as usual, so the
-removed stages are rebuilt.
+are left untouched; the DAG's roots (``pipeline.dag``: the stages the config's
+pipeline has that no other one reads, Evaluate and Export, and Transcribe when
+``--audio`` is given) are then run as usual, so the removed stages are rebuilt.
 """
 
 from __future__ import annotations
@@ -20,37 +20,38 @@ from pathlib import Path
 
 import luigi
 
+import tasks
+from pipeline.config_loader import load_config
+from pipeline.dag import STAGES as DAG
+from pipeline.dag import Stage
 from pipeline.files import remove_entry
 from pipeline.locks import in_use, lock_path, try_locks
-from tasks import (
-    Alphabet,
-    Evaluate,
-    Export,
-    Features,
-    FeaturesSplit,
-    Import,
-    Imports,
-    LanguageModel,
-    Train,
-    Transcribe,
-    TuneDecoder,
-)
+from tasks.base import TASK_OF_STAGE
 from tasks.reenable import dag
 
 log = logging.getLogger("luigi-interface")
-STAGES = {
-    "Imports": Imports,
-    "Import": Import,
-    "Alphabet": Alphabet,
-    "Features": Features,
-    "FeaturesSplit": FeaturesSplit,
-    "Train": Train,
-    "LanguageModel": LanguageModel,
-    "TuneDecoder": TuneDecoder,
-    "Evaluate": Evaluate,
-    "Export": Export,
-    "Transcribe": Transcribe,
+# What the command line names, from the DAG's declaration: each stage's task (FeaturesSplit), and the task
+# running every instance of a stage with parameters (Features).
+STAGES: dict[str, Stage] = {
+    **{stage.task: stage for stage in DAG.values()},
+    **{stage.group: stage for stage in DAG.values() if stage.group},
 }
+
+
+def dag_roots(config: str, given: dict) -> list:
+    """The tasks no other task of the config's pipeline reads: one for each stage instance the config's
+    pipeline has (``Stage.runs``; a stage with parameters only for those in ``given``, Transcribe with
+    ``--audio``) that no other one requires."""
+    cfg = load_config(config)
+    candidates = [
+        TASK_OF_STAGE[stage.name](config=config, **{p: given[p] for p in stage.params})
+        for stage in DAG.values()
+        if all(given.get(p) for p in stage.params) and stage.runs(cfg, {p: given[p] for p in stage.params})
+    ]
+    required = set()
+    for task in candidates:
+        required |= set(dag(luigi.task.flatten(task.requires())))
+    return [task for task in candidates if task.task_id not in required]
 
 
 def dependents(targets: set[str], tasks: dict) -> set[str]:
@@ -108,34 +109,22 @@ def main(argv=None) -> int:
     parser.add_argument("--scheduler-port", type=int, help="central scheduler port (default: luigi.cfg)")
     parser.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     args = parser.parse_args(argv)
-    if args.stage == "FeaturesSplit" and not args.split:
-        parser.error("FeaturesSplit needs --split")
-    if args.stage == "Transcribe" and not args.audio:
-        parser.error("Transcribe needs --audio")
-    if args.stage == "Import" and not args.corpus:
-        parser.error("Import needs --corpus")
+    stage = STAGES[args.stage]
+    for param in stage.params if args.stage == stage.task else ():
+        if not getattr(args, param):
+            parser.error(f"{args.stage} needs --{param}")
 
-    roots = [Evaluate(config=args.config), Export(config=args.config)]
-    if roots[0].cfg.decoder.tune:
-        roots.append(TuneDecoder(config=args.config))
-    if args.audio:
-        roots.append(Transcribe(config=args.config, audio=args.audio))
-    tasks = dag(roots)
-    if args.stage == "Features":
-        targets = [FeaturesSplit(config=args.config, split=s) for s in ("train", "dev", "test")]
-    elif args.stage == "FeaturesSplit":
-        targets = [FeaturesSplit(config=args.config, split=args.split)]
-    elif args.stage == "Transcribe":
-        targets = [Transcribe(config=args.config, audio=args.audio)]
-    elif args.stage == "Import":
-        targets = [Import(config=args.config, corpus=args.corpus)]
-    elif args.stage == "Imports":
-        targets = Imports(config=args.config).requires()
+    roots = dag_roots(args.config, {"audio": args.audio})
+    graph = dag(roots)
+    if args.stage == stage.group:  # every instance: Features, Imports
+        targets = luigi.task.flatten(getattr(tasks, stage.group)(config=args.config).requires())
     else:
-        targets = [STAGES[args.stage](config=args.config)]
-    doomed = dependents({t.task_id for t in targets}, tasks)
+        targets = [
+            TASK_OF_STAGE[stage.name](config=args.config, **{p: getattr(args, p) for p in stage.params})
+        ]
+    doomed = dependents({t.task_id for t in targets}, graph)
     # Stage outputs are computed before anything is removed: Export and Transcribe find theirs by content.
-    paths = [(task_id, path) for task_id in sorted(doomed) for path in tasks[task_id].stage_paths()]
+    paths = [(task_id, path) for task_id in sorted(doomed) for path in graph[task_id].stage_paths()]
     busy = _in_use([Path(path) for _, path in paths])
     if busy:
         print(

@@ -78,11 +78,11 @@ def small_config(tmp_path):
 def build_features(config, splits=("train", "dev", "test")) -> None:
     """Build the feature caches a test needs (skipping those that exist)."""
     from pipeline.layout import Layout
-    from pipeline.stages.features import build_split_cache
+    from pipeline.stages.features import features_stage
 
     for split in splits:
         if not Layout(config).features_cache(split).exists():
-            build_split_cache(Layout(config), split)
+            features_stage(Layout(config), split)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from pipeline.dag import upstream
 from pipeline.layout import Layout
 from pipeline.model.labels import alphabet_intact, model_alphabet
 from pipeline.reports import AlphabetReport, ReportError, read_report
-from pipeline.stages.alphabet import build_alphabet
+from pipeline.stages.alphabet import alphabet_stage
 from tests.conftest import SAMPLE
 
 SENTENCES = [
@@ -56,7 +56,7 @@ def _config(tmp_path: Path, **data):
 
 def test_the_alphabet_holds_each_letter_once_whatever_the_normal_form(tmp_path):
     layout = Layout(_config(tmp_path))
-    report = build_alphabet(layout)
+    report = alphabet_stage(layout)
     alphabet = model_alphabet(layout.config, layout.alphabet)
     assert alphabet.labels[0] == " " and list(alphabet.labels[1:]) == sorted(alphabet.labels[1:])
     assert set(alphabet.labels) == set(" 'acefglnoprstvàèéêëøù")
@@ -65,12 +65,12 @@ def test_the_alphabet_holds_each_letter_once_whatever_the_normal_form(tmp_path):
     assert [c["char"] for c in report.characters] == list(alphabet.labels)
     assert {c["char"]: c["count"] for c in report.characters}["é"] == 6
     assert layout.alphabet == layout.alphabet_files.alphabet and alphabet_intact(layout.alphabet_files)
-    assert build_alphabet(layout) == report  # intact: read back, not rebuilt
+    assert alphabet_stage(layout) == report  # intact: read back, not rebuilt
 
 
 def test_characters_under_the_minimum_are_left_out_with_the_rows_they_cost(tmp_path):
     layout = Layout(_config(tmp_path, alphabet_min_count=2))
-    report = build_alphabet(layout)
+    report = alphabet_stage(layout)
     assert "ø" not in model_alphabet(layout.config, layout.alphabet).labels
     assert report.dropped == [
         {
@@ -88,7 +88,7 @@ def test_characters_under_the_minimum_are_left_out_with_the_rows_they_cost(tmp_p
 
 def test_an_edited_alphabet_is_refused_naming_the_file_and_rebuilt(tmp_path):
     layout = Layout(_config(tmp_path))
-    build_alphabet(layout)
+    alphabet_stage(layout)
     files = layout.alphabet_files
     files.alphabet.write_text(files.alphabet.read_text(encoding="utf-8") + "x\n", encoding="utf-8")
     assert not alphabet_intact(files)
@@ -96,14 +96,14 @@ def test_an_edited_alphabet_is_refused_naming_the_file_and_rebuilt(tmp_path):
         ReportError, match=rf"{files.alphabet}: its SHA-256 differs .*make rerun STAGE=Alphabet"
     ):
         model_alphabet(layout.config, layout.alphabet)
-    build_alphabet(Layout(layout.config))
+    alphabet_stage(Layout(layout.config))
     assert "x" not in model_alphabet(layout.config, layout.alphabet).labels
 
 
 def test_no_training_text_is_a_clear_error(tmp_path):
     layout = Layout(_config(tmp_path, transcripts=["1 2", "?"]))
     with pytest.raises(ValueError, match=r"paths.alphabet: auto found no training transcripts .*2 rows read"):
-        build_alphabet(layout)
+        alphabet_stage(layout)
     assert not layout.alphabet_files.report.exists()
 
 

@@ -126,12 +126,12 @@ def test_lying_wav_headers_are_refused_as_truncated(tmp_path, two_second_wav, si
 def test_truncated_files_are_rejected_by_the_features_stage(tmp_path, two_second_wav):
     """N5 in Features: the truncated row is a reject with its reason, the good row is kept."""
     from pipeline.config import FeaturesConfig
-    from pipeline.stages.features import _process_shard
+    from pipeline.features.shards import process_shard
 
     half = tmp_path / "half.wav"
     half.write_bytes(two_second_wav.read_bytes()[: 44 + RATE])
     part = tmp_path / "part.npz"
-    _process_shard(str(part), [(str(two_second_wav), 1), (str(half), 1)], FeaturesConfig(), 0.0)
+    process_shard(str(part), [(str(two_second_wav), 1), (str(half), 1)], FeaturesConfig(), 0.0)
     with np.load(part) as saved:
         assert list(saved["reasons"]) == ["", "truncated_audio"]
         assert saved["lengths"][0] > 0
@@ -289,14 +289,14 @@ def test_nan_samples_are_a_reject_of_the_features_stage(tmp_path, two_second_wav
     """Issue 37 row 13 in Features: a float WAV holding a NaN is a reject (``non_finite_audio``), counted,
     and the good row is kept."""
     from pipeline.config import FeaturesConfig
-    from pipeline.stages.features import _process_shard
+    from pipeline.features.shards import process_shard
 
     samples, _ = soundfile.read(two_second_wav, dtype="float32")
     samples[RATE] = np.nan
     poisoned = tmp_path / "nan.wav"
     soundfile.write(poisoned, samples, RATE, subtype="FLOAT")
     part = tmp_path / "part.npz"
-    _process_shard(str(part), [(str(two_second_wav), 1), (str(poisoned), 1)], FeaturesConfig(), 0.0)
+    process_shard(str(part), [(str(two_second_wav), 1), (str(poisoned), 1)], FeaturesConfig(), 0.0)
     with np.load(part) as saved:
         assert list(saved["reasons"]) == ["", "non_finite_audio"]
         assert saved["lengths"][0] > 0

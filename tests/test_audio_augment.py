@@ -13,7 +13,7 @@ from pipeline.config_loader import load_config
 from pipeline.features.audio_augment import Variant, apply_variant, variants
 from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
-from pipeline.stages.features import build_split_cache
+from pipeline.stages.features import features_stage
 
 
 def _noise_dir(tmp_path):
@@ -67,7 +67,7 @@ def test_the_train_cache_holds_the_copies_and_only_its_fingerprint_moves(small_c
     )
     assert Layout(plain).features_fingerprint("dev") == Layout(augmented).features_fingerprint("dev")
     assert Layout(plain).features_fingerprint("train") != Layout(augmented).features_fingerprint("train")
-    summary = build_split_cache(Layout(augmented), "train")
+    summary = features_stage(Layout(augmented), "train")
     index = read_cache(Layout(augmented).features_cache("train"), augmented.features)
     assert summary.kept + summary.rejected == 6 * 4
     originals = {p: d for p, d in zip(index.paths, index.durations, strict=False) if "#" not in p}
@@ -81,7 +81,7 @@ def test_the_train_cache_holds_the_copies_and_only_its_fingerprint_moves(small_c
     assert copies and all(r["reason"] == "too_long" and "(copy " in r["source"] for r in copies), rejects
     again = tmp_path / "again.h5"
     Layout(augmented).features_cache("train").rename(again)
-    build_split_cache(Layout(augmented), "train")
+    features_stage(Layout(augmented), "train")
     rebuilt = read_cache(Layout(augmented).features_cache("train"), augmented.features)
     assert rebuilt.paths == read_cache(again, augmented.features).paths
     np.testing.assert_array_equal(

@@ -19,7 +19,7 @@ from native_client.export_decoder import decoder_for_export
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
 from pipeline.lm.kneser_ney import LanguageModelError
-from pipeline.stages.language_model import build_language_model
+from pipeline.stages.language_model import language_model_stage
 from pipeline.workdir import LMFiles
 from tasks import Evaluate, Export, LanguageModel, Transcribe
 from tests.conftest import ROOT, SAMPLE
@@ -55,7 +55,7 @@ def test_language_model_refuses_held_out_text_and_adopts_a_given_lm(small_config
         small_config("leaky.yaml", extra=f"decoder:\n  lm_corpus_files: [{SAMPLE / 'test.csv'}]\n")
     )
     with pytest.raises(LanguageModelError, match="test.csv is a dev/test manifest"):
-        build_language_model(Layout(leaky), files=LMFiles(tmp_path / "leaky"))
+        language_model_stage(Layout(leaky), files=LMFiles(tmp_path / "leaky"))
     assert not (tmp_path / "leaky").exists() and not (tmp_path / "leaky.partial").exists()
     arpa = tmp_path / "mine.arpa"
     arpa.write_text(
@@ -67,7 +67,7 @@ def test_language_model_refuses_held_out_text_and_adopts_a_given_lm(small_config
             extra=f"decoder:\n  lm_path: {arpa}\n  lm_include_train: false\n  lm_corpus_files: []\n",
         )
     )
-    report = build_language_model(Layout(given), files=LMFiles(tmp_path / "given"))
+    report = language_model_stage(Layout(given), files=LMFiles(tmp_path / "given"))
     assert report.lm == str(arpa) and (tmp_path / "given" / "vocab.txt").read_text() == "amen\n"
 
 

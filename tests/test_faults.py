@@ -666,7 +666,7 @@ def test_leftovers_of_killed_runs_are_removed_by_the_next_run(finished, tmp_path
     from native_client.alphabet import load_alphabet
     from pipeline.features.cache import read_cache
     from pipeline.stages.evaluate import evaluate_stage
-    from pipeline.stages.features import build_split_cache
+    from pipeline.stages.features import features_stage
     from pipeline.train.distribute import make_strategy
     from pipeline.train.loop import Trainer
 
@@ -676,7 +676,7 @@ def test_leftovers_of_killed_runs_are_removed_by_the_next_run(finished, tmp_path
     cache = layout.features_cache("dev")
     features_tmp = cache.with_name(f".{cache.name}.{dead}.tmp")
     features_tmp.write_bytes(b"partial")
-    build_split_cache(layout, "dev")
+    features_stage(layout, "dev")
     assert not features_tmp.exists()
 
     temp_checkpoint = layout.train_run.checkpoints / "ckpt-999_temp"
@@ -779,7 +779,8 @@ def test_a_damaged_feature_shard_part_is_recomputed(write_config, tmp_path, capl
     import logging
 
     from pipeline.features.frontend import ctc_min_frames
-    from pipeline.stages.features import _process_shard, build_split_cache, shard_key
+    from pipeline.features.shards import process_shard, shard_key
+    from pipeline.stages.features import features_stage
     from tests.conftest import ALPHABET, SAMPLE
 
     path = write_config(f"""
@@ -802,10 +803,10 @@ def test_a_damaged_feature_shard_part_is_recomputed(write_config, tmp_path, capl
     samples, _ = read_manifests(config.split_files("train"), 40, load_alphabet(ALPHABET), config.data.text)
     jobs = [(s.audio_path, ctc_min_frames(s.labels), None, s.offset, s.duration) for s in samples[:32]]
     part = layout.features_part(parts, 0, shard_key(jobs))
-    _process_shard(str(part), jobs, config.features, 0.0, shard_key(jobs))
+    process_shard(str(part), jobs, config.features, 0.0, shard_key(jobs))
     part.write_bytes(part.read_bytes()[:200])
     with caplog.at_level(logging.WARNING):
-        summary = build_split_cache(layout, "train")
+        summary = features_stage(layout, "train")
     assert summary.kept == 40
     assert any(f"{part}: damaged feature shard" in r.message for r in caplog.records)
 

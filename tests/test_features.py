@@ -20,9 +20,11 @@ from pipeline.config_loader import load_config
 from pipeline.data.manifests import CorpusError, read_manifests
 from pipeline.data.text import TextSettings
 from pipeline.features.cache import CacheError, check_settings, read_cache
+from pipeline.features.extract import FeaturesError
 from pipeline.features.frontend import ctc_min_frames
+from pipeline.features.shards import too_short_for_transcript
 from pipeline.layout import Layout
-from pipeline.stages.features import FeaturesError, build_split_cache
+from pipeline.stages.features import features_stage
 from tests.conftest import ALPHABET, ROOT, SAMPLE, run_with_peak_rss
 from tests.corpus_factory import bad_corpus, sample_rows, write_manifest
 
@@ -48,7 +50,7 @@ NO_CONVERSION = "features:\n          resample: false\n          downmix: false"
 def test_bad_corpus_rejects_exactly_the_bad_rows(write_config, tmp_path):
     manifest, expected = bad_corpus(tmp_path / "corpus")
     config = _config(write_config, tmp_path, manifest, NO_CONVERSION)
-    summary = build_split_cache(Layout(config), "train")
+    summary = features_stage(Layout(config), "train")
     assert summary.kept == 3
     with open(summary.rejects_report, newline="") as handle:
         rejects = {Path(row["wav_filename"]).name: row for row in csv.DictReader(handle)}
@@ -65,11 +67,11 @@ def test_resample_and_downmix_by_default_keep_those_rows_and_count_them(write_co
     stereo file are kept, and the summary counts them, also when it comes from the finished cache."""
     manifest, expected = bad_corpus(tmp_path / "corpus")
     config = _config(write_config, tmp_path, manifest)
-    summary = build_split_cache(Layout(config), "train")
+    summary = features_stage(Layout(config), "train")
     assert summary.kept == 5
     assert "wrong_sample_rate" not in summary.reasons and "too_many_channels" not in summary.reasons
     assert (summary.resampled, summary.downmixed) == (1, 1)
-    again = build_split_cache(Layout(config), "train")
+    again = features_stage(Layout(config), "train")
     assert (again.kept, again.resampled, again.downmixed) == (5, 1, 1)
 
 
@@ -83,14 +85,14 @@ def test_too_many_rejects_fail_naming_split_and_reasons(write_config, tmp_path):
         )
     )
     with pytest.raises(CorpusError, match=r"split 'train': 9 of 12 rows rejected .*top reasons: ") as error:
-        build_split_cache(Layout(config), "train")
+        features_stage(Layout(config), "train")
     assert "rejects.csv" in str(error.value)
     assert not Layout(config).features_cache("train").exists()
     assert Layout(config).rejects_report("train").exists()
 
 
 def test_raising_max_reject_fraction_reuses_the_extracted_shards(write_config, tmp_path, monkeypatch, caplog):
-    import pipeline.stages.features as featurize
+    import pipeline.features.extract as featurize
 
     manifest, _ = bad_corpus(tmp_path / "corpus")
     lenient = _config(write_config, tmp_path, manifest, NO_CONVERSION)
@@ -102,16 +104,16 @@ def test_raising_max_reject_fraction_reuses_the_extracted_shards(write_config, t
     )
     assert Layout(strict).features_fingerprint("train") == Layout(lenient).features_fingerprint("train")
     with pytest.raises(CorpusError):
-        build_split_cache(Layout(strict), "train")
+        features_stage(Layout(strict), "train")
     parts = sorted(Layout(strict).features_parts("train").glob("*.npz"))
     assert parts
     parts[0].write_bytes(parts[0].read_bytes()[:100])  # a damaged shard is recomputed, with a warning
     computed = []
-    real = featurize._process_shard
+    real = featurize.process_shard
     monkeypatch.setattr(
-        featurize, "_process_shard", lambda part, *args: computed.append(part) or real(part, *args)
+        featurize, "process_shard", lambda part, *args: computed.append(part) or real(part, *args)
     )
-    summary = build_split_cache(Layout(lenient), "train")
+    summary = features_stage(Layout(lenient), "train")
     assert summary.kept == 3 and computed == [str(parts[0])]
     assert any(str(parts[0]) in r.message and "damaged" in r.message for r in caplog.records)
 
@@ -122,7 +124,7 @@ def test_max_duration_rejects_long_utterances_as_too_long(write_config, tmp_path
     durations = [soundfile.info(str(path)).duration for path, _ in rows]
     limit = sorted(durations)[1] + 0.01
     config = _config(write_config, tmp_path, manifest, f"  max_duration_s: {limit}")
-    summary = build_split_cache(Layout(config), "train")
+    summary = features_stage(Layout(config), "train")
     assert summary.kept == 2 and summary.reasons == {"too_long": 2}
     with open(summary.rejects_report, newline="") as handle:
         assert all("data.max_duration_s" in row["detail"] for row in csv.DictReader(handle))
@@ -146,7 +148,7 @@ def test_cached_features_equal_python_speech_features(write_config, tmp_path):
     rows = sample_rows(count=2)
     manifest = write_manifest(tmp_path / "two.csv", [(str(path), text) for path, text in rows])
     config = _config(write_config, tmp_path, manifest)
-    summary = build_split_cache(Layout(config), "train")
+    summary = features_stage(Layout(config), "train")
     cached = read_cache(Path(summary.cache), config.features)
     reader = cached.reader()
     assert list(cached.lengths) == sorted(cached.lengths)  # the cache is in length order
@@ -162,7 +164,7 @@ def test_cached_features_equal_python_speech_features(write_config, tmp_path):
 def test_changed_feature_setting_makes_reader_refuse_old_cache(write_config, tmp_path):
     manifest = write_manifest(tmp_path / "one.csv", [(str(p), t) for p, t in sample_rows(count=1)])
     config = _config(write_config, tmp_path, manifest)
-    summary = build_split_cache(Layout(config), "train")
+    summary = features_stage(Layout(config), "train")
     changed = FeaturesConfig(frontend=MfccSettings(numcep=13, winlen=0.032))
     with pytest.raises(
         CacheError, match=r"numcep: cache 26 vs config 13.*winlen: cache 0\.025 vs config 0\.032"
@@ -183,13 +185,21 @@ def test_context_windows_and_ctc_minimum():
     assert ctc_min_frames([1, 1, 2, 2, 2, 3]) == 9
 
 
+def test_too_short_for_transcript_refuses_fewer_frames_than_ctc_needs():
+    assert too_short_for_transcript(9, 9, 0.18) == ""
+    assert too_short_for_transcript(8, 9, 0.16) == (
+        "transcript needs at least 9 time steps, audio gives 8 (0.16 s)"
+    )
+
+
 _KILLABLE = """
 import sys
 from pipeline.config_loader import load_config
-from pipeline.stages.features import FeaturesError, build_split_cache
+from pipeline.features.extract import FeaturesError
+from pipeline.stages.features import features_stage
 from pipeline.layout import Layout
 if __name__ == "__main__":
-    build_split_cache(Layout(load_config(sys.argv[1])), "train")
+    features_stage(Layout(load_config(sys.argv[1])), "train")
 """
 
 
@@ -215,8 +225,8 @@ def test_killed_run_resumes_and_matches_an_uninterrupted_run(write_config, tmp_p
     assert 3 <= finished_parts < 10, "the run was not killed half-way"
     assert not cache.exists()
 
-    build_split_cache(Layout(config), "train")
-    build_split_cache(Layout(load_config(clean)), "train")
+    features_stage(Layout(config), "train")
+    features_stage(Layout(load_config(clean)), "train")
     with h5py.File(cache) as a, h5py.File(Layout(load_config(clean)).features_cache("train")) as b:
         for name in ("features", "offsets", "lengths", "durations"):
             np.testing.assert_array_equal(a[name][...], b[name][...])
@@ -289,11 +299,11 @@ def test_parts_of_a_failed_run_are_never_paired_with_other_rows(write_config, tm
     strict = text.replace("max_reject_fraction: 1.0", "max_reject_fraction: 0.05")
     config = load_config(write_config(strict, "s.yaml"))
     with pytest.raises(CorpusError, match=r"6 of \d+ rows rejected"):
-        build_split_cache(Layout(config), "train")
+        features_stage(Layout(config), "train")
     assert list(Layout(config).features_parts("train").glob("*.npz"))  # kept for a rerun
     for index, data in saved.items():
         files[index].write_bytes(data)
-    summary = build_split_cache(Layout(config), "train")
+    summary = features_stage(Layout(config), "train")
     assert summary.kept == rows
     clean = load_config(
         write_config(
@@ -302,7 +312,7 @@ def test_parts_of_a_failed_run_are_never_paired_with_other_rows(write_config, tm
         )
     )
     rerun = _cache_by_path(Path(summary.cache))
-    fresh = _cache_by_path(Path(build_split_cache(Layout(clean), "train").cache))
+    fresh = _cache_by_path(Path(features_stage(Layout(clean), "train").cache))
     assert sorted(rerun) == sorted(fresh) and len(rerun) == rows
     for path, features in fresh.items():
         np.testing.assert_array_equal(rerun[path], features, err_msg=path)
@@ -322,7 +332,7 @@ def test_augmented_copies_do_not_dilute_max_reject_fraction(write_config, tmp_pa
         )
     )
     with pytest.raises(CorpusError, match=r"split 'train': 2 of 20 rows rejected \(10\.0% > "):
-        build_split_cache(Layout(config), "train")
+        features_stage(Layout(config), "train")
 
 
 def test_a_split_whose_rows_are_all_rejected_is_an_error(write_config, tmp_path):
@@ -336,7 +346,7 @@ def test_a_split_whose_rows_are_all_rejected_is_an_error(write_config, tmp_path)
         file.unlink()
     config = _config(write_config, tmp_path, manifest)
     with pytest.raises(CorpusError) as error:
-        build_split_cache(Layout(config), "train")
+        features_stage(Layout(config), "train")
     message = str(error.value)
     assert "\n" not in message and "split 'train': no usable rows, all 5 rejected" in message
     assert "missing_file (5)" in message and "rejects.csv" in message
@@ -359,9 +369,9 @@ def test_a_manifest_edited_after_scheduling_is_refused(write_config, tmp_path):
     lines = manifest.read_text().splitlines(keepends=True)
     manifest.write_text("".join(lines[:-2]))
     with pytest.raises(FeaturesError, match=rf"{manifest}: the manifest changed after this run was schedul"):
-        build_split_cache(layout, "train")
+        features_stage(layout, "train")
     assert not scheduled.exists()
-    assert build_split_cache(Layout(layout.config), "train").kept == 4  # a new schedule reads the new rows
+    assert features_stage(Layout(layout.config), "train").kept == 4  # a new schedule reads the new rows
 
 
 def test_a_linked_manifest_finds_its_audio_beside_its_real_file(write_config, tmp_path):
@@ -378,8 +388,8 @@ def test_a_linked_manifest_finds_its_audio_beside_its_real_file(write_config, tm
 _FEATURISE_ONE = """
 import sys
 from pipeline.config import FeaturesConfig
-from pipeline.stages.features import _process_shard
-count, rejected, seconds = _process_shard(sys.argv[2], [(sys.argv[1], 1)], FeaturesConfig(), 0.0)
+from pipeline.features.shards import process_shard
+count, rejected, seconds = process_shard(sys.argv[2], [(sys.argv[1], 1)], FeaturesConfig(), 0.0)
 print(rejected, round(seconds))
 """
 

@@ -23,7 +23,7 @@ from pipeline.config import ConfigError
 from pipeline.config_loader import load_config
 from pipeline.data.manifests import CorpusError
 from pipeline.layout import Layout, forget_corpus_listings
-from pipeline.stages.features import build_split_cache
+from pipeline.stages.features import features_stage
 from tasks import Evaluate, FeaturesSplit, Import, Imports
 from tests import corpus_layouts
 from tests.conftest import ALPHABET, ROOT, SAMPLE
@@ -172,7 +172,7 @@ def test_features_read_the_imports_after_data_files_and_fingerprint_them(tmp_pat
         str(manifest),
         str(layout.import_files("librispeech-corpus").manifest("train")),
     )
-    summary = build_split_cache(layout, "train")  # the cache exists: its summary
+    summary = features_stage(layout, "train")  # the cache exists: its summary
     assert (summary.kept, summary.rejected) == (5, 0)
     before = layout.features_fingerprint("train")
 
@@ -213,7 +213,7 @@ def test_import_rejects_count_towards_max_reject_fraction_and_selections_do_not(
     assert luigi.build([Imports(config=str(path))], local_scheduler=True)
     layout = Layout(load_config(path))
     with pytest.raises(CorpusError) as error:
-        build_split_cache(layout, "train")
+        features_stage(layout, "train")
     message = str(error.value)
     assert "split 'train': 2 of 4 rows rejected (50.0% > data.max_reject_fraction 5.0%)" in message
     assert "missing_file (1)" in message and "missing_transcript (1)" in message
@@ -230,7 +230,7 @@ def test_import_rejects_count_towards_max_reject_fraction_and_selections_do_not(
         )
     )
     assert raised.features_fingerprint("train") == layout.features_fingerprint("train")
-    assert build_split_cache(raised, "train").kept == 2
+    assert features_stage(raised, "train").kept == 2
     limited = Layout(
         load_config(
             _config(
@@ -241,7 +241,7 @@ def test_import_rejects_count_towards_max_reject_fraction_and_selections_do_not(
             )
         )
     )
-    assert build_split_cache(limited, "train").kept == 2
+    assert features_stage(limited, "train").kept == 2
 
     timit = corpus_layouts.timit(tmp_path / "timit")
     path = _config(tmp_path / "timit", [{"importer": "timit", "path": str(timit)}])
@@ -474,9 +474,9 @@ def test_a_common_voice_corpus_without_a_features_section_trains(tmp_path):
     assert loaded.features.resample and loaded.features.downmix
     layout = Layout(loaded)
     assert luigi.build([Train(config=str(config))], local_scheduler=True)
-    summary = build_split_cache(layout, "dev")  # the cache is there: its summary, from the cache
+    summary = features_stage(layout, "dev")  # the cache is there: its summary, from the cache
     assert (summary.kept, summary.rejected, summary.resampled, summary.downmixed) == (4, 0, 4, 0)
-    summary = build_split_cache(layout, "test")  # Train did not need it: made now
+    summary = features_stage(layout, "test")  # Train did not need it: made now
     assert (summary.kept, summary.rejected, summary.resampled, summary.downmixed) == (4, 0, 4, 0)
     for split in ("train", "dev"):
         found = cache_summary(layout.features_cache(split))

@@ -159,7 +159,7 @@ def test_tedlium_segments_reach_features_as_segments(tmp_path, write_config):
     from pipeline.config_loader import load_config
     from pipeline.features.cache import read_cache
     from pipeline.layout import Layout
-    from pipeline.stages.features import build_split_cache
+    from pipeline.stages.features import features_stage
     from tests.conftest import ALPHABET
 
     path = corpus_layouts.tedlium(tmp_path)
@@ -176,7 +176,7 @@ def test_tedlium_segments_reach_features_as_segments(tmp_path, write_config):
           workers: 1
     """)
     )
-    summary = build_split_cache(Layout(config), "train")
+    summary = features_stage(Layout(config), "train")
     assert (summary.kept, summary.reasons) == (2, {"unknown_characters": 1})  # the digits of '60s
     cache = read_cache(Path(summary.cache), config.features)
     assert np.allclose(sorted(cache.durations), [1.2, 1.5])

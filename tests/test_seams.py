@@ -140,6 +140,22 @@ def test_every_stage_has_its_task_and_the_commands_know_it():
     assert {s.task for s in STAGES.values()} <= set(RERUN) & set(TASKS)
 
 
+def test_rerun_runs_the_roots_the_dag_declares_and_they_reach_every_stage(small_config):
+    """``make rerun`` takes its roots from ``pipeline.dag``: the stages a config's pipeline has that no other
+    one reads. From them every stage of that pipeline is reached (so a removed output is rebuilt), and a
+    stage the config does not run (TuneDecoder without decoder.tune) is not run."""
+    from pipeline.dag import STAGES
+    from tasks.rerun import dag, dag_roots
+
+    plain = str(small_config("plain.yaml"))
+    full = str(small_config("full.yaml", extra="decoder:\n  tune: true\npaths:\n  alphabet: auto\n"))
+    assert [type(t).__name__ for t in dag_roots(plain, {"audio": None})] == ["Evaluate", "Export"]
+    assert [type(t).__name__ for t in dag_roots(plain, {"audio": "a.wav"})] == ["Evaluate", "Transcribe"]
+    assert "TuneDecoder" not in {type(t).__name__ for t in dag(dag_roots(plain, {"audio": None})).values()}
+    reached = {type(t).__name__ for t in dag(dag_roots(full, {"audio": "a.wav"})).values()}
+    assert reached == {stage.task for stage in STAGES.values()} - {"Import"}  # the sample has no corpora
+
+
 def test_keys_that_change_no_result_in_a_config_move_no_fingerprint():
     from pipeline.config_loader import config_from_dict
 

@@ -49,7 +49,7 @@ def _describe(char: str, count: int) -> dict:
     }
 
 
-def build_alphabet(layout: Layout, progress: Callable[[int], None] | None = None) -> AlphabetReport:
+def alphabet_stage(layout: Layout, progress: Callable[[int], None] | None = None) -> AlphabetReport:
     """Build the alphabet of ``layout``'s training transcripts into its Alphabet directory unless an intact
     one is there; returns the report. ``progress(rows)`` follows the rows read."""
     files = layout.alphabet_files

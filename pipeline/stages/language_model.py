@@ -32,7 +32,7 @@ from pipeline.workdir import LMFiles
 log = logging.getLogger(__name__)
 
 
-def build_language_model(
+def language_model_stage(
     layout: Layout,
     on_status: Callable[[str, float], None] = lambda message, percent: None,
     files: LMFiles | None = None,

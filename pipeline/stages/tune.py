@@ -30,7 +30,7 @@ ALPHA_RANGE = (0.0, 5.0)
 BETA_RANGE = (-2.0, 5.0)
 
 
-def tune_decoder(
+def tune_stage(
     layout: Layout,
     on_trial: Callable[[int, int, dict], None] = lambda done, total, best: None,
     report_path: Path | None = None,

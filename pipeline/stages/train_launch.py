@@ -1,0 +1,197 @@
+"""Where the Train stage runs: in this process, in ``distribution.local_workers`` worker processes, or as
+this machine's worker of a cluster; and a signal's request to stop at the end of a step.
+
+``train_launch_stage`` picks one from the config and ``TF_CONFIG`` and returns the line that sums up the
+run; ``train_stage`` (``pipeline.stages.train``) is the training itself, in whichever process runs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+import yaml
+
+from pipeline.config_loader import config_to_dict
+from pipeline.files import write_text_atomic
+from pipeline.layout import Layout
+from pipeline.reports import TrainReport, read_report
+from pipeline.stages.train import train_stage
+from pipeline.train import multiworker
+from pipeline.train.cluster import apply_cluster
+from pipeline.train.distribute import DistributionError, cluster_role
+from pipeline.train.hooks import StepInfo, StopTraining, TrainHooks, ValidationInfo
+
+log = logging.getLogger(__name__)
+
+
+class TrainProgress(Protocol):
+    """What shows the progress of training in this process (the task's progress bar)."""
+
+    def on_step(self, info: StepInfo) -> None:
+        """After each step."""
+
+    def on_validation(self, info: ValidationInfo) -> None:
+        """After each validation."""
+
+    def close(self) -> None:
+        """When training ends, however it ends."""
+
+
+def train_launch_stage(
+    layout: Layout, on_message: Callable[[str], None], progress: Callable[[], TrainProgress]
+) -> str:
+    """Train as the config says and return the line that sums up the run (``done: ...``).
+
+    With ``distribution.local_workers`` the workers are processes on this machine; with
+    ``distribution.strategy: multi_worker`` and ``TF_CONFIG`` (set by hand or from the Slurm step,
+    ``distribution.cluster``), this machine's worker of the cluster; otherwise training runs in this
+    process, with ``progress()`` told each step and a signal asking for a stop at the end of a step.
+    ``on_message`` gets the workers' status lines while they run.
+    """
+    apply_cluster(layout.config)  # distribution.cluster: slurm sets TF_CONFIG from the Slurm step
+    distribution = layout.config.distribution
+    if distribution.local_workers:
+        if os.environ.get("TF_CONFIG"):
+            log.warning(
+                "TF_CONFIG is set but distribution.local_workers is %d: TF_CONFIG is ignored (each local "
+                "worker gets its own)",
+                distribution.local_workers,
+            )
+        return _run_local_workers(layout, on_message)
+    if distribution.strategy == "multi_worker" and os.environ.get("TF_CONFIG"):
+        return _run_cluster_worker(layout, on_message)
+    shown = progress()
+    stop = SignalStop()
+    try:
+
+        def on_step(info: StepInfo) -> None:
+            stop.check(info)
+            shown.on_step(info)
+
+        hooks = TrainHooks(on_step=on_step, on_validation=shown.on_validation)
+        with stop_on_signals(stop):
+            report = train_stage(layout, hooks=hooks)
+    finally:
+        shown.close()
+    return f"done: {report.epochs_completed} epochs, {report.global_step} steps; stop: {report.stop.reason}"
+
+
+def _scheduled_config(layout: Layout) -> str:
+    """The config this stage was scheduled with, written as the run's resolved config (``config.yaml`` in
+    the run directory) for the worker processes to read: the YAML file may have been edited since, and
+    workers reading it would train (and report) under another fingerprint than the one the caller waits
+    for."""
+    snapshot = layout.train_run.resolved_config
+    write_text_atomic(snapshot, yaml.safe_dump(config_to_dict(layout.config), sort_keys=False))
+    return str(snapshot)
+
+
+def _run_local_workers(layout: Layout, on_message: Callable[[str], None]) -> str:
+    """``distribution.local_workers`` worker processes on this machine (multi-worker all-reduce)."""
+    distribution = layout.config.distribution
+    if distribution.strategy != "multi_worker":
+        raise DistributionError(
+            f"{layout.config.source}: distribution.local_workers needs distribution.strategy: multi_worker"
+        )
+    run = layout.train_run
+
+    def poll(last_line: str) -> None:
+        on_message(f"{distribution.local_workers} workers; worker 0: {last_line[-200:]}")
+
+    multiworker.launch_local_workers(
+        _scheduled_config(layout),
+        distribution.local_workers,
+        run.worker_log,
+        grace_s=distribution.collective_timeout_s + 30,
+        on_poll=poll,
+    )
+    report = read_report(run.report, TrainReport)
+    return (
+        f"done on {distribution.local_workers} workers: {report.epochs_completed} epochs, "
+        f"{report.global_step} steps"
+    )
+
+
+def _run_cluster_worker(layout: Layout, on_message: Callable[[str], None]) -> str:
+    """This machine's worker of a cluster described by ``TF_CONFIG``, in a child process that listens
+    on this worker's own TF_CONFIG address only. A non-chief worker succeeds when the chief's report of
+    the same run (its step and weights) is readable here: that report is its output too."""
+    role = cluster_role()
+    run = layout.train_run
+    multiworker.run_cluster_worker(
+        _scheduled_config(layout),
+        role.index,
+        run.worker_log,
+        grace_s=layout.config.distribution.collective_timeout_s + 30,
+        on_poll=lambda line: on_message(f"worker {role.index}: {line[-200:]}"),
+    )
+    if role.is_chief:
+        report = read_report(run.report, TrainReport)
+    else:
+        # This worker's output is the chief's report of the same run: succeed only once it is readable.
+        report = multiworker.wait_for_chief_report(
+            run,
+            _worker_result(run.worker_log(role.index)),
+            timeout_s=layout.config.distribution.collective_timeout_s + 30,
+        )
+    return f"worker {role.index} done: {report.epochs_completed} epochs, {report.global_step} steps"
+
+
+def _worker_result(log_path) -> dict:
+    """The result line of a worker that exited 0 (it always prints one)."""
+    result = multiworker.worker_result(log_path)
+    if result is None:
+        raise DistributionError(f"{log_path}: the worker exited 0 without its result line")
+    return result
+
+
+class SignalStop:
+    """A request, made by a signal, that training stop at the end of the current step."""
+
+    def __init__(self) -> None:
+        self.requested = ""  # the signal that asked training to stop
+
+    def check(self, info: StepInfo) -> None:
+        """A step's hook: raises StopTraining (the trainer saves first) when a signal asked to stop."""
+        if self.requested:
+            raise StopTraining(
+                f"training stopped by {self.requested} after step {info.step}; a checkpoint of that "
+                f"step was saved: run Train again to resume"
+            )
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: SignalStop) -> Iterator[None]:
+    """While training: SIGTERM (Luigi's worker stopping its task processes, e.g. when it lost the
+    scheduler; a container stopping), SIGINT (Ctrl-C) and SIGHUP ask for a stop at the end of the current
+    step, where the trainer saves a checkpoint (``StopTraining``) before the task exits, instead of dying
+    with everything since the last checkpoint. The same signal again acts at once, as it would have.
+    Only in the main thread (signals cannot be set elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    numbers = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+    def request(number, frame):
+        name = signal.Signals(number).name
+        if stop.requested == name:  # asked twice: do what the signal would have done
+            signal.signal(number, previous[number])
+            signal.raise_signal(number)
+            return
+        stop.requested = name
+        log.warning("%s: training stops after this step, with a checkpoint (%s again: at once)", name, name)
+
+    previous = {number: signal.getsignal(number) or signal.SIG_DFL for number in numbers}
+    for number in numbers:
+        signal.signal(number, request)
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
