@@ -32,10 +32,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import multiprocessing
 import os
+import signal
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import luigi.rpc
 
 log = logging.getLogger("luigi-interface")
 
@@ -142,13 +146,31 @@ def _tell_scheduler(task) -> None:
     the old one (luigi/scheduler.py ``add_task``), so a final error would be retried once. Sent as Luigi's
     own ``update_tracking_url`` does (``add_task`` with status RUNNING, through the task's status reporter);
     without one (a task not run by a Luigi worker) nothing is sent. With the local scheduler this cannot
-    reach the worker's scheduler (the task process holds a copy): there a final error is retried once."""
+    reach the worker's scheduler (the task process holds a copy): ``_phase_out_worker`` instead."""
     reporter = getattr(task, "_status_reporter", None)  # ConfigTask.run keeps it
     scheduler, worker = getattr(reporter, "_scheduler", None), getattr(reporter, "_worker_id", None)
     if scheduler is None or worker is None:
         return
+    if not isinstance(scheduler, luigi.rpc.RemoteScheduler):
+        _phase_out_worker()
+        return
     policy = {"retry_count": FINAL.failures, "disable_window": FINAL.window_s}
     scheduler.add_task(task_id=task.task_id, worker=worker, status="RUNNING", retry_policy_dict=policy)
+
+
+def _phase_out_worker() -> None:
+    """With the local scheduler the policy cannot reach the worker's scheduler (this process holds a copy)
+    and a final error would be retried once: a stopped Train would resume and finish. Instead the worker
+    that forked this task process is told to start nothing more (Luigi's SIGUSR1: it finishes what runs,
+    then ends, as after any failure that disables a task). Only when the worker installed that handler:
+    a forked process inherits its parent's handlers, so this process sees it; without it SIGUSR1 would
+    kill the parent."""
+    handler = signal.getsignal(signal.SIGUSR1)
+    if (
+        multiprocessing.parent_process() is not None
+        and getattr(handler, "__name__", "") == "handle_interrupt"
+    ):
+        os.kill(os.getppid(), signal.SIGUSR1)
 
 
 def failed_for_good(task) -> bool:
