@@ -24,11 +24,11 @@ import tornado.web
 import tornado.websocket
 
 from native_client.audio import AudioError, stream_for_model
-from native_client.batching import Utterance
 from native_client.long_audio import SegmentJoiner
 from native_client.model import Model, Transcript
 from native_client.server.engine import BatchEngine
 from native_client.server.session import ProtocolError, RecognizerSession
+from native_client.stream import Utterance
 from native_client.vad import Audio, Cutter, End, Segmenter, Start, VadSettings
 
 log = logging.getLogger(__name__)

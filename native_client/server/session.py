@@ -19,7 +19,7 @@ import numpy as np
 import soxr
 
 from native_client.audio import RESAMPLE_QUALITY, to_int16
-from native_client.batching import Utterance
+from native_client.stream import Utterance
 from native_client.vad import Audio, Cutter, End, Segmenter, Start
 
 CONFIG_KEYS = ("sample_rate", "words", "max_alternatives")
