@@ -190,7 +190,7 @@ def main(argv=None) -> int:
         print("error: --candidate_transcripts must be at least 1", file=sys.stderr)
         return 2
     try:
-        model = open_model_for(args)
+        model = open_model_for(args, model_location)
     except (ExportError, ValueError, FileNotFoundError) as error:  # PluginError is a ValueError
         print(f"error: {error}", file=sys.stderr)
         return 2

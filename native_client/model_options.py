@@ -34,11 +34,12 @@ def option_problem(args) -> str | None:
     return None
 
 
-def open_model_for(args):
+def open_model_for(args, model_location):
     """The model of ``args.model`` with the decoder the options ask for (the export's own decoder unless
-    ``--scorer``/``--no-scorer``/``--beam_width``/... say otherwise). Raises ``ExportError``,
-    ``ValueError`` (a plug-in refused, a bad scorer) or ``FileNotFoundError``, each one line."""
-    from native_client.__main__ import model_location
+    ``--scorer``/``--no-scorer``/``--beam_width``/... say otherwise); ``model_location(model, backend)``
+    gives the export directory and backend (``native_client.__main__.model_location``, passed in: this
+    module is below the client's entry point). Raises ``ExportError``, ``ValueError`` (a plug-in refused,
+    a bad scorer) or ``FileNotFoundError``, each one line."""
     from native_client.export_decoder import decoder_for_export
     from native_client.model import open_model
 

@@ -168,11 +168,12 @@ async def serve(args) -> None:
     import tornado.httpserver
     import tornado.netutil
 
+    from native_client.__main__ import model_location
     from native_client.batching import BatchRunner, batch_runner
     from native_client.server.app import Limits, Service, make_app
     from native_client.server.engine import BatchEngine
 
-    model = open_model_for(args)
+    model = open_model_for(args, model_location)
     limits = Limits(
         max_streams=args.max_streams,
         max_frame_bytes=args.max_frame_bytes,
