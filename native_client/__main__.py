@@ -22,7 +22,7 @@ from native_client.deepspeech_tflite import is_deepspeech_tflite
 from native_client.long_audio import add_arguments as add_long_audio_arguments
 from native_client.long_audio import render
 from native_client.metadata import FORMAT_VERSION, METADATA_NAME, ExportError
-from native_client.ranges import DECODER_SETTINGS, Range, value_problem
+from native_client.model_options import open_model_for, option_problem
 from native_client.runtime import BACKENDS
 
 BACKEND_OF_SUFFIX = {".tflite": "tflite", ".pb": "frozen_graph", ".onnx": "onnx"}
@@ -187,67 +187,20 @@ def main(argv=None) -> int:
     """Transcribe each ``--audio``; a file that fails is reported and the others still run.
     Exit 1 if any failed."""
     args = parse_args(argv)
-    if args.scorer and args.no_scorer:
-        print("error: --scorer and --no-scorer contradict each other", file=sys.stderr)
+    if problem := option_problem(args):
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     if args.candidate_transcripts < 1:
         print("error: --candidate_transcripts must be at least 1", file=sys.stderr)
         return 2
-    # The config's ranges (native_client.ranges): what a config refuses, the client refuses too.
-    for option, expected in (
-        ("beam_width", DECODER_SETTINGS["beam_width"]),
-        ("lm_alpha", DECODER_SETTINGS["lm_alpha"]),
-        ("lm_beta", DECODER_SETTINGS["lm_beta"]),
-        ("threads", Range(int, 1)),
-    ):
-        value = getattr(args, option)
-        if value is not None and (problem := value_problem(value, expected)):
-            print(f"error: --{option}: {problem}", file=sys.stderr)
-            return 2
-    if args.hot_words and args.no_scorer:
-        print(
-            "error: --hot_words boost words through the language model; --no-scorer has none", file=sys.stderr
-        )
-        return 2
-    if args.vocabulary and not args.scorer:
-        print(
-            "error: --vocabulary gives the words of a --scorer; name the KenLM binary with --scorer",
-            file=sys.stderr,
-        )
-        return 2
-    from native_client.export_decoder import decoder_for_export
-    from native_client.model import open_model
-
-    overrides = {
-        "beam_width": args.beam_width,
-        "lm_alpha": args.lm_alpha,
-        "lm_beta": args.lm_beta,
-        "hot_words": args.hot_words,
-    }
-    factory = (
-        None
-        if args.no_scorer
-        else (
-            lambda metadata: decoder_for_export(
-                metadata, args.scorer, overrides, args.allow_plugin, vocabulary_file=args.vocabulary
-            )
-        )
-    )
     try:
-        directory, backend = model_location(args.model, args.backend)
-        model = open_model(
-            directory,
-            backend=backend,
-            threads=args.threads,
-            decoder_factory=factory,
-            plugins=tuple(args.allow_plugin),
-        )
+        model = open_model_for(args, model_location)
     except (ExportError, ValueError, FileNotFoundError) as error:  # PluginError is a ValueError
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.hot_words and model.decoder is model.greedy:
         print(
-            f"error: --hot_words needs a language model: {directory} has none (give --scorer)",
+            f"error: --hot_words needs a language model: {args.model} has none (give --scorer)",
             file=sys.stderr,
         )
         return 2

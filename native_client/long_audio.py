@@ -73,6 +73,48 @@ class SegmentedTranscript:
         return self.transcript.candidates
 
 
+class SegmentJoiner:
+    """Utterances transcribed one by one (the best candidate of each), joined into one transcript with
+    times from the start of the audio; the client's ``--vad`` and the server's long ``POST /stt``."""
+
+    def __init__(self, sample_rate: int):
+        self.rate = sample_rate
+        self.spoken: list[Spoken] = []
+
+    def add(self, start: int, end: End, best: Candidate) -> None:
+        """The utterance that started at sample ``start`` and ended with ``end``; ``best``: its candidate
+        (word times from the utterance's start)."""
+        offset = start / self.rate
+        words = tuple(dataclasses.replace(w, start_time=w.start_time + offset) for w in best.words)
+        self.spoken.append(
+            Spoken(
+                start=end.speech_start / self.rate,
+                end=end.speech_end / self.rate,
+                candidate=dataclasses.replace(best, words=words),
+                cut=end.cut,
+            )
+        )
+
+    def result(self, audio: str, samples: int, processing_s: float) -> SegmentedTranscript:
+        """The joined transcript of ``audio`` (``samples`` long)."""
+        from native_client.model import Transcript
+
+        spoken = self.spoken
+        candidate = Candidate(
+            " ".join(u.candidate.text for u in spoken if u.candidate.text),
+            sum(u.candidate.confidence for u in spoken),
+            tuple(w for u in spoken for w in u.candidate.words),
+        )
+        transcript = Transcript(
+            audio=audio,
+            text=candidate.text,
+            duration_s=samples / self.rate,
+            processing_s=processing_s,
+            candidates=(candidate,),
+        )
+        return SegmentedTranscript(transcript, spoken)
+
+
 def transcribe_segmented(
     model,
     path: str | Path,
@@ -82,13 +124,12 @@ def transcribe_segmented(
 ) -> SegmentedTranscript:
     """Transcribe ``path`` utterance by utterance (see the module docstring)."""
     from native_client.audio import stream_for_model
-    from native_client.model import Transcript
 
     started = time.perf_counter()
     rate = model.sample_rate
     segmenter = Segmenter(rate, settings)
     seconds = model.metadata.features.seconds_per_frame
-    spoken: list[Spoken] = []
+    joiner = SegmentJoiner(rate)
     stream, start, samples = None, 0, 0
 
     def handle(events) -> None:
@@ -99,36 +140,14 @@ def transcribe_segmented(
             elif isinstance(event, Audio):
                 stream.feed_audio(event.samples)
             elif isinstance(event, End):
-                best = model.decoder.candidates(stream.flush(), 1, seconds)[0]
-                offset = start / rate
-                words = tuple(dataclasses.replace(w, start_time=w.start_time + offset) for w in best.words)
-                spoken.append(
-                    Spoken(
-                        start=event.speech_start / rate,
-                        end=event.speech_end / rate,
-                        candidate=dataclasses.replace(best, words=words),
-                        cut=event.cut,
-                    )
-                )
+                joiner.add(start, event, model.decoder.candidates(stream.flush(), 1, seconds)[0])
                 stream = None
 
     for block in stream_for_model(path, rate, convert_rate, on_resample=on_resample):
         samples += len(block)
         handle(segmenter.feed(block))
     handle(segmenter.finish())
-    candidate = Candidate(
-        " ".join(u.candidate.text for u in spoken if u.candidate.text),
-        sum(u.candidate.confidence for u in spoken),
-        tuple(w for u in spoken for w in u.candidate.words),
-    )
-    transcript = Transcript(
-        audio=str(path),
-        text=candidate.text,
-        duration_s=samples / rate,
-        processing_s=time.perf_counter() - started,
-        candidates=(candidate,),
-    )
-    return SegmentedTranscript(transcript, spoken)
+    return joiner.result(str(path), samples, time.perf_counter() - started)
 
 
 def render(result, output: str) -> str:

@@ -20,6 +20,7 @@ at a pause, its result is sent) and the client's ``--vad`` (long files in bounde
 from __future__ import annotations
 
 import collections
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,7 +46,12 @@ class VadSettings:
     max_utterance_s: float = 30.0
 
     def check(self) -> None:
-        """ValueError naming the setting that is out of range."""
+        """ValueError naming the setting that is out of range; every duration must be finite (an infinite
+        longest utterance would be no bound, and its sample count overflows)."""
+        for name in ("pre_roll_s", "end_silence_s", "soft_max_s", "max_utterance_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise VadError(f"vad {name} {value}: must be a finite number of seconds above 0")
         if self.aggressiveness not in (0, 1, 2, 3):
             raise VadError(f"vad aggressiveness {self.aggressiveness}: must be 0, 1, 2 or 3")
         if self.frame_ms not in (10, 20, 30):
@@ -182,6 +188,51 @@ class Segmenter:
         self._speech_end = voiced[-1][0] + voiced[-1][1]
         events.append(Start(self._start))
         events.append(Audio(np.concatenate([frame for _, frame, _ in kept])))
+
+
+class Cutter:
+    """No detector: the audio is one utterance from its first sample, cut every ``max_samples`` (each cut
+    an ``End`` with ``cut=True``, the next utterance starting at once), so that an utterance's memory is
+    bounded as with ``Segmenter``, whose ``feed``/``finish`` it shares."""
+
+    def __init__(self, max_samples: int):
+        if max_samples < 1:
+            raise VadError(f"longest utterance of {max_samples} samples: must be at least 1")
+        self.max_samples = int(max_samples)
+        self._position = 0
+        self._length = 0  # samples of the utterance in progress
+        self._in_utterance = False
+
+    @property
+    def in_utterance(self) -> bool:
+        """Whether an utterance has started and not ended."""
+        return self._in_utterance
+
+    def feed(self, samples: np.ndarray) -> list:
+        """Events for these samples: ``Start``, ``Audio`` and, at each ``max_samples``, ``End``."""
+        samples = np.asarray(samples, np.int16).reshape(-1)
+        events: list = []
+        while len(samples):
+            if not self._in_utterance:
+                events.append(Start(self._position))
+                self._in_utterance, self._length = True, 0
+            take = min(len(samples), self.max_samples - self._length)
+            events.append(Audio(samples[:take]))
+            samples = samples[take:]
+            self._position += take
+            self._length += take
+            if self._length == self.max_samples:
+                start = self._position - self._length
+                events.append(End(self._position, start, self._position, cut=True))
+                self._in_utterance = False
+        return events
+
+    def finish(self) -> list:
+        """End of the audio: the end of the utterance in progress."""
+        if not self._in_utterance:
+            return []
+        self._in_utterance = False
+        return [End(self._position, self._position - self._length, self._position)]
 
 
 def _merged(events: list) -> list:

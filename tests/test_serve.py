@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import re
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
+import tornado.httpclient
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from tornado.websocket import websocket_connect
 
@@ -344,3 +346,211 @@ def test_srt_of_a_long_file_has_a_cue_at_each_clip(export, tmp_path):
     for (_, start, end, text), (clip_start, clip_end) in zip(cues, expected, strict=True):
         assert abs(seconds(start) - clip_start) <= 0.3 and abs(seconds(end) - clip_end) <= 0.3, (start, end)
         assert text.strip()
+
+
+# ---- the hostile round: option ranges, limits, origins, hostile frames
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        (["--beam-width", "0"], "--beam_width: expected an integer of at least 1, got 0"),
+        (["--lm-alpha", "nan"], "--lm_alpha: expected a finite number, got nan"),
+        (["--threads", "0"], "--threads: expected an integer of at least 1, got 0"),
+        (["--vocabulary", "words.txt"], "--vocabulary gives the words of a --scorer; name the KenLM"),
+    ],
+)
+def test_the_server_refuses_the_model_options_the_client_refuses(tmp_path, capsys, options, says):
+    """Its loader was a copy of the client's without the range checks: both now call one function."""
+    from native_client.__main__ import main as client
+    from native_client.server.cli import main as serve
+
+    model = str(tmp_path / "no-export")
+    assert serve(["--model", model, *options]) == 2
+    served = capsys.readouterr().err
+    assert client(["--model", model, "--audio", "x.wav", *options]) == 2
+    transcribed = capsys.readouterr().err
+    assert served == transcribed and served.count("\n") == 1 and served.startswith(f"error: {says}")
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        (["--port", "70000"], "--port 70000: expected 0 to 65535"),
+        (["--port", "-1"], "--port -1: expected 0 to 65535"),
+        (["--max-utterance", "inf"], "--max-utterance inf: expected a finite number above 0"),
+        (["--no-vad", "--max-utterance", "nan"], "--max-utterance nan: expected a finite number above 0"),
+        (["--max-post-seconds", "0"], "--max-post-seconds 0.0: expected a finite number above 0"),
+        (["--allow-origin", "*"], "--allow-origin '*': expected scheme://host[:port]"),
+    ],
+)
+def test_server_settings_out_of_range_are_one_line(tmp_path, capsys, options, says):
+    """--port 70000 listened on 4464 (Tornado takes the port modulo 65536); --max-utterance inf crashed
+    every connection with OverflowError."""
+    from native_client.server.cli import main as serve
+
+    assert serve(["--model", str(tmp_path / "no-export"), *options]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith(f"error: {says}"), error
+
+
+def test_vad_settings_must_be_finite():
+    from native_client.vad import VadError, VadSettings
+
+    for name, value in (("max_utterance_s", math.inf), ("end_silence_s", math.nan), ("pre_roll_s", -1.0)):
+        with pytest.raises(VadError, match=f"vad {name} {value}: must be a finite number of seconds"):
+            VadSettings(**{name: value}).check()
+
+
+def test_without_vad_a_connection_is_cut_at_the_longest_utterance(export, server):
+    """With --no-vad a connection was one utterance without a cap (its logits, and a normalised export's
+    reruns, grew without limit): it is now cut every --max-utterance seconds, each cut a result."""
+    running = server("--no-vad", "--max-utterance", "1")
+    clip = CLIPS[2]  # 2.9 s: results at 1 s and 2 s, the rest at eof
+    text, replies, after = asyncio.run(_stream(running.url, clip))
+    results = [reply for reply in replies if "text" in reply]
+    assert len(results) == 3 and replies[-1] is results[-1] and after is None
+    starts = [word["start"] for reply in results for word in reply["result"]]
+    assert starts == sorted(starts) and starts[-1] >= 2.0
+    assert text == " ".join(reply["text"] for reply in results if reply["text"])
+
+
+def _long_file(path: Path, clips: list[Path]) -> Path:
+    """``clips``, each after 7 s of silence, and 2 s of silence at the end."""
+    pieces = []
+    for clip in clips:
+        samples, rate = soundfile.read(clip, dtype="int16")
+        pieces += [np.zeros(7 * rate, np.int16), samples]
+    pieces.append(np.zeros(2 * rate, np.int16))
+    soundfile.write(path, np.concatenate(pieces), rate)
+    return path
+
+
+@pytest.fixture(scope="module")
+def guarded(export):
+    """A server with one stream at a time, 45 s of audio a POST, a 1 s idle limit and one web origin."""
+    running = Server(
+        export,
+        *("--max-streams", "1", "--max-post-seconds", "45", "--idle-timeout", "1"),
+        *("--allow-origin", "https://app.example"),
+    )
+    yield running
+    running.stop()
+
+
+async def _post(url: str, body: bytes, **headers) -> tuple[int, dict, dict]:
+    try:
+        response = await AsyncHTTPClient().fetch(
+            url, method="POST", body=body, headers=headers, request_timeout=600
+        )
+    except HTTPClientError as error:
+        response = error.response
+    return response.code, json.loads(response.body), dict(response.headers)
+
+
+def test_a_long_post_is_decoded_utterance_by_utterance(export, guarded, tmp_path):
+    """A POST /stt body was decoded as one utterance whatever its length (memory and CPU without bound):
+    past --max-utterance it is cut by the detector as the client's --vad cuts it, and past
+    --max-post-seconds it is refused."""
+    long_file = _long_file(tmp_path / "long.flac", CLIPS[:4])  # 38 s
+    too_long = _long_file(tmp_path / "too-long.flac", CLIPS[:6])  # 58 s
+
+    async def main():
+        return (
+            await _post(guarded.http + "/stt", long_file.read_bytes()),
+            await _post(guarded.http + "/stt", too_long.read_bytes()),
+        )
+
+    (code, posted, _), (too_long_code, refused, _) = asyncio.run(main())
+    client = subprocess.run(
+        [sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(long_file)]
+        + ["--vad", "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=True,
+    )
+    expected = json.loads(client.stdout)
+    assert code == 200 and len(posted["utterances"]) == 4
+    assert posted["utterances"] == expected["utterances"] and posted["text"] == expected["text"]
+    assert too_long_code == 413
+    assert refused == {"error": "request body: longer than 45 s of audio (the server's --max-post-seconds)"}
+
+
+def test_posts_count_against_max_streams(guarded):
+    """POST /stt was not counted: any number of them ran at once beside --max-streams WebSockets."""
+    body = CLIPS[0].read_bytes()
+
+    async def main():
+        ws = await websocket_connect(guarded.url)
+        refused = await _post(guarded.http + "/stt", body)
+        ws.close()
+        while (await _status(guarded))["streams"]:
+            await asyncio.sleep(0.1)
+        return refused, await _post(guarded.http + "/stt", body)
+
+    (code, refused, _), (ok, posted, _) = asyncio.run(main())
+    assert code == 503 and refused == {"error": "too many streams: the server takes 1 at once"}
+    assert ok == 200 and posted["text"]
+
+
+def test_only_loopback_and_allowed_origins_may_use_the_server(guarded):
+    """check_origin returned True: any web page the user visited could drive the local server."""
+    body = CLIPS[0].read_bytes()
+
+    async def handshake(origin: str) -> int:
+        request = tornado.httpclient.HTTPRequest(guarded.url, headers={"Origin": origin})
+        try:
+            ws = await websocket_connect(request)
+        except HTTPClientError as error:
+            return error.code
+        ws.close()
+        return 101
+
+    async def main():
+        origins = ("https://evil.example", "null", "http://localhost:8080", "http://127.0.0.1")
+        shakes = [await handshake(origin) for origin in (*origins, "https://app.example")]
+        posts = [
+            await _post(guarded.http + "/stt", body, Origin=origin)
+            for origin in ("https://evil.example", "https://app.example")
+        ]
+        return shakes, posts
+
+    shakes, ((evil, refused, _), (allowed, posted, headers)) = asyncio.run(main())
+    assert shakes == [403, 403, 101, 101, 101]
+    assert evil == 403 and "origin 'https://evil.example' is not allowed" in refused["error"]
+    assert (
+        allowed == 200 and posted["text"] and headers["Access-Control-Allow-Origin"] == "https://app.example"
+    )
+
+
+def test_a_client_stalling_in_its_headers_is_dropped_at_the_idle_limit(guarded):
+    """The HTTP server had no idle or body timeout: half a request held its connection for an hour."""
+
+    async def main():
+        reader, writer = await asyncio.open_connection("127.0.0.1", guarded.port)
+        writer.write(b"POST /stt HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        await writer.drain()
+        # A bound so that the old server fails the test instead of hanging it; the limit is 1 s.
+        return await asyncio.wait_for(reader.read(), 120)
+
+    assert asyncio.run(main()) == b""
+
+
+def test_a_deeply_nested_text_frame_is_a_json_error(guarded):
+    """'[' * 100000 raised RecursionError out of the message handler: no reply, a traceback."""
+
+    async def main():
+        while (await _status(guarded))["streams"]:  # the stream of another test may still be closing
+            await asyncio.sleep(0.1)
+        ws = await websocket_connect(guarded.url)
+        await ws.write_message("[" * 100000)
+        reply = await ws.read_message()
+        return reply, (await ws.read_message() if reply is not None else None)
+
+    reply, closed = asyncio.run(main())
+    assert (
+        reply is not None
+        and json.loads(reply)["error"].startswith("text frame nests too deeply")
+        and closed is None
+    )

@@ -10,22 +10,26 @@ reading and answering sockets while it computes.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import numpy as np
 import tornado.web
 import tornado.websocket
 
 from native_client.audio import AudioError, stream_for_model
-from native_client.batching import Utterance
+from native_client.long_audio import SegmentJoiner
 from native_client.model import Model, Transcript
 from native_client.server.engine import BatchEngine
 from native_client.server.session import ProtocolError, RecognizerSession
-from native_client.vad import VadSettings
+from native_client.stream import Utterance
+from native_client.vad import Audio, Cutter, End, Segmenter, Start, VadSettings
 
 log = logging.getLogger(__name__)
 
@@ -42,20 +46,47 @@ class Limits:
     max_messages_per_s: float = 100.0  # per connection, in any one-second burst
     idle_timeout_s: float = 30.0  # a connection silent this long is closed
     max_body_bytes: int = 64 << 20  # a POST /stt body
+    max_post_seconds: float = 600.0  # audio in a POST /stt body
     max_batch: int = 64  # streams stepped in one model call
 
 
 @dataclass
 class Service:
-    """What every connection shares: the model, the engine, the limits and the VAD settings (None: no
-    detector, a connection is one utterance ended by eof)."""
+    """What every connection shares: the model, the engine, the limits, the VAD settings (None: no
+    detector, a connection is one utterance cut every ``max_utterance_s``) and the web origins allowed
+    besides loopback ones (``origin_allowed``). ``open_streams`` counts WebSocket connections and
+    ``POST /stt`` requests in progress, against ``limits.max_streams``."""
 
     model: Model
     engine: BatchEngine
     limits: Limits
     vad: VadSettings | None
+    max_utterance_s: float = 30.0
+    origins: frozenset[str] = field(default_factory=frozenset)
     partial_interval_s: float = 1.0
     open_streams: int = 0
+
+
+def origin_allowed(origin: str | None, allowed: frozenset[str]) -> bool:
+    """Whether a request with this ``Origin`` header may use the server: none (a program, not a browser),
+    a page on this machine (http(s) on localhost or a loopback address), or one of ``allowed``
+    (``--allow-origin``, lower case). Any other web page is refused: a page the user happens to visit
+    must not drive a server on their machine."""
+    if origin is None or origin.rstrip("/").lower() in allowed:
+        return True
+    try:
+        parts = urlsplit(origin)
+        host = parts.hostname
+    except ValueError:
+        return False
+    if parts.scheme not in ("http", "https") or not host:
+        return False
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class _Protocol(tornado.websocket.WebSocketProtocol13):
@@ -88,8 +119,12 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
         self.finished = False
 
     def check_origin(self, origin):
-        """Any origin: the server is for programs (vosk's clients send none or their own)."""
-        return True
+        """Tornado's hook, for a handshake with an Origin header: see ``origin_allowed`` (vosk's clients
+        are programs and send none; a refused one gets Tornado's 403)."""
+        allowed = origin_allowed(origin, self.service.origins)
+        if not allowed:
+            log.info("refused %s: origin %s", self.request.remote_ip, origin)
+        return allowed
 
     def get_websocket_protocol(self):
         """Tornado's protocol with the JSON error for too-large frames (``_Protocol``)."""
@@ -200,58 +235,200 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
             self.counted = False
 
 
+@tornado.web.stream_request_body
 class SttHandler(tornado.web.RequestHandler):
     """``POST /stt``: an audio file as the body (any format the client reads, any rate: resampled);
-    answers the client's ``--json`` object. ``?candidates=N`` (default 3, as the client)."""
+    answers the client's ``--json`` object. ``?candidates=N`` (default 3, as the client).
+
+    A request counts against ``max_streams`` from its headers on; its body goes to a temporary file as
+    it arrives (never held whole in memory). Audio up to ``max_utterance_s`` is one utterance, exactly
+    as the client transcribes a file; longer audio is cut into utterances by the detector (or every
+    ``max_utterance_s`` with ``--no-vad``), each decoded and forgotten but for its words, as the client's
+    ``--vad`` does, so memory stays bounded; past ``max_post_seconds`` of audio it is refused (413)."""
 
     def initialize(self, service: Service):
         """Tornado's hook: the shared service."""
         self.service = service
+        self.counted = False
+        self.directory: tempfile.TemporaryDirectory | None = None
+        self.body = None
+        self.count = 3
 
     def fail(self, status: int, message: str) -> None:
         """A JSON error response."""
         self.set_status(status)
         self.finish({"error": message})
 
-    async def post(self):
-        """Transcribe the body (see the class docstring)."""
+    def _origin(self) -> bool:
+        """Refuse a web page's request whose origin is not allowed (403); an allowed one may read the
+        answer (CORS headers)."""
+        origin = self.request.headers.get("Origin")
+        if not origin_allowed(origin, self.service.origins):
+            self.fail(403, f"origin {origin[:80]!r} is not allowed (the server's --allow-origin)")
+            return False
+        if origin is not None:
+            self.set_header("Access-Control-Allow-Origin", origin)
+            self.set_header("Vary", "Origin")
+        return True
+
+    def options(self):
+        """A browser's preflight before a POST with an audio content type."""
+        if self._origin():
+            self.set_header("Access-Control-Allow-Methods", "POST")
+            self.set_header("Access-Control-Allow-Headers", "Content-Type")
+            self.set_status(204)
+            self.finish()
+
+    async def prepare(self):
+        """Before the body: the origin, the stream count and ``candidates``; open the body's file."""
+        if self.request.method != "POST" or not self._origin():
+            return
+        service = self.service
+        if service.open_streams >= service.limits.max_streams:
+            self.fail(503, f"too many streams: the server takes {service.limits.max_streams} at once")
+            return
         try:
-            count = int(self.get_query_argument("candidates", "3"))
+            self.count = int(self.get_query_argument("candidates", "3"))
         except ValueError:
-            count = 0
-        if not 1 <= count <= 10:
+            self.count = 0
+        if not 1 <= self.count <= 10:
             self.fail(400, "candidates: expected a whole number from 1 to 10")
             return
-        started = time.perf_counter()
-        model, engine = self.service.model, self.service.engine
-        with tempfile.TemporaryDirectory(prefix="stt-") as directory:
-            path = Path(directory) / "audio"
-            path.write_bytes(self.request.body)
-            utterance = Utterance(model.runner)
-            try:
-                for block in stream_for_model(path, model.sample_rate, convert_rate=True, block_seconds=5.0):
-                    utterance.feed_audio(block)
-                    await self._run(utterance)
-            except AudioError as error:
-                self.fail(400, str(error).replace(str(path), "request body"))
-                return
-        utterance.finish()
-        await self._run(utterance)
-        seconds = model.metadata.features.seconds_per_frame
-        found = await engine.decode(model.decoder.candidates, utterance.logits(), count, seconds)
-        result = Transcript(
-            audio="request body",
-            text=found[0].text,
-            duration_s=utterance.samples / model.sample_rate,
-            processing_s=time.perf_counter() - started,
-            candidates=tuple(found),
-        )
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(result.to_dict(), ensure_ascii=False))
+        service.open_streams += 1
+        self.counted = True
+        self.directory = tempfile.TemporaryDirectory(prefix="stt-")
+        self.body = open(Path(self.directory.name) / "audio", "wb")  # noqa: SIM115 (closed in post/on_finish)
 
-    async def _run(self, utterance: Utterance) -> None:
-        logits, state = await self.service.engine.run(utterance.ready(), utterance.state)
-        utterance.accept(logits, state)
+    async def data_received(self, chunk: bytes):
+        """A piece of the body, written on a worker thread (the event loop goes on serving)."""
+        if self.body is not None and not self._finished:
+            await asyncio.get_running_loop().run_in_executor(None, self.body.write, chunk)
+
+    async def post(self):
+        """Transcribe the body (see the class docstring)."""
+        if self.body is None:
+            return
+        started = time.perf_counter()
+        self.body.close()
+        path = Path(self.body.name)
+        try:
+            found = await self._transcribe(path)
+        except AudioError as error:
+            self.fail(400, str(error).replace(str(path), "request body"))
+            return
+        if found is None:
+            return
+        result, samples = found
+        if not isinstance(result, SegmentJoiner):
+            model = self.service.model
+            out = Transcript(
+                audio="request body",
+                text=result[0].text,
+                duration_s=samples / model.sample_rate,
+                processing_s=time.perf_counter() - started,
+                candidates=tuple(result),
+            ).to_dict()
+        else:
+            out = result.result("request body", samples, time.perf_counter() - started).to_dict()
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(out, ensure_ascii=False))
+
+    async def _transcribe(self, path: Path):
+        """(candidates of the whole, or the ``SegmentJoiner`` of its utterances; samples), or None when it
+        was refused for its length."""
+        service = self.service
+        model, rate = service.model, service.model.sample_rate
+        longest = round(service.max_utterance_s * rate)
+        cap = service.limits.max_post_seconds
+        loop = asyncio.get_running_loop()
+        blocks = stream_for_model(path, rate, convert_rate=True, block_seconds=5.0)
+        kept: list[np.ndarray] | None = []  # the audio until it is longer than one utterance
+        segmenter, segments, samples = None, None, 0
+        while (block := await loop.run_in_executor(None, next, blocks, None)) is not None:
+            samples += len(block)
+            if samples > cap * rate:
+                blocks.close()
+                self.fail(
+                    413, f"request body: longer than {cap:g} s of audio (the server's --max-post-seconds)"
+                )
+                return None
+            if kept is not None:
+                kept.append(block)
+                if samples <= longest:
+                    continue
+                # Longer than one utterance: cut it into utterances from its start.
+                segmenter = Segmenter(rate, service.vad) if service.vad is not None else Cutter(longest)
+                segments = _Segments(self, SegmentJoiner(rate))
+                block, kept = np.concatenate(kept), None
+            await segments.handle(segmenter.feed(block))
+        if segmenter is None:  # one utterance, as the client transcribes a file
+            utterance = Utterance(model.runner)
+            for block in kept:
+                utterance.feed_audio(block)
+            utterance.finish()
+            await run_ready(service.engine, utterance)
+            seconds = model.metadata.features.seconds_per_frame
+            found = await service.engine.decode(
+                model.decoder.candidates, utterance.logits(), self.count, seconds
+            )
+            return found, samples
+        await segments.handle(segmenter.finish())
+        return segments.joiner, samples
+
+    def on_finish(self):
+        """Release the request's stream and its file."""
+        self._release()
+
+    def on_connection_close(self):
+        """The client left mid-request: release as on finish."""
+        self._release()
+
+    def _release(self) -> None:
+        if self.counted:
+            self.service.open_streams -= 1
+            self.counted = False
+        if self.body is not None:
+            self.body.close()
+        if self.directory is not None:
+            self.directory.cleanup()
+            self.directory = None
+
+
+async def run_ready(engine: BatchEngine, utterance: Utterance) -> None:
+    """Run the utterance's ready chunks through the engine."""
+    logits, state = await engine.run(utterance.ready(), utterance.state)
+    utterance.accept(logits, state)
+
+
+class _Segments:
+    """The utterances of a long ``POST /stt`` body run through the engine one by one and joined."""
+
+    def __init__(self, handler: SttHandler, joiner: SegmentJoiner):
+        self.handler = handler
+        self.joiner = joiner
+        self.utterance: Utterance | None = None
+        self.start = 0
+
+    async def handle(self, events: list) -> None:
+        """Feed the detector's events: each ended utterance is decoded (its best candidate) and dropped."""
+        model = self.handler.service.model
+        for event in events:
+            if isinstance(event, Start):
+                self.utterance, self.start = Utterance(model.runner), event.at
+            elif isinstance(event, Audio) and self.utterance is not None:
+                self.utterance.feed_audio(event.samples)
+            elif isinstance(event, End) and self.utterance is not None:
+                self.utterance.finish()
+            else:
+                continue
+            await run_ready(self.handler.service.engine, self.utterance)
+            if isinstance(event, End):
+                seconds = model.metadata.features.seconds_per_frame
+                found = await self.handler.service.engine.decode(
+                    model.decoder.candidates, self.utterance.logits(), 1, seconds
+                )
+                self.joiner.add(self.start, event, found[0])
+                self.utterance = None
 
 
 class StatusHandler(tornado.web.RequestHandler):

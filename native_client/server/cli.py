@@ -2,7 +2,8 @@
 
     deepspeech-serve --model EXPORT [--host 127.0.0.1] [--port 2700] [--scorer ... | --no-scorer]
         [--max-streams N] [--max-frame-bytes N] [--max-messages-per-s N] [--idle-timeout S]
-        [--max-batch N] [--no-vad] [--end-silence S] [--max-utterance S]
+        [--max-post-seconds S] [--max-batch N] [--no-vad] [--end-silence S] [--max-utterance S]
+        [--allow-origin ORIGIN ...]
 
 It binds to the loopback interface unless ``--host`` says otherwise, and prints where it listens (and
 whether streams are batched) on one line once it accepts connections. docs/CLIENT.md "Serving" has the
@@ -14,12 +15,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import signal
 import sys
+from urllib.parse import urlsplit
 
 from native_client.metadata import ExportError
+from native_client.model_options import open_model_for, option_problem
 from native_client.runtime import BACKENDS
 from native_client.vad import VadError, VadSettings
+
+MIN_UPLOAD_BYTES_PER_S = 128 << 10  # 1 Mbit/s: a slower POST /stt upload is dropped
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -48,8 +54,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lm-alpha", "--lm_alpha", type=float)
     parser.add_argument("--lm-beta", "--lm_beta", type=float)
     parser.add_argument("--allow-plugin", "--allow_plugin", action="append", default=[], metavar="MODULE")
+    parser.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web page's origin (scheme://host[:port]) that may use the server from a browser; repeat "
+        "for several. Without it only pages on this machine (a loopback origin) and programs (no Origin) may",
+    )
     limits = parser.add_argument_group("limits (each refusal is a JSON error on that connection)")
-    limits.add_argument("--max-streams", type=int, default=64, help="open WebSocket connections (default 64)")
+    limits.add_argument(
+        "--max-streams",
+        type=int,
+        default=64,
+        help="open WebSocket connections and POST /stt requests in progress (default 64)",
+    )
     limits.add_argument(
         "--max-frame-bytes", type=int, default=1 << 20, help="bytes of one message (default 1 MiB)"
     )
@@ -60,10 +79,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="messages a second per connection (default 100)",
     )
     limits.add_argument(
-        "--idle-timeout", type=float, default=30.0, help="seconds without a message (default 30)"
+        "--idle-timeout",
+        type=float,
+        default=30.0,
+        help="seconds without a message, or without bytes of a request's headers or body (default 30)",
     )
     limits.add_argument(
         "--max-body-bytes", type=int, default=64 << 20, help="bytes of a POST /stt body (default 64 MiB)"
+    )
+    limits.add_argument(
+        "--max-post-seconds",
+        type=float,
+        default=600.0,
+        help="seconds of audio in a POST /stt body (default 600)",
     )
     limits.add_argument(
         "--max-batch",
@@ -72,7 +100,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="streams stepped in one model call (default 64; 1 serves each stream with its own calls)",
     )
     vad = parser.add_argument_group("utterances (voice activity detection)")
-    vad.add_argument("--no-vad", action="store_true", help="no detector: a connection is one utterance")
+    vad.add_argument(
+        "--no-vad",
+        action="store_true",
+        help="no detector: a connection is one utterance, cut every --max-utterance seconds",
+    )
     vad.add_argument(
         "--end-silence", type=float, default=0.5, help="a pause this long ends an utterance (default 0.5 s)"
     )
@@ -99,30 +131,37 @@ def vad_settings(args) -> VadSettings | None:
     return settings
 
 
-def load_model(args):
-    """The model and its decoder, as ``deepspeech-transcribe`` loads them."""
-    from native_client.__main__ import model_location
-    from native_client.export_decoder import decoder_for_export
-    from native_client.model import open_model
+def origin_problem(origin: str) -> str | None:
+    """What is wrong with an ``--allow-origin`` value (it must be ``scheme://host[:port]``, as a browser
+    sends it), or None."""
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path or parts.query:
+        return f"--allow-origin {origin!r}: expected scheme://host[:port], as a browser sends it"
+    return None
 
-    overrides = {"beam_width": args.beam_width, "lm_alpha": args.lm_alpha, "lm_beta": args.lm_beta}
-    factory = (
-        None
-        if args.no_scorer
-        else (
-            lambda metadata: decoder_for_export(
-                metadata, args.scorer, overrides, args.allow_plugin, vocabulary_file=args.vocabulary
-            )
-        )
-    )
-    directory, backend = model_location(args.model, args.backend)
-    return open_model(
-        directory,
-        backend=backend,
-        threads=args.threads,
-        decoder_factory=factory,
-        plugins=tuple(args.allow_plugin),
-    )
+
+def settings_problem(args) -> str | None:
+    """What is wrong with the server's arguments, as one line without the ``error: `` prefix, or None.
+    The model options are checked as ``deepspeech-transcribe`` checks them (``model_options``)."""
+    if problem := option_problem(args):
+        return problem
+    if not 0 <= args.port <= 65535:  # Tornado would listen on the port modulo 65536
+        return f"--port {args.port}: expected 0 to 65535 (0: any free port)"
+    for name in ("max_streams", "max_frame_bytes", "max_body_bytes", "max_batch"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be at least 1"
+    for name in ("max_messages_per_s", "idle_timeout", "max_post_seconds", "max_utterance", "end_silence"):
+        value = getattr(args, name)
+        if not math.isfinite(value) or value <= 0:
+            return f"--{name.replace('_', '-')} {value}: expected a finite number above 0"
+    for origin in args.allow_origin:
+        if problem := origin_problem(origin):
+            return problem
+    try:
+        vad_settings(args)
+    except VadError as error:
+        return str(error)
+    return None
 
 
 async def serve(args) -> None:
@@ -130,24 +169,41 @@ async def serve(args) -> None:
     import tornado.httpserver
     import tornado.netutil
 
+    from native_client.__main__ import model_location
     from native_client.batching import BatchRunner, batch_runner
     from native_client.server.app import Limits, Service, make_app
     from native_client.server.engine import BatchEngine
 
-    model = load_model(args)
+    model = open_model_for(args, model_location)
     limits = Limits(
         max_streams=args.max_streams,
         max_frame_bytes=args.max_frame_bytes,
         max_messages_per_s=args.max_messages_per_s,
         idle_timeout_s=args.idle_timeout,
         max_body_bytes=args.max_body_bytes,
+        max_post_seconds=args.max_post_seconds,
         max_batch=args.max_batch,
     )
     runner = batch_runner(model.runner) if args.max_batch > 1 else BatchRunner(model.runner)
     engine = BatchEngine(runner, limits.max_batch)
-    service = Service(model, engine, limits, vad_settings(args))
+    service = Service(
+        model,
+        engine,
+        limits,
+        vad_settings(args),
+        max_utterance_s=args.max_utterance,
+        origins=frozenset(origin.rstrip("/").lower() for origin in args.allow_origin),
+    )
     engine.start()
-    server = tornado.httpserver.HTTPServer(make_app(service), max_body_size=limits.max_body_bytes)
+    # Tornado's defaults wait an hour for a request's headers and forever for its body. Headers (and the
+    # next request on a kept connection) get the idle limit; Tornado's body timeout is for the whole
+    # body, so it is the idle limit plus the largest body at MIN_UPLOAD_BYTES_PER_S.
+    server = tornado.httpserver.HTTPServer(
+        make_app(service),
+        max_body_size=limits.max_body_bytes,
+        idle_connection_timeout=limits.idle_timeout_s,
+        body_timeout=limits.idle_timeout_s + limits.max_body_bytes / MIN_UPLOAD_BYTES_PER_S,
+    )
     sockets = tornado.netutil.bind_sockets(args.port, args.host)
     server.add_sockets(sockets)
     port = sockets[0].getsockname()[1]
@@ -184,15 +240,8 @@ def main(argv=None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
-    if args.scorer and args.no_scorer:
-        print("error: --scorer and --no-scorer contradict each other", file=sys.stderr)
-        return 2
-    for name in ("max_streams", "max_frame_bytes", "max_body_bytes", "max_batch"):
-        if getattr(args, name) < 1:
-            print(f"error: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
-            return 2
-    if args.max_messages_per_s <= 0 or args.idle_timeout <= 0:
-        print("error: --max-messages-per-s and --idle-timeout must be positive", file=sys.stderr)
+    if problem := settings_problem(args):
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
         asyncio.run(serve(args))

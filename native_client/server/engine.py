@@ -14,19 +14,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from native_client.batching import BatchRunner, Chunk
+from native_client.batching import BatchRunner
+from native_client.stream import Chunk
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class _Job:
-    chunks: list[Chunk]
+    chunks: Sequence[Chunk]
     state: tuple
     future: asyncio.Future
     done: int = 0
@@ -67,12 +69,12 @@ class BatchEngine:
         self._model_thread.shutdown(wait=True, cancel_futures=True)
         self._decode_thread.shutdown(wait=True, cancel_futures=True)
 
-    async def run(self, chunks: list[Chunk], state: tuple) -> tuple[np.ndarray, tuple]:
+    async def run(self, chunks: Sequence[Chunk], state: tuple) -> tuple[np.ndarray, tuple]:
         """Logits ``[time, n_classes]`` of ``chunks`` (padding steps dropped) run in order from
         ``state``, and the state after them. Cancelling the caller drops the job's remaining chunks."""
         if not chunks:
             return np.zeros((0, self.runner.metadata.n_classes), np.float32), state
-        job = _Job(list(chunks), state, asyncio.get_running_loop().create_future())
+        job = _Job(chunks, state, asyncio.get_running_loop().create_future())
         self._jobs.append(job)
         self._wakeup.set()
         try:

@@ -19,8 +19,8 @@ import numpy as np
 import soxr
 
 from native_client.audio import RESAMPLE_QUALITY, to_int16
-from native_client.batching import Utterance
-from native_client.vad import Audio, End, Segmenter, Start
+from native_client.stream import Utterance
+from native_client.vad import Audio, Cutter, End, Segmenter, Start
 
 CONFIG_KEYS = ("sample_rate", "words", "max_alternatives")
 MAX_ALTERNATIVES = 10
@@ -54,10 +54,15 @@ class RecognizerSession:
         self.configured = False
         self.audio_started = False
         self._resampler = None
-        self._segmenter = Segmenter(self.model_rate, service.vad) if service.vad is not None else None
+        # The detector, or without one (--no-vad) the whole connection as one utterance cut at the longest
+        # utterance: either way an utterance's memory (and a normalised export's reruns) is bounded.
+        self._segmenter = (
+            Segmenter(self.model_rate, service.vad)
+            if service.vad is not None
+            else Cutter(round(service.max_utterance_s * self.model_rate))
+        )
         self._utterance: Utterance | None = None
         self._start = 0
-        self._position = 0  # samples at the model's rate since the first one
         self._partial = ""
         self._rerun_at = 0  # normalised exports: samples of the utterance at the last partial rerun
 
@@ -69,6 +74,8 @@ class RecognizerSession:
             message = json.loads(text)
         except ValueError:
             raise ProtocolError(f"text frame is not JSON: {text[:60]!r}") from None
+        except RecursionError:  # '[' * 100000: Python's parser recurses once per level
+            raise ProtocolError(f"text frame nests too deeply: {text[:60]!r}") from None
         if not isinstance(message, dict) or len(message) != 1:
             raise ProtocolError(f'expected {{"config": {{...}}}} or {{"eof": 1}}, got {text[:60]!r}')
         ((key, value),) = message.items()
@@ -149,16 +156,9 @@ class RecognizerSession:
 
     async def _feed(self, samples: np.ndarray, final: bool = False) -> list[_Ended]:
         """Run ``samples`` through the detector and the utterances; the utterances that ended."""
-        if self._segmenter is not None:
-            events = self._segmenter.feed(samples)
-            if final:
-                events += self._segmenter.finish()
-        else:  # no detector: the whole connection is one utterance
-            events = [] if self._utterance is not None or not (len(samples) or final) else [Start(0)]
-            events.append(Audio(samples))
-            if final:
-                events.append(End(self._position + len(samples), 0, self._position + len(samples)))
-        self._position += len(samples)
+        events = self._segmenter.feed(samples)
+        if final:
+            events += self._segmenter.finish()
         ended = []
         for event in events:
             if isinstance(event, Start):

@@ -1,0 +1,65 @@
+"""The model and decoder options that ``deepspeech-transcribe`` and ``deepspeech-serve`` share (``--model``,
+``--backend``, ``--threads``, ``--scorer``, ``--vocabulary``, ``--no-scorer``, ``--beam_width``,
+``--lm_alpha``, ``--lm_beta``, ``--allow-plugin``, and the client's ``--hot_words``): one check of their
+values and one loader, so that the server refuses what the client refuses, in the same words.
+"""
+
+from __future__ import annotations
+
+from native_client.ranges import DECODER_SETTINGS, Range, value_problem
+
+# The options checked against the config's ranges (native_client.ranges): what a config refuses, the
+# client and the server refuse too.
+RANGES = (
+    ("beam_width", DECODER_SETTINGS["beam_width"]),
+    ("lm_alpha", DECODER_SETTINGS["lm_alpha"]),
+    ("lm_beta", DECODER_SETTINGS["lm_beta"]),
+    ("threads", Range(int, 1)),
+)
+
+
+def option_problem(args) -> str | None:
+    """What is wrong with the model options of ``args`` (an ``argparse.Namespace``), as one line without
+    the ``error: `` prefix, or None. Checked before anything is loaded."""
+    if args.scorer and args.no_scorer:
+        return "--scorer and --no-scorer contradict each other"
+    for option, expected in RANGES:
+        value = getattr(args, option)
+        if value is not None and (problem := value_problem(value, expected)):
+            return f"--{option}: {problem}"
+    if getattr(args, "hot_words", None) and args.no_scorer:
+        return "--hot_words boost words through the language model; --no-scorer has none"
+    if args.vocabulary and not args.scorer:
+        return "--vocabulary gives the words of a --scorer; name the KenLM binary with --scorer"
+    return None
+
+
+def open_model_for(args, model_location):
+    """The model of ``args.model`` with the decoder the options ask for (the export's own decoder unless
+    ``--scorer``/``--no-scorer``/``--beam_width``/... say otherwise); ``model_location(model, backend)``
+    gives the export directory and backend (``native_client.__main__.model_location``, passed in: this
+    module is below the client's entry point). Raises ``ExportError``, ``ValueError`` (a plug-in refused,
+    a bad scorer) or ``FileNotFoundError``, each one line."""
+    from native_client.export_decoder import decoder_for_export
+    from native_client.model import open_model
+
+    overrides = {"beam_width": args.beam_width, "lm_alpha": args.lm_alpha, "lm_beta": args.lm_beta}
+    if getattr(args, "hot_words", None) is not None:
+        overrides["hot_words"] = args.hot_words
+    factory = (
+        None
+        if args.no_scorer
+        else (
+            lambda metadata: decoder_for_export(
+                metadata, args.scorer, overrides, args.allow_plugin, vocabulary_file=args.vocabulary
+            )
+        )
+    )
+    directory, backend = model_location(args.model, args.backend)
+    return open_model(
+        directory,
+        backend=backend,
+        threads=args.threads,
+        decoder_factory=factory,
+        plugins=tuple(args.allow_plugin),
+    )
