@@ -237,7 +237,7 @@ class SttHandler(tornado.web.RequestHandler):
                 return
         utterance.finish()
         await self._run(utterance)
-        seconds = model.metadata.features.seconds_per_frame
+        seconds = model.metadata.seconds_per_label
         found = await engine.decode(model.decoder.candidates, utterance.logits(), count, seconds)
         result = Transcript(
             audio="request body",

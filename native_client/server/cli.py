@@ -115,13 +115,20 @@ def load_model(args):
         )
     )
     directory, backend = model_location(args.model, args.backend)
-    return open_model(
+    model = open_model(
         directory,
         backend=backend,
         threads=args.threads,
         decoder_factory=factory,
         plugins=tuple(args.allow_plugin),
     )
+    streaming = model.metadata.streaming
+    if streaming is None or streaming["input"] != "windows":
+        what = (
+            "has no streaming form" if streaming is None else "streams chunks of frames, not context windows"
+        )
+        raise ExportError(f"{model.metadata.directory}: the server streams; this model {what}")
+    return model
 
 
 async def serve(args) -> None:

@@ -119,8 +119,9 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
         n_input = feature_pipeline(config.features).feature_size
         model = load_trained_model(config, prefix, n_input, alphabet.n_classes)
         family = model_family(config.model.architecture)
-        batched = family.streaming(model, config.export.n_steps).batched
-        names = tensor_names(family.state(config.model), batched)
+        form = family.streaming(model, config.export.n_steps)
+        batched = form is not None and form.batched
+        names = tensor_names(family.state(config.model) if form else (), batched, form is not None)
         metadata = build_metadata(
             config,
             alphabet,
@@ -142,7 +143,13 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
         on_status("freezing the graph", 40)
         frozen = write_frozen_graph(graph, staging.file("frozen_graph"))
         on_status("converting to TFLite" + (" (int8 dynamic range)" if config.export.quantize else ""), 55)
-        write_tflite(staging.file("saved_model"), staging.file("tflite"), config.export.quantize, batched)
+        write_tflite(
+            staging.file("saved_model"),
+            staging.file("tflite"),
+            config.export.quantize,
+            batched,
+            names["signature"],
+        )
         if config.export.coqui_tflite:
             on_status("converting to the Coqui STT layout", 75)
             write_coqui_tflite(

@@ -46,6 +46,7 @@ from pipeline.features.frontend import ctc_min_frames, feature_pipeline
 from pipeline.files import atomic_path, remove_leftovers
 from pipeline.layout import Layout
 from pipeline.locks import stage_lock
+from pipeline.model import model_family
 from pipeline.model.labels import model_alphabet
 from pipeline.workdir import LEFTOVER_PATTERNS
 
@@ -355,9 +356,12 @@ def _build_split_cache(layout: Layout, split: str, progress: ProgressFn | None) 
     parts_dir = layout.features_parts(split)
     parts_dir.mkdir(parents=True, exist_ok=True)
 
+    family = model_family(config.model.architecture)  # its output rate: how many frames a label needs
+
     def job(position: int, sample: Sample) -> tuple:
         path, variant = audio_sources[position]
-        return path, ctc_min_frames(sample.labels), variant, sample.offset, sample.duration
+        needed = family.min_feature_frames(config.model, ctc_min_frames(sample.labels))
+        return path, needed, variant, sample.offset, sample.duration
 
     shards = [samples[i : i + SHARD_SIZE] for i in range(0, len(samples), SHARD_SIZE)]
     jobs = [[job(i * SHARD_SIZE + k, s) for k, s in enumerate(shard)] for i, shard in enumerate(shards)]
