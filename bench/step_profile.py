@@ -24,7 +24,7 @@ import tensorflow as tf
 from pipeline.config import ModelConfig
 from pipeline.model import build_model
 from pipeline.model.ctc import KERNEL, ctc_loss
-from pipeline.model.deepspeech import make_windows
+from pipeline.model.deepspeech_net import make_windows
 from pipeline.model.fused_lstm import lstm_sequence
 
 N_INPUT, N_CLASSES = 26, 29

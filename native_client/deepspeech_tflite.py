@@ -177,6 +177,7 @@ class DeepSpeechTFLiteRunner(StepRunner):
             fingerprint="",
             features=FeaturePipeline(frontend, normalize=False, type_name=frontend.name),
             n_context=(window - 1) // 2,
+            streaming={"input": "windows", "chunk": n_steps, "context": (window - 1) // 2, "lookahead": 0},
             n_input=n_input,
             n_steps=n_steps,
             n_classes=n_classes,

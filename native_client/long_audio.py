@@ -128,7 +128,7 @@ def transcribe_segmented(
     started = time.perf_counter()
     rate = model.sample_rate
     segmenter = Segmenter(rate, settings)
-    seconds = model.metadata.features.seconds_per_frame
+    seconds = model.metadata.seconds_per_label
     joiner = SegmentJoiner(rate)
     stream, start, samples = None, 0, 0
 
@@ -136,7 +136,7 @@ def transcribe_segmented(
         nonlocal stream, start
         for event in events:
             if isinstance(event, Start):
-                stream, start = model.create_stream(), event.at
+                stream, start = model.create_stream(whole_utterance=True), event.at
             elif isinstance(event, Audio):
                 stream.feed_audio(event.samples)
             elif isinstance(event, End):

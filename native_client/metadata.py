@@ -23,9 +23,14 @@ MANIFEST_NAME = "manifest.json"
 FORMAT = "luigi-deepspeech-export"
 # 2: a front end ``type`` in ``features``, the recurrent state as a list in ``tensors["state"]``,
 # ``architecture``. 3: ``output`` (``characters``, or ``bytes``: UTF-8 byte labels, ``alphabet`` empty)
-# and ``text`` (the ``data.text`` settings the client applies). Versions 1 and 2 are read too (characters,
-# no text settings).
-FORMAT_VERSION = 3
+# and ``text`` (the ``data.text`` settings the client applies). 4: ``stride`` (feature frames per output
+# label) and ``streaming`` (what one streaming call takes; null for a model family without a streaming form,
+# whose export runs whole utterances through its ``utterance`` signature). Versions 1 to 3 are read too
+# (characters, no text settings before 3; one label per frame and context windows before 4).
+FORMAT_VERSION = 4
+STREAM_INPUTS = ("windows", "frames")
+# The most feature frames one output label may stand for (a stride read from a file someone else made).
+MAX_STRIDE = 64
 REQUIRED_KEYS = (
     "format",
     "format_version",
@@ -55,8 +60,10 @@ NUMBERS = {
     "tflite_quantized": Range(bool),
     "output": Range(str),
     "n_hidden": Range(int, 1, 1 << 24),  # format 1: the LSTM's width, the size of its state
+    "stride": Range(int, 1, MAX_STRIDE),
 }
-MAPPINGS = ("features", "files", "tensors", "decoder", "text", "frozen_graph")  # decoder on: may be null
+# decoder and the later ones: may be null
+MAPPINGS = ("features", "files", "tensors", "decoder", "text", "frozen_graph", "streaming")
 # The decoder entry's names of files of the export.
 DECODER_FILES = ("lm", "char_lm", "vocabulary")
 # The most values a recurrent state tensor may hold (an LSTM of n_hidden 2048 holds 2,048).
@@ -87,6 +94,20 @@ class ExportMetadata:
     raw: dict = field(default_factory=dict, repr=False)
     # The text settings training used (``data.text``, without its digits policy); None before format 3.
     text: TextSettings | None = None
+    # Feature frames per output label (the model family's stride; 1 before format 4).
+    stride: int = 1
+    # What one streaming call takes: ``input`` (windows or frames), ``chunk``, ``context``, ``lookahead``;
+    # None when the model has no streaming form (it runs whole utterances only).
+    streaming: dict | None = None
+
+    @property
+    def seconds_per_label(self) -> float:
+        """Seconds of audio each output label stands for (word timings): the frame step times the stride."""
+        return self.features.seconds_per_frame * self.stride
+
+    def output_length(self, frames: int) -> int:
+        """Output labels of ``frames`` feature frames: ``ceil(frames / stride)``."""
+        return -(-int(frames) // self.stride)
 
     @property
     def output(self) -> str:
@@ -233,6 +254,8 @@ def parse_metadata(raw: dict, directory: Path, plugins: Iterable[str] = ()) -> E
     except (ValueError, TypeError, AttributeError) as error:
         raise ExportError(f"{source}: {error}") from None
     return ExportMetadata(
+        stride=int(raw.get("stride", 1)),
+        streaming=_streaming(raw, source),
         directory=directory,
         model_version=int(raw["model_version"]),
         fingerprint=raw["fingerprint"],
@@ -317,6 +340,45 @@ def _check_file_name(name, where: str, directory: Path, source: Path) -> None:
     )
     if not inside:
         raise ExportError(f"{source}: {where}: {name!r} is not a file inside the export directory")
+
+
+def _streaming(raw: dict, source: Path) -> dict | None:
+    """The ``streaming`` entry checked (before format 4: context windows of ``n_context``, ``n_steps`` a
+    call); None for a model without a streaming form."""
+    if "streaming" not in raw:
+        return {
+            "input": "windows",
+            "chunk": int(raw["n_steps"]),
+            "context": int(raw["n_context"]),
+            "lookahead": 0,
+        }
+    entry = raw["streaming"]
+    if entry is None:
+        if raw["tensors"].get("state"):
+            raise ExportError(
+                f"{source}: streaming: null (no streaming form) but tensors.state lists a state"
+            )
+        return None
+    if entry.get("input") not in STREAM_INPUTS:
+        raise ExportError(
+            f"{source}: streaming.input: expected one of {', '.join(STREAM_INPUTS)}, "
+            f"got {entry.get('input')!r}"
+        )
+    for key, low in (("chunk", 1), ("context", 0), ("lookahead", 0)):
+        if problem := value_problem(entry.get(key), Range(int, low, 1 << 16)):
+            raise ExportError(f"{source}: streaming.{key}: {problem}")
+    if entry["chunk"] != raw["n_steps"] or (
+        entry["input"] == "windows" and entry["context"] != raw["n_context"]
+    ):
+        raise ExportError(
+            f"{source}: streaming: chunk and context must be n_steps and n_context, got {entry}"
+        )
+    stride = int(raw.get("stride", 1))
+    if entry["chunk"] % stride:
+        raise ExportError(
+            f"{source}: streaming.chunk: {entry['chunk']} is not a multiple of the stride {stride}"
+        )
+    return dict(entry)
 
 
 def _tensors(raw: dict, source: Path) -> dict:

@@ -82,8 +82,16 @@ class Model:
         """The sample rate the model was trained on."""
         return self.metadata.features.sample_rate
 
-    def create_stream(self, intermediate_decoder=None) -> Stream:
-        """A new stream; intermediate transcripts use ``intermediate_decoder`` (default: greedy, cheap)."""
+    def create_stream(self, intermediate_decoder=None, whole_utterance: bool = False) -> Stream:
+        """A new stream; intermediate transcripts use ``intermediate_decoder`` (default: greedy, cheap).
+        ExportError for a model without a streaming form, unless ``whole_utterance`` (the caller asks for
+        the transcript at the end only: the model then runs once over all the audio fed)."""
+        if self.metadata.streaming is None and not whole_utterance:
+            family = self.metadata.raw.get("architecture", "its family")
+            raise ExportError(
+                f"{self.metadata.directory}: this model ({family}) has no streaming form; transcribe whole "
+                f"utterances (--audio, Model.transcribe_file)"
+            )
         return Stream(self.runner, self.decoder, intermediate_decoder or self.greedy)
 
     def logits(self, samples: np.ndarray) -> np.ndarray:
@@ -107,10 +115,10 @@ class Model:
         by block), so memory stays bounded for long recordings; the transcript equals ``transcribe``'s.
         ``processing_s`` includes reading the file."""
         started = time.perf_counter()
-        stream = self.create_stream()
+        stream = self.create_stream(whole_utterance=True)
         for block in stream_for_model(path, self.sample_rate, convert_rate, on_resample=on_resample):
             stream.feed_audio(block)
-        found = self.decoder.candidates(stream.flush(), candidates, self.metadata.features.seconds_per_frame)
+        found = self.decoder.candidates(stream.flush(), candidates, self.metadata.seconds_per_label)
         return Transcript(
             audio=str(path),
             text=found[0].text,

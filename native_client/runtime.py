@@ -1,8 +1,11 @@
-"""Runners for one streaming step of an exported model: TFLite, SavedModel, frozen graph or ONNX.
+"""Runners of an exported model: TFLite, SavedModel, frozen graph or ONNX.
 
-Each runner maps ``(windows [1, n_steps, window, n_input], state)`` to ``(logits [n_steps, n_classes],
-new state)``, the state being a tuple of arrays in the order of the metadata's ``tensors["state"]`` (the
-LSTM's h and c for DeepSpeech). A reset is a zero state.
+For a model with a streaming form, each runner maps ``(inputs, state)`` to ``(logits [labels, n_classes],
+new state)``: the inputs what the metadata's ``streaming`` says one call takes (context windows ``[1,
+n_steps, window, n_input]`` for DeepSpeech, or frames ``[1, chunk + lookahead, n_input]``), the state a
+tuple of arrays in the order of the metadata's ``tensors["state"]`` (the LSTM's h and c for DeepSpeech). A
+reset is a zero state. For a model without one (``streaming`` null), ``utterance`` maps a whole
+utterance's frames ``[time, n_input]`` to its logits ``[labels, n_classes]``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,17 @@ class StepRunner:
         return tuple(np.zeros(spec["shape"], np.float32) for spec in self.metadata.state)
 
     def step(self, windows: np.ndarray, state: tuple) -> tuple[np.ndarray, tuple]:
-        """One call of ``n_steps`` windows; returns logits ``[n_steps, n_classes]`` and the new state."""
+        """One streaming call; returns logits ``[labels, n_classes]`` and the new state."""
+        raise NotImplementedError
+
+    def utterance(self, frames: np.ndarray) -> np.ndarray:
+        """Logits ``[labels, n_classes]`` of a whole utterance's frames ``[time, n_input]`` (a model
+        without a streaming form)."""
+        if not len(frames):
+            return np.zeros((0, self.metadata.n_classes), np.float32)
+        return self._utterance(np.ascontiguousarray(frames, np.float32)[None])
+
+    def _utterance(self, features: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
 
@@ -50,9 +63,14 @@ class TFLiteRunner(StepRunner):
         self.interpreter.allocate_tensors()
         # Tensor indices from the signature, then plain set_tensor/invoke: less overhead per step.
         runner = self.interpreter.get_signature_runner(metadata.tensors["signature"])
+        # A whole utterance goes through the signature runner (it resizes the input to the utterance's
+        # length); a streaming step through plain invoke, which the runner's references would forbid.
+        self._signature = runner if metadata.streaming is None else None
         inputs, outputs = runner.get_input_details(), runner.get_output_details()
         _check_shapes(
-            metadata, {name: list(detail["shape"]) for name, detail in inputs.items()}, set(outputs)
+            metadata,
+            {name: list(detail.get("shape_signature", detail["shape"])) for name, detail in inputs.items()},
+            set(outputs),
         )
         self._inputs = {name: detail["index"] for name, detail in inputs.items()}
         self._outputs = {name: detail["index"] for name, detail in outputs.items()}
@@ -69,13 +87,23 @@ class TFLiteRunner(StepRunner):
             interpreter.get_tensor(self._outputs[spec["output"]]) for spec in self.metadata.state
         )
 
+    def _utterance(self, features):
+        names = self.metadata.tensors
+        return self._signature(**{names["input"]: features})[names["logits"]][0]
+
 
 def _check_shapes(metadata: ExportMetadata, inputs: dict[str, list[int]], outputs: set[str]) -> None:
     """ExportError naming metadata.json when its tensor names or geometry (n_steps, n_context, n_input,
     the state shapes) are not the model's: an edited file must not reach the interpreter."""
     names = metadata.tensors
     source = metadata.directory / METADATA_NAME
-    expected = {names.get("input"): [1, metadata.n_steps, 2 * metadata.n_context + 1, metadata.n_input]}
+    streaming = metadata.streaming
+    if streaming is None:  # a whole utterance: [1, any time, n_input]
+        expected = {names.get("input"): [1, -1, metadata.n_input]}
+    elif streaming["input"] == "frames":
+        expected = {names.get("input"): [1, streaming["chunk"] + streaming["lookahead"], metadata.n_input]}
+    else:
+        expected = {names.get("input"): [1, metadata.n_steps, 2 * metadata.n_context + 1, metadata.n_input]}
     expected.update({spec["input"]: list(spec["shape"]) for spec in metadata.state})
     for name, shape in expected.items():
         if name not in inputs:
@@ -109,6 +137,10 @@ class SavedModelRunner(StepRunner):
         out = self.function(**inputs)
         return out[names["logits"]].numpy()[0], tuple(out[spec["output"]].numpy() for spec in specs)
 
+    def _utterance(self, features):
+        names = self.metadata.tensors
+        return self.function(**{names["input"]: features})[names["logits"]].numpy()[0]
+
 
 class FrozenGraphRunner(StepRunner):
     """The frozen GraphDef (``output_graph.pb``) through TensorFlow."""
@@ -134,6 +166,9 @@ class FrozenGraphRunner(StepRunner):
         tf = self._tf
         logits, *new_state = self.function(tf.constant(windows, tf.float32), *(tf.constant(s) for s in state))
         return logits.numpy()[0], tuple(s.numpy() for s in new_state)
+
+    def _utterance(self, features):
+        return self.function(self._tf.constant(features, self._tf.float32))[0].numpy()[0]
 
 
 class OnnxRunner(StepRunner):

@@ -54,7 +54,7 @@ class Chunks(Sequence):
         return Chunk(part, real)
 
 
-def run_chunks(runner: StepRunner, chunks: Sequence[Chunk], state):
+def run_window_chunks(runner: StepRunner, chunks: Sequence[Chunk], state):
     """Logits ``[time, n_classes]`` of ``chunks`` run in order from ``state`` (padding steps dropped), and
     the state after them."""
     outputs = []
@@ -68,13 +68,40 @@ def run_chunks(runner: StepRunner, chunks: Sequence[Chunk], state):
 def run_windows(runner: StepRunner, windows: np.ndarray, state):
     """Run ``windows`` ``[time, window, n_input]`` through the model ``n_steps`` at a time;
     a short last call is zero-padded and only its real time steps are kept."""
-    return run_chunks(runner, Chunks(windows, runner.metadata.n_steps), state)
+    return run_window_chunks(runner, Chunks(windows, runner.metadata.n_steps), state)
 
 
 def run_frames(runner: StepRunner, frames: np.ndarray, state=None):
-    """Logits ``[time, n_classes]`` of feature ``frames`` ``[time, n_input]`` for a whole utterance
-    (zero context past both edges, the last call zero-padded to ``n_steps``), and the final state."""
-    return run_windows(runner, window_view(frames, runner.metadata.n_context), state or runner.zero_state())
+    """Logits ``[time, n_classes]`` of feature ``frames`` ``[time, n_input]`` for a whole utterance, and the
+    final state: the export's streaming form call by call (context windows with zero context past both
+    edges, or chunks of frames; the last call zero-padded), or, for a model without one, its one-shot
+    ``utterance``."""
+    streaming = runner.metadata.streaming
+    if streaming is None:
+        return runner.utterance(frames), ()
+    state = state or runner.zero_state()
+    if streaming["input"] == "frames":
+        return run_chunks(runner, frames, state)
+    return run_windows(runner, window_view(frames, runner.metadata.n_context), state)
+
+
+def run_chunks(runner: StepRunner, frames: np.ndarray, state, end: int | None = None):
+    """Run ``frames`` ``[time, n_input]`` through a streaming form that takes chunks of frames: each call
+    ``chunk + lookahead`` frames from where the last one started plus ``chunk``, zero frames past the
+    utterance's end; of a short last chunk only its real frames' labels are kept. ``end`` (a multiple of
+    the chunk): run the chunks before it only, their look-ahead read from ``frames`` (a stream's middle)."""
+    metadata = runner.metadata
+    chunk, lookahead = metadata.streaming["chunk"], metadata.streaming["lookahead"]
+    room = -len(frames) % chunk + lookahead
+    padded = np.concatenate([frames, np.zeros((room, metadata.n_input), np.float32)]).astype(np.float32)
+    outputs = []
+    for start in range(0, len(frames) if end is None else end, chunk):
+        logits, state = runner.step(
+            np.ascontiguousarray(padded[start : start + chunk + lookahead])[None], state
+        )
+        outputs.append(logits[: metadata.output_length(min(chunk, len(frames) - start))])
+    empty = np.zeros((0, metadata.n_classes), np.float32)
+    return (np.concatenate(outputs) if outputs else empty), state
 
 
 class Utterance:
@@ -185,37 +212,98 @@ class Stream:
     steps at a time, carrying the recurrent state. With it (``features.normalize`` in the export),
     features need the whole utterance's statistics: the stream keeps the frames and runs the
     model when a transcript is asked for, normalising with the statistics so far; ``finish``
-    then equals one-shot transcription exactly. The chunking is ``Utterance``'s.
+    then equals one-shot transcription exactly. A model without a streaming form (``streaming``
+    null in its metadata) is run the same way, over the whole utterance at once (``Model`` makes such a
+    stream only for a caller that asks for the transcript at the end).
     """
 
     def __init__(self, runner: StepRunner, decoder, intermediate_decoder=None):
         self.runner = runner
         self.decoder = decoder
         self.intermediate_decoder = intermediate_decoder or decoder
-        self._utterance = Utterance(runner)
-
-    @property
-    def samples(self) -> int:
-        """Samples fed so far."""
-        return self._utterance.samples
+        metadata = runner.metadata
+        self._whole = metadata.features.normalize or metadata.streaming is None
+        self._normalize = metadata.features.normalize
+        self._chunked = metadata.streaming is not None and metadata.streaming["input"] == "frames"
+        self._frames = metadata.features.frontend.stream()
+        self._n_context = metadata.n_context
+        # frames still needed as context, starting with the zero frames before the utterance (windows), or
+        # the frames of the next call (chunks of frames)
+        self._pending = np.zeros((0 if self._chunked else metadata.n_context, metadata.n_input), np.float32)
+        self._all_frames = []
+        self._logits = []
+        self._state = runner.zero_state()
+        self._finished = False
+        self.samples = 0
 
     def feed_audio(self, chunk: np.ndarray) -> None:
         """Add int16 mono samples at the model's sample rate."""
-        self._utterance.feed_audio(chunk)
-        self._run_ready()
+        if self._finished:
+            raise RuntimeError("feed_audio after finish")
+        chunk = np.asarray(chunk).reshape(-1)
+        self.samples += chunk.size
+        self._add_frames(self._frames.feed(chunk), final=False)
 
-    def _run_ready(self) -> None:
-        utterance = self._utterance
-        chunks = utterance.ready()
-        if len(chunks):
-            utterance.accept(*run_chunks(self.runner, chunks, utterance.state))
+    def _add_frames(self, frames: np.ndarray, final: bool) -> None:
+        if self._whole:
+            self._all_frames.append(frames)
+            return
+        if self._chunked:
+            self._add_chunks(frames, final)
+            return
+        context = self._n_context
+        self._pending = np.concatenate([self._pending, frames])
+        if final:
+            self._pending = np.concatenate(
+                [self._pending, np.zeros((context, self._pending.shape[1]), np.float32)]
+            )
+        ready = len(self._pending) - 2 * context
+        if not final:
+            ready -= ready % self.runner.metadata.n_steps
+        if ready <= 0:
+            return
+        windows = ready_windows(self._pending, 2 * context + 1, ready)
+        logits, self._state = run_windows(self.runner, np.ascontiguousarray(windows), self._state)
+        self._logits.append(logits)
+        self._pending = self._pending[ready:]
+
+    def _add_chunks(self, frames: np.ndarray, final: bool) -> None:
+        """Frames for a streaming form over chunks of frames: each full chunk with its look-ahead runs as
+        soon as it is there; at the end, the rest (``run_chunks``)."""
+        self._pending = np.concatenate([self._pending, frames])
+        streaming = self.runner.metadata.streaming
+        chunk, lookahead = streaming["chunk"], streaming["lookahead"]
+        ready = 0 if final else max(0, (len(self._pending) - lookahead) // chunk * chunk)
+        if final:
+            logits, self._state = run_chunks(self.runner, self._pending, self._state)
+            self._pending = self._pending[:0]
+        elif ready:  # the frames of ``ready // chunk`` calls, each with its look-ahead, all present
+            logits, self._state = run_chunks(self.runner, self._pending, self._state, end=ready)
+            self._pending = self._pending[ready:]
+        else:
+            return
+        self._logits.append(logits)
+
+    def _normalised_logits(self) -> np.ndarray:
+        frames = (
+            np.concatenate(self._all_frames)
+            if self._all_frames
+            else np.zeros((0, self.runner.metadata.n_input), np.float32)
+        )
+        if len(frames) == 0:
+            return np.zeros((0, self.runner.metadata.n_classes), np.float32)
+        logits, _ = run_frames(self.runner, normalize_frames(frames) if self._normalize else frames)
+        return logits
 
     def logits(self) -> np.ndarray:
         """Logits ``[time, n_classes]`` of the audio so far."""
-        utterance = self._utterance
-        if not utterance.incremental and not utterance.finished:
-            return run_chunks(self.runner, utterance.rerun(), self.runner.zero_state())[0]
-        return utterance.logits()
+        if self._whole:
+            return self._normalised_logits()
+        return (
+            np.concatenate(self._logits)
+            if self._logits
+            else np.zeros((0, self.runner.metadata.n_classes), np.float32)
+        )
 
     def intermediate_decode(self) -> str:
         """Transcript of the audio so far (the intermediate decoder; greedy unless configured)."""
@@ -223,10 +311,10 @@ class Stream:
 
     def flush(self) -> np.ndarray:
         """End the utterance: run the last (zero-padded) frames; returns the logits of the whole of it."""
-        if self._utterance.finished:
+        if self._finished:
             raise RuntimeError("the stream is already finished")
-        self._utterance.finish()
-        self._run_ready()
+        self._add_frames(self._frames.finish(), final=True)
+        self._finished = True
         return self.logits()
 
     def finish(self) -> str:

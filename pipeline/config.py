@@ -7,7 +7,7 @@ Reading YAML into these (``extends:``, type checks, error messages) is
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -345,34 +345,56 @@ class FeaturesConfig:
         raise AttributeError(f"features has no key {name!r}")
 
 
+def family_option(default, doc: str, *, minimum=None, maximum=None, exclusive_min: bool = False, stages=None):
+    """A field of a model family's ``Settings`` (``model.<family>.<key>``): its doc and range, as the
+    schema's own keys carry them; ``stages=()`` for a setting that changes no result (not fingerprinted)."""
+    return _opt(default, doc, minimum=minimum, maximum=maximum, exclusive_min=exclusive_min, stages=stages)
+
+
+def _deepspeech_family(config: Config) -> bool:
+    """with model.architecture: deepspeech"""
+    return config.model.architecture == "deepspeech"
+
+
+_DEEPSPEECH = {"train": _deepspeech_family}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """The acoustic model: its family and the settings DeepSpeech's family reads."""
+    """The acoustic model: its family, the keys every family shares, and DeepSpeech's own settings (the keys
+    from n_hidden to lstm_kernel, read only by the deepspeech family). Another family's settings go under
+    ``model.<family>:`` (the tables after this one); those of a family that is not chosen are neither
+    checked nor fingerprinted, so a config may extend one of another family."""
 
     STAGES: ClassVar[tuple[str, ...]] = ("train",)
 
     architecture: str = _opt(
         "deepspeech",
-        "The model family: a module of pipeline/model/ (deepspeech) or the "
-        "dotted name of a module of your own defining FAMILY.",
+        "The model family: a module of pipeline/model/ (deepspeech, conformer) or the "
+        "dotted name of a module of your own defining FAMILY. A family that emits a label per several "
+        "frames also re-runs FeaturesSplit: its too-short check counts the family's labels.",
     )
 
-    n_hidden: int = _opt(2048, "Width of the dense layers and the LSTM.", minimum=1)
-    n_context: int = _opt(9, "Context frames on each side of a time step.", minimum=0)
-    relu_clip: float = _opt(20.0, "Clip of the clipped ReLU.", minimum=0.0, exclusive_min=True)
+    n_hidden: int = _opt(2048, "Width of the dense layers and the LSTM.", minimum=1, when=_DEEPSPEECH)
+    n_context: int = _opt(9, "Context frames on each side of a time step.", minimum=0, when=_DEEPSPEECH)
+    relu_clip: float = _opt(
+        20.0, "Clip of the clipped ReLU.", minimum=0.0, exclusive_min=True, when=_DEEPSPEECH
+    )
     dropout_rate: float = _opt(
-        0.05, "Dropout of layer 1 (and 2, 3, 6 unless set).", minimum=0.0, maximum=0.99
+        0.05, "Dropout of layer 1 (and 2, 3, 6 unless set).", minimum=0.0, maximum=0.99, when=_DEEPSPEECH
     )
     dropout_rate2: float | None = _opt(
-        None, "Dropout of layer 2 (default: dropout_rate).", minimum=0.0, maximum=0.99
+        None, "Dropout of layer 2 (default: dropout_rate).", minimum=0.0, maximum=0.99, when=_DEEPSPEECH
     )
     dropout_rate3: float | None = _opt(
-        None, "Dropout of layer 3 (default: dropout_rate).", minimum=0.0, maximum=0.99
+        None, "Dropout of layer 3 (default: dropout_rate).", minimum=0.0, maximum=0.99, when=_DEEPSPEECH
     )
-    dropout_rate4: float = _opt(0.0, "Dropout after the LSTM.", minimum=0.0, maximum=0.99)
-    dropout_rate5: float = _opt(0.0, "Dropout of the LSTM input.", minimum=0.0, maximum=0.99)
+    dropout_rate4: float = _opt(0.0, "Dropout after the LSTM.", minimum=0.0, maximum=0.99, when=_DEEPSPEECH)
+    dropout_rate5: float = _opt(
+        0.0, "Dropout of the LSTM input.", minimum=0.0, maximum=0.99, when=_DEEPSPEECH
+    )
     dropout_rate6: float | None = _opt(
-        None, "Dropout of layer 5 (default: dropout_rate).", minimum=0.0, maximum=0.99
+        None, "Dropout of layer 5 (default: dropout_rate).", minimum=0.0, maximum=0.99, when=_DEEPSPEECH
     )
     random_seed: int = _opt(4567, "Seed for weight initialisation and data order.")
     lstm_kernel: Literal["auto", "fused", "layer"] = _opt(
@@ -391,16 +413,18 @@ class ModelConfig:
         "characters (Chinese, Japanese); paths.alphabet is then not used.",
         stages=("features", "lm", "train"),
     )
-    options: tuple = _opt(
-        (),
-        "Settings of another model family, as a mapping (its FAMILY declares and checks "
-        "them when the model is built).",
-        mapping=True,
-    )
+    # The chosen family's own settings (its Settings dataclass, filled by the loader from
+    # ``model.<family>:``), or () for a family without them (DeepSpeech: the keys above). Fingerprinted
+    # under ``model.options``, the name that held a family's own settings before they were typed, so
+    # that DeepSpeech's fingerprints (an empty list there) stay what they were.
+    options: Any = field(default=(), metadata={"family": True})
 
-    def option(self, name: str, default=None):
-        """One of ``options`` (a family's own setting), or ``default``."""
-        return dict(self.options).get(name, default)
+    def __getattr__(self, name: str):
+        # The family's settings read like the section's own keys (``config.model.d_model``).
+        options = self.__dict__.get("options")
+        if is_dataclass(options) and not isinstance(options, type) and hasattr(options, name):
+            return getattr(options, name)
+        raise AttributeError(f"model has no key {name!r}")
 
 
 @dataclass(frozen=True)
@@ -619,7 +643,12 @@ class ExportConfig:
 
     STAGES: ClassVar[tuple[str, ...]] = ("export",)
 
-    n_steps: int = _opt(16, "Time steps per streaming call.", minimum=1)
+    n_steps: int = _opt(
+        16,
+        "Feature frames per streaming call (a multiple of the model family's stride; a family without a "
+        "streaming form ignores it).",
+        minimum=1,
+    )
     quantize: bool = _opt(False, "Dynamic-range int8 quantisation of the TFLite model.")
     versioned: bool = _opt(False, "Keep numbered versions under export_dir.")
     coqui_tflite: bool = _opt(

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import yaml
 
-from pipeline.config import Config, ConfigError, FeaturesConfig
+from pipeline.config import Config, ConfigError, FeaturesConfig, ModelConfig
 from pipeline.config_checks import validate_config
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "source"}
@@ -240,6 +240,16 @@ def _merge_into(merged: dict, raw: dict, source: str, base_dir: Path | None) -> 
                 if section == "features" and isinstance(key, str):
                     merged[section].setdefault(PENDING, {})[key] = (value, where, base_dir)
                     continue
+                if (section, key) == ("model", "options"):
+                    raise ConfigError(
+                        f"{where}: a family's own settings go under model.<family>: (model.conformer: "
+                        f"{{d_model: 256}}), not model.options"
+                    )
+                if section == "model" and isinstance(key, str) and isinstance(value, dict):
+                    # a family's settings (model.<family>:), checked at freeze time if that family is chosen
+                    block = merged[section].setdefault(PENDING, {}).setdefault(key, {})
+                    block.update({name: (item, f"{where}.{name}", base_dir) for name, item in value.items()})
+                    continue
                 raise ConfigError(
                     f"{where}: unknown key; {_did_you_mean(key, known)}expected one of {', '.join(known)}"
                 )
@@ -309,6 +319,69 @@ def _frontend_settings(values: dict, source: str):
     return built
 
 
+def _family_settings(values: dict, source: str):
+    """The chosen model family's Settings from its ``model.<family>:`` block (checked key by key and by
+    the family), or () for a family without Settings. The block of a family not chosen is left unread;
+    a block that names no family at all is an unknown key."""
+    from native_client.plugins import PluginError, plugin_exists
+    from pipeline.model import model_family
+
+    name = values.get("architecture", ModelConfig().architecture)
+    if not plugin_exists("pipeline.model", name):
+        raise ConfigError(
+            f"{source}: model.architecture: no model family {name!r} (a module of pipeline/model/ such as "
+            f"deepspeech or conformer, or the dotted name of your own)"
+        )
+    try:
+        family = model_family(name)
+    except (PluginError, TypeError) as error:
+        raise ConfigError(f"{source}: {error}") from None
+    blocks = values.pop(PENDING, {})
+    for key, block in blocks.items():
+        if key != family.name and not plugin_exists("pipeline.model", key):
+            where = next(iter(block.values()))[1].rsplit(".", 1)[0] if block else f"{source}: model.{key}"
+            known = [f.name for f in dataclasses.fields(ModelConfig) if "doc" in f.metadata]
+            raise ConfigError(
+                f"{where}: unknown key; {_did_you_mean(key, known + [family.name])}expected one of "
+                f"{', '.join(known)}, or model.<family>: with a family's settings"
+            )
+    if family.Settings is None:
+        if family.name in blocks:
+            raise ConfigError(f"{source}: model.{family.name}: the {name} family has no settings of its own")
+        return ()
+    known = {f.name: f for f in dataclasses.fields(family.Settings)}
+    hints = typing.get_type_hints(family.Settings)
+    settings = {}
+    for key, (value, where, base_dir) in blocks.get(family.name, {}).items():
+        if key not in known:
+            raise ConfigError(
+                f"{where}: unknown key; {_did_you_mean(key, known)}the {name} family's settings: "
+                f"{', '.join(known)}"
+            )
+        settings[key] = _checked(value, hints[key], known[key].metadata, where, base_dir)
+    return family.Settings(**settings)
+
+
+def _check_family(config: Config) -> None:
+    """The chosen family's own check of its settings taken together."""
+    from pipeline.model import model_family
+
+    family = model_family(config.model.architecture)
+    try:
+        family.check(config.model)
+    except ValueError as error:
+        raise ConfigError(f"{config.source}: {error}") from None
+    stride = family.stride(config.model)
+    if (
+        family.stream_input(config.model, config.export.n_steps) is not None
+        and config.export.n_steps % stride
+    ):
+        raise ConfigError(
+            f"{config.source}: export.n_steps: {config.export.n_steps} frames per streaming call is not a "
+            f"multiple of the {config.model.architecture} family's stride ({stride} frames per label)"
+        )
+
+
 def _freeze(merged: dict, source: str) -> Config:
     types = _section_types()
     sections = {}
@@ -316,8 +389,11 @@ def _freeze(merged: dict, source: str) -> Config:
         values = dict(values)
         if name == "features":
             values["frontend"] = _frontend_settings(values, source)
+        if name == "model":
+            values["options"] = _family_settings(values, source)
         sections[name] = types[name](**values)
     config = Config(**sections, source=source)
+    _check_family(config)
     validate_config(config)
     _check_corpora(config)
     return config
@@ -381,6 +457,11 @@ def section_values(section) -> dict:
         value = getattr(section, f.name)
         if f.metadata.get("frontend"):
             out.update(dataclasses.asdict(value))
+        elif f.metadata.get("family"):
+            if dataclasses.is_dataclass(value):
+                from pipeline.model import model_family
+
+                out[model_family(section.architecture).name] = dataclasses.asdict(value)
         elif f.metadata.get("rest"):
             out.update({key: list(v) if isinstance(v, tuple) else v for key, v in value})
         elif f.metadata.get("mapping"):

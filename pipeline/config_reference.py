@@ -7,7 +7,8 @@ section's ``STAGES``; see ``pipeline.config._opt``). This module reads them by i
 or a new section appears in the reference without editing anything here;
 ``python -m pipeline.config_reference`` prints it and ``make docs`` writes it.
 A test fails when docs/CONFIGURATION.md differs from what this renders.
-Each built-in front end's own settings get a table after the ``features`` section.
+Each built-in front end's own settings get a table after the ``features`` section, each built-in model
+family's after the ``model`` section.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from native_client.frontends import frontend_class
 from native_client.plugins import builtin_names
 from pipeline.config import Config, field_stages
 from pipeline.dag import describe_tag
+from pipeline.model import model_family
 
 INTRO = """\
 # Configuration reference
@@ -217,7 +219,27 @@ def render_reference(config_cls: type = Config) -> str:
         out.append("\n".join(section_table(section, f"{field.name}.")) + "\n")
         if field.name == "features":
             out += frontend_tables()
+        if field.name == "model":
+            out += family_tables()
     return "\n".join(out)
+
+
+def family_tables() -> list[str]:
+    """One table per built-in model family with settings of its own: the ``model.<family>.*`` keys (they
+    re-run Train when that family is chosen, and are neither read nor checked otherwise)."""
+    out = []
+    for name in builtin_names("pipeline.model", "FAMILY"):
+        family = model_family(name)
+        if family.Settings is None:
+            continue
+        out.append(f"### `model.architecture: {name}`\n")
+        doc = class_doc(family.Settings)
+        out.append(
+            (f"{doc} " if doc else "")
+            + f"Its keys go under `model.{family.name}:`; changing one re-runs Train (and what follows).\n"
+        )
+        out.append("\n".join(section_table(family.Settings, f"model.{family.name}.")) + "\n")
+    return out
 
 
 def frontend_tables() -> list[str]:

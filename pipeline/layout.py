@@ -35,6 +35,7 @@ from pipeline.data.importing import (
 )
 from pipeline.digests import file_digest, path_digest
 from pipeline.lm.kenlm_tools import find_tools
+from pipeline.model import model_family
 from pipeline.workdir import (
     ALPHABET_DIR,
     CONVERTED_DIR,
@@ -92,6 +93,18 @@ def _plain(value):
     if isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
         return [dataclasses.asdict(item) for item in value]
     return value
+
+
+def _family_keys(settings) -> object:
+    """A model family's settings as fingerprinted: its Settings without the fields tagged ``stages=()``;
+    a family without Settings, () (an empty list, as the old untyped ``model.options`` hashed)."""
+    if not dataclasses.is_dataclass(settings):
+        return settings
+    return {
+        f.name: _plain(getattr(settings, f.name))
+        for f in dataclasses.fields(settings)
+        if f.metadata.get("stages") != ()
+    }
 
 
 def _hash(payload: dict) -> str:
@@ -177,7 +190,11 @@ class Layout:
                 continue
             section = getattr(self.config, section_field.name)
             for f in dataclasses.fields(section):
-                if "doc" not in f.metadata and not f.metadata.get("frontend"):
+                if (
+                    "doc" not in f.metadata
+                    and not f.metadata.get("frontend")
+                    and not f.metadata.get("family")
+                ):
                     continue
                 if f.metadata.get("frontend"):
                     tags = type(section).STAGES
@@ -190,6 +207,8 @@ class Layout:
                     value = tuple(item for item in value if item.key == params.get(f.metadata["keyed_by"]))
                 if f.metadata.get("frontend"):
                     value = dataclasses.asdict(value)
+                elif f.metadata.get("family"):
+                    value = _family_keys(value)
                 elif (section_field.name, f.name) == ("paths", "alphabet"):
                     value = path_digest(self.alphabet)
                 elif (section_field.name, f.name) == ("training", "init_from") and value is not None:
@@ -223,6 +242,11 @@ class Layout:
             return {"lm_builder": self.lm_builder}
         if stage == "import":
             return {"corpus": self.import_fingerprint(params["corpus"])}
+        if stage == "features":
+            # The too-short check counts the family's output labels: a family that subsamples time keeps
+            # other utterances (nothing is added for one label per frame, so those caches keep their names).
+            stride = model_family(self.config.model.architecture).stride(self.config.model)
+            return {"output_stride": stride} if stride != 1 else {}
         return {}
 
     def features_fingerprint(self, split: str) -> str:

@@ -206,6 +206,10 @@ class ExportRecord:
     output: str = "characters"  # or bytes: UTF-8 byte labels (format 3)
     text: dict | None = None  # the data.text settings the client applies (format 3)
     card: dict | None = None  # the model card (pipeline.export.model_card; MODEL_CARD.md renders it)
+    stride: int = 1  # feature frames per output label (format 4)
+    # what one streaming call takes (format 4): input (windows or frames), chunk, context, lookahead; None
+    # for a family without a streaming form (the export holds the utterance signature only)
+    streaming: dict | None = None
 
 
 def _dataclass_of(tp) -> type | None:

@@ -110,7 +110,7 @@ def test_a_valid_metadata_is_read(tmp_path):
 @pytest.mark.parametrize(
     "key, value, says",
     [
-        ("format_version", "3", "format_version: expected an integer of at least 1 and at most 3, got '3'"),
+        ("format_version", "3", "format_version: expected an integer of at least 1 and at most 4, got '3'"),
         ("format_version", None, "format_version: expected an integer"),
         ("model_version", "v1", "model_version: expected an integer of at least 0, got 'v1'"),
         ("files", "abc", "files: expected a mapping, got 'abc'"),
@@ -131,6 +131,12 @@ def test_a_valid_metadata_is_read(tmp_path):
         ("tensors.input", ["windows"], "tensors.input: expected a tensor name"),
         ("text.keep_punctuation", 5, "text.keep_punctuation: expected a string, got 5"),
         ("n_input", 40, "n_input is 40 but the features give 26 values per frame"),
+        ("stride", 0, "stride: expected an integer of at least 1 and at most 64, got 0"),
+        ("streaming", [16], "streaming: expected a mapping, got [16]"),
+        ("streaming", {"input": "audio", "chunk": 16}, "streaming.input: expected one of windows, frames"),
+        ("streaming", {"input": "frames", "chunk": 0}, "streaming.chunk: expected an integer of at least 1"),
+        ("streaming", {"input": "windows", "chunk": 8, "context": 9, "lookahead": 0}, "must be n_steps"),
+        ("streaming", None, "streaming: null (no streaming form) but tensors.state lists a state"),
     ],
 )
 def test_an_edited_metadata_is_one_line_naming_the_key(tmp_path, capsys, key, value, says):

@@ -32,7 +32,7 @@ def test_every_key_of_every_section_is_documented_and_listed():
     assert set(sections) >= {"paths", "data", "features", "model", "training", "decoder"}
     for name, section in sections.items():
         for key in dataclasses.fields(section):
-            if key.metadata.get("frontend"):  # the front end's own keys: its table below
+            if key.metadata.get("frontend") or key.metadata.get("family"):  # their own keys: tables below
                 continue
             assert key.metadata.get("doc"), f"{name}.{key.name} has no doc"
             assert f"| `{name}.{key.name}` |" in rendered, f"the reference lacks {name}.{key.name}"
@@ -40,6 +40,16 @@ def test_every_key_of_every_section_is_documented_and_listed():
         section = rendered.split(f"### `features.type: {frontend}`", 1)[1].split("##", 1)[0]
         for key in dataclasses.fields(frontend_class(frontend).Settings):
             assert key.metadata.get("doc") and f"| `features.{key.name}` |" in section, (frontend, key.name)
+    from pipeline.model import model_family
+
+    families = [model_family(name) for name in builtin_names("pipeline.model", "FAMILY")]
+    assert any(family.Settings is not None for family in families)  # the conformer's
+    for family in families:
+        if family.Settings is None:
+            continue
+        section = rendered.split(f"### `model.architecture: {family.name}`", 1)[1].split("##", 1)[0]
+        for key in dataclasses.fields(family.Settings):
+            assert key.metadata.get("doc") and f"| `model.{family.name}.{key.name}` |" in section, key.name
 
 
 def test_the_command_prints_the_reference():

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from pipeline.config import ModelConfig
 from pipeline.model import build_model
-from pipeline.model.deepspeech import uses_fused_lstm
+from pipeline.model.deepspeech_net import uses_fused_lstm
 from pipeline.model.fused_lstm import lstm_sequence
 from pipeline.model.weights import weights_digest
 

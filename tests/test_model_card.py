@@ -16,7 +16,7 @@ from pipeline.layout import Layout
 from pipeline.reports import EvaluationReport, TrainReport, read_report
 from pipeline.stages.evaluate import evaluate_stage
 from pipeline.stages.export import export_stage
-from pipeline.stages.language_model import build_language_model
+from pipeline.stages.language_model import language_model_stage
 from pipeline.stages.train import train_stage
 from tests.conftest import build_features, small_config_text
 
@@ -70,7 +70,7 @@ def trained(tmp_path_factory):
     build_features(config)
     layout = Layout(config)
     train_stage(layout)
-    build_language_model(layout)
+    language_model_stage(layout)
     evaluate_stage(layout, beam=True)
     return layout, Layout(load_config(card))
 

@@ -46,7 +46,7 @@ def test_a_front_end_and_a_model_family_of_ones_own_run_through_the_dag_and_the_
               step_ms: 20
             model:
               architecture: tests.plugins.simple_rnn_family
-              options: {units: 24}
+              simple_rnn: {units: 24}
             training:
               epochs: 1
         """,
@@ -97,6 +97,73 @@ def test_a_front_end_and_a_model_family_of_ones_own_run_through_the_dag_and_the_
         text=True,
     )
     assert allowed.returncode == 0, allowed.stderr
+
+
+def test_a_family_that_subsamples_time_runs_through_the_dag_and_the_client(small_config):
+    """A family of one's own emitting one label per 4 frames, with a streaming form over chunks of frames:
+    the CTC loss, the too-short check, the export and the client take its stride, input and state from the
+    family and the metadata (no project file names it)."""
+    from pipeline.model import model_family
+    from tasks import FeaturesSplit
+    from tests.plugins.subsample4_family import FAMILY
+
+    path = small_config(
+        limit_train=12,
+        limit_dev=4,
+        limit_test=4,
+        extra="""
+            features:
+              type: mfcc
+              normalize: false
+            model:
+              architecture: tests.plugins.subsample4_family
+              subsample4: {units: 24}
+            training:
+              epochs: 1
+        """,
+    )
+    config = load_config(path)
+    deepspeech = load_config(small_config("ds.yaml", extra="features:\n  type: mfcc\n  normalize: false\n"))
+    # the too-short check counts labels at the family's rate, so the caches are not DeepSpeech's
+    assert Layout(config).features_cache("train") != Layout(deepspeech).features_cache("train")
+    assert FAMILY.min_feature_frames(config.model, 3) == 9 and FAMILY.output_lengths(config.model, 9) == 3
+    assert model_family("deepspeech").min_feature_frames(deepspeech.model, 3) == 3
+    assert luigi.build(
+        [
+            FeaturesSplit(config=str(path), split="train"),
+            Evaluate(config=str(path)),
+            Export(config=str(path)),
+        ],
+        local_scheduler=True,
+    )
+    export = Layout(config).find_export().root
+    metadata = json.loads((export / "metadata.json").read_text())
+    assert metadata["stride"] == 4 and metadata["n_context"] == 0
+    assert metadata["streaming"] == {"input": "frames", "chunk": 16, "context": 0, "lookahead": 0}
+    assert metadata["tensors"]["state"] == [
+        {"input": "previous_state", "output": "new_state", "shape": [1, 24]}
+    ]
+    for backend in ("tflite", "saved_model", "frozen_graph"):
+        model = Model(export, backend=backend)
+        samples = load_for_model(CLIP, 16000)
+        frames = model.metadata.features.frames(samples)
+        logits = model.logits(samples)
+        assert len(logits) == -(-len(frames) // 4)
+        checkpoint = load_trained_model(config, Layout(config).train_run.best, frames.shape[1], 29)
+        np.testing.assert_allclose(logits, checkpoint(frames[None]).numpy()[0], atol=1e-4)
+        stream = model.create_stream()  # fed in blocks that cut chunks anywhere: the same labels
+        for start in range(0, len(samples), 1234):
+            stream.feed_audio(samples[start : start + 1234])
+        np.testing.assert_allclose(stream.flush(), logits, atol=1e-4)
+    assert model.metadata.seconds_per_label == pytest.approx(0.04)  # 10 ms frames, 4 per label
+    found = model.transcribe_file(CLIP)
+    assert all(word.duration >= 0.04 - 1e-9 for word in found.candidates[0].words)
+    cli = subprocess.run(
+        [sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(CLIP), "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert cli.returncode == 0, cli.stderr
 
 
 def test_a_front_end_of_ones_own_must_be_a_front_end(small_config):

@@ -21,7 +21,7 @@ from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
 from pipeline.model import build_model, model_family
 from pipeline.model.checkpoints import CheckpointMismatchError
-from pipeline.model.deepspeech import make_windows
+from pipeline.model.deepspeech_net import make_windows
 from pipeline.model.weights import named_weights
 from pipeline.reports import TrainReport, read_report
 from pipeline.stages.evaluate import evaluate_stage

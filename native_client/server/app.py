@@ -367,7 +367,7 @@ class SttHandler(tornado.web.RequestHandler):
                 utterance.feed_audio(block)
             utterance.finish()
             await run_ready(service.engine, utterance)
-            seconds = model.metadata.features.seconds_per_frame
+            seconds = model.metadata.seconds_per_label
             found = await service.engine.decode(
                 model.decoder.candidates, utterance.logits(), self.count, seconds
             )
@@ -423,7 +423,7 @@ class _Segments:
                 continue
             await run_ready(self.handler.service.engine, self.utterance)
             if isinstance(event, End):
-                seconds = model.metadata.features.seconds_per_frame
+                seconds = model.metadata.seconds_per_label
                 found = await self.handler.service.engine.decode(
                     model.decoder.candidates, self.utterance.logits(), 1, seconds
                 )

@@ -198,7 +198,7 @@ class RecognizerSession:
         """vosk-server's result object of the utterances that ended (normally one; several ended in one
         frame are joined into one result)."""
         model = self.service.model
-        seconds = model.metadata.features.seconds_per_frame
+        seconds = model.metadata.seconds_per_label
         count = max(1, self.alternatives)
         found = []
         for utterance in ended:

@@ -12,7 +12,8 @@ from native_client.alphabet import Labels
 from pipeline.batches.dataset import SplitReader, checked, eval_dataset
 from pipeline.evaluation.metrics import SampleResult, greedy_decode, score_sample
 from pipeline.features.cache import CacheIndex
-from pipeline.model.ctc import ctc_implementation, ctc_loss
+from pipeline.model import model_family
+from pipeline.model.ctc import ctc_implementation
 
 # on_logits(sample index, logits [time, classes])
 LogitsSink = Callable[[int, np.ndarray], None]
@@ -20,13 +21,15 @@ LogitsSink = Callable[[int, np.ndarray], None]
 
 def make_forward(model, blank_index: int):
     """A compiled function: features, lengths, labels, label lengths -> (logits ``[b, t, classes]``,
-    per-sample loss)."""
+    per-sample loss, output lengths), by the model's family (its forward pass and loss head)."""
     ctc = ctc_implementation(jit_compile=False)
+    family = model_family(model.model_config.architecture)
 
     @tf.function(reduce_retracing=True)
     def forward(features, lengths, labels, label_lengths):
-        logits = model(features, training=False)
-        return logits, ctc_loss(labels, label_lengths, logits, lengths, blank_index, ctc)
+        logits, output_lengths = family.forward(model, features, lengths, training=False)
+        loss = family.loss(labels, label_lengths, logits, output_lengths, blank_index, ctc)
+        return logits, loss, output_lengths
 
     return forward
 
@@ -55,7 +58,7 @@ def run_split(
     for features, lengths, labels, label_lengths, indices in checked(
         eval_dataset(reader, batch_size, max_batch_frames)
     ):
-        logits, loss = forward(features, lengths, labels, label_lengths)
+        logits, loss, lengths = forward(features, lengths, labels, label_lengths)
         logits, loss, lengths = logits.numpy(), loss.numpy(), lengths.numpy()
         for row, index in enumerate(indices.numpy()):
             hypothesis = greedy_decode(logits[row], lengths[row], alphabet)

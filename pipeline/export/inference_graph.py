@@ -1,9 +1,11 @@
 """The inference form of a trained model as a ``tf.Module``: what Export saves, freezes and converts.
 
-It wraps the model family's streaming form (``pipeline.model``) with fixed
-input signatures and DeepSpeech's tensor names: ``input_node`` windows
-``[1, n_steps, window, n_input]``, the family's state tensors
-(``previous_state_h``/``_c`` for DeepSpeech) in and out, ``logits``.
+For a family with a streaming form (``pipeline.model``) it wraps that form with fixed input signatures and
+DeepSpeech's tensor names: ``input_node`` (what the family's ``stream_input`` says one call takes: context
+windows ``[1, n_steps, window, n_input]`` for DeepSpeech, or frames ``[1, n_steps + lookahead, n_input]``),
+the family's state tensors (``previous_state_h``/``_c`` for DeepSpeech) in and out, ``logits``. For a family
+without one, the export's one signature is ``utterance``: a whole utterance's features ``[1, time,
+n_input]`` in, its logits ``[1, time / stride, n_classes]`` out.
 """
 
 from __future__ import annotations
@@ -13,34 +15,51 @@ import json
 import tensorflow as tf
 
 from pipeline.model import StateTensor, model_family
+from pipeline.model.family import WINDOWS, StreamInput
 
 SIGNATURE = "stream"
-# Many streams in one call: windows ``[batch, n_steps, window, n_input]``, each state ``[batch, ...]``
-# (``deepspeech-serve`` steps every stream with a chunk ready at once). Only for families with a batched form.
+UTTERANCE = "utterance"
+# Many streams in one call: the inputs ``[batch, ...]``, each state ``[batch, ...]`` (``deepspeech-serve``
+# steps every stream with a chunk ready at once). Only for families with a batched form.
 BATCH_SIGNATURE = "stream_batch"
-INPUT, LOGITS = "input_node", "logits"
+INPUT, FEATURES, LOGITS = "input_node", "features", "logits"
+
+
+def input_shape(spec: StreamInput, n_input: int, batch: int | None = 1) -> list:
+    """The shape of one streaming call's input (``time`` None: any number of steps)."""
+    if spec.kind == WINDOWS:
+        return [batch, spec.chunk, 2 * spec.context + 1, n_input]
+    return [batch, spec.chunk + spec.lookahead, n_input]
 
 
 class InferenceGraph(tf.Module):
-    """Streaming step, whole-utterance logits and metadata of a trained model."""
+    """Streaming step (when the family has one), whole-utterance logits and metadata of a trained model."""
 
     def __init__(self, model, n_steps: int, metadata: dict):
         super().__init__(name="acoustic_model")
         config = model.model_config
         family = model_family(config.architecture)
+        self.family, self.model = family, model
         self.form = family.streaming(model, n_steps)
-        self.state_tensors = family.state(config)
+        self.spec = family.stream_input(config, n_steps) if self.form is not None else None
+        self.state_tensors = family.state(config) if self.form is not None else ()
         # The model's variables, tracked here so that the SavedModel holds them.
-        self.weights = self.form.variables()
-        window = 2 * family.context(config) + 1
+        self.weights = [variable.value for variable in model.weights]
         n_input = int(model.n_input)
         self.metadata_json = tf.constant(json.dumps(metadata, sort_keys=True))
+        self.metadata = tf.function(lambda: {"metadata": self.metadata_json}, input_signature=[])
+        self.stream = self.stream_batch = None
+        if self.form is None:
+            self.utterance = tf.function(
+                self._features_utterance,
+                input_signature=[tf.TensorSpec([1, None, n_input], tf.float32, name=FEATURES)],
+            )
+            return
         states = [tf.TensorSpec(s.shape, tf.float32, name=s.input) for s in self.state_tensors]
         self.stream = tf.function(
             self._stream,
-            input_signature=[tf.TensorSpec([1, n_steps, window, n_input], tf.float32, name=INPUT), *states],
+            input_signature=[tf.TensorSpec(input_shape(self.spec, n_input), tf.float32, name=INPUT), *states],
         )
-        self.stream_batch = None
         if self.form.batched:
             batch_states = [
                 tf.TensorSpec([None, *s.shape[1:]], tf.float32, name=s.input) for s in self.state_tensors
@@ -48,25 +67,25 @@ class InferenceGraph(tf.Module):
             self.stream_batch = tf.function(
                 self._stream_batch,
                 input_signature=[
-                    tf.TensorSpec([None, n_steps, window, n_input], tf.float32, name=INPUT),
+                    tf.TensorSpec(input_shape(self.spec, n_input, None), tf.float32, name=INPUT),
                     *batch_states,
                 ],
             )
+        whole = input_shape(self.spec, n_input)
+        whole[1] = None
         self.utterance = tf.function(
-            self._utterance,
-            input_signature=[tf.TensorSpec([1, None, window, n_input], tf.float32, name=INPUT)],
+            self._utterance, input_signature=[tf.TensorSpec(whole, tf.float32, name=INPUT)]
         )
-        self.metadata = tf.function(lambda: {"metadata": self.metadata_json}, input_signature=[])
 
-    def _stream(self, windows, *state):
-        logits, *new_state = self.form.step(windows, *state)
+    def _stream(self, inputs, *state):
+        logits, *new_state = self.form.step(inputs, *state)
         out = {LOGITS: tf.identity(logits, name=LOGITS)}
         for spec, value in zip(self.state_tensors, new_state, strict=True):
             out[spec.output] = tf.identity(value, name=spec.output)
         return out
 
-    def _stream_batch(self, windows, *state):
-        logits, *new_state = self.form.batch_step(windows, *state)
+    def _stream_batch(self, inputs, *state):
+        logits, *new_state = self.form.batch_step(inputs, *state)
         out = {LOGITS: tf.identity(logits, name=LOGITS)}
         for spec, value in zip(self.state_tensors, new_state, strict=True):
             out[spec.output] = tf.identity(value, name=spec.output)
@@ -75,22 +94,36 @@ class InferenceGraph(tf.Module):
     def signatures(self) -> dict:
         """The SavedModel's signatures: the streaming step (and its batched form when the family has one),
         the whole utterance, the metadata."""
-        found = {SIGNATURE: self.stream, "utterance": self.utterance, "metadata": self.metadata}
+        found = {UTTERANCE: self.utterance, "metadata": self.metadata}
+        if self.stream is not None:
+            found[SIGNATURE] = self.stream
         if self.stream_batch is not None:
             found[BATCH_SIGNATURE] = self.stream_batch
         return found
 
-    def _utterance(self, windows):
-        return {LOGITS: self.form.utterance(windows)}
+    def _utterance(self, inputs):
+        return {LOGITS: self.form.utterance(inputs)}
+
+    def _features_utterance(self, features):
+        return {LOGITS: tf.identity(self.family.utterance(self.model, features), name=LOGITS)}
+
+    @property
+    def main(self):
+        """The function the frozen graph and the TFLite model hold: the streaming step, or the whole
+        utterance for a family without a streaming form."""
+        return self.stream if self.stream is not None else self.utterance
 
     def tensors(self) -> dict:
         """The tensor names a client needs (the export metadata's ``tensors``)."""
-        return tensor_names(self.state_tensors, self.stream_batch is not None)
+        return tensor_names(self.state_tensors, self.stream_batch is not None, self.stream is not None)
 
 
-def tensor_names(state: tuple[StateTensor, ...], batched: bool = False) -> dict:
+def tensor_names(state: tuple[StateTensor, ...], batched: bool = False, streaming: bool = True) -> dict:
     """The export's tensor names for a family's ``state``: signature, input, logits, and the state list;
-    ``batch_signature`` (the batched streaming signature's name, same tensor names) when ``batched``."""
+    ``batch_signature`` (the batched streaming signature's name, same tensor names) when ``batched``. Without
+    a streaming form: the ``utterance`` signature over ``features``, no state."""
+    if not streaming:
+        return {"signature": UTTERANCE, "input": FEATURES, "logits": LOGITS, "state": []}
     names = {
         "signature": SIGNATURE,
         "input": INPUT,

@@ -13,10 +13,11 @@ from native_client.alphabet import Labels
 from native_client.arpa import is_arpa
 from native_client.metadata import FORMAT, FORMAT_VERSION
 from pipeline.config import Config
-from pipeline.export.inference_graph import BATCH_SIGNATURE, SIGNATURE, InferenceGraph
+from pipeline.export.inference_graph import BATCH_SIGNATURE, SIGNATURE, UTTERANCE, InferenceGraph
 from pipeline.features.frontend import feature_pipeline
 from pipeline.lm.files import read_lm_report, verify_lm_files
 from pipeline.model import model_family
+from pipeline.model.family import WINDOWS
 from pipeline.reports import ExportRecord, TrainReport, read_report
 from pipeline.workdir import EXPORT_FILES, WORD_ARPA, WORD_BINARY, ExportFiles, LMFiles
 
@@ -36,10 +37,15 @@ def build_metadata(
     """The metadata a client needs: features, geometry, the output labels (an alphabet, or ``output:
     bytes``), the text settings the client applies (``data.text``), versions, fingerprints, and the
     best-dev figures and step of the Train run it comes from (None when an explicitly given checkpoint
-    has no Train report, e.g. an untrained model in a benchmark). ``tensors``: the inference graph's
+    has no Train report, e.g. an untrained model in a benchmark); the family's output stride and streaming
+    input (``streaming``: None without a streaming form). ``tensors``: the inference graph's
     tensor names (``InferenceGraph.tensors``). ``fingerprint``, ``train_fingerprint``: the Export's and the
     Train run's; ``train_report``: that run's report."""
     train = read_report(train_report, TrainReport) if train_report.is_file() else None
+    family = model_family(config.model.architecture)
+    streaming = None  # what one streaming call takes; None: the export runs whole utterances only
+    if tensors["signature"] != UTTERANCE:
+        streaming = family.stream_input(config.model, config.export.n_steps).to_dict()
     return ExportRecord(
         format=FORMAT,
         format_version=FORMAT_VERSION,
@@ -53,7 +59,9 @@ def build_metadata(
         best_dev=train and train.best_dev,
         architecture=config.model.architecture,
         features=feature_pipeline(config.features).to_dict(),
-        n_context=model_family(config.model.architecture).context(config.model),
+        n_context=streaming["context"] if streaming and streaming["input"] == WINDOWS else 0,
+        stride=family.stride(config.model),
+        streaming=streaming,
         n_input=n_input,
         n_steps=config.export.n_steps,
         n_classes=alphabet.n_classes,
@@ -73,9 +81,10 @@ def build_metadata(
 
 
 def write_frozen_graph(graph: InferenceGraph, path: Path) -> dict:
-    """Freeze the streaming step (variables folded into constants) to ``path``; returns its graph tensor
-    names: ``inputs`` (the windows, then the state) and ``outputs`` (the logits, then the new state)."""
-    concrete = graph.stream.get_concrete_function()
+    """Freeze the streaming step (the whole utterance for a family without one; variables folded into
+    constants) to ``path``; returns its graph tensor names: ``inputs`` (the step's input, then the state)
+    and ``outputs`` (the logits, then the new state)."""
+    concrete = graph.main.get_concrete_function()
     frozen = convert_variables_to_constants_v2(concrete)
     path.write_bytes(frozen.graph.as_graph_def().SerializeToString())
     # Outputs come flattened in the sorted-key order of the function's returned dict.
@@ -87,11 +96,14 @@ def write_frozen_graph(graph: InferenceGraph, path: Path) -> dict:
     }
 
 
-def write_tflite(saved_model: Path, path: Path, quantize: bool, batched: bool = False) -> None:
-    """Convert the SavedModel's streaming signature to TFLite, dynamic-range int8 when ``quantize``;
-    ``batched``: its batched streaming signature too (one flatbuffer, the weights shared: about 5% more
-    bytes for the small model, see docs/CLIENT.md "Serving")."""
-    keys = [SIGNATURE, BATCH_SIGNATURE] if batched else [SIGNATURE]
+def write_tflite(
+    saved_model: Path, path: Path, quantize: bool, batched: bool = False, signature: str = SIGNATURE
+) -> None:
+    """Convert the SavedModel's streaming signature (``signature``: ``utterance`` for a family without a
+    streaming form) to TFLite, dynamic-range int8 when ``quantize``; ``batched``: its batched streaming
+    signature too (one flatbuffer, the weights shared: about 5% more bytes for the small model, see
+    docs/CLIENT.md "Serving")."""
+    keys = [signature, BATCH_SIGNATURE] if batched else [signature]
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model), signature_keys=keys)
     if quantize:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]

@@ -29,7 +29,6 @@ from pipeline.config import AugmentConfig, Config
 from pipeline.data.manifests import Reject, Sample, check_reject_fraction, write_rejects
 from pipeline.features.audio_augment import noise_files, variants
 from pipeline.features.cache import CacheWriter, cache_summary
-from pipeline.features.frontend import ctc_min_frames
 from pipeline.features.shards import (
     DOWNMIXED,
     RESAMPLED,
@@ -137,14 +136,17 @@ def extract_split(
     rejects: list[Reject],
     config: Config,
     imported: tuple[Counter, tuple[Path, ...]],
+    min_frames: Callable[[list[int]], int],
     progress: ProgressFn | None = None,
 ) -> FeaturesSummary:
     """Compute the features of ``samples`` (with their augmented copies for the train split) and write the
     cache ``files.cache`` (recording ``fingerprint``) and its rejects report.
 
     ``rejects`` are the manifest rows already refused; ``imported`` the rows the imports rejected for this
-    split, by reason, and the files listing them (``check_reject_fraction``). Raises CorpusError when more
-    than ``data.max_reject_fraction`` of the rows are rejected (the rejects report is written first)."""
+    split, by reason, and the files listing them (``check_reject_fraction``); ``min_frames(labels)`` the
+    feature frames a transcript's labels need (the model family's output rate over CTC's need). Raises
+    CorpusError when more than ``data.max_reject_fraction`` of the rows are rejected (the rejects report is
+    written first)."""
     rows = len(samples) + len(rejects)  # manifest rows: what data.max_reject_fraction is a fraction of
     samples, audio_sources = with_copies(samples, config.augment if split == "train" else AugmentConfig())
     parts_dir = files.parts
@@ -152,7 +154,7 @@ def extract_split(
 
     def job(position: int, sample: Sample) -> tuple:
         path, variant = audio_sources[position]
-        return path, ctc_min_frames(sample.labels), variant, sample.offset, sample.duration
+        return path, min_frames(sample.labels), variant, sample.offset, sample.duration
 
     shards = [samples[i : i + SHARD_SIZE] for i in range(0, len(samples), SHARD_SIZE)]
     jobs = [[job(i * SHARD_SIZE + k, s) for k, s in enumerate(shard)] for i, shard in enumerate(shards)]

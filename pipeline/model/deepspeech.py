@@ -1,196 +1,15 @@
-"""The DeepSpeech family: its acoustic model, and the streaming form that runs the same layers.
+"""The DeepSpeech family: Mozilla DeepSpeech's acoustic model (its layers: ``deepspeech_net.py``).
 
-Per time step: 3 clipped-ReLU dense layers over the flattened context window,
-a unidirectional LSTM, a clipped-ReLU dense layer and linear logits over the
-alphabet plus the CTC blank. The training form takes features and makes the
-context windows itself; the streaming form takes windows (DeepSpeech's
-``input_node``) and carries the LSTM state, stepping the LSTM's own cell
-weights ``n_steps`` times (TFLite cannot run Keras' while loop).
+Its settings are the ``model`` section's own keys (``n_hidden``, ``n_context``, ``relu_clip``, the
+dropouts, ``lstm_kernel``), as DeepSpeech's configs have always written them; one label per feature frame;
+a streaming form over context windows carrying the LSTM's state. This module imports no TensorFlow (the
+config loader reads it).
 """
 
 from __future__ import annotations
 
-import keras
-import tensorflow as tf
-
 from pipeline.config import ModelConfig
-from pipeline.model.family import ModelFamily, StateTensor, StreamingForm
-from pipeline.model.fused_lstm import lstm_sequence
-
-LAYER_NAMES = ("layer_1", "layer_2", "layer_3", "lstm", "layer_5", "layer_6")
-
-
-def dropout_rates(model: ModelConfig) -> tuple[float, ...]:
-    """Dropout of layers 1..6 with DeepSpeech's defaults (2, 3, 6 follow ``dropout_rate``)."""
-    base = model.dropout_rate
-    pick = lambda value: base if value is None else value  # noqa: E731
-    return (
-        base,
-        pick(model.dropout_rate2),
-        pick(model.dropout_rate3),
-        model.dropout_rate4,
-        model.dropout_rate5,
-        pick(model.dropout_rate6),
-    )
-
-
-def make_windows(features: tf.Tensor, n_context: int) -> tf.Tensor:
-    """``[batch, time, n_input]`` -> ``[batch, time, 2*n_context+1, n_input]``, zeros past the edges."""
-    padded = tf.pad(features, [[0, 0], [n_context, n_context], [0, 0]])
-    return tf.signal.frame(padded, 2 * n_context + 1, 1, axis=1)
-
-
-def uses_fused_lstm(lstm_kernel: str, gpu: bool | None = None) -> bool:
-    """Whether ``model.lstm_kernel`` runs the fused sequence LSTM (``auto``: when no GPU is visible, where
-    Keras' layer would use cuDNN; ``gpu`` overrides asking TensorFlow)."""
-    if lstm_kernel == "auto":
-        if gpu is None:
-            gpu = bool(tf.config.list_physical_devices("GPU"))
-        return not gpu
-    return lstm_kernel == "fused"
-
-
-class AcousticModel(keras.Model):
-    """The DeepSpeech model: ``call(features [batch, time, n_input])``
-    -> logits ``[batch, time, n_classes]``."""
-
-    def __init__(
-        self, config: ModelConfig, n_input: int, n_classes: int, precision: str = "float32", **kwargs
-    ):
-        super().__init__(dtype=precision, **kwargs)
-        self.model_config = config
-        self.n_input = n_input
-        self.n_classes = n_classes
-        self.window = 2 * config.n_context + 1
-        seed, clip = config.random_seed, config.relu_clip
-
-        def dense(name, units, index, activation=True):
-            return keras.layers.Dense(
-                units,
-                name=name,
-                dtype=precision,
-                activation=(lambda x: tf.minimum(tf.nn.relu(x), clip)) if activation else None,
-                kernel_initializer=keras.initializers.GlorotUniform(seed=seed + index),
-                bias_initializer="zeros",
-            )
-
-        hidden = config.n_hidden
-        self.layer_1 = dense("layer_1", hidden, 1)
-        self.layer_2 = dense("layer_2", hidden, 2)
-        self.layer_3 = dense("layer_3", hidden, 3)
-        # Keras runs this LSTM with cuDNN on a GPU because it keeps the defaults cuDNN requires:
-        # activation tanh, recurrent_activation sigmoid, recurrent_dropout 0, unroll False, use_bias True.
-        # Do not change them without giving up the fast kernel.
-        self.lstm = keras.layers.LSTM(
-            hidden,
-            name="lstm",
-            return_sequences=True,
-            return_state=True,
-            unit_forget_bias=True,
-            dtype=precision,
-            kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 4),
-            recurrent_initializer=keras.initializers.GlorotUniform(seed=seed + 5),
-        )
-        self.fused_lstm = uses_fused_lstm(config.lstm_kernel)
-        self.layer_5 = dense("layer_5", hidden, 6)
-        self.layer_6 = dense("layer_6", n_classes, 7, activation=False)
-        self.dropouts = [
-            keras.layers.Dropout(rate, seed=seed + 10 + i, dtype=precision)
-            for i, rate in enumerate(dropout_rates(config))
-        ]
-
-    def stack(self, windows, recurrence, training):
-        """Logits ``[batch, time, n_classes]`` of windows ``[batch, time, window, n_input]``; the LSTM
-        part is ``recurrence(x [batch, time, n_hidden]) -> outputs`` (the layer itself, or its cell
-        stepped)."""
-        batch, time = tf.shape(windows)[0], tf.shape(windows)[1]
-        x = tf.reshape(windows, [batch, time, self.window * self.n_input])  # [batch, time, 494]
-        x = self.dropouts[0](self.layer_1(x), training=training)
-        x = self.dropouts[1](self.layer_2(x), training=training)
-        x = self.dropouts[2](self.layer_3(x), training=training)
-        x = recurrence(self.dropouts[4](x, training=training))
-        x = self.dropouts[3](x, training=training)
-        x = self.dropouts[5](self.layer_5(x), training=training)
-        return self.layer_6(x)
-
-    def call(self, features, training=False):
-        """Full-sequence logits ``[batch, time, n_classes]`` (float32)
-        of features ``[batch, time, n_input]``."""
-        zeros = tf.zeros([tf.shape(features)[0], self.model_config.n_hidden], dtype=self.compute_dtype)
-
-        def recurrence(x):
-            if self.fused_lstm:
-                if not self.lstm.built:  # built here, in the model's scope, as calling it would
-                    self.lstm.build(x.shape)
-                cell = self.lstm.cell
-                time_major = lstm_sequence(
-                    tf.transpose(x, [1, 0, 2]), cell.kernel, cell.recurrent_kernel, cell.bias
-                )
-                return tf.transpose(time_major, [1, 0, 2])
-            return self.lstm(x, initial_state=[zeros, zeros], training=training)[0]
-
-        logits = self.stack(make_windows(features, self.model_config.n_context), recurrence, training)
-        return tf.cast(logits, tf.float32)  # softmax and CTC in float32 whatever the precision
-
-
-class DeepSpeechStreaming(StreamingForm):
-    """The streaming form: the model's own layers, the LSTM's cell stepped frame by frame with its input
-    projection computed once for all ``n_steps`` frames (only the recurrent product is per frame)."""
-
-    def _lstm(self, x, h, c, steps: int):
-        """The LSTM over ``x [1, steps, n_hidden]`` from state (h, c) with Keras' gate order (i, f, c, o)."""
-        cell = self.model.lstm.cell
-        projected = tf.matmul(x[0], cell.kernel) + cell.bias  # [steps, 4 * n_hidden]
-        outputs = []
-        for t in range(steps):
-            z = projected[t : t + 1] + tf.matmul(h, cell.recurrent_kernel)
-            i, f, g, o = tf.split(z, 4, axis=-1)
-            c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
-            h = tf.sigmoid(o) * tf.tanh(c)
-            outputs.append(h)
-        return tf.concat(outputs, axis=0)[None], h, c
-
-    def step(self, windows, state_h, state_c):
-        """``(logits [1, n_steps, n_classes], new state_h, new state_c)``."""
-        final = {}
-
-        def recurrence(x):
-            out, final["h"], final["c"] = self._lstm(x, state_h, state_c, self.n_steps)
-            return out
-
-        logits = self.model.stack(windows, recurrence, training=False)
-        return logits, final["h"], final["c"]
-
-    batched = True
-
-    def batch_step(self, windows, state_h, state_c):
-        """``(logits [batch, n_steps, n_classes], new state_h, new state_c)`` of ``batch`` streams at once:
-        every matrix product reads its weights once for all of them (the recurrent kernel, read per frame,
-        dominates a batch-1 step)."""
-        final = {}
-        cell = self.model.lstm.cell
-
-        def recurrence(x):
-            batch, width = tf.shape(x)[0], tf.shape(x)[2]
-            flat = tf.matmul(tf.reshape(x, [-1, width]), cell.kernel) + cell.bias
-            projected = tf.reshape(flat, [batch, self.n_steps, -1])  # [batch, steps, 4 * n_hidden]
-            h, c, outputs = state_h, state_c, []
-            for t in range(self.n_steps):
-                z = projected[:, t] + tf.matmul(h, cell.recurrent_kernel)
-                i, f, g, o = tf.split(z, 4, axis=-1)
-                c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
-                h = tf.sigmoid(o) * tf.tanh(c)
-                outputs.append(h)
-            final["h"], final["c"] = h, c
-            return tf.stack(outputs, axis=1)
-
-        logits = self.model.stack(windows, recurrence, training=False)
-        return logits, final["h"], final["c"]
-
-    def utterance(self, windows):
-        """Logits ``[1, time, n_classes]`` of any number of windows (the Keras LSTM layer's own loop)."""
-        zeros = tf.zeros([1, self.model.model_config.n_hidden])
-        return self.model.stack(windows, lambda x: self.model.lstm(x, initial_state=[zeros, zeros])[0], False)
+from pipeline.model.family import WINDOWS, ModelFamily, StateTensor, StreamingForm, StreamInput
 
 
 class DeepSpeech(ModelFamily):
@@ -200,15 +19,17 @@ class DeepSpeech(ModelFamily):
 
     def build(self, config: ModelConfig, n_input: int, n_classes: int, precision: str = "float32"):
         """The model with its weights made (deterministic for a given ``random_seed``)."""
-        if config.options:
-            raise ValueError(f"model.options: the deepspeech family takes none, got {dict(config.options)}")
+        import tensorflow as tf
+
+        from pipeline.model.deepspeech_net import AcousticModel
+
         model = AcousticModel(config, n_input, n_classes, precision)
         model(tf.zeros([1, 1, n_input]))
         return model
 
-    def context(self, config: ModelConfig) -> int:
-        """``model.n_context``."""
-        return config.n_context
+    def stream_input(self, config: ModelConfig, n_steps: int) -> StreamInput:
+        """``n_steps`` context windows of ``model.n_context`` frames each side."""
+        return StreamInput(WINDOWS, n_steps, context=config.n_context)
 
     def state(self, config: ModelConfig) -> tuple[StateTensor, ...]:
         """The LSTM's output and cell state, DeepSpeech's ``previous_state_h``/``_c``."""
@@ -218,13 +39,15 @@ class DeepSpeech(ModelFamily):
             StateTensor("previous_state_c", "new_state_c", shape),
         )
 
-    def streaming(self, model, n_steps: int) -> DeepSpeechStreaming:
-        """See ``DeepSpeechStreaming``."""
+    def streaming(self, model, n_steps: int) -> StreamingForm:
+        """``pipeline.model.deepspeech_net.DeepSpeechStreaming``: the LSTM's cell stepped frame by frame."""
+        from pipeline.model.deepspeech_net import DeepSpeechStreaming
+
         return DeepSpeechStreaming(model, n_steps)
 
     def layers(self, model) -> tuple[str, ...]:
         """``layer_1``, ``layer_2``, ``layer_3``, ``lstm``, ``layer_5``, ``layer_6``."""
-        return LAYER_NAMES
+        return ("layer_1", "layer_2", "layer_3", "lstm", "layer_5", "layer_6")
 
     def import_weights(self, source, config, alphabet=None) -> dict | None:
         """The weights of a DeepSpeech 0.7+/Coqui ``.tflite`` (int8 dequantised) or of a DeepSpeech 0.6+/Coqui

@@ -1,30 +1,70 @@
-"""What a model family provides: the interface ``pipeline/model/<name>.py`` implements."""
+"""What a model family provides: the interface ``pipeline/model/<name>.py`` implements.
+
+A family declares, in its one module:
+
+- its settings: ``Settings``, a frozen dataclass whose fields carry the schema's metadata (``doc``, ``min``,
+  ``max``: ``pipeline.config.family_option``), written under ``model.<name>:`` in a config, documented in
+  docs/CONFIGURATION.md and range-checked when the config loads (DeepSpeech's are the ``model`` section's
+  own top-level keys, its family having no ``Settings``);
+- its output rate: ``stride`` feature frames per output label and ``output_lengths(feature_lengths)``,
+  which the CTC loss, the Features stage's too-short check, the export's metadata and the client's word
+  timings all use;
+- its forward pass and loss head (``forward``, ``loss``): CTC over its output lengths by default;
+- its inference forms: ``utterance`` (a whole utterance, what every export carries) and, when it has one,
+  ``streaming`` with ``stream_input`` (what one streaming call takes: context windows, or a chunk of
+  frames with a look-ahead) and ``state`` (named tensors of any shape, carried between calls).
+
+The family module itself must import without TensorFlow (the config loader reads ``Settings`` from it):
+the built-in families keep their layers in a sibling module (``deepspeech_net.py``) imported when a model
+is built.
+"""
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from typing import ClassVar
 
 from pipeline.config import ModelConfig
+
+WINDOWS, FRAMES = "windows", "frames"
 
 
 @dataclass(frozen=True)
 class StateTensor:
-    """One recurrent state tensor of the streaming form: its input and output names in the export and
-    its shape (batch 1). The client starts every utterance with zeros and feeds each output back."""
+    """One state tensor of the streaming form: its input and output names in the export and its shape
+    (batch 1 first, any shape after). The client starts every utterance with zeros and feeds each output
+    back."""
 
     input: str
     output: str
     shape: tuple[int, ...]
 
 
-class StreamingForm(abc.ABC):
-    """The inference form of a trained model, over the training model's own layers.
+@dataclass(frozen=True)
+class StreamInput:
+    """What one call of a streaming form takes. ``kind`` ``windows``: ``[1, chunk, 2 * context + 1,
+    n_input]`` context windows (DeepSpeech's ``input_node``), zero frames past the utterance's edges;
+    ``frames``: ``[1, chunk + lookahead, n_input]`` feature frames, the last ``lookahead`` of them seen
+    again at the next call. ``chunk`` is in feature frames (``export.n_steps``); a call emits
+    ``chunk / stride`` labels."""
 
-    ``step`` runs ``n_steps`` time steps with the state carried in and out (what
-    the export's streaming signature and TFLite run); ``utterance`` runs any
-    number of steps from a zero state. Both take context windows
-    ``[1, time, 2 * context + 1, n_input]``, as DeepSpeech's exports do.
+    kind: str
+    chunk: int
+    context: int = 0
+    lookahead: int = 0
+
+    def to_dict(self) -> dict:
+        """The export metadata's ``streaming`` entry."""
+        return {"input": self.kind, "chunk": self.chunk, "context": self.context, "lookahead": self.lookahead}
+
+
+class StreamingForm(abc.ABC):
+    """The streaming form of a trained model, over the training model's own layers.
+
+    ``step`` runs one call (``n_steps`` frames' worth of input, as the family's ``stream_input`` says)
+    with the state carried in and out (what the export's streaming signature and TFLite run); ``utterance``
+    runs any number of steps from a zero state, on the same kind of input.
     """
 
     def __init__(self, model, n_steps: int):
@@ -36,21 +76,21 @@ class StreamingForm(abc.ABC):
         return [variable.value for variable in self.model.weights]
 
     @abc.abstractmethod
-    def step(self, windows, *state) -> tuple:
-        """``(logits [1, n_steps, n_classes], *new_state)`` for windows ``[1, n_steps, window, n_input]``."""
+    def step(self, inputs, *state) -> tuple:
+        """``(logits [1, n_steps / stride, n_classes], *new_state)`` for one call's input."""
 
     @abc.abstractmethod
-    def utterance(self, windows):
-        """Logits ``[1, time, n_classes]`` of a whole utterance's windows, from a zero state."""
+    def utterance(self, inputs):
+        """Logits ``[1, time, n_classes]`` of a whole utterance's input, from a zero state."""
 
     # Families whose streaming form can step several independent streams in one call set this and
     # implement ``batch_step``; the export then carries a batched streaming signature.
     batched: bool = False
 
-    def batch_step(self, windows, *state) -> tuple:
-        """``(logits [batch, n_steps, n_classes], *new_state)`` for windows ``[batch, n_steps, window,
-        n_input]`` of ``batch`` independent streams, each state ``[batch, ...]`` (row ``i`` is stream
-        ``i``'s): the same numbers as ``step`` on each stream alone."""
+    def batch_step(self, inputs, *state) -> tuple:
+        """``(logits [batch, n_steps, n_classes], *new_state)`` for the inputs of ``batch`` independent
+        streams, each state ``[batch, ...]`` (row ``i`` is stream ``i``'s): the same numbers as ``step`` on
+        each stream alone."""
         raise NotImplementedError(f"{type(self).__name__} has no batched step")
 
 
@@ -58,23 +98,75 @@ class ModelFamily(abc.ABC):
     """A family of acoustic models chosen by ``model.architecture``."""
 
     name: str
+    # The family's own settings (a frozen dataclass, fields made with ``pipeline.config.family_option``),
+    # read from ``model.<name>:``; None for a family that has none (DeepSpeech reads the section's keys).
+    Settings: ClassVar[type | None] = None
+
+    def settings(self, config: ModelConfig):
+        """The family's settings in ``config``: its ``Settings`` from ``model.<name>:`` (``config.options``),
+        or, for a family without them, the section itself."""
+        return config if self.Settings is None else config.options
+
+    def check(self, config: ModelConfig) -> None:
+        """ValueError (one line, naming the key) for settings that are wrong together; called when the
+        config loads. Default: nothing to check beyond each field's range."""
+        return None
 
     @abc.abstractmethod
     def build(self, config: ModelConfig, n_input: int, n_classes: int, precision: str = "float32"):
-        """The training model, weights made: ``model(features [batch, time, n_input], training=...)``
-        returns float32 logits ``[batch, time, n_classes]`` (the CTC blank is the last class)."""
+        """The training model, weights made: ``forward`` runs it; its ``model_config`` attribute is
+        ``config`` and its ``n_input`` the feature size."""
 
-    @abc.abstractmethod
-    def context(self, config: ModelConfig) -> int:
-        """Frames of context on each side of a time step in the streaming form's windows."""
+    # -- the output rate -----------------------------------------------------------------------------
+    def stride(self, config: ModelConfig) -> int:
+        """Feature frames per output label (1: one label per frame, DeepSpeech). The Features stage's
+        fingerprint holds it, since its too-short check depends on it."""
+        return 1
 
-    @abc.abstractmethod
+    def output_lengths(self, config: ModelConfig, feature_lengths):
+        """Output labels of utterances of ``feature_lengths`` frames (an int, a numpy array or a tensor):
+        ``ceil(frames / stride)``, what ``same``-padded strided layers give."""
+        stride = self.stride(config)
+        return feature_lengths if stride == 1 else (feature_lengths + stride - 1) // stride
+
+    def min_feature_frames(self, config: ModelConfig, outputs: int) -> int:
+        """The fewest feature frames whose output length is at least ``outputs``."""
+        frames = max(0, int(outputs) * self.stride(config) - self.stride(config) + 1)
+        while int(self.output_lengths(config, frames)) < outputs:
+            frames += 1
+        return frames
+
+    # -- training and evaluation ---------------------------------------------------------------------
+    def forward(self, model, features, lengths, training: bool):
+        """``(logits [batch, time', n_classes] float32, output lengths [batch])`` of padded ``features``
+        ``[batch, time, n_input]`` whose rows hold ``lengths`` real frames."""
+        return model(features, training=training), self.output_lengths(model.model_config, lengths)
+
+    def loss(self, labels, label_lengths, logits, logit_lengths, blank_index: int, implementation: str):
+        """The loss head: per-utterance loss ``[batch]``; CTC over the output lengths (the blank is the
+        last class; ``implementation`` from ``pipeline.model.ctc.ctc_implementation``)."""
+        from pipeline.model.ctc import ctc_loss
+
+        return ctc_loss(labels, label_lengths, logits, logit_lengths, blank_index, implementation)
+
+    # -- inference -----------------------------------------------------------------------------------
+    def utterance(self, model, features):
+        """Logits ``[1, time', n_classes]`` of a whole utterance's features ``[1, time, n_input]``: the
+        one-shot form every export carries."""
+        return model(features, training=False)
+
+    def stream_input(self, config: ModelConfig, n_steps: int) -> StreamInput | None:
+        """What one streaming call takes, or None when the family has no streaming form (the client then
+        transcribes whole utterances only)."""
+        return None
+
     def state(self, config: ModelConfig) -> tuple[StateTensor, ...]:
-        """The recurrent state the streaming form carries between calls."""
+        """The state the streaming form carries between calls (none without a streaming form)."""
+        return ()
 
-    @abc.abstractmethod
-    def streaming(self, model, n_steps: int) -> StreamingForm:
-        """The streaming form of a trained ``model`` (the same layer objects, inference only)."""
+    def streaming(self, model, n_steps: int) -> StreamingForm | None:
+        """The streaming form of a trained ``model`` (the same layer objects, inference only), or None."""
+        return None
 
     def import_weights(self, source, config, alphabet=None) -> dict | None:
         """Weights of a model trained elsewhere (another toolkit's checkpoint or export) that

@@ -29,7 +29,7 @@ import tensorflow as tf
 from native_client.metadata import MANIFEST_NAME, METADATA_NAME, write_manifest
 from pipeline.decode.settings import decoder_settings
 from pipeline.export.coqui_tflite import write_coqui_tflite
-from pipeline.export.inference_graph import InferenceGraph, tensor_names
+from pipeline.export.inference_graph import SIGNATURE, InferenceGraph, tensor_names
 from pipeline.export.model_card import card_language, write_model_card
 from pipeline.export.onnx_export import write_onnx
 from pipeline.export.writers import build_metadata, copy_language_model, write_frozen_graph, write_tflite
@@ -122,8 +122,9 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
         n_input = feature_pipeline(config.features).feature_size
         model = load_trained_model(config, prefix, n_input, alphabet.n_classes)
         family = model_family(config.model.architecture)
-        batched = family.streaming(model, config.export.n_steps).batched
-        names = tensor_names(family.state(config.model), batched)
+        form = family.streaming(model, config.export.n_steps)
+        batched = form is not None and form.batched
+        names = tensor_names(family.state(config.model) if form else (), batched, form is not None)
         metadata = build_metadata(
             config,
             alphabet,
@@ -145,8 +146,19 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
         on_status("freezing the graph", 40)
         frozen = write_frozen_graph(graph, staging.file("frozen_graph"))
         on_status("converting to TFLite" + (" (int8 dynamic range)" if config.export.quantize else ""), 55)
-        write_tflite(staging.file("saved_model"), staging.file("tflite"), config.export.quantize, batched)
+        write_tflite(
+            staging.file("saved_model"),
+            staging.file("tflite"),
+            config.export.quantize,
+            batched,
+            names["signature"],
+        )
         if config.export.onnx:
+            if not names["state"] and names["signature"] != SIGNATURE:
+                raise ValueError(
+                    f"{config.source}: export.onnx: the {config.model.architecture} family has no streaming "
+                    f"form; model.onnx holds the streaming step only (set export.onnx: false)"
+                )
             on_status("converting to ONNX", 70)
             write_onnx(staging.file("saved_model"), staging.file("onnx"))
         if config.export.coqui_tflite:

@@ -21,9 +21,11 @@ from pipeline.features.extract import (
     existing_summary,
     extract_split,
 )
+from pipeline.features.frontend import ctc_min_frames
 from pipeline.files import remove_leftovers
 from pipeline.layout import Layout
 from pipeline.locks import stage_lock
+from pipeline.model import model_family
 from pipeline.model.labels import model_alphabet
 from pipeline.workdir import LEFTOVER_PATTERNS
 
@@ -74,6 +76,7 @@ def _build(layout: Layout, split: str, progress: ProgressFn | None) -> FeaturesS
             f"{changed[0]}: the manifest changed after this run was scheduled (the cache name "
             f"{files.cache.name} comes from its earlier content); run the Features task again"
         )
+    family = model_family(config.model.architecture)  # its output rate: how many frames a label needs
     return extract_split(
         files,
         layout.features_fingerprint(split),
@@ -82,6 +85,7 @@ def _build(layout: Layout, split: str, progress: ProgressFn | None) -> FeaturesS
         rejects,
         config,
         _import_rejects(layout, split),
+        lambda labels: family.min_feature_frames(config.model, ctc_min_frames(labels)),
         progress,
     )
 

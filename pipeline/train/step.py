@@ -13,7 +13,8 @@ import keras
 import tensorflow as tf
 
 from pipeline.config import TrainingConfig
-from pipeline.model.ctc import ctc_implementation, ctc_loss
+from pipeline.model import model_family
+from pipeline.model.ctc import ctc_implementation
 
 
 @dataclass(frozen=True)
@@ -77,13 +78,15 @@ class TrainStep:
         guard = training.revert_nonfinite_updates
         # The C++ CTC kernel has no XLA kernel and runs only on a CPU: elsewhere the exact log-space CTC.
         ctc = ctc_implementation(jit)
+        family = model_family(model.model_config.architecture)
 
         def gradients(features, lengths, labels, label_lengths):
             """(the tower's share of the loss, its gradients): forward and backward, one XLA cluster with
             jit_compile."""
             with tf.GradientTape() as tape:
-                logits = model(features, training=True)  # [batch, time, classes], float32
-                per_sample = ctc_loss(labels, label_lengths, logits, lengths, blank, ctc)
+                # [batch, time', classes] float32, and each row's output length: the family's stride
+                logits, output_lengths = family.forward(model, features, lengths, training=True)
+                per_sample = family.loss(labels, label_lengths, logits, output_lengths, blank, ctc)
                 # The step's global batch: every tower gets as many utterances (max_batch_frames may
                 # make a step smaller than training.batch_size).
                 step_batch = tf.cast(tf.shape(lengths)[0] * towers, per_sample.dtype)

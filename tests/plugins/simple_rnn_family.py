@@ -1,12 +1,23 @@
 """A model family of a user's own: a dense layer, a simple RNN and the output layer, with its own setting
-``model.options.units``; the streaming form steps the RNN's own cell weights."""
+``model.simple_rnn.units``; the streaming form steps the RNN's own cell weights over windows of one frame."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import keras
 import tensorflow as tf
 
+from pipeline.config import family_option
 from pipeline.model import ModelFamily, StateTensor, StreamingForm
+from pipeline.model.family import WINDOWS, StreamInput
+
+
+@dataclass(frozen=True)
+class SimpleRnnSettings:
+    """The test family's settings."""
+
+    units: int = family_option(32, "Width of the dense layer and the RNN.", minimum=1, maximum=4096)
 
 
 class SimpleRnnModel(keras.Model):
@@ -65,23 +76,21 @@ class SimpleRnnFamily(ModelFamily):
     """Dense -> SimpleRNN -> Dense."""
 
     name = "simple_rnn"
+    Settings = SimpleRnnSettings
 
     def build(self, config, n_input, n_classes, precision="float32"):
-        """The model; ``model.options.units`` (default 32) wide."""
-        unknown = set(dict(config.options)) - {"units"}
-        if unknown:
-            raise ValueError(f"model.options: unknown {sorted(unknown)}; this family takes units")
-        model = SimpleRnnModel(config, n_input, n_classes, int(config.option("units", 32)), precision)
+        """The model; ``model.simple_rnn.units`` wide."""
+        model = SimpleRnnModel(config, n_input, n_classes, config.options.units, precision)
         model(tf.zeros([1, 1, n_input]))
         return model
 
-    def context(self, config):
-        """No context frames."""
-        return 0
+    def stream_input(self, config, n_steps):
+        """Windows of one frame (no context)."""
+        return StreamInput(WINDOWS, n_steps)
 
     def state(self, config):
         """The RNN's output."""
-        return (StateTensor("previous_state", "new_state", (1, int(config.option("units", 32)))),)
+        return (StateTensor("previous_state", "new_state", (1, config.options.units)),)
 
     def streaming(self, model, n_steps):
         """See ``SimpleRnnStreaming``."""

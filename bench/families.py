@@ -1,0 +1,125 @@
+"""The model families side by side: DeepSpeech (configs/sample.yaml) and the Conformer
+(configs/sample-conformer.yaml) trained on the embedded sample corpus on this CPU, one after the other in
+one run, then the full-size int8 exports' (configs/en.yaml, configs/en-conformer.yaml; untrained: weights
+do not change the speed) one-shot real-time factor on one core with one thread.
+
+Per family: training audio seconds per wall second (the train split's audio, speed copies included, times
+the epochs, over the Train stage's wall time), wall time to the best dev CER (the Train wall time up to the
+epoch of the best validation, epochs taking equal time), the Train and whole-DAG wall time (Evaluate:
+features, LM, train, evaluation), test CER/WER greedy and with the beam search and the LM. First line: the
+CPU; last line: one JSON object.
+
+    python bench/families.py            # the full run (two sample trainings: about 15 minutes)
+    python bench/families.py --quick    # a smoke run: 64 training utterances, 2 epochs, 2 clips
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FAMILIES = {
+    "deepspeech": ROOT / "configs" / "sample.yaml",
+    "conformer": ROOT / "configs" / "sample-conformer.yaml",
+}
+FULL_SIZE = {"deepspeech": ROOT / "configs" / "en.yaml", "conformer": ROOT / "configs" / "en-conformer.yaml"}
+
+
+def train_and_evaluate(name: str, config: Path, work: Path, quick: bool) -> dict:
+    """Run the DAG up to Evaluate for ``config`` in ``work`` (a fresh work directory); its figures."""
+    from pipeline.config_loader import load_config
+    from pipeline.layout import Layout
+    from pipeline.reports import EvaluationReport, TrainReport, read_report
+
+    overrides = f"extends: {config}\npaths:\n  work_dir: {work / 'work'}\n"
+    if quick:
+        overrides += "data:\n  limit_train: 64\n  limit_dev: 16\n  limit_test: 16\ntraining:\n  epochs: 2\n"
+    path = work / f"{name}.yaml"
+    path.write_text(overrides)
+    started = time.perf_counter()
+    run = subprocess.run(
+        [sys.executable, "-m", "tasks.cli", "Evaluate", "--config", str(path), "--local-scheduler"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    dag_s = time.perf_counter() - started
+    if run.returncode:
+        raise SystemExit(
+            f"{name}: Evaluate failed (exit {run.returncode}): {run.stderr.strip().splitlines()[-1:]}"
+        )
+    layout = Layout(load_config(path))
+    train = read_report(layout.train_run.report, TrainReport)
+    evaluation = read_report(layout.evaluation_report(layout.evaluate_dir), EvaluationReport)
+    best = min(train.validations, key=lambda v: v["cer"] if isinstance(v, dict) else v.cer)
+    best_epoch = best["epoch"] if isinstance(best, dict) else best.epoch
+    epochs = max(1, train.epochs_completed)
+    return {
+        "train_audio_s_per_s": round(train.train_audio_hours * 3600 * epochs / train.wall_time_s, 1),
+        "train_wall_s": round(train.wall_time_s, 1),
+        "wall_to_best_dev_cer_s": round(train.wall_time_s * best_epoch / epochs, 1),
+        "best_dev_cer": round(best["cer"] if isinstance(best, dict) else best.cer, 4),
+        "dag_wall_s": round(dag_s, 1),
+        "test_cer_greedy": round(evaluation.cer, 4),
+        "test_wer_greedy": round(evaluation.wer, 4),
+        "test_cer_lm": None if evaluation.cer_lm is None else round(evaluation.cer_lm, 4),
+        "test_wer_lm": None if evaluation.wer_lm is None else round(evaluation.wer_lm, 4),
+        "test_utterances": evaluation.samples_count,
+    }
+
+
+def one_shot_rtf(config: Path, work: Path, clips: int) -> float:
+    """RTF of one-shot transcription on one core, one thread, of the int8 export of ``config``'s geometry
+    (untrained), over the first ``clips`` sample test clips."""
+    from infer import export_untrained, rtf  # bench/, the folder of the script
+
+    from native_client import Model
+    from native_client.audio import load_for_model
+
+    rows = list(csv.DictReader(open(ROOT / "data" / "sample" / "test.csv")))[:clips]
+    audio = [load_for_model(ROOT / "data" / "sample" / row["wav_filename"], 16000) for row in rows]
+    export = export_untrained(config, work, quantize=True)
+    return rtf(Model(export, backend="tflite", threads=1), audio, 16000)
+
+
+def main(argv=None) -> int:
+    """Train both families, time the full-size exports, print the table and the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: a slice of the sample, 2 epochs")
+    parser.add_argument("--clips", type=int, default=12, help="sample test clips for the RTF")
+    args = parser.parse_args(argv)
+    figures: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for name, config in FAMILIES.items():
+            (tmp / name).mkdir()
+            figures[name] = train_and_evaluate(name, config, tmp / name, args.quick)
+            print(f"{name}: {figures[name]}", flush=True)
+        every_cpu = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {every_cpu[0]})
+        for name, config in FULL_SIZE.items():
+            figures[name]["en_int8_one_shot_rtf_1core"] = round(
+                one_shot_rtf(config, tmp / f"{name}-en", 2 if args.quick else args.clips), 4
+            )
+        os.sched_setaffinity(0, set(every_cpu))
+    keys = list(figures["deepspeech"])
+    print(f"{'':28}" + "".join(f"{name:>14}" for name in figures))
+    for key in keys:
+        print(f"{key:28}" + "".join(f"{str(figures[name][key]):>14}" for name in figures))
+    print(json.dumps({"quick": args.quick, **figures}))
+    return 0
+
+
+if __name__ == "__main__":
+    from cpu_info import cpu_line  # bench/, the folder of the script
+
+    print(cpu_line(), flush=True)
+    raise SystemExit(main())
