@@ -151,8 +151,8 @@ def _tell_scheduler(task) -> None:
     scheduler, worker = getattr(reporter, "_scheduler", None), getattr(reporter, "_worker_id", None)
     if scheduler is None or worker is None:
         return
-    if not isinstance(scheduler, luigi.rpc.RemoteScheduler):
-        _phase_out_worker()
+    if not isinstance(scheduler, luigi.rpc.RemoteScheduler) and multiprocessing.parent_process() is not None:
+        _phase_out_worker()  # a forked task process holds a copy of the local scheduler
         return
     policy = {"retry_count": FINAL.failures, "disable_window": FINAL.window_s}
     scheduler.add_task(task_id=task.task_id, worker=worker, status="RUNNING", retry_policy_dict=policy)
