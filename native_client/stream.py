@@ -104,6 +104,22 @@ def run_chunks(runner: StepRunner, frames: np.ndarray, state, end: int | None = 
     return (np.concatenate(outputs) if outputs else empty), state
 
 
+def take_ready_windows(pending: np.ndarray, frames: np.ndarray, context: int, n_steps: int, final: bool):
+    """``frames`` added to the frames still ``pending`` (at the end, with the zero context after the
+    utterance): the context windows ready to run (a whole number of ``n_steps`` calls unless ``final``),
+    or None, and the frames still pending. One rule for the client's ``Stream`` and the server's
+    ``Utterance``."""
+    pending = np.concatenate([pending, frames])
+    if final:
+        pending = np.concatenate([pending, np.zeros((context, pending.shape[1]), np.float32)])
+    ready = len(pending) - 2 * context
+    if not final:
+        ready -= ready % n_steps
+    if ready <= 0:
+        return None, pending
+    return ready_windows(pending, 2 * context + 1, ready), pending[ready:]
+
+
 class Utterance:
     """One utterance's audio turned into model chunks; the caller runs them and hands back the logits.
 
@@ -150,19 +166,9 @@ class Utterance:
             if final:
                 self._ready.append(self._rerun_windows())
             return
-        context = self._context
-        self._pending = np.concatenate([self._pending, frames])
-        if final:
-            self._pending = np.concatenate(
-                [self._pending, np.zeros((context, self._pending.shape[1]), np.float32)]
-            )
-        ready = len(self._pending) - 2 * context
-        if not final:
-            ready -= ready % self.n_steps
-        if ready <= 0:
-            return
-        self._ready.append(ready_windows(self._pending, 2 * context + 1, ready))
-        self._pending = self._pending[ready:]
+        windows, self._pending = take_ready_windows(self._pending, frames, self._context, self.n_steps, final)
+        if windows is not None:
+            self._ready.append(windows)
 
     @property
     def incremental(self) -> bool:
@@ -251,21 +257,12 @@ class Stream:
         if self._chunked:
             self._add_chunks(frames, final)
             return
-        context = self._n_context
-        self._pending = np.concatenate([self._pending, frames])
-        if final:
-            self._pending = np.concatenate(
-                [self._pending, np.zeros((context, self._pending.shape[1]), np.float32)]
-            )
-        ready = len(self._pending) - 2 * context
-        if not final:
-            ready -= ready % self.runner.metadata.n_steps
-        if ready <= 0:
+        n_steps = self.runner.metadata.n_steps
+        windows, self._pending = take_ready_windows(self._pending, frames, self._n_context, n_steps, final)
+        if windows is None:
             return
-        windows = ready_windows(self._pending, 2 * context + 1, ready)
         logits, self._state = run_windows(self.runner, np.ascontiguousarray(windows), self._state)
         self._logits.append(logits)
-        self._pending = self._pending[ready:]
 
     def _add_chunks(self, frames: np.ndarray, final: bool) -> None:
         """Frames for a streaming form over chunks of frames: each full chunk with its look-ahead runs as
