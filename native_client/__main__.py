@@ -61,7 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--extended",
         action="store_true",
-        help="print the best transcript from its extended metadata (as DeepSpeech's client; the same text)",
+        help="the best transcript, then a line per word: start and duration in seconds, confidence (as "
+        "--json's), the word, tab-separated",
     )
     parser.add_argument(
         "--candidate_transcripts",
@@ -173,14 +174,26 @@ def model_location(model: str, backend: str | None) -> tuple[Path, str]:
 
 
 def format_result(result, json_output: bool = False, extended: bool = False, several: bool = False) -> str:
-    """What the CLI prints for one transcript, as DeepSpeech's client: the text (``path: text`` when
-    several files are given); ``json_output``: the JSON record; ``extended`` (which wins over
-    ``json_output``, as in DeepSpeech): the best candidate's text from its metadata, the same text
-    (DeepSpeech 0.9 printed ``sttWithMetadata(audio, 1).transcripts[0]``'s tokens joined)."""
+    """What the CLI prints for one transcript: the text (``path: text`` when several files are given);
+    ``json_output``: the JSON record; ``extended`` (which wins over ``json_output``, as in DeepSpeech): the
+    best candidate's text, then one line per word (``word_lines``)."""
     if json_output and not extended:
         return json.dumps(result.to_dict())
-    text = result.candidates[0].text if extended and result.candidates else result.text
-    return text if not several else f"{result.audio}: {text}"
+    best = result.candidates[0] if extended and result.candidates else None
+    text = best.text if best is not None else result.text
+    first = text if not several else f"{result.audio}: {text}"
+    return "\n".join([first, *word_lines(best.words)]) if best is not None else first
+
+
+def word_lines(words) -> list[str]:
+    """``--extended``'s line per word, tab-separated: start time and duration in seconds, confidence
+    (``transcripts.word_timings``: the same number as ``--json``'s and the server's; ``-`` when the
+    decoder gives none), the word."""
+    lines = []
+    for w in words:
+        confidence = "-" if w.confidence is None else f"{w.confidence:.4f}"
+        lines.append(f"{w.start_time:.3f}\t{w.duration:.3f}\t{confidence}\t{w.word}")
+    return lines
 
 
 def main(argv=None) -> int:

@@ -118,16 +118,18 @@ def test_candidate_transcripts_default_to_three_as_deepspeech():
     assert parse_args(["--model", "m", "--audio", "a.wav"]).candidate_transcripts == 3
 
 
-def test_extended_prints_the_transcript_as_deepspeech():
-    """DeepSpeech 0.9's client prints, with --extended, the best candidate's text (its tokens joined),
-    and --extended wins over --json; not one line per word."""
-    words = (WordTiming("hi", 0.1, 0.2), WordTiming("you", 0.4, 0.3))
+def test_extended_prints_the_transcript_then_each_word_with_its_confidence():
+    """--extended printed the best candidate's text only (DeepSpeech 0.9's client does); issue 35 wants the
+    per-word confidence there as in --json: the text line, then per word its start, duration, confidence
+    (``-`` when the decoder gives none) and the word, tab-separated; it still wins over --json."""
+    words = (WordTiming("hi", 0.1, 0.2, 0.91234), WordTiming("you", 0.4, 0.3))
     result = Transcript(
         "a.wav", "hi you", 1.0, 0.1, (Candidate("hi you", -1.0, words), Candidate("hi", -2.0, ()))
     )
-    assert format_result(result, extended=True) == "hi you"
-    assert format_result(result, json_output=True, extended=True) == "hi you"
-    assert format_result(result, extended=True, several=True) == "a.wav: hi you"
+    lines = ["hi you", "0.100\t0.200\t0.9123\thi", "0.400\t0.300\t-\tyou"]
+    assert format_result(result, extended=True) == "\n".join(lines)
+    assert format_result(result, json_output=True, extended=True) == "\n".join(lines)
+    assert format_result(result, extended=True, several=True) == "\n".join(["a.wav: hi you", *lines[1:]])
     assert format_result(result) == "hi you"
     assert '"transcripts": [{"text": "hi you"' in format_result(result, json_output=True)
 

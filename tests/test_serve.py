@@ -348,6 +348,28 @@ def test_srt_of_a_long_file_has_a_cue_at_each_clip(export, tmp_path):
         assert text.strip()
 
 
+def test_extended_shows_each_word_with_the_confidence_json_gives(export, capsys):
+    """--extended printed the best transcript's text only; it now adds a line per word with the start,
+    duration and confidence --json gives (POST /stt answers the same object)."""
+    from native_client.__main__ import main as client
+
+    for clip in CLIPS[:3]:
+        assert client(["--model", str(export), "--audio", str(clip), "--json", "--no-scorer"]) == 0
+        record = json.loads(capsys.readouterr().out)
+        assert client(["--model", str(export), "--audio", str(clip), "--extended", "--no-scorer"]) == 0
+        first, *lines = capsys.readouterr().out.splitlines()
+        words = record["transcripts"][0]["words"]
+        assert first == record["text"] and len(lines) == len(words) > 0
+        for line, word in zip(lines, words, strict=True):
+            start, duration, confidence, text = line.split("\t")
+            assert (float(start), float(duration), float(confidence), text) == (
+                word["start_time"],
+                word["duration"],
+                word["confidence"],
+                word["word"],
+            )
+
+
 # ---- the hostile round: option ranges, limits, origins, hostile frames
 
 
