@@ -96,7 +96,7 @@ def profile(export: Path, threads: int, repeats: int, batches: tuple[int, ...]) 
     """Batch-1 call time, its recurrent matrix-vector part, and the batched signature's time per stream."""
     from native_client import Model
     from native_client.batching import batch_runner
-    from native_client.runtime import _tflite_interpreter
+    from native_client.litert import open_tflite
 
     model = Model(export, backend="tflite", threads=threads)
     meta = model.metadata
@@ -109,11 +109,13 @@ def profile(export: Path, threads: int, repeats: int, batches: tuple[int, ...]) 
     with tempfile.NamedTemporaryFile(suffix=".tflite") as handle:
         handle.write(recurrence_model(n_hidden, meta.n_steps))
         handle.flush()
-        interpreter = _tflite_interpreter(handle.name, threads)
-    interpreter.allocate_tensors()
-    for detail in interpreter.get_input_details():
-        interpreter.set_tensor(detail["index"], rng.normal(0, 0.5, detail["shape"]).astype(np.float32))
-    recurrent_ms = median_ms(interpreter.invoke, repeats)
+        recurrence = open_tflite(handle.name, threads)  # as the export runs: the kernel packed once
+    (signature,) = recurrence.signatures()
+    feed = {
+        name: rng.normal(0, 0.5, shape).astype(np.float32)
+        for name, shape in recurrence.input_shapes(signature).items()
+    }
+    recurrent_ms = median_ms(lambda: recurrence.run(signature, feed), repeats)
 
     runner = batch_runner(model.runner)
     per_stream = {}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from native_client.runtime import SavedModelRunner, StepRunner, TFLiteRunner, _tflite_interpreter
+from native_client.runtime import SavedModelRunner, StepRunner, TFLiteRunner
 
 
 class BatchRunner:
@@ -75,13 +75,10 @@ def batch_runner(runner: StepRunner) -> BatchRunner:
     """The runner for batches of streams on ``runner``'s model: its batched signature when the export has
     one and the backend runs it (TFLite, SavedModel), else one batch-1 call per stream."""
     signature = runner.metadata.tensors.get("batch_signature")
-    if signature and isinstance(runner, TFLiteRunner):
-        # An interpreter of its own: while a signature runner holds an interpreter, LiteRT refuses the
-        # plain ``invoke`` that ``TFLiteRunner`` makes.
-        interpreter = _tflite_interpreter(str(runner.metadata.path("tflite")), runner.threads)
-        if signature in interpreter.get_signature_list():
-            call = interpreter.get_signature_runner(signature)
-            return _SignatureBatchRunner(runner, lambda inputs: call(**inputs))
+    if signature and isinstance(runner, TFLiteRunner) and signature in runner.model.signatures():
+        # The step's own model: its batched signature shares the packed weights of the batch-1 one.
+        model = runner.model
+        return _SignatureBatchRunner(runner, lambda inputs: model.run(signature, inputs))
     if signature and isinstance(runner, SavedModelRunner) and signature in runner.loaded.signatures:
         function = runner.loaded.signatures[signature]
         return _SignatureBatchRunner(

@@ -31,8 +31,9 @@ import numpy as np
 from native_client.alphabet import Alphabet, AlphabetError
 from native_client.frontends import FeaturePipeline
 from native_client.frontends.deepspeech import DeepSpeechFrontEnd, DeepSpeechSettings
+from native_client.litert import tflite_interpreter
 from native_client.metadata import ExportError, ExportMetadata
-from native_client.runtime import StepRunner, _tflite_interpreter
+from native_client.runtime import StepRunner
 
 FORMAT = "deepspeech-tflite"
 INPUT, LOGITS, SAMPLES, MFCCS = "input_node", "logits", "input_samples", "mfccs"
@@ -55,7 +56,7 @@ def is_deepspeech_tflite(path: str | Path) -> bool:
     if not (path.is_file() and path.suffix == ".tflite"):
         return False
     try:
-        interpreter = _tflite_interpreter(str(path), 1)
+        interpreter = tflite_interpreter(str(path), 1)
     except ValueError:  # not a flatbuffer LiteRT reads
         return False
     return {LOGITS, *(f"metadata_{name}" for name in METADATA)} <= _output_names(interpreter)
@@ -94,7 +95,7 @@ class DeepSpeechTFLiteRunner(StepRunner):
 
     def __init__(self, path: str | Path, threads: int = 1):
         self.path = Path(path)
-        self.interpreter = _tflite_interpreter(str(self.path), threads)
+        self.interpreter = tflite_interpreter(str(self.path), threads)
         self.interpreter.allocate_tensors()
         self._inputs = {d["name"]: d for d in self.interpreter.get_input_details()}
         self._outputs = {d["name"]: d for d in self.interpreter.get_output_details()}

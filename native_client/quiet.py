@@ -1,7 +1,8 @@
-"""Keep TensorFlow's start-up chatter off the terminal."""
+"""Keep runtimes' start-up chatter (TensorFlow's, LiteRT's) off the terminal."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -14,22 +15,35 @@ NOISE = re.compile(
 )
 
 
+@contextlib.contextmanager
+def filtered_stderr(noise: re.Pattern):
+    """Run the body with file descriptor 2 captured; afterwards write the lines that do not match
+    ``noise`` (nor continue a line that did: indented, or LiteRT's ``└``) to stderr. For libraries that
+    log from C++ before (or without) any setting of ours applies; Python's ``sys.stderr`` is flushed
+    first so nothing is reordered."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            dropping = False
+            for line in captured.read().decode(errors="replace").splitlines():
+                dropping = bool(noise.match(line)) or (dropping and line[:1] in (" ", "\t", "└"))
+                if line.strip() and not dropping:
+                    print(line, file=sys.stderr)
+
+
 def import_tensorflow_quietly() -> None:
     """Import TensorFlow with its start-up lines (oneDNN, CPU features) filtered out of stderr, unless
     ``TF_CPP_MIN_LOG_LEVEL`` is unset or 0 (asking for them). Written by hand because TensorFlow logs
     them before its own log-level setting applies; other stderr lines of the import are passed on."""
     if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") == "0":
         return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            import tensorflow  # noqa: F401
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        captured.seek(0)
-        for line in captured.read().decode(errors="replace").splitlines():
-            if line.strip() and not NOISE.match(line):
-                print(line, file=sys.stderr)
+    with filtered_stderr(NOISE):
+        import tensorflow  # noqa: F401

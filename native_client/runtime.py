@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from native_client.litert import open_tflite
 from native_client.metadata import METADATA_NAME, ExportError, ExportMetadata
 
 BACKENDS = ("tflite", "saved_model", "frozen_graph", "onnx")
@@ -42,16 +43,9 @@ class StepRunner:
         raise NotImplementedError
 
 
-def _tflite_interpreter(path: str, threads: int):
-    try:
-        from ai_edge_litert.interpreter import Interpreter
-    except ImportError:  # TensorFlow's bundled interpreter does the same job
-        from tensorflow.lite import Interpreter
-    return Interpreter(model_path=path, num_threads=threads)
-
-
 class TFLiteRunner(StepRunner):
-    """The TFLite flatbuffer through LiteRT (``ai-edge-litert``) or TensorFlow's interpreter."""
+    """The TFLite flatbuffer through LiteRT (``ai-edge-litert``) or TensorFlow's interpreter
+    (``native_client.litert``: the streaming step with every weight packed once)."""
 
     def __init__(self, metadata: ExportMetadata, threads: int = 1):
         super().__init__(metadata)
@@ -59,37 +53,26 @@ class TFLiteRunner(StepRunner):
         path = metadata.path("tflite")
         if not path.is_file():
             raise ExportError(f"{path}: TFLite model missing from the export")
-        self.interpreter = _tflite_interpreter(str(path), threads)
-        self.interpreter.allocate_tensors()
-        # Tensor indices from the signature, then plain set_tensor/invoke: less overhead per step.
-        runner = self.interpreter.get_signature_runner(metadata.tensors["signature"])
-        # A whole utterance goes through the signature runner (it resizes the input to the utterance's
-        # length); a streaming step through plain invoke, which the runner's references would forbid.
-        self._signature = runner if metadata.streaming is None else None
-        inputs, outputs = runner.get_input_details(), runner.get_output_details()
-        _check_shapes(
-            metadata,
-            {name: list(detail.get("shape_signature", detail["shape"])) for name, detail in inputs.items()},
-            set(outputs),
-        )
-        self._inputs = {name: detail["index"] for name, detail in inputs.items()}
-        self._outputs = {name: detail["index"] for name, detail in outputs.items()}
+        # A whole utterance changes the input's length at every call: the Interpreter resizes for it.
+        self.model = open_tflite(str(path), threads, resizable=metadata.streaming is None)
+        signature = metadata.tensors["signature"]
+        if signature not in self.model.signatures():
+            raise ExportError(
+                f"{metadata.directory / METADATA_NAME}: tensors: the model has no signature {signature!r}"
+            )
+        _check_shapes(metadata, self.model.input_shapes(signature), self.model.output_names(signature))
 
     def step(self, windows, state):
         """See ``StepRunner.step``."""
-        names, interpreter = self.metadata.tensors, self.interpreter
-        interpreter.set_tensor(self._inputs[names["input"]], windows.astype(np.float32, copy=False))
-        for spec, value in zip(self.metadata.state, state, strict=True):
-            interpreter.set_tensor(self._inputs[spec["input"]], value)
-        interpreter.invoke()
-        logits = interpreter.get_tensor(self._outputs[names["logits"]])[0]
-        return logits, tuple(
-            interpreter.get_tensor(self._outputs[spec["output"]]) for spec in self.metadata.state
-        )
+        names = self.metadata.tensors
+        inputs = {names["input"]: windows.astype(np.float32, copy=False)}
+        inputs.update({spec["input"]: value for spec, value in zip(self.metadata.state, state, strict=True)})
+        out = self.model.run(names["signature"], inputs)
+        return out[names["logits"]][0], tuple(out[spec["output"]] for spec in self.metadata.state)
 
     def _utterance(self, features):
         names = self.metadata.tensors
-        return self._signature(**{names["input"]: features})[names["logits"]][0]
+        return self.model.run(names["signature"], {names["input"]: features})[names["logits"]][0]
 
 
 def _check_shapes(metadata: ExportMetadata, inputs: dict[str, list[int]], outputs: set[str]) -> None:
