@@ -94,3 +94,47 @@ def test_the_client_transcribes_with_model_onnx(export):
         result.returncode == 2
         and "model.onnx: a model of the onnx backend, but --backend tflite was given" in result.stderr
     )
+
+
+def test_the_server_serves_model_onnx(export):
+    """deepspeech-serve --model model.onnx: one batch-1 onnxruntime call per stream (the ONNX model has
+    batch 1); POST /stt answers the client's --json object of the same model."""
+    import json
+    import re
+    import urllib.request
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    model = str(export / "model.onnx")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "native_client.server.cli", "--model", model, "--port", "0", "--no-scorer"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        lines = []
+        for line in server.stderr:
+            lines.append(line)
+            if found := re.search(r"listening on ws://127\.0\.0\.1:(\d+)/", line):
+                break
+        else:
+            raise AssertionError("the server did not start:\n" + "".join(lines))
+        assert "one model call per stream (the model has no batched signature)" in line
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{found.group(1)}/stt", data=CLIPS[1].read_bytes(), method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            posted = json.loads(response.read())
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    client = subprocess.run(
+        [sys.executable, "-m", "native_client", "--model", model, "--no-scorer", "--json"]
+        + ["--audio", str(CLIPS[1])],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    expected = json.loads(client.stdout)
+    assert posted["text"] == expected["text"] and posted["transcripts"] == expected["transcripts"]
