@@ -27,6 +27,7 @@ The first line is the CPU; the last line one JSON object. ``--quick`` runs every
 part with tiny durations, to check that the script works (its figures mean nothing).
 
     python bench/serve.py [--quick] [--seconds 30] [--threads 1] [--long-minutes 60]
+        [--parts profile streams long_audio]
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 LATENCY_GOAL_MS = 300.0
+PARTS = ("profile", "streams", "long_audio")
 FEATURES_20MS = {"type": "deepspeech", "winlen": 0.032, "winstep": 0.02}
 
 
@@ -345,6 +347,13 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="the server's model threads (default 1)")
     parser.add_argument("--max-streams", type=int, default=256, help="the most streams tried")
     parser.add_argument("--long-minutes", type=float, default=60.0, help="length of the long-audio file")
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=PARTS,
+        default=list(PARTS),
+        help="what to measure (default: all); e.g. --parts long_audio for the memory figure alone",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.max_streams, args.long_minutes = 3.0, 2, 0.5
@@ -356,27 +365,30 @@ def main(argv=None) -> int:
 
     print(cpu_line(), flush=True)
     anchor = model_path("armspeech")
-    if not anchor.is_file():
+    if "streams" in args.parts and not anchor.is_file():
         raise SystemExit(missing_message("armspeech"))
     figures: dict = {"quick": args.quick, "threads": args.threads, "latency_goal_ms": LATENCY_GOAL_MS}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         export = export_untrained(ROOT / "configs" / "en.yaml", tmp / "en_20ms", True, FEATURES_20MS)
-        batches = (1, 2, 4) if args.quick else (1, 2, 4, 8, 16, 32, 64)
-        figures["profile"] = profile(export, args.threads, 5 if args.quick else 100, batches)
-        print(f"profile: {json.dumps(figures['profile'])}", flush=True)
-        for name, model, max_batch in (
-            ("batched", export, 64),
-            ("batch1", export, 1),
-            ("armspeech_batch1", anchor, 1),
-        ):
-            figures[name] = most_streams(model, max_batch, args.threads, args.seconds, args.max_streams)
-            print(f"{name}: {figures[name]['streams']} streams", flush=True)
-        figures["streams_ratio"] = round(
-            figures["batched"]["streams"] / max(1, figures["batch1"]["streams"]), 2
-        )
-        figures["long_audio"] = long_audio(export, args.long_minutes, tmp)
-        print(f"long audio: {json.dumps(figures['long_audio'])}", flush=True)
+        if "profile" in args.parts:
+            batches = (1, 2, 4) if args.quick else (1, 2, 4, 8, 16, 32, 64)
+            figures["profile"] = profile(export, args.threads, 5 if args.quick else 100, batches)
+            print(f"profile: {json.dumps(figures['profile'])}", flush=True)
+        if "streams" in args.parts:
+            for name, model, max_batch in (
+                ("batched", export, 64),
+                ("batch1", export, 1),
+                ("armspeech_batch1", anchor, 1),
+            ):
+                figures[name] = most_streams(model, max_batch, args.threads, args.seconds, args.max_streams)
+                print(f"{name}: {figures[name]['streams']} streams", flush=True)
+            figures["streams_ratio"] = round(
+                figures["batched"]["streams"] / max(1, figures["batch1"]["streams"]), 2
+            )
+        if "long_audio" in args.parts:
+            figures["long_audio"] = long_audio(export, args.long_minutes, tmp)
+            print(f"long audio: {json.dumps(figures['long_audio'])}", flush=True)
     print(json.dumps(figures))
     return 0
 
