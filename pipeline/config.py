@@ -119,6 +119,11 @@ def _best_not_by_loss(config: Config) -> bool:
     return config.training.best_by != "dev_loss"
 
 
+def _warming_up(config: Config) -> bool:
+    """when set"""
+    return config.training.warmup_steps > 0
+
+
 def _alphabet_file(config: Config) -> bool:
     """with character outputs and an alphabet file"""
     return config.model.output == "characters" and not config.alphabet_auto
@@ -462,6 +467,14 @@ class TrainingConfig:
         0.95, "Exponential decay factor per decay_steps.", minimum=0.0, maximum=1.0, exclusive_min=True
     )
     decay_steps: int = _opt(1000, "Steps per decay_rate factor.", minimum=1)
+    warmup_steps: int = _opt(
+        0,
+        "Raise the learning rate linearly from learning_rate / warmup_steps to learning_rate over the first "
+        "this many steps (0 = no warm-up). Attention models (the conformer family) train badly without one.",
+        minimum=0,
+        # In the fingerprint only when set: runs from before the key keep their directories.
+        when={"train": _warming_up},
+    )
     halve_lr_on_plateau: bool = _opt(
         False, "Halve the learning rate when the dev loss is worse than the best so far."
     )

@@ -1,3 +1,5 @@
+import pytest
+
 from pipeline.config import EarlyStopConfig
 from pipeline.train.early_stop import patience_rule, seed_rule, should_stop
 
@@ -38,3 +40,19 @@ def test_patience_rule():
 def test_off_never_stops_even_on_bad_losses():
     assert should_stop([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], EarlyStopConfig(rule="off")) is None
     assert should_stop([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], EarlyStopConfig(rule="seed")).stop
+
+
+def test_warm_up_raises_the_rate_linearly_then_decay_and_plateau_factor_apply():
+    from pipeline.config import TrainingConfig
+    from pipeline.train.policy import learning_rate
+
+    warm = TrainingConfig(learning_rate=0.002, warmup_steps=4)
+    assert [learning_rate(warm, 1.0, step) for step in range(6)] == pytest.approx(
+        [0.0005, 0.001, 0.0015, 0.002, 0.002, 0.002]
+    )
+    assert learning_rate(warm, 0.5, 1) == pytest.approx(0.0005)  # the plateau halving multiplies in
+    decayed = TrainingConfig(
+        learning_rate=0.002, warmup_steps=4, lr_decay="exponential", decay_steps=4, decay_rate=0.5
+    )
+    assert learning_rate(decayed, 1.0, 8) == pytest.approx(0.0005)
+    assert learning_rate(TrainingConfig(learning_rate=0.002), 1.0, 0) == 0.002  # no warm-up by default

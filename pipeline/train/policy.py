@@ -35,9 +35,12 @@ class EpochVerdict:
 
 
 def learning_rate(training: TrainingConfig, lr_factor: float, global_step: int) -> float:
-    """The learning rate of the next step: ``training.learning_rate`` times the plateau factor, decayed
-    exponentially with ``global_step`` when ``training.lr_decay`` says so."""
+    """The learning rate of the next step: ``training.learning_rate`` times the plateau factor, raised
+    linearly over the first ``training.warmup_steps`` steps and decayed exponentially with ``global_step``
+    when ``training.lr_decay`` says so."""
     lr = training.learning_rate * lr_factor
+    if global_step < training.warmup_steps:
+        lr *= (global_step + 1) / training.warmup_steps
     if training.lr_decay == "exponential":
         lr *= training.decay_rate ** (global_step / training.decay_steps)
     return lr
