@@ -119,6 +119,11 @@ def _best_not_by_loss(config: Config) -> bool:
     return config.training.best_by != "dev_loss"
 
 
+def _accumulates(config: Config) -> bool:
+    """when above 1"""
+    return config.training.accumulate_batches != 1
+
+
 def _alphabet_file(config: Config) -> bool:
     """with character outputs and an alphabet file"""
     return config.model.output == "characters" and not config.alphabet_auto
@@ -453,6 +458,15 @@ class TrainingConfig:
         minimum=1,
         stages=(),
     )
+    accumulate_batches: int = _opt(
+        1,
+        "Gradient aggregation: average the gradients of this many batches before one optimizer update, "
+        "the update of one batch this many times the size (a large batch on a small device). Global steps, "
+        "checkpoint_steps and the epochs' batches count batches; the learning-rate schedule (decay_steps) "
+        "counts updates; checkpoints are saved between updates only (docs/TRAINING.md).",
+        minimum=1,
+        when={"train": _accumulates},
+    )
     learning_rate: float = _opt(0.001, "Adam learning rate.", minimum=0.0, exclusive_min=True)
     beta1: float = _opt(0.9, "Adam beta1.", minimum=0.0, maximum=1.0)
     beta2: float = _opt(0.999, "Adam beta2.", minimum=0.0, maximum=1.0)
@@ -461,7 +475,9 @@ class TrainingConfig:
     decay_rate: float = _opt(
         0.95, "Exponential decay factor per decay_steps.", minimum=0.0, maximum=1.0, exclusive_min=True
     )
-    decay_steps: int = _opt(1000, "Steps per decay_rate factor.", minimum=1)
+    decay_steps: int = _opt(
+        1000, "Optimizer updates per decay_rate factor (steps, unless accumulate_batches is set).", minimum=1
+    )
     halve_lr_on_plateau: bool = _opt(
         False, "Halve the learning rate when the dev loss is worse than the best so far."
     )

@@ -78,6 +78,9 @@ class TrainReport:
     train_audio_hours: float = 0.0
     finished_at: str = ""
     wall_time_s: float = 0.0
+    # Optimizer updates (``training.accumulate_batches`` batches each; one per step without it).
+    updates: int | None = None
+    accumulate_batches: int = 1
 
 
 @dataclass(frozen=True)
