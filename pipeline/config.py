@@ -622,6 +622,11 @@ def _card_given(config: Config) -> bool:
     return config.export.card != CardConfig()
 
 
+def _averaging(config: Config) -> bool:
+    """when set"""
+    return config.export.average.count > 0
+
+
 def _onnx(config: Config) -> bool:
     """with export.onnx"""
     return config.export.onnx
@@ -651,6 +656,32 @@ class CardConfig:
         "Put Evaluate's test-set figures (greedy, and with the decoder and its settings) in the card: Export "
         "then runs after Evaluate.",
     )
+
+
+@dataclass(frozen=True)
+class AverageConfig:
+    """Checkpoint averaging: the model TuneDecoder, Evaluate and Export use is the mean of the weights of
+    several epoch-end checkpoints of the Train run instead of the single best-dev one. Give one key."""
+
+    last: int = _opt(
+        0, "Average the checkpoints of the run's last this-many epochs (0 = not this way).", minimum=0
+    )
+    best: int = _opt(
+        0,
+        "Average the checkpoints of the this-many epochs with the best training.best_by dev figure (0 = not "
+        "this way); needs validation.",
+        minimum=0,
+    )
+
+    @property
+    def count(self) -> int:
+        """The checkpoints asked for (0: no averaging)."""
+        return self.last or self.best
+
+    @property
+    def mode(self) -> str:
+        """``last`` or ``best`` (the key that is set), ``""`` without averaging."""
+        return "last" if self.last else "best" if self.best else ""
 
 
 @dataclass(frozen=True)
@@ -685,6 +716,15 @@ class ExportConfig:
         "the SavedModel by tf2onnx (the onnx extra: pip install -e '.[onnx]'); the client runs it with "
         "onnxruntime (--model model.onnx).",
         when={"export": _onnx},
+    )
+    average: AverageConfig = _opt(
+        AverageConfig(),
+        "Checkpoint averaging, {last: N} or {best: N}: TuneDecoder, Evaluate and Export use the mean of the "
+        "weights of N epoch-end checkpoints, and Evaluate reports the dev figures of that mean beside the "
+        "single best's. Train keeps those N checkpoints (whatever training.max_to_keep) while it runs with "
+        "this set; a run trained without it averages those it still has, and says so (docs/TRAINING.md).",
+        stages=("tune", "evaluate", "export"),
+        when={"tune": _averaging, "evaluate": _averaging, "export": _averaging},
     )
 
 

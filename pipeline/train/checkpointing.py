@@ -86,7 +86,7 @@ def remove_checkpoint_leftovers(run: TrainRun) -> list[Path]:
     """Remove what a killed run left in ``run``: the ``<prefix>_temp`` directories of an interrupted
     checkpoint write (TensorFlow writes there, then renames) and temporary files; returns what was removed."""
     removed = remove_leftovers(run.root, LEFTOVER_PATTERNS)
-    for directory in (run.checkpoints, run.best):
+    for directory in (run.checkpoints, run.best, run.epoch_ends):
         for leftover in directory.glob("*_temp*") if directory.is_dir() else ():
             shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(
                 missing_ok=True

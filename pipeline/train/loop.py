@@ -40,6 +40,7 @@ from pipeline.reports import DevFigures, StopRecord, TrainReport
 from pipeline.train.accumulate import WindowedSteps, WindowRecord
 from pipeline.train.checkpointing import BatchPlan, RunCheckpoints, TrainingError
 from pipeline.train.distribute import ClusterRole
+from pipeline.train.epoch_ends import EpochEnds
 from pipeline.train.epochs import epoch_target
 from pipeline.train.history import EpochLoss, SkippedBatch, TrainHistory
 from pipeline.train.hooks import (
@@ -151,6 +152,7 @@ class Trainer:
             tracked={"optimizer": self.optimizer, "loss_scale": loss_scale},
         )
         self.state = self.checkpoints.state
+        self._epoch_ends = EpochEnds(config, self.run, self.model) if role.is_chief else None
         self._train_step = WindowedSteps(
             self.model,
             self.optimizer,
@@ -343,6 +345,8 @@ class Trainer:
         self.state.epoch_loss_count.assign(0)
         if self._run_over(target):
             self.state.finished.assign(1)
+        if self._epoch_ends is not None:  # before the checkpoint: a kill in between trains the epoch again
+            self._epoch_ends.after_epoch(epoch + 1, history)
         if verdict.is_best:
             self.checkpoints.save_best()
         self._save()
