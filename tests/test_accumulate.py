@@ -5,10 +5,12 @@ weights of a run never interrupted."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 
+import h5py
 import numpy as np
 import pytest
 
@@ -248,3 +250,33 @@ def test_two_towers_accumulating_two_batches_of_8_make_the_update_of_one_batch_o
     )
     # Float rounding (test_trainer's two-tower test measures the same order); a wrong reduction is ~1e-3 off.
     assert difference < 5e-5, difference
+
+
+def test_a_non_finite_batch_inside_a_window_is_skipped_and_the_window_still_updates(small_config, tmp_path):
+    """One utterance with NaN features, windows of 2 batches of 1: its batch is logged and reported as
+    skipped, the other batch of its window still makes the update, every weight stays finite."""
+    extra = "training:\n  epochs: 1\n  batch_size: 1\n  accumulate_batches: 2\n  validation_epochs: 0\n"
+    config = load_config(small_config(limit_train=8, extra=extra))
+    build_features(config, ("train",))
+    cache = Layout(config).features_cache("train")
+    train = read_cache(cache, config.features)
+    poisoned = int(np.argmax(train.lengths))
+    copy = tmp_path / "poisoned.h5"
+    shutil.copyfile(cache, copy)
+    with h5py.File(copy, "r+") as h5:
+        h5["features"][train.offsets[poisoned] : train.offsets[poisoned] + 5] = np.nan
+    train = read_cache(copy, config.features)
+    trainer = Trainer(
+        config,
+        tmp_path / "run",
+        train,
+        None,
+        load_alphabet(Layout(config).alphabet),
+        make_strategy(config.distribution),
+    )
+    report = trainer.fit()
+    assert [b["files"] for b in report.skipped_batches] == [[train.paths[poisoned]]]
+    assert (report.global_step, report.updates) == (8, 4)
+    assert int(trainer.optimizer.iterations.numpy()) == 4  # the poisoned batch's window updated too
+    assert np.isfinite(report.train_losses[0]["train_loss"])
+    assert all(np.all(np.isfinite(w.numpy())) for w in trainer.model.weights)
