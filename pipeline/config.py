@@ -124,6 +124,11 @@ def _warming_up(config: Config) -> bool:
     return config.training.warmup_steps > 0
 
 
+def _accumulates(config: Config) -> bool:
+    """when above 1"""
+    return config.training.accumulate_batches != 1
+
+
 def _alphabet_file(config: Config) -> bool:
     """with character outputs and an alphabet file"""
     return config.model.output == "characters" and not config.alphabet_auto
@@ -458,6 +463,15 @@ class TrainingConfig:
         minimum=1,
         stages=(),
     )
+    accumulate_batches: int = _opt(
+        1,
+        "Gradient aggregation: average the gradients of this many batches before one optimizer update, "
+        "the update of one batch this many times the size (a large batch on a small device). Global steps, "
+        "checkpoint_steps and the epochs' batches count batches; the learning-rate schedule (decay_steps) "
+        "counts updates; checkpoints are saved between updates only (docs/TRAINING.md).",
+        minimum=1,
+        when={"train": _accumulates},
+    )
     learning_rate: float = _opt(0.001, "Adam learning rate.", minimum=0.0, exclusive_min=True)
     beta1: float = _opt(0.9, "Adam beta1.", minimum=0.0, maximum=1.0)
     beta2: float = _opt(0.999, "Adam beta2.", minimum=0.0, maximum=1.0)
@@ -466,11 +480,14 @@ class TrainingConfig:
     decay_rate: float = _opt(
         0.95, "Exponential decay factor per decay_steps.", minimum=0.0, maximum=1.0, exclusive_min=True
     )
-    decay_steps: int = _opt(1000, "Steps per decay_rate factor.", minimum=1)
+    decay_steps: int = _opt(
+        1000, "Optimizer updates per decay_rate factor (steps, unless accumulate_batches is set).", minimum=1
+    )
     warmup_steps: int = _opt(
         0,
         "Raise the learning rate linearly from learning_rate / warmup_steps to learning_rate over the first "
-        "this many steps (0 = no warm-up). Attention models (the conformer family) train badly without one.",
+        "this many optimizer updates (0 = no warm-up). Attention models (the conformer family) train badly "
+        "without one.",
         minimum=0,
         # In the fingerprint only when set: runs from before the key keep their directories.
         when={"train": _warming_up},
@@ -619,6 +636,11 @@ def _card_given(config: Config) -> bool:
     return config.export.card != CardConfig()
 
 
+def _averaging(config: Config) -> bool:
+    """when set"""
+    return config.export.average.count > 0
+
+
 def _onnx(config: Config) -> bool:
     """with export.onnx"""
     return config.export.onnx
@@ -648,6 +670,32 @@ class CardConfig:
         "Put Evaluate's test-set figures (greedy, and with the decoder and its settings) in the card: Export "
         "then runs after Evaluate.",
     )
+
+
+@dataclass(frozen=True)
+class AverageConfig:
+    """Checkpoint averaging: the model TuneDecoder, Evaluate and Export use is the mean of the weights of
+    several epoch-end checkpoints of the Train run instead of the single best-dev one. Give one key."""
+
+    last: int = _opt(
+        0, "Average the checkpoints of the run's last this-many epochs (0 = not this way).", minimum=0
+    )
+    best: int = _opt(
+        0,
+        "Average the checkpoints of the this-many epochs with the best training.best_by dev figure (0 = not "
+        "this way); needs validation.",
+        minimum=0,
+    )
+
+    @property
+    def count(self) -> int:
+        """The checkpoints asked for (0: no averaging)."""
+        return self.last or self.best
+
+    @property
+    def mode(self) -> str:
+        """``last`` or ``best`` (the key that is set), ``""`` without averaging."""
+        return "last" if self.last else "best" if self.best else ""
 
 
 @dataclass(frozen=True)
@@ -682,6 +730,15 @@ class ExportConfig:
         "the SavedModel by tf2onnx (the onnx extra: pip install -e '.[onnx]'); the client runs it with "
         "onnxruntime (--model model.onnx).",
         when={"export": _onnx},
+    )
+    average: AverageConfig = _opt(
+        AverageConfig(),
+        "Checkpoint averaging, {last: N} or {best: N}: TuneDecoder, Evaluate and Export use the mean of the "
+        "weights of N epoch-end checkpoints, and Evaluate reports the dev figures of that mean beside the "
+        "single best's. Train keeps those N checkpoints (whatever training.max_to_keep) while it runs with "
+        "this set; a run trained without it averages those it still has, and says so (docs/TRAINING.md).",
+        stages=("tune", "evaluate", "export"),
+        when={"tune": _averaging, "evaluate": _averaging, "export": _averaging},
     )
 
 

@@ -47,6 +47,16 @@ def validate_config(config: Config) -> None:
             check_exportable(feature_pipeline(config.features), config.model.architecture)
         except ValueError as error:
             raise ConfigError(f"{src}: export.coqui_tflite: {error}") from None
+    average = config.export.average
+    if average.last and average.best:
+        raise ConfigError(
+            f"{src}: export.average: give last or best, not both (last {average.last}, best {average.best})"
+        )
+    if average.best and not (config.has_split("dev") and config.training.validation_epochs > 0):
+        raise ConfigError(
+            f"{src}: export.average.best ranks checkpoints by their validation, and this config has none "
+            f"(no dev split, or training.validation_epochs 0); use export.average.last"
+        )
     if config.training.epochs == 0:
         raise ConfigError(f"{src}: training.epochs: expected a non-zero integer, got 0")
     decoder = config.decoder

@@ -65,6 +65,11 @@ def _decoding(config: Config) -> list[Node]:
     return [("lm", {})] + ([("tune", {})] if config.decoder.tune else [])
 
 
+def _average_dev(config: Config) -> list[Node]:
+    """The dev features, for Evaluate's dev figures of an averaged model (``export.average``)."""
+    return [("features", {"split": "dev"})] if config.export.average.count and config.has_split("dev") else []
+
+
 STAGES: dict[str, Stage] = {
     stage.name: stage
     for stage in (
@@ -103,6 +108,7 @@ STAGES: dict[str, Stage] = {
             upstream=lambda config, params: [
                 ("train", {}),
                 ("features", {"split": "test"}),
+                *_average_dev(config),
                 *_decoding(config),
                 *_alphabet(config),
             ],

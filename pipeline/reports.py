@@ -78,6 +78,9 @@ class TrainReport:
     train_audio_hours: float = 0.0
     finished_at: str = ""
     wall_time_s: float = 0.0
+    # Optimizer updates (``training.accumulate_batches`` batches each; one per step without it).
+    updates: int | None = None
+    accumulate_batches: int = 1
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,9 @@ class EvaluationReport:
     decode_lm_s: float | None = None
     samples_lm: dict | None = None
     samples_lm_file: str | None = None
+    # With export.average: the checkpoints averaged (``pipeline.model.averaging.Averaging.to_dict``), the
+    # average's dev figures (``dev``: loss, wer, cer) and the single best-dev checkpoint's (``best_dev``).
+    average: dict | None = None
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,9 @@ LOGS_DIR = "logs"
 # Under IMPORT_DIR: the one copy of corpus audio libsndfile cannot read, shared by every import.
 CONVERTED_DIR = "converted"
 
-# Checkpoint file prefixes (``ckpt-<step>``, ``best-<step>``).
-CHECKPOINT_PREFIX, BEST_PREFIX = "ckpt", "best"
+# Checkpoint file prefixes (``ckpt-<step>``, ``best-<step>``; ``epoch-<epoch>``: the weights kept for
+# export.average).
+CHECKPOINT_PREFIX, BEST_PREFIX, EPOCH_END_PREFIX = "ckpt", "best", "epoch"
 # LM files, in the LanguageModel directory and in an export.
 WORD_ARPA, WORD_BINARY, CHAR_ARPA, VOCABULARY = "lm.arpa", "lm.binary", "chars.arpa", "vocab.txt"
 # Temporary names of killed runs' leftovers (group ``pid``: the writer; ``host``: its machine, see
@@ -163,6 +164,15 @@ class TrainRun:
     def best(self) -> Path:
         """The best-dev checkpoint."""
         return self.root / "best"
+
+    @property
+    def epoch_ends(self) -> Path:
+        """The weights of the epoch ends ``export.average`` wants (``epoch-<epoch>``, weights only)."""
+        return self.root / "epoch_ends"
+
+    def epoch_end(self, epoch: int) -> Path:
+        """The prefix of epoch ``epoch``'s weights in ``epoch_ends``."""
+        return self.epoch_ends / f"{EPOCH_END_PREFIX}-{epoch}"
 
     @property
     def summaries(self) -> Path:

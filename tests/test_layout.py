@@ -203,6 +203,9 @@ def test_settings_that_change_no_result_keep_the_train_fingerprint():
     assert Layout(config_from_dict({"training": {"best_by": "cer"}})).train_fingerprint != base
     assert Layout(config_from_dict({"training": {"best_by": "dev_loss"}})).train_fingerprint == base
     assert Layout(config_from_dict({"model": {"lstm_kernel": "layer"}})).train_fingerprint == base
+    # Gradient aggregation changes the updates; left at 1 it moves no fingerprint.
+    assert Layout(config_from_dict({"training": {"accumulate_batches": 1}})).train_fingerprint == base
+    assert Layout(config_from_dict({"training": {"accumulate_batches": 2}})).train_fingerprint != base
 
 
 def test_the_decoder_weights_and_an_init_from_checkpoint_are_in_their_fingerprints(tmp_path):

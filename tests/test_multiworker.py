@@ -140,6 +140,68 @@ def test_two_workers_end_with_identical_weights(small_config, tmp_path):
     )
 
 
+def test_two_workers_accumulating_two_batches_make_the_update_of_one_process(small_config, tmp_path):
+    """training.accumulate_batches across workers: 2 workers x 4 utterances, 2 batches per update, end
+    with the weights of one process at batch 16 (to float rounding); the saves the clock asks for after
+    every step are made at the end of each update window only."""
+    training = "  checkpoint_secs: 1\n  accumulate_batches: 2\n  max_to_keep: 100\n"
+    path = _config(small_config, "acc.yaml", epochs=2, training=training)
+    config = load_config(path)
+    build_features(config, ("train", "dev"))
+    logs = TrainRun(tmp_path).worker_log
+    wait_for_workers(multiworker.start_workers(path, 2, logs), logs, grace_s=60)
+    chief, other = _result(logs(0)), _result(logs(1))
+    assert chief["global_step"] == other["global_step"] == 4  # 16 samples / (2 workers x 4) x 2 epochs
+    assert chief["weights_sha256"] == other["weights_sha256"]
+    run = Layout(config).train_run
+    saved = {int(p.name[5:-6]) for p in run.checkpoints.glob("ckpt-*.index")}
+    assert saved <= {2, 4} and 4 in saved, saved
+    one = small_config(
+        "one.yaml",
+        limit_train=16,
+        extra=(
+            f"paths:\n  work_dir: {tmp_path / 'one'}\ndistribution:\n  strategy: one_device\n"
+            "training:\n  epochs: 2\n  batch_size: 16\n  validation_epochs: 1000\n"
+        ),
+    )
+    script = tmp_path / "one.py"
+    script.write_text(_WEIGHTS_OF_ONE)
+    result = subprocess.run(
+        [sys.executable, str(script), str(one), str(run.checkpoints)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    difference = float(
+        next(line for line in result.stdout.splitlines() if line.startswith("MAXDIFF")).split()[1]
+    )
+    # Float rounding; a wrong reduction over the workers or the batches is ~1e-3 off.
+    assert difference < 5e-5, difference
+
+
+# Trains argv[1] in one process and prints how far its weights are from the checkpoint in argv[2].
+_WEIGHTS_OF_ONE = """
+import sys, numpy as np, tensorflow as tf
+from pipeline.config_loader import load_config
+from pipeline.layout import Layout
+from pipeline.model.checkpoints import resolve_checkpoint
+from pipeline.stages.features import features_stage
+from pipeline.stages.train import train_stage
+layout = Layout(load_config(sys.argv[1]))
+for split in ("train", "dev"):
+    features_stage(layout, split)
+report = train_stage(layout)
+assert report.global_step == 2, report.global_step
+def weights(prefix):
+    reader = tf.train.load_checkpoint(prefix)
+    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("weights/")}
+one, workers = weights(report.latest_checkpoint), weights(resolve_checkpoint(sys.argv[2]))
+print("MAXDIFF", max(float(np.max(np.abs(one[k] - workers[k]))) for k in one))
+"""
+
+
 @pytest.mark.long
 def test_killed_worker_stops_the_other_and_a_restart_resumes(small_config, tmp_path, monkeypatch):
     """Worker 1 is killed while both workers are paused after step 13 (2 steps per epoch: the last save

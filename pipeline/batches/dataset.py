@@ -6,7 +6,10 @@ and each batch is one contiguous read); with ``training.max_batch_frames`` a
 batch whose tower share would exceed that many frames is cut into smaller
 consecutive steps. The order of the plan's batches is shuffled per epoch with
 ``shuffle_seed + epoch``, so any (epoch, step) position can be reproduced
-exactly on resume. Each tower takes its slice of the global batch.
+exactly on resume. Each tower takes its slice of the global batch. With
+``training.accumulate_batches`` N, N consecutive steps of the plan form one update
+window (the update of one batch N times the size), and the epoch shuffles windows,
+not steps: a window's batches always follow each other.
 
 Only the per-utterance index and the labels are in memory; each batch's
 features are read from the cache file when tf.data makes the batch.
@@ -56,19 +59,30 @@ def batch_plan(
     return plan
 
 
-def plan_digest(plan: list[np.ndarray]) -> int:
-    """A 63-bit digest of a batch plan (which utterances form each step, in plan order): two plans with
-    the same digest give the same batches at every (epoch, step) position. Kept in the checkpoint."""
+def plan_digest(plan: list[np.ndarray], accumulate: int = 1) -> int:
+    """A 63-bit digest of a batch plan (which utterances form each step, in plan order, and with
+    ``accumulate`` above 1 how many steps form an update window): two plans with the same digest give the
+    same batches at every (epoch, step) position. Kept in the checkpoint."""
     digest = hashlib.sha256()
     for batch in plan:
         digest.update(len(batch).to_bytes(8, "little"))
         digest.update(np.asarray(batch, np.int64).tobytes())
+    if accumulate > 1:
+        digest.update(b"accumulate" + accumulate.to_bytes(8, "little"))
     return int.from_bytes(digest.digest()[:8], "little") >> 1
 
 
-def epoch_batches(plan: list[np.ndarray], epoch: int, seed: int) -> list[np.ndarray]:
-    """The plan's global batches in the order of ``epoch``."""
-    return [plan[i] for i in np.random.default_rng(seed + epoch).permutation(len(plan))]
+def epoch_windows(steps: int, epoch: int, seed: int, accumulate: int = 1) -> list[range]:
+    """The update windows of a plan of ``steps`` steps in the order of ``epoch``: each window is
+    ``accumulate`` consecutive plan steps (the last one may be shorter), windows shuffled with
+    ``seed + epoch``. With ``accumulate`` 1 every step is its own window."""
+    windows = [range(start, min(start + accumulate, steps)) for start in range(0, steps, accumulate)]
+    return [windows[i] for i in np.random.default_rng(seed + epoch).permutation(len(windows))]
+
+
+def epoch_batches(plan: list[np.ndarray], epoch: int, seed: int, accumulate: int = 1) -> list[np.ndarray]:
+    """The plan's global batches in the order of ``epoch`` (windows of ``accumulate`` steps kept together)."""
+    return [plan[i] for window in epoch_windows(len(plan), epoch, seed, accumulate) for i in window]
 
 
 def eval_batches(lengths: np.ndarray, batch_size: int, max_batch_frames: int = 0) -> list[np.ndarray]:
@@ -172,6 +186,7 @@ def train_dataset(
     end_epoch: int,
     seed: int,
     augment: AugmentConfig | None = None,
+    accumulate: int = 1,
 ) -> tf.data.Dataset:
     """The per-replica batches of the local towers for epochs ``first_epoch`` (from ``start_step``) to
     ``end_epoch`` - 1.
@@ -181,14 +196,15 @@ def train_dataset(
     dataset spans all epochs, so one iterator serves the whole run; each
     epoch's order is computed when tf.data reaches it, so memory holds one
     epoch's indices, not the run's. With ``augment`` (feature-level augmentation on), each tower's batch
-    is augmented from a seed of (epoch, step in the epoch, tower).
+    is augmented from a seed of (epoch, step in the epoch, tower). ``accumulate``: the steps of an update
+    window (``epoch_batches``).
     """
 
     def epoch_elements(epoch) -> tuple[np.ndarray, ...]:
         epoch = int(epoch)
         first = start_step if epoch == first_epoch else 0
         pieces, steps, towers = [], [], []
-        for step, batch in enumerate(epoch_batches(plan, epoch, seed)[first:], first):
+        for step, batch in enumerate(epoch_batches(plan, epoch, seed, accumulate)[first:], first):
             share = len(batch) // n_replicas
             for r in range(local_replicas):
                 pieces.append(batch[(replica_offset + r) * share : (replica_offset + r + 1) * share])

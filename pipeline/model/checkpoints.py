@@ -21,7 +21,8 @@ class CheckpointMismatchError(RuntimeError):
     """A checkpoint's weights do not fit the model built from the config."""
 
 
-def _checkpoint_key(name: str) -> str:
+def checkpoint_key(name: str) -> str:
+    """The key of weight ``name`` (``pipeline.model.weights``) in a checkpoint of this project."""
     # tf.train.Checkpoint escapes "." in object names as "..".
     escaped = name.replace(".", "..")
     return f"weights/{escaped}/.ATTRIBUTES/VARIABLE_VALUE"
@@ -49,7 +50,7 @@ def shape_differences(prefix: str, model) -> list[str]:
     stored = dict(tf.train.list_variables(prefix))
     differences = []
     for name, variable in named_weights(model).items():
-        key = _checkpoint_key(name)
+        key = checkpoint_key(name)
         if key not in stored:
             differences.append(f"{name}: missing from the checkpoint")
         elif list(stored[key]) != list(variable.shape):
@@ -87,7 +88,7 @@ def warm_start(
         reader = tf.train.load_checkpoint(resolve_checkpoint(source))
 
         def stored(name):
-            key = _checkpoint_key(name)
+            key = checkpoint_key(name)
             return reader.get_tensor(key) if reader.has_tensor(key) else None
     else:
         stored = imported.get

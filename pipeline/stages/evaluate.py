@@ -1,5 +1,5 @@
-"""The Evaluate stage: test-set WER/CER and loss of the best-dev checkpoint,
-greedy and with beam search + LM."""
+"""The Evaluate stage: test-set WER/CER and loss of the best-dev checkpoint (or of the average of several,
+``export.average``, whose dev figures it gives beside the single best's), greedy and with beam search + LM."""
 
 from __future__ import annotations
 
@@ -14,16 +14,23 @@ import numpy as np
 
 from pipeline.decode.settings import decode_pool, decoder_settings, decoder_spec, describe
 from pipeline.evaluation.logits_store import LogitsStore
-from pipeline.evaluation.metrics import ScoreBoard, format_report, headline_metric, score_sample
+from pipeline.evaluation.metrics import (
+    ScoreBoard,
+    corpus_rates,
+    format_report,
+    headline_metric,
+    headline_text,
+    score_sample,
+)
 from pipeline.evaluation.run import run_split
 from pipeline.features.cache import read_cache
 from pipeline.files import atomic_path, remove_leftovers, write_text_atomic
 from pipeline.layout import Layout
 from pipeline.lm.files import lm_built, verify_lm_files
 from pipeline.locks import stage_lock
-from pipeline.model.checkpoints import load_trained_model, resolve_checkpoint
+from pipeline.model.averaging import Averaging, stage_model
 from pipeline.model.labels import model_alphabet
-from pipeline.reports import EvaluationReport, write_report
+from pipeline.reports import EvaluationReport, TrainReport, read_report, write_report
 from pipeline.workdir import LEFTOVER_PATTERNS
 
 log = logging.getLogger(__name__)
@@ -36,7 +43,9 @@ def evaluate_stage(
     beam: bool | None = None,
     on_progress: Callable[[str, int, int], None] = lambda phase, done, total: None,
 ) -> EvaluationReport:
-    """Test-set WER, CER and loss of the best-dev checkpoint (or ``checkpoint``), greedy and (``beam``)
+    """Test-set WER, CER and loss of the best-dev checkpoint (or ``checkpoint``, or with ``export.average``
+    and no ``checkpoint`` the average of several, reported with its dev figures beside the single best
+    checkpoint's), greedy and (``beam``)
     with the configured decoder (``decoder.type``, beam search by default) and the LM as
     ``wer_lm``/``cer_lm``; ``beam=None`` uses the LM when the LanguageModel stage has run. Writes
     ``evaluation.json``, ``evaluation.txt`` and every utterance's result (``samples.jsonl``,
@@ -47,7 +56,6 @@ def evaluate_stage(
     out_dir = Path(out_dir or layout.evaluate_dir)
     alphabet = model_alphabet(layout.config, layout.alphabet)
     test_data = read_cache(layout.features_cache("test"), config.features)
-    checkpoint = checkpoint or layout.train_run.best
     beam = beam or (beam is None and lm_built(layout.lm))
     if beam:
         verify_lm_files(layout.lm, deep=True)  # before the greedy pass, not after it
@@ -62,7 +70,9 @@ def _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progres
     the stored logits (each result to ``samples_lm.jsonl``): per-utterance results are streamed to files,
     only the figures and the best and worst samples stay in memory."""
     config = layout.config
-    model = load_trained_model(config, checkpoint, test_data.n_input, alphabet.n_classes)
+    model, checkpoint, averaging = stage_model(
+        config, layout.train_run, checkpoint, test_data.n_input, alphabet.n_classes
+    )
     total = len(test_data)
     losses = np.full(total, np.nan)  # the greedy pass's loss of each utterance, for the beam pass's records
     with LogitsStore(layout.logits_scratch(out_dir), total, alphabet.n_classes) as logits:
@@ -91,12 +101,14 @@ def _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progres
         rates, samples = greedy.rates(), greedy.best_and_worst()
         report = EvaluationReport(
             **rates,
-            checkpoint=str(resolve_checkpoint(checkpoint)),
+            checkpoint=checkpoint,
             decoder="greedy",
             samples=samples,
             samples_file=layout.evaluation_samples(out_dir).name,
         )
         text = format_report("Test (greedy)", rates, samples)
+        if averaging is not None:
+            report, text = _average_on_dev(layout, model, alphabet, averaging, report, text)
         if beam:
             report, text = _beam_pass(
                 layout,
@@ -113,6 +125,38 @@ def _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progres
     write_text_atomic(layout.evaluation_text(out_dir), text + "\n")
     write_report(layout.evaluation_report(out_dir), report)
     return report
+
+
+def _average_on_dev(layout, model, alphabet, averaging: Averaging, report, text):
+    """The averaged model's dev figures (greedy) beside the single best-dev checkpoint's from the Train
+    report (its validation: the same pass over the same split), in the report's ``average`` and its text.
+    Without a dev split the average's are None."""
+    config = layout.config
+    dev = None
+    if config.has_split("dev"):
+        data = read_cache(layout.features_cache("dev"), config.features)
+        results = run_split(
+            model,
+            data,
+            alphabet,
+            config.training.dev_batch_size,
+            max_batch_frames=config.training.max_batch_frames,
+        )
+        rates = corpus_rates(results)
+        dev = {"loss": rates["loss"], "wer": rates["wer"], "cer": rates["cer"], "headline": rates["headline"]}
+    best = read_report(layout.train_run.report, TrainReport).best_dev
+    single = best and {"epoch": best.epoch, "loss": best.dev_loss, "wer": best.wer, "cer": best.cer}
+    record = {**averaging.to_dict(), "dev": dev, "best_dev": single}
+    lines = [f"Model: {averaging.describe()}"]
+    if dev is not None:
+        lines.append(f"Dev (greedy), the average: {headline_text(dev)}, loss {dev['loss']:.4f}")
+    if single is not None:
+        figures = headline_text({**single, "headline": (dev or {}).get("headline", "wer")})
+        lines.append(
+            f"Dev (greedy), the single best checkpoint (epoch {single['epoch']}): {figures}, "
+            f"loss {single['loss']:.4f}"
+        )
+    return dataclasses.replace(report, average=record), "\n".join(lines) + "\n" + text
 
 
 # Utterances decoded per call of the decode pool: its answer (the transcripts) is held per block only.

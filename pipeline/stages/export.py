@@ -39,7 +39,7 @@ from pipeline.layout import Layout
 from pipeline.lm.files import lm_built
 from pipeline.locks import in_use, lock_path, stage_lock
 from pipeline.model import model_family
-from pipeline.model.checkpoints import load_trained_model, resolve_checkpoint
+from pipeline.model.averaging import stage_model
 from pipeline.model.labels import model_alphabet
 from pipeline.reports import write_report
 from pipeline.workdir import EXPORT_STAGING_PREFIX, LEFTOVER_PATTERNS, ExportFiles
@@ -88,7 +88,8 @@ def export_stage(
     on_status: Callable[[str, float], None] = lambda message, percent: None,
     with_lm: bool | None = None,
 ) -> ExportFiles:
-    """Export the best-dev checkpoint (or ``checkpoint``) to ``paths.export_dir``; returns the export.
+    """Export the best-dev checkpoint (or ``checkpoint``, or with ``export.average`` and no ``checkpoint``
+    the average of several) to ``paths.export_dir``; returns the export.
 
     With ``export.versioned`` each export goes to a new numbered directory below it. The
     LanguageModel stage's LM and vocabulary are copied in (``with_lm=None``: when it has run).
@@ -116,11 +117,10 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
     shutil.rmtree(staging.root, ignore_errors=True)
     staging.root.mkdir(parents=True)
     try:
-        on_status("loading the best-dev checkpoint", 0)
+        on_status("loading the trained model", 0)
         alphabet = model_alphabet(layout.config, layout.alphabet)
-        prefix = resolve_checkpoint(checkpoint or layout.train_run.best)
         n_input = feature_pipeline(config.features).feature_size
-        model = load_trained_model(config, prefix, n_input, alphabet.n_classes)
+        model, prefix, _ = stage_model(config, layout.train_run, checkpoint, n_input, alphabet.n_classes)
         family = model_family(config.model.architecture)
         form = family.streaming(model, config.export.n_steps)
         batched = form is not None and form.batched

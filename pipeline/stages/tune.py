@@ -19,7 +19,7 @@ from pipeline.files import remove_leftovers
 from pipeline.layout import Layout
 from pipeline.lm.files import verify_lm_files
 from pipeline.locks import stage_lock
-from pipeline.model.checkpoints import load_trained_model
+from pipeline.model.averaging import stage_model
 from pipeline.model.labels import model_alphabet
 from pipeline.reports import TunedPair, TuneReport, write_report
 from pipeline.workdir import LEFTOVER_PATTERNS
@@ -52,7 +52,7 @@ def tune_stage(
 
 def _tune(layout, alphabet, dev, on_trial, report_path) -> TuneReport:
     config = layout.config
-    model = load_trained_model(config, layout.train_run.best, dev.n_input, alphabet.n_classes)
+    model, _, _ = stage_model(config, layout.train_run, None, dev.n_input, alphabet.n_classes)
     base = configured_settings(config)
     started = time.time()
     with LogitsStore(layout.logits_scratch(layout.tune_dir), len(dev), alphabet.n_classes) as logits:

@@ -49,9 +49,12 @@ def _counter(dtype=tf.int64, value=0):
 class TrainState:
     """Training position, saved in every checkpoint. ``epochs_setting`` is the ``training.epochs`` the
     target came from (0: not recorded, a checkpoint from before it was). ``towers``, ``global_batch`` and
-    ``plan_digest`` describe the batch plan the position counts in (0: not recorded)."""
+    ``plan_digest`` describe the batch plan the position counts in (0: not recorded). ``updates`` counts
+    optimizer updates (the learning-rate schedule's step; the global step without
+    ``training.accumulate_batches``); -1 until set: a checkpoint from before it was recorded lacks it."""
 
     global_step: tf.Variable = _counter()
+    updates: tf.Variable = _counter(value=-1)
     epoch: tf.Variable = _counter()
     step_in_epoch: tf.Variable = _counter()
     target_epochs: tf.Variable = _counter()
@@ -83,7 +86,7 @@ def remove_checkpoint_leftovers(run: TrainRun) -> list[Path]:
     """Remove what a killed run left in ``run``: the ``<prefix>_temp`` directories of an interrupted
     checkpoint write (TensorFlow writes there, then renames) and temporary files; returns what was removed."""
     removed = remove_leftovers(run.root, LEFTOVER_PATTERNS)
-    for directory in (run.checkpoints, run.best):
+    for directory in (run.checkpoints, run.best, run.epoch_ends):
         for leftover in directory.glob("*_temp*") if directory.is_dir() else ():
             shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(
                 missing_ok=True
@@ -212,9 +215,11 @@ class RunCheckpoints:
         every worker restores the checkpoint the chief chose (``_restore_agreed``).
         """
         self.resumed = False
-        if self.role.count > 1:
-            return self._restore_agreed()
-        return self._restore_latest()
+        loaded = self._restore_agreed() if self.role.count > 1 else self._restore_latest()
+        if int(self.state.updates.numpy()) < 0:
+            # A new run, or a checkpoint from before updates were counted (one update per step then).
+            self.state.updates.assign(self.state.global_step)
+        return loaded
 
     def _restore_prefix(self, prefix: str, directory: Path) -> None:
         """Restore checkpoint ``prefix`` (of ``directory``, named in errors) and log where training stands."""

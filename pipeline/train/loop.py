@@ -10,8 +10,10 @@ Multi-worker runs save together: the chief's clock decides when a checkpoint is
 due and its vote reaches every worker in the step's all-reduce, so all save after
 the same step.
 
-What one step computes is ``step.py``; what happens after an epoch (validation,
-best-dev, plateau halving, early stop) is ``policy.py``.
+What one step computes is ``step.py`` (``accumulate.py`` with
+``training.accumulate_batches``, whose update windows the loop saves between, never
+inside); what happens after an epoch (validation, best-dev, plateau halving, early
+stop) is ``policy.py``.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ from pipeline.features.cache import CacheIndex, damage_in
 from pipeline.model import build_model
 from pipeline.model.weights import named_weights, weights_digest
 from pipeline.reports import DevFigures, StopRecord, TrainReport
+from pipeline.train.accumulate import WindowedSteps, WindowRecord
 from pipeline.train.checkpointing import BatchPlan, RunCheckpoints, TrainingError
 from pipeline.train.distribute import ClusterRole
+from pipeline.train.epoch_ends import EpochEnds
 from pipeline.train.epochs import epoch_target
 from pipeline.train.history import EpochLoss, SkippedBatch, TrainHistory
 from pipeline.train.hooks import (
@@ -49,7 +53,7 @@ from pipeline.train.hooks import (
     configured_hooks,
 )
 from pipeline.train.policy import EpochPolicy, EpochVerdict, learning_rate
-from pipeline.train.step import StepResult, TrainStep
+from pipeline.train.step import StepResult
 from pipeline.workdir import TrainRun
 
 __all__ = ["Trainer", "TrainHooks", "TrainingError", "global_batch_size"]
@@ -111,9 +115,9 @@ class Trainer:
         self.plan = batch_plan(
             train_data.lengths, self.global_batch, self.towers, config.training.max_batch_frames
         )
-        self.steps_per_epoch = len(self.plan)
-        self.plan_digest = plan_digest(self.plan)
         training = config.training
+        self.steps_per_epoch = len(self.plan)
+        self.plan_digest = plan_digest(self.plan, training.accumulate_batches)
         with strategy.scope():
             self.model = build_model(config.model, train_data.n_input, alphabet.n_classes, training.precision)
             self.optimizer = keras.optimizers.Adam(
@@ -148,9 +152,17 @@ class Trainer:
             tracked={"optimizer": self.optimizer, "loss_scale": loss_scale},
         )
         self.state = self.checkpoints.state
-        self._train_step = TrainStep(
-            self.model, self.optimizer, self.step_optimizer, strategy, training, alphabet.blank_index
+        self._epoch_ends = EpochEnds(config, self.run, self.model) if role.is_chief else None
+        self._train_step = WindowedSteps(
+            self.model,
+            self.optimizer,
+            self.step_optimizer,
+            strategy,
+            training,
+            alphabet.blank_index,
+            self.plan,
         )
+        self._window = WindowRecord()
         self.policy = EpochPolicy(config, has_dev=dev_data is not None)
         self._forward = make_forward(self.model, alphabet.blank_index)
         self._train_reader = SplitReader(train_data)
@@ -192,7 +204,7 @@ class Trainer:
 
     def _learning_rate(self) -> float:
         return learning_rate(
-            self.config.training, float(self.state.lr_factor.numpy()), int(self.state.global_step.numpy())
+            self.config.training, float(self.state.lr_factor.numpy()), int(self.state.updates.numpy())
         )
 
     # -- the loop ------------------------------------------------------------------------------
@@ -200,6 +212,7 @@ class Trainer:
         reader, plan, towers = self._train_reader, self.plan, self.towers
         seed = self.config.training.shuffle_seed
         augment = self.config.augment if self.config.augment.features_on else None
+        accumulate = self.config.training.accumulate_batches
 
         def dataset_fn(context: tf.distribute.InputContext):
             local = context.num_replicas_in_sync // context.num_input_pipelines
@@ -214,29 +227,39 @@ class Trainer:
                 end_epoch,
                 seed,
                 augment,
+                accumulate,
             )
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
     def _after_step(self, result: StepResult, consecutive_bad: int, lr: float) -> int:
         """Book-keeping of one step: counters, skipped-batch record, summaries; returns the non-finite
-        streak."""
+        streak (batches skipped and updates not applied since the last applied update)."""
         training = self.config.training
-        loss, finite, applied = result.loss, result.finite, result.applied
+        loss, finite = result.loss, result.finite
         self._last_loss = loss
         self.state.global_step.assign_add(1)
         self.state.step_in_epoch.assign_add(1)
+        if result.update:
+            self.state.updates.assign_add(1)
         step = int(self.state.global_step.numpy())
+        window = self._window
         if finite:
             self._watch_loss(step, loss)
-        if finite and applied:
-            consecutive_bad = 0
-            self.state.epoch_loss_sum.assign_add(loss)
-            self.state.epoch_loss_count.assign_add(1)
+            window.losses.append(loss)
+            window.files.update(self.train_data.paths[i] for i in result.batch_indices())
         else:
-            consecutive_bad += 1
             files = sorted({self.train_data.paths[i] for i in result.batch_indices()})
-            if finite:
+            log.warning("Step %d: non-finite loss, batch skipped; its files: %s", step, ", ".join(files))
+            consecutive_bad = self._skipped(step, files, consecutive_bad)
+        if result.update:
+            self._window = WindowRecord()
+            if result.applied:
+                consecutive_bad = 0
+                self.state.epoch_loss_sum.assign_add(sum(window.losses))
+                self.state.epoch_loss_count.assign_add(len(window.losses))
+            elif window.losses:
+                files = sorted(window.files)
                 log.warning(
                     "Step %d: the update would make weights non-finite, so it was not applied "
                     "(training.learning_rate %g too high?); its files: %s",
@@ -244,16 +267,7 @@ class Trainer:
                     lr,
                     ", ".join(files),
                 )
-            else:
-                log.warning("Step %d: non-finite loss, batch skipped; its files: %s", step, ", ".join(files))
-            self.history.skipped_batches.append(SkippedBatch(step=step, files=files))
-            if consecutive_bad >= training.max_nonfinite_batches:
-                self._save()
-                raise TrainingError(
-                    f"{consecutive_bad} batches in a row had a non-finite loss "
-                    f"(last files: {', '.join(files)}); check these files and the learning rate "
-                    f"(training.learning_rate {training.learning_rate})"
-                )
+                consecutive_bad = self._skipped(step, files, consecutive_bad)
         with self._writer("train").as_default(step=step):
             if finite:
                 tf.summary.scalar("loss", loss)
@@ -262,6 +276,22 @@ class Trainer:
                 self._last_histogram = time.monotonic()
                 for name, variable in named_weights(self.model).items():
                     tf.summary.histogram(name, variable)
+        return consecutive_bad
+
+    def _skipped(self, step: int, files: list[str], consecutive_bad: int) -> int:
+        """Record a skipped batch (or update) of ``files``; returns the streak, or stops the run when it is
+        ``training.max_nonfinite_batches`` long (saving first when between two update windows)."""
+        training = self.config.training
+        self.history.skipped_batches.append(SkippedBatch(step=step, files=files))
+        consecutive_bad += 1
+        if consecutive_bad >= training.max_nonfinite_batches:
+            if self._train_step.at_end():
+                self._save()
+            raise TrainingError(
+                f"{consecutive_bad} batches in a row had a non-finite loss "
+                f"(last files: {', '.join(files)}); check these files and the learning rate "
+                f"(training.learning_rate {training.learning_rate})"
+            )
         return consecutive_bad
 
     def _watch_loss(self, step: int, loss: float) -> None:
@@ -315,6 +345,8 @@ class Trainer:
         self.state.epoch_loss_count.assign(0)
         if self._run_over(target):
             self.state.finished.assign(1)
+        if self._epoch_ends is not None:  # before the checkpoint: a kill in between trains the epoch again
+            self._epoch_ends.after_epoch(epoch + 1, history)
         if verdict.is_best:
             self.checkpoints.save_best()
         self._save()
@@ -394,16 +426,21 @@ class Trainer:
         """Run steps and epochs from the restored position to ``target`` or an early stop."""
         training = self.config.training
         log.info(
-            "Training to epoch %d: %d towers x %d = global batch %d, %d steps per epoch",
+            "Training to epoch %d: %d towers x %d = global batch %d, %d steps per epoch%s",
             target,
             self.towers,
             self.per_tower_batch,
             self.global_batch,
             self.steps_per_epoch,
+            f", {self._train_step.windows_per_epoch} updates of {training.accumulate_batches} batches"
+            if training.accumulate_batches > 1
+            else "",
         )
         last_save = time.monotonic()
         consecutive_bad = 0
         current_lr = None
+        # A save (or a stop's save) asked for inside an update window is made at the window's end.
+        save_due, stop = False, None
         # One iterator for the whole run: re-creating distributed datasets every epoch stalled
         # for up to a minute at each epoch boundary (tearing down the previous iterator).
         dataset = self._distributed_batches(
@@ -412,6 +449,7 @@ class Trainer:
         batches = iter(dataset)
         while not self._run_over(target):
             epoch = int(self.state.epoch.numpy())
+            self._train_step.start(epoch, int(self.state.step_in_epoch.numpy()))
             for _ in range(self.steps_per_epoch - int(self.state.step_in_epoch.numpy())):
                 try:
                     batch = next(batches)
@@ -428,9 +466,10 @@ class Trainer:
                 )
                 result = self._train_step(batch, dataset.element_spec, save_vote=vote)
                 consecutive_bad = self._after_step(result, consecutive_bad, lr)
-                if result.save:
+                save_due = save_due or result.save
+                if save_due and result.update:
                     self._save()
-                    last_save = time.monotonic()
+                    last_save, save_due = time.monotonic(), False
                 if self.hooks.on_step:
                     info = StepInfo(
                         epoch=epoch,
@@ -443,12 +482,16 @@ class Trainer:
                     )
                     try:
                         self.hooks.on_step(info)
-                    except StopTraining:
-                        # The step's book-keeping is done: a consistent position. A multi-worker save is
-                        # collective, so only a lone worker can save on a request of its own.
-                        if self.role.count == 1:
-                            self._save()
-                        raise
+                    except StopTraining as request:
+                        # A multi-worker save is collective, so only a lone worker can save on a request of
+                        # its own.
+                        if self.role.count > 1:
+                            raise
+                        stop = request
+                if stop is not None and result.update:
+                    # The step's book-keeping is done and no window is open: a consistent position.
+                    self._save()
+                    raise stop
             self._end_epoch(epoch, target)
             last_save = time.monotonic()
 
@@ -460,6 +503,8 @@ class Trainer:
             epochs_completed=int(self.state.epoch.numpy()),
             target_epochs=target,
             global_step=int(self.state.global_step.numpy()),
+            updates=int(self.state.updates.numpy()),
+            accumulate_batches=self.config.training.accumulate_batches,
             steps_per_epoch=self.steps_per_epoch,
             towers=self.towers,
             batch_size_per_tower=self.per_tower_batch,

@@ -34,15 +34,16 @@ class EpochVerdict:
     stop: StopRecord | None = None
 
 
-def learning_rate(training: TrainingConfig, lr_factor: float, global_step: int) -> float:
-    """The learning rate of the next step: ``training.learning_rate`` times the plateau factor, raised
-    linearly over the first ``training.warmup_steps`` steps and decayed exponentially with ``global_step``
-    when ``training.lr_decay`` says so."""
+def learning_rate(training: TrainingConfig, lr_factor: float, updates: int) -> float:
+    """The learning rate of the next optimizer update, ``updates`` having been made: the configured
+    ``training.learning_rate`` times the plateau factor, raised linearly over the first
+    ``training.warmup_steps`` updates and decayed exponentially with ``updates`` when ``training.lr_decay``
+    says so."""
     lr = training.learning_rate * lr_factor
-    if global_step < training.warmup_steps:
-        lr *= (global_step + 1) / training.warmup_steps
+    if updates < training.warmup_steps:
+        lr *= (updates + 1) / training.warmup_steps
     if training.lr_decay == "exponential":
-        lr *= training.decay_rate ** (global_step / training.decay_steps)
+        lr *= training.decay_rate ** (updates / training.decay_steps)
     return lr
 
 

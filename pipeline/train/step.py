@@ -20,14 +20,16 @@ from pipeline.model.ctc import ctc_implementation
 @dataclass(frozen=True)
 class StepResult:
     """What one step did: its loss (summed over towers), whether that loss and the gradients were finite,
-    whether the update was applied, the per-tower tensors of the batch's utterance indices, and whether
-    any worker asked for a checkpoint after this step (the same answer on every worker)."""
+    whether the update was applied, the per-tower tensors of the batch's utterance indices, whether
+    any worker asked for a checkpoint after this step (the same answer on every worker), and whether the
+    step ended an update window (always without ``training.accumulate_batches``; ``accumulate.py``)."""
 
     loss: float
     finite: bool
     applied: bool
     indices: tuple
     save: bool = False
+    update: bool = True
 
     def batch_indices(self) -> list[int]:
         """The utterance indices (into the train split) of the step's batch, all towers, sorted."""
@@ -73,64 +75,15 @@ class TrainStep:
         """The per-replica step function (and the shadow variables it uses, made in the strategy's scope)."""
         towers = strategy.num_replicas_in_sync
         scaled_loss = optimizer is not inner_optimizer
-        jit = training.jit_compile
-        clip = training.clip_grad_norm
-        guard = training.revert_nonfinite_updates
-        # The C++ CTC kernel has no XLA kernel and runs only on a CPU: elsewhere the exact log-space CTC.
-        ctc = ctc_implementation(jit)
-        family = model_family(model.model_config.architecture)
-
-        def gradients(features, lengths, labels, label_lengths):
-            """(the tower's share of the loss, its gradients): forward and backward, one XLA cluster with
-            jit_compile."""
-            with tf.GradientTape() as tape:
-                # [batch, time', classes] float32, and each row's output length: the family's stride
-                logits, output_lengths = family.forward(model, features, lengths, training=True)
-                per_sample = family.loss(labels, label_lengths, logits, output_lengths, blank, ctc)
-                # The step's global batch: every tower gets as many utterances (max_batch_frames may
-                # make a step smaller than training.batch_size).
-                step_batch = tf.cast(tf.shape(lengths)[0] * towers, per_sample.dtype)
-                scaled = tf.reduce_sum(per_sample) / step_batch
-                backward = optimizer.scale_loss(scaled) if scaled_loss else scaled
-            return scaled, tape.gradient(backward, model.trainable_variables)
-
-        if jit:
-            gradients = tf.function(gradients, jit_compile=True)
-
-        guarded = list(model.trainable_variables) + list(inner_optimizer.variables)
-        with strategy.scope():
-            shadows = (
-                [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="shadow") for v in guarded]
-                if guard
-                else []
-            )
-
-        def apply_if_finite(distribution, finite, grads):
-            # Runs in cross-replica context: assignments reach every replica.
-            def apply():
-                for shadow, variable in zip(shadows, guarded, strict=False):
-                    shadow.assign(variable)
-                distribution.extended.call_for_each_replica(
-                    lambda g: optimizer.apply(g, model.trainable_variables), args=(grads,)
-                )
-                if not guard:
-                    return tf.constant(True)
-                ok = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in model.trainable_variables])
-
-                def revert():
-                    for shadow, variable in zip(shadows, guarded, strict=False):
-                        variable.assign(shadow)
-                    return tf.constant(False)
-
-                return tf.cond(ok, lambda: tf.constant(True), revert)
-
-            return tf.cond(
-                distribution.experimental_local_results(finite)[0], apply, lambda: tf.constant(False)
-            )
+        gradients = loss_gradients(model, optimizer, training, blank)
+        update = update_function(model, inner_optimizer, optimizer, strategy, training)
 
         def replica_step(batch, save_vote):
             features, lengths, labels, label_lengths, indices = batch
-            scaled, grads = gradients(features, lengths, labels, label_lengths)
+            # The step's global batch: every tower gets as many utterances (max_batch_frames may make a step
+            # smaller than training.batch_size).
+            step_batch = tf.cast(tf.shape(lengths)[0] * towers, tf.float32)
+            scaled, grads = gradients(features, lengths, labels, label_lengths, step_batch)
             context = tf.distribute.get_replica_context()
             # The vote comes in as one tensor for every tower: made on the tower's device to be reduced.
             vote = tf.zeros_like(scaled) + tf.cast(save_vote, scaled.dtype)
@@ -139,15 +92,8 @@ class TrainStep:
             # With loss scaling, the LossScaleOptimizer skips steps whose gradients overflowed (and lowers
             # the scale); only the loss decides here.
             checked = [loss] if scaled_loss else reduced[:-1]
-            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in checked])
-            if clip > 0:
-                # Scaled gradients are clipped at the scaled norm: the same as clipping the true ones.
-                grads, _ = tf.clip_by_global_norm(
-                    grads, clip * (optimizer.dynamic_scale if scaled_loss else 1.0)
-                )
-            # The optimizer all-reduces (sums) again: hand it each tower's share of the global gradient.
-            grads = [g / towers for g in grads]
-            applied = context.merge_call(apply_if_finite, args=(finite, grads))
+            finite = all_finite(checked)
+            applied = update(context, grads, finite)
             return loss, finite, applied, indices, votes > 0
 
         return replica_step
@@ -172,3 +118,80 @@ class TrainStep:
             indices=tuple(local(indices)),
             save=bool(local(save)[0].numpy()),
         )
+
+
+def all_finite(tensors) -> tf.Tensor:
+    """Whether every element of ``tensors`` is finite (one boolean)."""
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
+
+
+def loss_gradients(model, optimizer, training: TrainingConfig, blank: int):
+    """The per-tower forward and backward pass: ``gradients(features, lengths, labels, label_lengths,
+    divisor)`` returns (the per-utterance CTC losses summed over the tower's batch and divided by
+    ``divisor``, their gradients), the gradients of the scaled loss with ``mixed_float16``; one XLA cluster
+    with ``training.jit_compile``."""
+    scaled_loss = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    # The C++ CTC kernel has no XLA kernel and runs only on a CPU: elsewhere the exact log-space CTC.
+    ctc = ctc_implementation(training.jit_compile)
+    family = model_family(model.model_config.architecture)
+
+    def gradients(features, lengths, labels, label_lengths, divisor):
+        with tf.GradientTape() as tape:
+            # [batch, time', classes] float32, and each row's output length: the family's stride
+            logits, output_lengths = family.forward(model, features, lengths, training=True)
+            per_sample = family.loss(labels, label_lengths, logits, output_lengths, blank, ctc)
+            scaled = tf.reduce_sum(per_sample) / tf.cast(divisor, per_sample.dtype)
+            backward = optimizer.scale_loss(scaled) if scaled_loss else scaled
+        return scaled, tape.gradient(backward, model.trainable_variables)
+
+    return tf.function(gradients, jit_compile=True) if training.jit_compile else gradients
+
+
+def update_function(model, inner_optimizer, optimizer, strategy: tf.distribute.Strategy, training):
+    """The optimizer update, called in replica context with the global gradient (summed over the towers)
+    and whether it is finite: ``update(context, grads, finite)`` clips (``training.clip_grad_norm``),
+    applies when finite and returns whether the update was applied (False also when
+    ``training.revert_nonfinite_updates`` put the weights back). Makes the shadow variables of the revert
+    in the strategy's scope."""
+    towers = strategy.num_replicas_in_sync
+    scaled_loss = optimizer is not inner_optimizer
+    clip = training.clip_grad_norm
+    guard = training.revert_nonfinite_updates
+    guarded = list(model.trainable_variables) + list(inner_optimizer.variables)
+    with strategy.scope():
+        shadows = (
+            [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="shadow") for v in guarded]
+            if guard
+            else []
+        )
+
+    def apply_if_finite(distribution, finite, grads):
+        # Runs in cross-replica context: assignments reach every replica.
+        def apply():
+            for shadow, variable in zip(shadows, guarded, strict=False):
+                shadow.assign(variable)
+            distribution.extended.call_for_each_replica(
+                lambda g: optimizer.apply(g, model.trainable_variables), args=(grads,)
+            )
+            if not guard:
+                return tf.constant(True)
+            ok = all_finite(model.trainable_variables)
+
+            def revert():
+                for shadow, variable in zip(shadows, guarded, strict=False):
+                    variable.assign(shadow)
+                return tf.constant(False)
+
+            return tf.cond(ok, lambda: tf.constant(True), revert)
+
+        return tf.cond(distribution.experimental_local_results(finite)[0], apply, lambda: tf.constant(False))
+
+    def update(context, grads, finite):
+        if clip > 0:
+            # Scaled gradients are clipped at the scaled norm: the same as clipping the true ones.
+            grads, _ = tf.clip_by_global_norm(grads, clip * (optimizer.dynamic_scale if scaled_loss else 1.0))
+        # The optimizer all-reduces (sums) again: hand it each tower's share of the global gradient.
+        grads = [g / towers for g in grads]
+        return context.merge_call(apply_if_finite, args=(finite, grads))
+
+    return update

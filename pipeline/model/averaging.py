@@ -1,0 +1,177 @@
+"""Checkpoint averaging (``export.average``): which epoch-end checkpoints of a Train run are averaged, and
+the model whose weights are their mean; the model TuneDecoder, Evaluate and Export use.
+
+The epochs wanted: ``last: N``, the run's last N epochs; ``best: N``, the N validated epochs with the
+lowest ``training.best_by`` figure among those with a finite dev loss (the earlier of equals), the ranking
+that picks the single best-dev checkpoint. Where their weights are found: the ``epoch-<E>`` weights Train
+keeps for the averaging (``TrainRun.epoch_ends``, ``pipeline.train.epoch_ends``), else any checkpoint of
+the run (``checkpoints/``, ``best/``) saved at the end of epoch E. Wanted epochs found nowhere (a run
+trained before ``export.average`` was set keeps only ``training.max_to_keep`` checkpoints) are left out:
+the mean is of those found, and the log and the Evaluate report say which are missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from pipeline.config import AverageConfig, Config
+from pipeline.model import build_model
+from pipeline.model.checkpoints import (
+    CheckpointMismatchError,
+    check_geometry,
+    checkpoint_key,
+    load_trained_model,
+    resolve_checkpoint,
+)
+from pipeline.model.weights import named_weights
+from pipeline.reports import DevFigures, TrainReport, read_report
+from pipeline.workdir import EPOCH_END_PREFIX, TrainRun
+
+log = logging.getLogger(__name__)
+
+
+def wanted_epochs(
+    average: AverageConfig, validations: Sequence[DevFigures], best_by: str, last_epoch: int
+) -> list[int]:
+    """The epochs (1-based, ascending) whose end-of-epoch weights ``average`` asks for, in a run that has
+    finished ``last_epoch`` epochs with ``validations``."""
+    if average.last:
+        return list(range(max(1, last_epoch - average.last + 1), last_epoch + 1))
+    finite = [v for v in validations if math.isfinite(v.dev_loss) and math.isfinite(getattr(v, best_by))]
+    ranked = sorted(finite, key=lambda v: (getattr(v, best_by), v.epoch))
+    return sorted({v.epoch for v in ranked[: average.best]})
+
+
+def _state_value(reader, name: str) -> int | None:
+    key = f"{name}/.ATTRIBUTES/VARIABLE_VALUE"
+    return int(reader.get_tensor(key)) if reader.has_tensor(key) else None
+
+
+def epoch_end_checkpoints(run: TrainRun) -> dict[int, str]:
+    """{epoch: checkpoint prefix} of every checkpoint of ``run`` holding the weights at an epoch's end: the
+    kept ``epoch-<E>`` weights, and the run's checkpoints whose position is the start of the next epoch. An
+    unreadable checkpoint is skipped with a warning."""
+    found: dict[int, str] = {}
+    for index in sorted(run.epoch_ends.glob(f"{EPOCH_END_PREFIX}-*.index")):
+        number = index.name[len(EPOCH_END_PREFIX) + 1 : -len(".index")]
+        if number.isdigit():
+            found[int(number)] = str(index.with_suffix(""))
+    for directory in (run.checkpoints, run.best):
+        for index in sorted(directory.glob("*-*.index")):
+            prefix = str(index.with_suffix(""))
+            try:
+                reader = tf.train.load_checkpoint(prefix)
+                epoch, step = _state_value(reader, "epoch"), _state_value(reader, "step_in_epoch")
+            except (tf.errors.OpError, ValueError) as error:
+                log.warning(
+                    "%s: unreadable checkpoint left out of the average (%s)", prefix, str(error)[:200]
+                )
+                continue
+            if epoch and step == 0:
+                found.setdefault(epoch, prefix)
+    return found
+
+
+@dataclass(frozen=True)
+class Averaging:
+    """The checkpoints an ``export.average`` takes: ``mode`` and ``asked`` as configured, the epochs found
+    and their prefixes (ascending), and the epochs wanted but found nowhere."""
+
+    mode: str
+    asked: int
+    epochs: tuple[int, ...]
+    prefixes: tuple[str, ...]
+    missing: tuple[int, ...]
+
+    @property
+    def checkpoint(self) -> str:
+        """What the reports and the export's metadata name as their checkpoint."""
+        return "average of " + ", ".join(self.prefixes)
+
+    def describe(self) -> str:
+        """One line: how many of how many, which epochs, and which are missing."""
+        epochs = ", ".join(str(e) for e in self.epochs)
+        text = (
+            f"the average of {len(self.epochs)} checkpoints "
+            f"(export.average {self.mode} {self.asked}: epochs {epochs})"
+        )
+        if self.missing:
+            missing = ", ".join(str(e) for e in self.missing)
+            text += f"; epochs {missing} wanted but not kept by the run, so averaged without them"
+        return text
+
+    def to_dict(self) -> dict:
+        """The report's record of it."""
+        return {
+            "mode": self.mode,
+            "asked": self.asked,
+            "epochs": list(self.epochs),
+            "checkpoints": list(self.prefixes),
+            "missing": list(self.missing),
+        }
+
+
+def plan_average(config: Config, run: TrainRun) -> Averaging:
+    """The checkpoints of ``run`` that ``config.export.average`` averages (its report says how many epochs
+    it finished and its validations); CheckpointMismatchError when not one of them is found."""
+    average = config.export.average
+    report = read_report(run.report, TrainReport)
+    validations = [DevFigures(**v) for v in report.validations]
+    wanted = wanted_epochs(average, validations, config.training.best_by, report.epochs_completed)
+    found = epoch_end_checkpoints(run)
+    epochs = tuple(e for e in wanted if e in found)
+    if not epochs:
+        raise CheckpointMismatchError(
+            f"export.average: none of the checkpoints of epochs {', '.join(map(str, wanted)) or '(none)'} "
+            f"is in {run.root}; train with export.average set (make rerun STAGE=Train), or unset it"
+        )
+    return Averaging(
+        mode=average.mode,
+        asked=average.count,
+        epochs=epochs,
+        prefixes=tuple(found[e] for e in epochs),
+        missing=tuple(e for e in wanted if e not in found),
+    )
+
+
+def load_averaged_model(config: Config, prefixes: Sequence[str], n_input: int, n_classes: int):
+    """The model of ``config`` with each weight the mean of that weight in ``prefixes`` (summed in float64,
+    one weight at a time: memory holds one weight's sum, not the checkpoints)."""
+    model = build_model(config.model, n_input, n_classes)
+    readers = []
+    for prefix in prefixes:
+        check_geometry(prefix, model, Path(prefix).parent)
+        readers.append((prefix, tf.train.load_checkpoint(prefix)))
+    for name, variable in named_weights(model).items():
+        key = checkpoint_key(name)
+        total = np.zeros(variable.shape, np.float64)
+        for prefix, reader in readers:
+            try:
+                total += reader.get_tensor(key)
+            except (tf.errors.OpError, ValueError) as error:
+                raise CheckpointMismatchError(
+                    f"{prefix}: damaged checkpoint ({str(error).splitlines()[0][:200]}); "
+                    f"make rerun STAGE=Train to train again, or unset export.average"
+                ) from None
+        variable.assign((total / len(readers)).astype(tf.as_dtype(variable.dtype).as_numpy_dtype))
+    return model
+
+
+def stage_model(config: Config, run: TrainRun, checkpoint, n_input: int, n_classes: int):
+    """The trained model a stage uses: ``checkpoint`` when one is given, else the average
+    ``export.average`` asks for, else ``run``'s best-dev checkpoint. Returns (model, the checkpoint it names
+    in its report, the ``Averaging`` or None)."""
+    if checkpoint is None and config.export.average.count:
+        averaging = plan_average(config, run)
+        (log.warning if averaging.missing else log.info)("Using %s", averaging.describe())
+        model = load_averaged_model(config, averaging.prefixes, n_input, n_classes)
+        return model, averaging.checkpoint, averaging
+    prefix = resolve_checkpoint(checkpoint or run.best)
+    return load_trained_model(config, prefix, n_input, n_classes), prefix, None

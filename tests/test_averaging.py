@@ -1,0 +1,175 @@
+"""Checkpoint averaging (export.average): which epochs, Train keeping them whatever max_to_keep, an export
+whose weights are the mean of the checkpoints, Evaluate's dev figures of the mean beside the single best."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from native_client.alphabet import load_alphabet
+from pipeline.config import AverageConfig, ConfigError
+from pipeline.config_loader import config_from_dict, load_config
+from pipeline.dag import upstream
+from pipeline.features.cache import read_cache
+from pipeline.layout import Layout
+from pipeline.model import build_model
+from pipeline.model.averaging import wanted_epochs
+from pipeline.model.checkpoints import checkpoint_key
+from pipeline.model.weights import named_weights
+from pipeline.reports import DevFigures, ExportRecord, TrainReport, read_report
+from pipeline.stages.evaluate import evaluate_stage
+from pipeline.stages.export import export_stage
+from pipeline.stages.train import train_stage
+from pipeline.train.history import TrainHistory
+from tests.conftest import SAMPLE, build_features
+
+
+def test_the_epochs_an_average_wants():
+    figures = [
+        DevFigures(epoch=1, dev_loss=5.0, wer=0.9, cer=0.5),
+        DevFigures(epoch=2, dev_loss=3.0, wer=0.8, cer=0.4),
+        DevFigures(epoch=3, dev_loss=math.nan, wer=0.1, cer=0.1),  # a NaN loss is never among the best
+        DevFigures(epoch=4, dev_loss=4.0, wer=0.8, cer=0.3),
+        DevFigures(epoch=5, dev_loss=3.0, wer=0.7, cer=0.45),
+    ]
+    assert wanted_epochs(AverageConfig(last=3), figures, "dev_loss", 5) == [3, 4, 5]
+    assert wanted_epochs(AverageConfig(last=9), [], "dev_loss", 2) == [1, 2]
+    assert wanted_epochs(AverageConfig(best=2), figures, "dev_loss", 5) == [2, 5]
+    assert wanted_epochs(AverageConfig(best=3), figures, "cer", 5) == [2, 4, 5]
+    history = TrainHistory(validations=figures)
+    for by in ("dev_loss", "cer", "wer"):  # the best one is the single best-dev checkpoint's epoch
+        assert wanted_epochs(AverageConfig(best=1), figures, by, 5) == [history.best(by).epoch]
+
+
+def test_average_settings_are_checked_and_fingerprinted_only_when_set():
+    with pytest.raises(ConfigError, match="export.average: give last or best, not both"):
+        config_from_dict({"export": {"average": {"last": 2, "best": 2}}})
+    with pytest.raises(ConfigError, match="export.average.best ranks checkpoints by their validation"):
+        config_from_dict({"export": {"average": {"best": 2}}, "training": {"validation_epochs": 0}})
+    base = Layout(config_from_dict({}))
+    unset = Layout(config_from_dict({"export": {"average": {"last": 0}}}))
+    averaged = Layout(config_from_dict({"export": {"average": {"last": 3}}}))
+    for stage in ("train", "tune", "evaluate", "export"):
+        assert unset.fingerprint(stage) == base.fingerprint(stage), stage
+    # Keeping checkpoints changes no weight: the run goes on in the same directory.
+    assert averaged.train_fingerprint == base.train_fingerprint
+    for stage in ("tune", "evaluate", "export"):
+        assert averaged.fingerprint(stage) != base.fingerprint(stage), stage
+    # Evaluate reads the dev split only to report the average's dev figures.
+    data = {"dev_files": [str(SAMPLE / "dev.csv")]}
+    dev = ("features", {"split": "dev"})
+    assert dev not in upstream(config_from_dict({"data": data}), "evaluate")
+    assert dev in upstream(config_from_dict({"data": data, "export": {"average": {"last": 3}}}), "evaluate")
+    assert dev not in upstream(averaged.config, "evaluate")  # no dev split: no dev figures
+
+
+def _checkpoint_weights(prefix, names) -> list[np.ndarray]:
+    reader = tf.train.load_checkpoint(str(prefix))
+    return [reader.get_tensor(checkpoint_key(name)) for name in names]
+
+
+def _weight_names(config) -> list[str]:
+    layout = Layout(config)
+    train = read_cache(layout.features_cache("train"), config.features)
+    model = build_model(config.model, train.n_input, load_alphabet(layout.alphabet).n_classes)
+    return list(named_weights(model))
+
+
+def test_last_3_exports_the_mean_of_three_checkpoints_and_evaluate_reports_both_dev_figures(small_config):
+    """max_to_keep 1, yet Train keeps the weights of the last 3 epoch ends; the export's weights are their
+    mean (read from its SavedModel); Evaluate names the average and gives its dev figures beside the single
+    best checkpoint's."""
+    extra = (
+        "training:\n  epochs: 4\n  max_to_keep: 1\n  checkpoint_secs: 100000\n  learning_rate: 0.003\n"
+        "export:\n  average: {last: 3}\n"
+    )
+    config = load_config(small_config(limit_train=8, extra=extra))
+    build_features(config)
+    layout = Layout(config)
+    train = train_stage(layout)
+    run = layout.train_run
+    assert train.epochs_completed == 4 and len(list(run.checkpoints.glob("ckpt-*.index"))) == 1
+    kept = sorted(p.name for p in run.epoch_ends.glob("*.index"))
+    assert kept == ["epoch-2.index", "epoch-3.index", "epoch-4.index"], kept
+    names = _weight_names(config)
+    epochs = [_checkpoint_weights(run.epoch_end(e), names) for e in (2, 3, 4)]
+    # The kept weights are the epoch ends': the last is the run's final checkpoint.
+    final = _checkpoint_weights(train.latest_checkpoint, names)
+    assert all(np.array_equal(a, b) for a, b in zip(epochs[2], final, strict=True))
+
+    evaluation = evaluate_stage(layout, beam=False)
+    average = evaluation.average
+    assert average["mode"] == "last" and average["asked"] == 3 and average["epochs"] == [2, 3, 4]
+    assert average["missing"] == [] and evaluation.checkpoint.startswith("average of ")
+    assert {"loss", "wer", "cer"} <= set(average["dev"]) and math.isfinite(average["dev"]["loss"])
+    best = train.best_dev
+    assert average["best_dev"] == {
+        "epoch": best.epoch,
+        "loss": best.dev_loss,
+        "wer": best.wer,
+        "cer": best.cer,
+    }
+    text = layout.evaluation_text(layout.evaluate_dir).read_text()
+    assert "Model: the average of 3 checkpoints (export.average last 3: epochs 2, 3, 4)" in text
+    assert "Dev (greedy), the average: WER" in text
+    assert f"Dev (greedy), the single best checkpoint (epoch {best.epoch}): WER" in text
+    saved = json.loads(layout.evaluation_report(layout.evaluate_dir).read_text())
+    assert saved["average"]["dev"] == average["dev"]
+
+    export = export_stage(layout, with_lm=False)
+    metadata = read_report(export.metadata, ExportRecord)
+    assert metadata.checkpoint == evaluation.checkpoint
+    reader = tf.train.load_checkpoint(str(export.file("saved_model") / "variables" / "variables"))
+    exported = [reader.get_tensor(f"weights/{i}/.ATTRIBUTES/VARIABLE_VALUE") for i in range(len(names))]
+    for index, weight in enumerate(exported):
+        mean = (epochs[0][index].astype(np.float64) + epochs[1][index] + epochs[2][index]) / 3
+        np.testing.assert_allclose(weight, mean, rtol=1e-6, atol=1e-7, err_msg=names[index])
+    # Three different checkpoints: their mean is none of them.
+    for single in epochs:
+        assert max(float(np.max(np.abs(a - b))) for a, b in zip(exported, single, strict=True)) > 1e-4
+
+
+def test_a_run_trained_without_the_setting_averages_what_it_kept_and_says_so(small_config, caplog):
+    """Set after training (the Train run is the same), {last: 3} finds the last 2 epoch ends among the
+    run's checkpoints (max_to_keep 2), averages those and names the missing epoch in the log and report."""
+    extra = "training:\n  epochs: 4\n  max_to_keep: 2\n  checkpoint_secs: 100000\n  validation_epochs: 0\n"
+    plain = load_config(small_config(limit_train=8, extra=extra))
+    build_features(plain)
+    train_stage(Layout(plain))
+    averaged = load_config(
+        small_config("avg.yaml", limit_train=8, extra=extra + "export:\n  average: {last: 3}\n")
+    )
+    layout = Layout(averaged)
+    assert layout.train_run.root == Layout(plain).train_run.root and not layout.train_run.epoch_ends.exists()
+    with caplog.at_level(logging.WARNING):
+        evaluation = evaluate_stage(layout, beam=False)
+    assert evaluation.average["epochs"] == [3, 4] and evaluation.average["missing"] == [2]
+    assert evaluation.average["best_dev"] is None  # no validation
+    assert all("/checkpoints/ckpt-" in prefix for prefix in evaluation.average["checkpoints"])
+    warnings = [
+        r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "average" in r.getMessage()
+    ]
+    assert warnings == [
+        "Using the average of 2 checkpoints (export.average last 3: epochs 3, 4); epochs 2 wanted but not "
+        "kept by the run, so averaged without them"
+    ], warnings
+
+
+def test_best_2_keeps_the_two_best_validated_epochs(small_config):
+    extra = (
+        "training:\n  epochs: 5\n  max_to_keep: 1\n  checkpoint_secs: 100000\n  learning_rate: 0.01\n"
+        "  best_by: cer\nexport:\n  average: {best: 2}\n"
+    )
+    config = load_config(small_config(limit_train=8, extra=extra))
+    build_features(config, ("train", "dev"))
+    report = train_stage(Layout(config))
+    assert read_report(Layout(config).train_run.report, TrainReport).validations == report.validations
+    figures = [DevFigures(**v) for v in report.validations]
+    wanted = wanted_epochs(config.export.average, figures, "cer", 5)
+    kept = sorted(int(p.name[6:-6]) for p in Layout(config).train_run.epoch_ends.glob("*.index"))
+    assert kept == wanted and len(kept) == 2 and report.best_dev.epoch in kept, (kept, figures)
