@@ -207,8 +207,8 @@ class ExportRecord:
     text: dict | None = None  # the data.text settings the client applies (format 3)
     card: dict | None = None  # the model card (pipeline.export.model_card; MODEL_CARD.md renders it)
     stride: int = 1  # feature frames per output label (format 4)
-    # what one streaming call takes (format 4): input (windows or frames), chunk, context, lookahead; None
-    # for a family without a streaming form (the export holds the utterance signature only)
+    # what one streaming call takes (format 4): input (windows or frames), chunk, context, lookahead,
+    # lookback; None for a family without a streaming form (the export holds the utterance signature only)
     streaming: dict | None = None
 
 
