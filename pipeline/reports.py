@@ -173,6 +173,10 @@ class EvaluationReport:
     decode_lm_s: float | None = None
     samples_lm: dict | None = None
     samples_lm_file: str | None = None
+    # greedy figures of the full-context computation, for a family whose inference is chunked (wer and cer
+    # are then the chunked computation's, what the export runs); None for the others
+    wer_full_context: float | None = None
+    cer_full_context: float | None = None
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,12 @@ from native_client import Model
 from native_client.audio import load_for_model
 from pipeline.config import ConfigError
 from pipeline.config_loader import config_from_dict, load_config
+from pipeline.evaluation.run import run_split
+from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
 from pipeline.model import build_model, model_family
 from pipeline.model.checkpoints import load_trained_model
+from pipeline.model.labels import model_alphabet
 from tasks import Evaluate, Export
 from tests.conftest import ROOT, SAMPLE
 
@@ -157,6 +160,18 @@ def test_a_conformer_trains_evaluates_exports_and_transcribes_one_shot(small_con
             stream.feed_audio(samples[start : start + 4321])
         np.testing.assert_allclose(stream.flush(), logits, atol=1e-6)
         assert model.transcribe_file(CLIP).duration_s > 0
+    # Evaluate scores the chunked computation the client runs (its transcripts are the client's), and the
+    # full-context one beside
+    layout = Layout(config)
+    report = json.loads(layout.evaluation_report(layout.evaluate_dir).read_text())
+    assert report["cer_full_context"] is not None and report["wer_full_context"] is not None
+    test_data = read_cache(layout.features_cache("test"), config.features)
+    alphabet = model_alphabet(config, layout.alphabet)
+    evaluated = {}
+    run_split(checkpoint, test_data, alphabet, 8, on_logits=evaluated.__setitem__)
+    model = Model(export, backend="saved_model")
+    for index, path in enumerate(test_data.paths):
+        np.testing.assert_allclose(model.logits(load_for_model(path, 16000)), evaluated[index], atol=1e-4)
     cli = subprocess.run(
         [sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(CLIP), "--json"],
         capture_output=True,
