@@ -213,3 +213,30 @@ def test_the_server_serves_a_conformer_batched(export):
         server.stop()
     for clip, (text, _, _) in zip(clips, results, strict=True):
         assert text == one_shot[clip], clip
+
+
+def test_a_resumed_run_draws_the_same_chunks_as_an_uninterrupted_one(small_config, tmp_path):
+    """The chunk sizes come from a random state kept in the checkpoint: one epoch, then a second in another
+    process's run, ends with the weights of two epochs at once."""
+    from pipeline.stages.train import train_stage
+    from tests.conftest import build_features
+
+    conformer = (
+        "features: {type: mfcc, normalize: false}\nmodel:\n  architecture: conformer\n"
+        "  conformer: {d_model: 32, heads: 2, layers: 2, conv_kernel: 5, subsampling_channels: 8,"
+        " dropout: 0.0, attention_dropout: 0.0}\n"
+    )
+
+    def run(name: str, epochs: int, work: str):
+        extra = (
+            conformer + f"training: {{epochs: {epochs}, validation_epochs: 0}}\npaths: {{work_dir: {work}}}\n"
+        )
+        config = load_config(small_config(name, limit_train=12, limit_dev=4, extra=extra))
+        build_features(config, ("train", "dev"))
+        return train_stage(Layout(config))
+
+    straight = run("straight.yaml", 2, tmp_path / "straight")
+    assert run("first.yaml", 1, tmp_path / "resumed").epochs_completed == 1
+    resumed = run("second.yaml", 2, tmp_path / "resumed")
+    assert resumed.epochs_completed == straight.epochs_completed == 2
+    assert resumed.weights_sha256 == straight.weights_sha256
