@@ -6,8 +6,16 @@ do not change the speed) one-shot real-time factor on one core with one thread.
 Per family: training audio seconds per wall second (the train split's audio, speed copies included, times
 the epochs, over the Train stage's wall time), wall time to the best dev CER (the Train wall time up to the
 epoch of the best validation, epochs taking equal time), the Train and whole-DAG wall time (Evaluate:
-features, LM, train, evaluation), test CER/WER greedy and with the beam search and the LM. First line: the
-CPU; last line: one JSON object.
+features, LM, train, evaluation), test CER/WER greedy and with the beam search and the LM; for the
+Conformer, whose export runs chunks of ``chunk_frames`` labels, the greedy test CER/WER of its full-context
+computation beside (``*_full_context``) and the chunked CER's gap to it.
+
+The Conformer's streaming figures (``conformer_streaming``), at configs/en-conformer.yaml's size (int8
+TFLite, untrained, one core, one thread, ``features.normalize: false`` as a streaming deployment has it)
+for ``chunk_frames`` 8 and 16: one streaming call's p50 and p95 (a chunk with its look-back frames and the
+caches, state carried), the RTF of streaming the sample clips through the client (features included,
+0.1 s blocks), and the algorithmic latency (the chunk plus the look-ahead, in ms of audio). First line:
+the CPU; last line: one JSON object.
 
     python bench/families.py            # the full run (two sample trainings: about 15 minutes)
     python bench/families.py --quick    # a smoke run: 64 training utterances, 2 epochs, 2 clips
@@ -31,6 +39,8 @@ FAMILIES = {
     "conformer": ROOT / "configs" / "sample-conformer.yaml",
 }
 FULL_SIZE = {"deepspeech": ROOT / "configs" / "en.yaml", "conformer": ROOT / "configs" / "en-conformer.yaml"}
+CHUNKS = (8, 16)  # the conformer's chunk_frames the streaming figures are measured at
+BLOCK = 1600  # samples fed to a stream at a time: 0.1 s at 16 kHz
 
 
 def train_and_evaluate(name: str, config: Path, work: Path, quick: bool) -> dict:
@@ -73,6 +83,20 @@ def train_and_evaluate(name: str, config: Path, work: Path, quick: bool) -> dict
         "test_cer_lm": None if evaluation.cer_lm is None else round(evaluation.cer_lm, 4),
         "test_wer_lm": None if evaluation.wer_lm is None else round(evaluation.wer_lm, 4),
         "test_utterances": evaluation.samples_count,
+        **_full_context(evaluation),
+    }
+
+
+def _full_context(evaluation) -> dict:
+    """The full-context greedy figures of a family whose export runs chunks, and the relative gap of the
+    chunked CER to them (the issue's goal: within 10%); nothing for the others."""
+    if evaluation.cer_full_context is None:
+        return {}
+    gap = evaluation.cer / evaluation.cer_full_context - 1 if evaluation.cer_full_context else None
+    return {
+        "test_cer_full_context": round(evaluation.cer_full_context, 4),
+        "test_wer_full_context": round(evaluation.wer_full_context, 4),
+        "chunked_cer_gap": None if gap is None else round(gap, 4),
     }
 
 
@@ -90,11 +114,57 @@ def one_shot_rtf(config: Path, work: Path, clips: int) -> float:
     return rtf(Model(export, backend="tflite", threads=1), audio, 16000)
 
 
+def stream_figures(config: Path, work: Path, chunk_frames: int, clips: int, calls: int) -> dict:
+    """Streaming figures of the int8 export of ``config``'s geometry (untrained) at ``chunk_frames``: one
+    call's p50/p95 in ms over ``calls`` calls, the RTF of streaming the first ``clips`` sample test clips
+    in 0.1 s blocks, the algorithmic latency in ms. The caller pins the process to one core."""
+    import numpy as np
+    from infer import export_untrained  # bench/, the folder of the script
+
+    from native_client import Model
+    from native_client.audio import load_for_model
+
+    work.mkdir(parents=True)
+    override = work / "streaming.yaml"
+    override.write_text(
+        f"extends: {config}\nfeatures:\n  normalize: false\nmodel:\n  conformer:\n"
+        f"    chunk_frames: {chunk_frames}\n"
+    )
+    model = Model(export_untrained(override, work, quantize=True), backend="tflite", threads=1)
+    metadata, streaming = model.metadata, model.metadata.streaming
+    width = streaming["lookback"] + streaming["chunk"] + streaming["lookahead"]
+    inputs = np.random.default_rng(0).standard_normal((1, width, metadata.n_input)).astype(np.float32)
+    state, times = model.runner.zero_state(), []
+    for index in range(calls + 5):
+        started = time.perf_counter()
+        _, state = model.runner.step(inputs, state)
+        if index >= 5:  # warm-up calls left out
+            times.append((time.perf_counter() - started) * 1000)
+    rows = list(csv.DictReader(open(ROOT / "data" / "sample" / "test.csv")))[:clips]
+    audio = [load_for_model(ROOT / "data" / "sample" / row["wav_filename"], 16000) for row in rows]
+    started = time.perf_counter()
+    for samples in audio:
+        stream = model.create_stream()
+        for start in range(0, len(samples), BLOCK):
+            stream.feed_audio(samples[start : start + BLOCK])
+        stream.finish()
+    stream_s = time.perf_counter() - started
+    frame_ms = metadata.features.seconds_per_frame * 1000
+    return {
+        "chunk_frames": chunk_frames,
+        "call_p50_ms": round(float(np.percentile(times, 50)), 2),
+        "call_p95_ms": round(float(np.percentile(times, 95)), 2),
+        "stream_rtf": round(stream_s / (sum(len(a) for a in audio) / 16000), 4),
+        "algorithmic_latency_ms": round((streaming["chunk"] + streaming["lookahead"]) * frame_ms),
+    }
+
+
 def main(argv=None) -> int:
     """Train both families, time the full-size exports, print the table and the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: a slice of the sample, 2 epochs")
     parser.add_argument("--clips", type=int, default=12, help="sample test clips for the RTF")
+    parser.add_argument("--calls", type=int, default=300, help="streaming calls timed per chunk size")
     args = parser.parse_args(argv)
     figures: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -109,12 +179,25 @@ def main(argv=None) -> int:
             figures[name]["en_int8_one_shot_rtf_1core"] = round(
                 one_shot_rtf(config, tmp / f"{name}-en", 2 if args.quick else args.clips), 4
             )
+        streaming = [
+            stream_figures(
+                FULL_SIZE["conformer"],
+                tmp / f"conformer-stream-{chunk}",
+                chunk,
+                2 if args.quick else args.clips,
+                20 if args.quick else args.calls,
+            )
+            for chunk in CHUNKS
+        ]
         os.sched_setaffinity(0, set(every_cpu))
-    keys = list(figures["deepspeech"])
+    keys = list(dict.fromkeys(key for name in figures for key in figures[name]))
     print(f"{'':28}" + "".join(f"{name:>14}" for name in figures))
     for key in keys:
-        print(f"{key:28}" + "".join(f"{str(figures[name][key]):>14}" for name in figures))
-    print(json.dumps({"quick": args.quick, **figures}))
+        print(f"{key:28}" + "".join(f"{str(figures[name].get(key, '-')):>14}" for name in figures))
+    print("conformer streaming (en-conformer.yaml's size, int8 TFLite, one core, one thread):")
+    for row in streaming:
+        print("  " + ", ".join(f"{key} {value}" for key, value in row.items()))
+    print(json.dumps({"quick": args.quick, **figures, "conformer_streaming": streaming}))
     return 0
 
 

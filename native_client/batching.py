@@ -5,7 +5,8 @@ scheduler (``native_client.server.engine``) can put the chunks of many utterance
 the client's logits chunk for chunk.
 
 ``batch_runner`` picks how a batch is run: the export's batched streaming signature
-(``tensors["batch_signature"]``: windows ``[batch, n_steps, window, n_input]``, each state ``[batch, ...]``)
+(``tensors["batch_signature"]``: the inputs of one call for each stream, windows ``[batch, n_steps, window,
+n_input]`` or frames ``[batch, lookback + chunk + lookahead, n_input]``, each state ``[batch, ...]``)
 through TFLite or the SavedModel, or, for a model without one (older exports, the frozen graph,
 DeepSpeech/Coqui ``.tflite`` files), one batch-1 call per stream.
 """
@@ -18,8 +19,9 @@ from native_client.runtime import SavedModelRunner, StepRunner, TFLiteRunner
 
 
 class BatchRunner:
-    """Steps several streams at once: ``step(windows [batch, n_steps, window, n_input], states)`` with one
-    state tuple per stream; returns logits ``[batch, n_steps, n_classes]`` and the new state tuples.
+    """Steps several streams at once: ``step(inputs [batch, ...], states)`` (one call's input of each
+    stream: windows or frames) with one state tuple per stream; returns logits ``[batch, labels,
+    n_classes]`` and the new state tuples.
     This base class makes one batch-1 call per stream (models without a batched signature)."""
 
     batched = False

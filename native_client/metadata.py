@@ -96,7 +96,8 @@ class ExportMetadata:
     text: TextSettings | None = None
     # Feature frames per output label (the model family's stride; 1 before format 4).
     stride: int = 1
-    # What one streaming call takes: ``input`` (windows or frames), ``chunk``, ``context``, ``lookahead``;
+    # What one streaming call takes: ``input`` (windows or frames), ``chunk``, ``context``, ``lookahead``,
+    # ``lookback`` (frames before the chunk; 0 in exports that do not say);
     # None when the model has no streaming form (it runs whole utterances only).
     streaming: dict | None = None
 
@@ -351,6 +352,7 @@ def _streaming(raw: dict, source: Path) -> dict | None:
             "chunk": int(raw["n_steps"]),
             "context": int(raw["n_context"]),
             "lookahead": 0,
+            "lookback": 0,
         }
     entry = raw["streaming"]
     if entry is None:
@@ -364,7 +366,8 @@ def _streaming(raw: dict, source: Path) -> dict | None:
             f"{source}: streaming.input: expected one of {', '.join(STREAM_INPUTS)}, "
             f"got {entry.get('input')!r}"
         )
-    for key, low in (("chunk", 1), ("context", 0), ("lookahead", 0)):
+    entry = {"lookback": 0, **entry}  # format 4 exports before look-back frames have none
+    for key, low in (("chunk", 1), ("context", 0), ("lookahead", 0), ("lookback", 0)):
         if problem := value_problem(entry.get(key), Range(int, low, 1 << 16)):
             raise ExportError(f"{source}: streaming.{key}: {problem}")
     if entry["chunk"] != raw["n_steps"] or (

@@ -2,9 +2,9 @@
 
 For a model with a streaming form, each runner maps ``(inputs, state)`` to ``(logits [labels, n_classes],
 new state)``: the inputs what the metadata's ``streaming`` says one call takes (context windows ``[1,
-n_steps, window, n_input]`` for DeepSpeech, or frames ``[1, chunk + lookahead, n_input]``), the state a
-tuple of arrays in the order of the metadata's ``tensors["state"]`` (the LSTM's h and c for DeepSpeech). A
-reset is a zero state. For a model without one (``streaming`` null), ``utterance`` maps a whole
+n_steps, window, n_input]`` for DeepSpeech, or frames ``[1, lookback + chunk + lookahead, n_input]``),
+the state a tuple of arrays in the order of the metadata's ``tensors["state"]`` (the LSTM's h and c for
+DeepSpeech). A reset is a zero state. For a model without one (``streaming`` null), ``utterance`` maps a whole
 utterance's frames ``[time, n_input]`` to its logits ``[labels, n_classes]``.
 """
 
@@ -84,7 +84,8 @@ def _check_shapes(metadata: ExportMetadata, inputs: dict[str, list[int]], output
     if streaming is None:  # a whole utterance: [1, any time, n_input]
         expected = {names.get("input"): [1, -1, metadata.n_input]}
     elif streaming["input"] == "frames":
-        expected = {names.get("input"): [1, streaming["chunk"] + streaming["lookahead"], metadata.n_input]}
+        frames = streaming["lookback"] + streaming["chunk"] + streaming["lookahead"]
+        expected = {names.get("input"): [1, frames, metadata.n_input]}
     else:
         expected = {names.get("input"): [1, metadata.n_steps, 2 * metadata.n_context + 1, metadata.n_input]}
     expected.update({spec["input"]: list(spec["shape"]) for spec in metadata.state})

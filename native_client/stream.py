@@ -1,8 +1,9 @@
 """Streaming recognition: feed audio in chunks of any size, ask for a transcript at any time.
 
 ``Utterance`` is the one definition of how an utterance's audio becomes model calls (features block by
-block, context windows, ``n_steps`` windows per call, the last call zero-padded); it does not run the
-model but hands out its ready chunks and takes their logits back. ``Stream`` runs them at once on one
+block, then context windows, ``n_steps`` windows per call, or chunks of frames with their look-back and
+look-ahead frames; the last call zero-padded); it does not run the model but hands out its ready chunks
+and takes their logits back. ``Stream`` runs them at once on one
 runner (the client); the server's scheduler (``native_client.server.engine``) puts the chunks of many
 utterances into one call. So the two are equal chunk for chunk, by construction.
 """
@@ -21,9 +22,10 @@ from native_client.windows import ready_windows, window_view
 
 @dataclass
 class Chunk:
-    """``n_steps`` windows ``[n_steps, window, n_input]`` of one utterance, ``real`` of them not padding."""
+    """One streaming call's input: ``n_steps`` windows ``[n_steps, window, n_input]``, or frames ``[lookback
+    + chunk + lookahead, n_input]``; of its labels, the first ``real`` are not padding."""
 
-    windows: np.ndarray
+    inputs: np.ndarray
     real: int
 
 
@@ -54,12 +56,89 @@ class Chunks(Sequence):
         return Chunk(part, real)
 
 
-def run_window_chunks(runner: StepRunner, chunks: Sequence[Chunk], state):
-    """Logits ``[time, n_classes]`` of ``chunks`` run in order from ``state`` (padding steps dropped), and
+class FrameChunks(Sequence):
+    """``count`` calls of a streaming form over chunks of frames: ``frames`` holds the ``lookback`` frames
+    before the first chunk, the chunks' frames (``real`` of them real, the rest zero) and the ``lookahead``
+    frames after the last; call ``i`` takes ``frames[i * chunk : i * chunk + lookback + chunk +
+    lookahead]``. A call is cut when it is asked for."""
+
+    def __init__(self, frames: np.ndarray, streaming: dict, stride: int, count: int, real: int):
+        self.frames = frames
+        self.chunk, self.stride, self.count, self.real = streaming["chunk"], stride, count, real
+        self.width = streaming["lookback"] + self.chunk + streaming["lookahead"]
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            raise TypeError("FrameChunks takes one index at a time")
+        if index < 0:
+            index += self.count
+        if not 0 <= index < self.count:
+            raise IndexError(index)
+        start = index * self.chunk
+        frames = np.ascontiguousarray(self.frames[start : start + self.width], dtype=np.float32)
+        return Chunk(frames, -(-min(self.chunk, self.real - start) // self.stride))
+
+
+class ChunkList(Sequence):
+    """Several sequences of chunks, one after the other, as one."""
+
+    def __init__(self, parts: list[Sequence[Chunk]]):
+        self.parts = [part for part in parts if len(part)]
+        self.ends = np.cumsum([len(part) for part in self.parts]).tolist()
+
+    def __len__(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            raise TypeError("ChunkList takes one index at a time")
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        part = int(np.searchsorted(self.ends, index, side="right"))
+        return self.parts[part][index - (self.ends[part - 1] if part else 0)]
+
+
+def first_frames(metadata) -> np.ndarray:
+    """What an utterance starts with before its first frame: the zero frames of the look-back (chunks of
+    frames) or of the context before it (context windows)."""
+    streaming = metadata.streaming
+    if streaming is not None and streaming["input"] == "frames":
+        return np.zeros((streaming["lookback"], metadata.n_input), np.float32)
+    return np.zeros((metadata.n_context, metadata.n_input), np.float32)
+
+
+def take_ready_frames(pending: np.ndarray, frames: np.ndarray, metadata, final: bool):
+    """``frames`` added to the frames still ``pending`` (the first ones the chunk's look-back): the calls
+    of a streaming form over chunks of frames that can run (each with its look-ahead; at the end, the
+    rest, zero-padded), or None, and the frames still pending. One rule for the client's ``Stream`` and
+    the server's ``Utterance``."""
+    streaming = metadata.streaming
+    chunk, lookback, lookahead = streaming["chunk"], streaming["lookback"], streaming["lookahead"]
+    pending = np.concatenate([pending, frames]).astype(np.float32, copy=False)
+    todo = len(pending) - lookback  # frames whose labels are not out yet
+    if final:
+        count = -(-todo // chunk)
+        room = count * chunk + lookahead - todo
+        padded = np.concatenate([pending, np.zeros((room, pending.shape[1]), np.float32)])
+        return (FrameChunks(padded, streaming, metadata.stride, count, todo) if count else None), pending[:0]
+    count = max(0, (todo - lookahead) // chunk)
+    if not count:
+        return None, pending
+    ready = pending[: lookback + count * chunk + lookahead]
+    return FrameChunks(ready, streaming, metadata.stride, count, count * chunk), pending[count * chunk :]
+
+
+def run_calls(runner: StepRunner, chunks: Sequence[Chunk], state):
+    """Logits ``[time, n_classes]`` of ``chunks`` run in order from ``state`` (padding labels dropped), and
     the state after them."""
     outputs = []
     for chunk in chunks:
-        logits, state = runner.step(chunk.windows[None], state)
+        logits, state = runner.step(chunk.inputs[None], state)
         outputs.append(logits[: chunk.real])
     empty = np.zeros((0, runner.metadata.n_classes), np.float32)
     return (np.concatenate(outputs) if outputs else empty), state
@@ -68,7 +147,7 @@ def run_window_chunks(runner: StepRunner, chunks: Sequence[Chunk], state):
 def run_windows(runner: StepRunner, windows: np.ndarray, state):
     """Run ``windows`` ``[time, window, n_input]`` through the model ``n_steps`` at a time;
     a short last call is zero-padded and only its real time steps are kept."""
-    return run_window_chunks(runner, Chunks(windows, runner.metadata.n_steps), state)
+    return run_calls(runner, Chunks(windows, runner.metadata.n_steps), state)
 
 
 def run_frames(runner: StepRunner, frames: np.ndarray, state=None):
@@ -85,23 +164,12 @@ def run_frames(runner: StepRunner, frames: np.ndarray, state=None):
     return run_windows(runner, window_view(frames, runner.metadata.n_context), state)
 
 
-def run_chunks(runner: StepRunner, frames: np.ndarray, state, end: int | None = None):
-    """Run ``frames`` ``[time, n_input]`` through a streaming form that takes chunks of frames: each call
-    ``chunk + lookahead`` frames from where the last one started plus ``chunk``, zero frames past the
-    utterance's end; of a short last chunk only its real frames' labels are kept. ``end`` (a multiple of
-    the chunk): run the chunks before it only, their look-ahead read from ``frames`` (a stream's middle)."""
-    metadata = runner.metadata
-    chunk, lookahead = metadata.streaming["chunk"], metadata.streaming["lookahead"]
-    room = -len(frames) % chunk + lookahead
-    padded = np.concatenate([frames, np.zeros((room, metadata.n_input), np.float32)]).astype(np.float32)
-    outputs = []
-    for start in range(0, len(frames) if end is None else end, chunk):
-        logits, state = runner.step(
-            np.ascontiguousarray(padded[start : start + chunk + lookahead])[None], state
-        )
-        outputs.append(logits[: metadata.output_length(min(chunk, len(frames) - start))])
-    empty = np.zeros((0, metadata.n_classes), np.float32)
-    return (np.concatenate(outputs) if outputs else empty), state
+def run_chunks(runner: StepRunner, frames: np.ndarray, state):
+    """Run a whole utterance's ``frames`` ``[time, n_input]`` through a streaming form that takes chunks of
+    frames (``take_ready_frames``: zero frames before and after the utterance); of a short last chunk
+    only its real frames' labels are kept."""
+    chunks, _ = take_ready_frames(first_frames(runner.metadata), frames, runner.metadata, final=True)
+    return run_calls(runner, chunks or (), state)
 
 
 def take_ready_windows(pending: np.ndarray, frames: np.ndarray, context: int, n_steps: int, final: bool):
@@ -131,15 +199,17 @@ class Utterance:
 
     def __init__(self, runner: StepRunner):
         metadata = runner.metadata
+        self.metadata = metadata
         self.n_steps = metadata.n_steps
         self.n_classes = metadata.n_classes
         self._context = metadata.n_context
+        self._chunked = metadata.streaming is not None and metadata.streaming["input"] == "frames"
         self._normalize = metadata.features.normalize
         self._frames = metadata.features.frontend.stream()
-        # frames still needed as context, starting with the zero frames before the utterance
-        self._pending = np.zeros((self._context, metadata.n_input), np.float32)
+        # frames still needed as context or look-back, starting with the zero frames before the utterance
+        self._pending = first_frames(metadata)
         self._all_frames: list[np.ndarray] = []
-        self._ready: list[np.ndarray] = []  # windows ready to run, each block a whole number of chunks
+        self._ready: list[Sequence[Chunk]] = []  # chunks ready to run, in order
         self._logits: list[np.ndarray] = []
         self.state = runner.zero_state()
         self.samples = 0
@@ -164,36 +234,39 @@ class Utterance:
         if self._normalize:
             self._all_frames.append(frames)
             if final:
-                self._ready.append(self._rerun_windows())
+                self._ready.append(self.rerun())
             return
-        windows, self._pending = take_ready_windows(self._pending, frames, self._context, self.n_steps, final)
-        if windows is not None:
-            self._ready.append(windows)
+        if self._chunked:
+            chunks, self._pending = take_ready_frames(self._pending, frames, self.metadata, final)
+        else:
+            windows, self._pending = take_ready_windows(
+                self._pending, frames, self._context, self.n_steps, final
+            )
+            chunks = None if windows is None else Chunks(windows, self.n_steps)
+        if chunks is not None:
+            self._ready.append(chunks)
 
     @property
     def incremental(self) -> bool:
         """Whether chunks are ready as audio arrives (no per-utterance normalisation)."""
         return not self._normalize
 
-    def _rerun_windows(self) -> np.ndarray:
-        frames = [f for f in self._all_frames if len(f)]
-        if not frames:
-            return np.zeros((0, 2 * self._context + 1, self._pending.shape[1]), np.float32)
-        return window_view(normalize_frames(np.concatenate(frames)), self._context)
-
-    def rerun(self) -> Chunks:
+    def rerun(self) -> Sequence[Chunk]:
         """All chunks of the audio so far, normalised with its statistics so far, to run from a zero
         state (exports with normalisation: a partial transcript)."""
-        return Chunks(self._rerun_windows(), self.n_steps)
+        frames = [f for f in self._all_frames if len(f)]
+        if not frames:
+            return ()
+        normalised = normalize_frames(np.concatenate(frames))
+        if self._chunked:
+            chunks, _ = take_ready_frames(first_frames(self.metadata), normalised, self.metadata, final=True)
+            return chunks or ()
+        return Chunks(window_view(normalised, self._context), self.n_steps)
 
-    def ready(self) -> Chunks:
+    def ready(self) -> Sequence[Chunk]:
         """The chunks ready to run, in order (handed out once)."""
         ready, self._ready = self._ready, []
-        if not ready:
-            windows = np.zeros((0, 2 * self._context + 1, self._pending.shape[1]), np.float32)
-        else:  # every block but the last is a whole number of chunks: the cuts are the same
-            windows = ready[0] if len(ready) == 1 else np.concatenate(ready)
-        return Chunks(windows, self.n_steps)
+        return ready[0] if len(ready) == 1 else ChunkList(ready)
 
     def accept(self, logits: np.ndarray, state: tuple) -> None:
         """The logits ``[time, n_classes]`` (padding steps dropped) and the state after the chunks handed
@@ -233,9 +306,9 @@ class Stream:
         self._chunked = metadata.streaming is not None and metadata.streaming["input"] == "frames"
         self._frames = metadata.features.frontend.stream()
         self._n_context = metadata.n_context
-        # frames still needed as context, starting with the zero frames before the utterance (windows), or
-        # the frames of the next call (chunks of frames)
-        self._pending = np.zeros((0 if self._chunked else metadata.n_context, metadata.n_input), np.float32)
+        # frames still needed as context or look-back (the next call's), starting with the zero frames
+        # before the utterance
+        self._pending = first_frames(metadata)
         self._all_frames = []
         self._logits = []
         self._state = runner.zero_state()
@@ -265,21 +338,12 @@ class Stream:
         self._logits.append(logits)
 
     def _add_chunks(self, frames: np.ndarray, final: bool) -> None:
-        """Frames for a streaming form over chunks of frames: each full chunk with its look-ahead runs as
-        soon as it is there; at the end, the rest (``run_chunks``)."""
-        self._pending = np.concatenate([self._pending, frames])
-        streaming = self.runner.metadata.streaming
-        chunk, lookahead = streaming["chunk"], streaming["lookahead"]
-        ready = 0 if final else max(0, (len(self._pending) - lookahead) // chunk * chunk)
-        if final:
-            logits, self._state = run_chunks(self.runner, self._pending, self._state)
-            self._pending = self._pending[:0]
-        elif ready:  # the frames of ``ready // chunk`` calls, each with its look-ahead, all present
-            logits, self._state = run_chunks(self.runner, self._pending, self._state, end=ready)
-            self._pending = self._pending[ready:]
-        else:
-            return
-        self._logits.append(logits)
+        """Frames for a streaming form over chunks of frames: each chunk with its look-ahead runs as soon
+        as it is there; at the end, the rest (``take_ready_frames``)."""
+        chunks, self._pending = take_ready_frames(self._pending, frames, self.runner.metadata, final)
+        if chunks is not None:
+            logits, self._state = run_calls(self.runner, chunks, self._state)
+            self._logits.append(logits)
 
     def _normalised_logits(self) -> np.ndarray:
         frames = (

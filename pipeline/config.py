@@ -707,7 +707,8 @@ class ExportConfig:
     n_steps: int = _opt(
         16,
         "Feature frames per streaming call (a multiple of the model family's stride; a family without a "
-        "streaming form ignores it).",
+        "streaming form ignores it, and so does the conformer, whose calls are model.conformer.chunk_frames "
+        "labels).",
         minimum=1,
     )
     quantize: bool = _opt(False, "Dynamic-range int8 quantisation of the TFLite model.")

@@ -372,10 +372,8 @@ def _check_family(config: Config) -> None:
     except ValueError as error:
         raise ConfigError(f"{config.source}: {error}") from None
     stride = family.stride(config.model)
-    if (
-        family.stream_input(config.model, config.export.n_steps) is not None
-        and config.export.n_steps % stride
-    ):
+    spec = family.stream_input(config.model, config.export.n_steps)
+    if spec is not None and spec.chunk % stride:
         raise ConfigError(
             f"{config.source}: export.n_steps: {config.export.n_steps} frames per streaming call is not a "
             f"multiple of the {config.model.architecture} family's stride ({stride} frames per label)"

@@ -179,6 +179,10 @@ class EvaluationReport:
     # With export.average: the checkpoints averaged (``pipeline.model.averaging.Averaging.to_dict``), the
     # average's dev figures (``dev``: loss, wer, cer) and the single best-dev checkpoint's (``best_dev``).
     average: dict | None = None
+    # greedy figures of the full-context computation, for a family whose inference is chunked (wer and cer
+    # are then the chunked computation's, what the export runs); None for the others
+    wer_full_context: float | None = None
+    cer_full_context: float | None = None
 
 
 @dataclass(frozen=True)
@@ -213,8 +217,8 @@ class ExportRecord:
     text: dict | None = None  # the data.text settings the client applies (format 3)
     card: dict | None = None  # the model card (pipeline.export.model_card; MODEL_CARD.md renders it)
     stride: int = 1  # feature frames per output label (format 4)
-    # what one streaming call takes (format 4): input (windows or frames), chunk, context, lookahead; None
-    # for a family without a streaming form (the export holds the utterance signature only)
+    # what one streaming call takes (format 4): input (windows or frames), chunk, context, lookahead,
+    # lookback; None for a family without a streaming form (the export holds the utterance signature only)
     streaming: dict | None = None
 
 

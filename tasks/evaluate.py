@@ -27,7 +27,8 @@ class Evaluate(ConfigTask):
         progress = Progress(self, total=1, unit="utt", description="evaluate")
 
         def on_progress(phase: str, done: int, total: int) -> None:
-            # The greedy pass is the first half, the beam decoding the second.
+            # The greedy pass is the first half, the beam decoding (after a chunked family's full-context
+            # pass) the second.
             progress.bar.total = 2 * total
             offset = total if phase != "greedy" else 0
             progress.update(offset + done, f"{phase}: {done}/{total} test utterances")
@@ -43,5 +44,12 @@ class Evaluate(ConfigTask):
             f"{headline_text({'wer': report.wer_lm, 'cer': report.cer_lm, 'headline': report.headline})}; "
             f"loss {report.loss:.3f}"
         )
+        if report.cer_full_context is not None:
+            full = {
+                "wer": report.wer_full_context,
+                "cer": report.cer_full_context,
+                "headline": report.headline,
+            }
+            summary += f"; greedy full context {headline_text(full)}"
         self.tell_scheduler(message=summary)
         print(f"Test {summary} ({report.samples_count} samples) -> {self.output().path}")

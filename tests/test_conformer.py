@@ -12,13 +12,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from native_client import ExportError, Model
+from native_client import Model
 from native_client.audio import load_for_model
 from pipeline.config import ConfigError
 from pipeline.config_loader import config_from_dict, load_config
+from pipeline.evaluation.run import run_split
+from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
 from pipeline.model import build_model, model_family
 from pipeline.model.checkpoints import load_trained_model
+from pipeline.model.labels import model_alphabet
 from tasks import Evaluate, Export
 from tests.conftest import ROOT, SAMPLE
 
@@ -65,20 +68,39 @@ def test_settings_of_a_family_not_chosen_are_neither_read_nor_fingerprinted():
 
 
 @pytest.mark.parametrize("subsampling", [1, 2, 4, 8])
-def test_an_utterance_gives_the_same_logits_alone_and_in_a_padded_batch(subsampling):
-    config = _conformer(subsampling=subsampling)
+@pytest.mark.parametrize("full_context", [False, True])
+def test_an_utterance_gives_the_same_logits_alone_and_in_a_padded_batch(subsampling, full_context):
+    config = _conformer(subsampling=subsampling, chunk_frames=3)
     model, family = build_model(config.model, 26, 29), model_family("conformer")
     rng = np.random.default_rng(0)
     lengths = [37, 50, 41]
     batch = np.zeros((3, 50, 26), np.float32)
     for row, length in enumerate(lengths):
         batch[row, :length] = rng.standard_normal((length, 26))
-    logits, output_lengths = family.forward(model, batch, tf.constant(lengths), training=False)
+    logits, output_lengths = family.forward(
+        model, batch, tf.constant(lengths), training=False, full_context=full_context
+    )
     assert list(output_lengths.numpy()) == [-(-n // subsampling) for n in lengths]
     for row, length in enumerate(lengths):
-        alone = model(batch[row : row + 1, :length]).numpy()[0]
+        one = batch[row : row + 1, :length]
+        # alone: the export's one-shot form (chunked), or the model over the whole utterance
+        alone = (model(one) if full_context else family.utterance(model, one)).numpy()[0]
         assert alone.shape[0] == output_lengths[row]
         np.testing.assert_allclose(logits.numpy()[row, : len(alone)], alone, atol=1e-5)
+
+
+def test_a_label_sees_no_frame_after_its_chunk():
+    """Causal subsampling and convolution, chunked attention: frames after a chunk change none of its
+    labels (in full context they change them all)."""
+    config = _conformer(subsampling=4, chunk_frames=3)
+    model, family = build_model(config.model, 26, 29), model_family("conformer")
+    frames = np.random.default_rng(1).standard_normal((1, 96, 26)).astype(np.float32)
+    changed = frames.copy()
+    changed[:, 36:] += 1.0  # from label 9 on: chunk 3 (labels 9-11) on
+    before, after = family.utterance(model, frames).numpy()[0], family.utterance(model, changed).numpy()[0]
+    np.testing.assert_array_equal(before[:9], after[:9])
+    assert np.abs(before[9:] - after[9:]).min(axis=-1).max() > 0
+    assert np.abs(model(frames).numpy()[0, :9] - model(changed).numpy()[0, :9]).max() > 1e-3
 
 
 def test_the_full_size_config_is_nemo_medium_geometry():
@@ -119,20 +141,37 @@ def test_a_conformer_trains_evaluates_exports_and_transcribes_one_shot(small_con
     config = load_config(path)
     export = Layout(config).find_export().root
     metadata = json.loads((export / "metadata.json").read_text())
-    assert metadata["stride"] == 4 and metadata["streaming"] is None and metadata["tensors"]["state"] == []
+    assert metadata["stride"] == 4 and metadata["streaming"]["input"] == "frames"
+    assert metadata["streaming"]["chunk"] == 32 and metadata["streaming"]["lookback"] == 3  # 8 labels of 4
     samples = load_for_model(CLIP, 16000)
+    family = model_family("conformer")
     for backend in ("tflite", "saved_model", "frozen_graph"):
         model = Model(export, backend=backend)
         frames = model.metadata.features.frames(samples)
         checkpoint = load_trained_model(config, Layout(config).train_run.best, frames.shape[1], 29)
-        expected = checkpoint(frames[None]).numpy()[0]
+        expected = family.utterance(checkpoint, frames[None]).numpy()[0]  # the chunked computation
         assert len(expected) == -(-len(frames) // 4)
         # int8 weights in the TFLite model: close, not equal
         atol = 0.5 if backend == "tflite" else 1e-4
-        np.testing.assert_allclose(model.logits(samples), expected, atol=atol)
+        logits = model.logits(samples)
+        np.testing.assert_allclose(logits, expected, atol=atol)
+        stream = model.create_stream()
+        for start in range(0, len(samples), 4321):
+            stream.feed_audio(samples[start : start + 4321])
+        np.testing.assert_allclose(stream.flush(), logits, atol=1e-6)
         assert model.transcribe_file(CLIP).duration_s > 0
-    with pytest.raises(ExportError, match="has no streaming form; transcribe whole utterances"):
-        model.create_stream()
+    # Evaluate scores the chunked computation the client runs (its transcripts are the client's), and the
+    # full-context one beside
+    layout = Layout(config)
+    report = json.loads(layout.evaluation_report(layout.evaluate_dir).read_text())
+    assert report["cer_full_context"] is not None and report["wer_full_context"] is not None
+    test_data = read_cache(layout.features_cache("test"), config.features)
+    alphabet = model_alphabet(config, layout.alphabet)
+    evaluated = {}
+    run_split(checkpoint, test_data, alphabet, 8, on_logits=evaluated.__setitem__)
+    model = Model(export, backend="saved_model")
+    for index, path in enumerate(test_data.paths):
+        np.testing.assert_allclose(model.logits(load_for_model(path, 16000)), evaluated[index], atol=1e-4)
     cli = subprocess.run(
         [sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(CLIP), "--json"],
         capture_output=True,

@@ -138,3 +138,45 @@ def test_the_server_serves_model_onnx(export):
     )
     expected = json.loads(client.stdout)
     assert posted["text"] == expected["text"] and posted["transcripts"] == expected["transcripts"]
+
+
+def test_a_streamed_conformer_converts_to_onnx(tmp_path):
+    """The Conformer's streaming step (chunk with look-back frames, attention and convolution caches) through
+    the same tf2onnx conversion: its one-shot and streamed logits equal the float TFLite model's."""
+    import soundfile
+    import tensorflow as tf
+
+    from pipeline.features.frontend import feature_pipeline
+    from pipeline.model import build_model
+    from pipeline.model.weights import named_weights
+
+    config = load_config(
+        ROOT / "configs" / "sample.yaml",
+        {
+            "paths": {"work_dir": str(tmp_path / "work"), "export_dir": str(tmp_path / "export")},
+            "features": {"type": "mfcc", "normalize": False},
+            "model": {
+                "architecture": "conformer",
+                "conformer": {
+                    "d_model": 32,
+                    "heads": 2,
+                    "layers": 2,
+                    "conv_kernel": 5,
+                    "subsampling_channels": 8,
+                },
+            },
+            "export": {"onnx": True, "quantize": False},
+        },
+    )
+    model = build_model(config.model, feature_pipeline(config.features).feature_size, 29)
+    prefix = tf.train.Checkpoint(weights=named_weights(model)).write(str(tmp_path / "ckpt" / "untrained"))
+    export = export_stage(Layout(config), checkpoint=prefix, with_lm=False).root
+    onnx, default = Model(export, backend="onnx"), Model(export)
+    samples = soundfile.read(CLIPS[0], dtype="int16")[0]
+    theirs = default.logits(samples)
+    assert len(theirs) > 3 * config.model.options.chunk_frames  # several calls: the caches are carried
+    np.testing.assert_allclose(onnx.logits(samples), theirs, rtol=0, atol=FLOAT_TOLERANCE)
+    stream = onnx.create_stream()
+    for start in range(0, len(samples), 2345):
+        stream.feed_audio(samples[start : start + 2345])
+    np.testing.assert_allclose(stream.flush(), theirs, rtol=0, atol=FLOAT_TOLERANCE)

@@ -139,7 +139,13 @@ def test_a_family_that_subsamples_time_runs_through_the_dag_and_the_client(small
     export = Layout(config).find_export().root
     metadata = json.loads((export / "metadata.json").read_text())
     assert metadata["stride"] == 4 and metadata["n_context"] == 0
-    assert metadata["streaming"] == {"input": "frames", "chunk": 16, "context": 0, "lookahead": 0}
+    assert metadata["streaming"] == {
+        "input": "frames",
+        "chunk": 16,
+        "context": 0,
+        "lookahead": 0,
+        "lookback": 0,
+    }
     assert metadata["tensors"]["state"] == [
         {"input": "previous_state", "output": "new_state", "shape": [1, 24]}
     ]

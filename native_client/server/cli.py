@@ -175,12 +175,8 @@ async def serve(args) -> None:
     from native_client.server.engine import BatchEngine
 
     model = open_model_for(args, model_location)
-    streaming = model.metadata.streaming
-    if streaming is None or streaming["input"] != "windows":
-        what = (
-            "has no streaming form" if streaming is None else "streams chunks of frames, not context windows"
-        )
-        raise ExportError(f"{model.metadata.directory}: the server streams; this model {what}")
+    if model.metadata.streaming is None:
+        raise ExportError(f"{model.metadata.directory}: the server streams; this model has no streaming form")
     limits = Limits(
         max_streams=args.max_streams,
         max_frame_bytes=args.max_frame_bytes,

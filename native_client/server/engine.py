@@ -96,11 +96,11 @@ class BatchEngine:
                 batch = self._next_batch()
                 if not batch:
                     continue
-                windows = np.stack([job.chunks[job.done].windows for job in batch])
+                inputs = np.stack([job.chunks[job.done].inputs for job in batch])
                 states = [job.state for job in batch]
                 try:
                     logits, new_states = await loop.run_in_executor(
-                        self._model_thread, self.runner.step, windows, states
+                        self._model_thread, self.runner.step, inputs, states
                     )
                 except Exception as error:  # a model failure fails these jobs, not the server
                     log.exception("model call failed")

@@ -19,15 +19,18 @@ from pipeline.model.ctc import ctc_implementation
 LogitsSink = Callable[[int, np.ndarray], None]
 
 
-def make_forward(model, blank_index: int):
+def make_forward(model, blank_index: int, full_context: bool = False):
     """A compiled function: features, lengths, labels, label lengths -> (logits ``[b, t, classes]``,
-    per-sample loss, output lengths), by the model's family (its forward pass and loss head)."""
+    per-sample loss, output lengths), by the model's family (its forward pass and loss head): the
+    computation the export runs, or with ``full_context`` (a family that ``limits_context``) the one where
+    every label sees the whole utterance."""
     ctc = ctc_implementation(jit_compile=False)
     family = model_family(model.model_config.architecture)
+    context = {"full_context": True} if full_context else {}
 
     @tf.function(reduce_retracing=True)
     def forward(features, lengths, labels, label_lengths):
-        logits, output_lengths = family.forward(model, features, lengths, training=False)
+        logits, output_lengths = family.forward(model, features, lengths, training=False, **context)
         loss = family.loss(labels, label_lengths, logits, output_lengths, blank_index, ctc)
         return logits, loss, output_lengths
 

@@ -2,7 +2,8 @@
 
 For a family with a streaming form (``pipeline.model``) it wraps that form with fixed input signatures and
 DeepSpeech's tensor names: ``input_node`` (what the family's ``stream_input`` says one call takes: context
-windows ``[1, n_steps, window, n_input]`` for DeepSpeech, or frames ``[1, n_steps + lookahead, n_input]``),
+windows ``[1, n_steps, window, n_input]`` for DeepSpeech, or frames ``[1, lookback + chunk + lookahead,
+n_input]``),
 the family's state tensors (``previous_state_h``/``_c`` for DeepSpeech) in and out, ``logits``. For a family
 without one, the export's one signature is ``utterance``: a whole utterance's features ``[1, time,
 n_input]`` in, its logits ``[1, time / stride, n_classes]`` out.
@@ -29,7 +30,7 @@ def input_shape(spec: StreamInput, n_input: int, batch: int | None = 1) -> list:
     """The shape of one streaming call's input (``time`` None: any number of steps)."""
     if spec.kind == WINDOWS:
         return [batch, spec.chunk, 2 * spec.context + 1, n_input]
-    return [batch, spec.chunk + spec.lookahead, n_input]
+    return [batch, spec.lookback + spec.chunk + spec.lookahead, n_input]
 
 
 class InferenceGraph(tf.Module):

@@ -63,7 +63,7 @@ def build_metadata(
         stride=family.stride(config.model),
         streaming=streaming,
         n_input=n_input,
-        n_steps=config.export.n_steps,
+        n_steps=streaming["chunk"] if streaming else config.export.n_steps,
         n_classes=alphabet.n_classes,
         alphabet=list(alphabet.labels) if alphabet.output == "characters" else [],
         files={

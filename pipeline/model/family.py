@@ -9,7 +9,9 @@ A family declares, in its one module:
 - its output rate: ``stride`` feature frames per output label and ``output_lengths(feature_lengths)``,
   which the CTC loss, the Features stage's too-short check, the export's metadata and the client's word
   timings all use;
-- its forward pass and loss head (``forward``, ``loss``): CTC over its output lengths by default;
+- its forward pass and loss head (``forward``, ``loss``): CTC over its output lengths by default; a family
+  whose inference restricts each label's context (chunked attention) says so (``limits_context``) and
+  gives the full-context computation too, whose figures Evaluate reports beside;
 - its inference forms: ``utterance`` (a whole utterance, what every export carries) and, when it has one,
   ``streaming`` with ``stream_input`` (what one streaming call takes: context windows, or a chunk of
   frames with a look-ahead) and ``state`` (named tensors of any shape, carried between calls).
@@ -45,18 +47,26 @@ class StateTensor:
 class StreamInput:
     """What one call of a streaming form takes. ``kind`` ``windows``: ``[1, chunk, 2 * context + 1,
     n_input]`` context windows (DeepSpeech's ``input_node``), zero frames past the utterance's edges;
-    ``frames``: ``[1, chunk + lookahead, n_input]`` feature frames, the last ``lookahead`` of them seen
-    again at the next call. ``chunk`` is in feature frames (``export.n_steps``); a call emits
-    ``chunk / stride`` labels."""
+    ``frames``: ``[1, lookback + chunk + lookahead, n_input]`` feature frames: the ``lookback`` frames
+    before the chunk (zero before the utterance), the chunk's, and ``lookahead`` frames after it (zero
+    after the utterance); call ``k``'s chunk starts at frame ``k * chunk``. ``chunk`` is in feature
+    frames (``export.n_steps`` unless the family fixes it); a call emits ``chunk / stride`` labels."""
 
     kind: str
     chunk: int
     context: int = 0
     lookahead: int = 0
+    lookback: int = 0
 
     def to_dict(self) -> dict:
         """The export metadata's ``streaming`` entry."""
-        return {"input": self.kind, "chunk": self.chunk, "context": self.context, "lookahead": self.lookahead}
+        return {
+            "input": self.kind,
+            "chunk": self.chunk,
+            "context": self.context,
+            "lookahead": self.lookahead,
+            "lookback": self.lookback,
+        }
 
 
 class StreamingForm(abc.ABC):
@@ -137,10 +147,17 @@ class ModelFamily(abc.ABC):
         return frames
 
     # -- training and evaluation ---------------------------------------------------------------------
-    def forward(self, model, features, lengths, training: bool):
+    def forward(self, model, features, lengths, training: bool, full_context: bool = False):
         """``(logits [batch, time', n_classes] float32, output lengths [batch])`` of padded ``features``
-        ``[batch, time, n_input]`` whose rows hold ``lengths`` real frames."""
+        ``[batch, time, n_input]`` whose rows hold ``lengths`` real frames: without ``training``, the
+        computation the export runs; ``full_context`` (only for a family that ``limits_context``): each
+        label seeing the whole utterance."""
         return model(features, training=training), self.output_lengths(model.model_config, lengths)
+
+    def limits_context(self, config: ModelConfig) -> bool:
+        """Whether inference restricts each label's context (a chunked attention): Evaluate then reports
+        ``forward(..., full_context=True)``'s figures beside the headline ones. Default: no."""
+        return False
 
     def loss(self, labels, label_lengths, logits, logit_lengths, blank_index: int, implementation: str):
         """The loss head: per-utterance loss ``[batch]``; CTC over the output lengths (the blank is the

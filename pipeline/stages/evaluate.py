@@ -1,5 +1,6 @@
 """The Evaluate stage: test-set WER/CER and loss of the best-dev checkpoint (or of the average of several,
-``export.average``, whose dev figures it gives beside the single best's), greedy and with beam search + LM."""
+``export.average``, whose dev figures it gives beside the single best's), greedy and with beam search + LM;
+for a family whose inference is chunked, the greedy figures of the full-context computation beside."""
 
 from __future__ import annotations
 
@@ -22,12 +23,13 @@ from pipeline.evaluation.metrics import (
     headline_text,
     score_sample,
 )
-from pipeline.evaluation.run import run_split
+from pipeline.evaluation.run import make_forward, run_split
 from pipeline.features.cache import read_cache
 from pipeline.files import atomic_path, remove_leftovers, write_text_atomic
 from pipeline.layout import Layout
 from pipeline.lm.files import lm_built, verify_lm_files
 from pipeline.locks import stage_lock
+from pipeline.model import model_family
 from pipeline.model.averaging import Averaging, stage_model
 from pipeline.model.labels import model_alphabet
 from pipeline.reports import EvaluationReport, TrainReport, read_report, write_report
@@ -49,9 +51,11 @@ def evaluate_stage(
     with the configured decoder (``decoder.type``, beam search by default) and the LM as
     ``wer_lm``/``cer_lm``; ``beam=None`` uses the LM when the LanguageModel stage has run. Writes
     ``evaluation.json``, ``evaluation.txt`` and every utterance's result (``samples.jsonl``,
-    ``samples_lm.jsonl``) into ``out_dir`` (default: the fingerprinted Evaluate directory).
+    ``samples_lm.jsonl``) into ``out_dir`` (default: the fingerprinted Evaluate directory). A family whose
+    inference is chunked (``limits_context``: the Conformer) is scored as the export runs it, and its
+    full-context greedy figures are added as ``wer_full_context``/``cer_full_context``.
     ``on_progress(phase, done, total)`` follows the
-    greedy pass and the beam decoding, utterance by utterance."""
+    greedy pass, the full-context pass and the beam decoding, utterance by utterance."""
     config = layout.config
     out_dir = Path(out_dir or layout.evaluate_dir)
     alphabet = model_alphabet(layout.config, layout.alphabet)
@@ -107,6 +111,8 @@ def _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progres
             samples_file=layout.evaluation_samples(out_dir).name,
         )
         text = format_report("Test (greedy)", rates, samples)
+        if model_family(config.model.architecture).limits_context(config.model):
+            report, text = _full_context_pass(layout, model, alphabet, test_data, report, text, on_progress)
         if averaging is not None:
             report, text = _average_on_dev(layout, model, alphabet, averaging, report, text)
         if beam:
@@ -157,6 +163,31 @@ def _average_on_dev(layout, model, alphabet, averaging: Averaging, report, text)
             f"loss {single['loss']:.4f}"
         )
     return dataclasses.replace(report, average=record), "\n".join(lines) + "\n" + text
+
+
+def _full_context_pass(layout, model, alphabet, test_data, report, text, on_progress):
+    """The greedy figures of the family's full-context computation (no file of samples: the chunked pass's
+    are the export's); returns the report and text with them added."""
+    config = layout.config
+    board = ScoreBoard(0, None, report.headline)
+    total = len(test_data)
+
+    def keep_result(index, result):
+        board.add(index, result)
+        on_progress("full context", board.samples, total)
+
+    run_split(
+        model,
+        test_data,
+        alphabet,
+        config.training.dev_batch_size,
+        forward=make_forward(model, alphabet.blank_index, full_context=True),
+        max_batch_frames=config.training.max_batch_frames,
+        on_result=keep_result,
+    )
+    rates = board.rates()
+    report = dataclasses.replace(report, wer_full_context=rates["wer"], cer_full_context=rates["cer"])
+    return report, text + "\n" + format_report("Test (greedy, full context)", rates, {})
 
 
 # Utterances decoded per call of the decode pool: its answer (the transcripts) is held per block only.
