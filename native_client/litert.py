@@ -16,6 +16,12 @@ with no setting to turn it off; what it writes while a model is compiled and fir
 (``LITERT_NOISE``). Two lines at the process's exit, when it drops the environment of its first call,
 are beyond reach.
 
+The weight cache is used for the context-window streaming step only (DeepSpeech's family, the exports
+whose unrolled recurrent kernel it was made for, checked bit for bit against the Interpreter). LiteRT 2.3
+with the cache computes the Conformer's batched streaming signature wrongly (its outputs differ from the
+Interpreter's by up to 0.8 for the same inputs, without the cache they are equal): a defect of the cache,
+so a model it has not been checked on runs through the Interpreter.
+
 ``InterpreterModel`` (the Interpreter's signature runners) serves what the compiled model does not:
 signatures whose inputs change shape in more than the batch (a whole utterance's frames), and a runtime
 without ``ai_edge_litert`` (TensorFlow's bundled interpreter).
@@ -35,11 +41,11 @@ from native_client.quiet import filtered_stderr
 LITERT_NOISE = re.compile(r"^(INFO|WARNING): (\[[\w./-]+:\d+\] |Created TensorFlow Lite XNNPACK delegate)")
 
 
-def open_tflite(path: str, threads: int, resizable: bool = False):
-    """The model at ``path`` with ``threads`` CPU threads: a ``SharedWeightsModel`` unless ``resizable`` (an
-    input changes more than its batch between calls) or LiteRT cannot compile it, else an
-    ``InterpreterModel``."""
-    if not resizable:
+def open_tflite(path: str, threads: int, shared_weights: bool = False):
+    """The model at ``path`` with ``threads`` CPU threads: a ``SharedWeightsModel`` when ``shared_weights``
+    (the caller knows the model is one the weight cache computes right, and no input changes more than its
+    batch between calls) and LiteRT compiles it, else an ``InterpreterModel``."""
+    if shared_weights:
         try:
             return SharedWeightsModel(path, threads)
         except ImportError:  # no ai_edge_litert: TensorFlow's interpreter, a copy of a weight per operator

@@ -53,8 +53,10 @@ class TFLiteRunner(StepRunner):
         path = metadata.path("tflite")
         if not path.is_file():
             raise ExportError(f"{path}: TFLite model missing from the export")
-        # A whole utterance changes the input's length at every call: the Interpreter resizes for it.
-        self.model = open_tflite(str(path), threads, resizable=metadata.streaming is None)
+        # The weight cache only for the context-window step it was checked on (native_client/litert.py);
+        # a whole utterance changes the input's length at every call: the Interpreter resizes for it.
+        windows = metadata.streaming is not None and metadata.streaming["input"] == "windows"
+        self.model = open_tflite(str(path), threads, shared_weights=windows)
         signature = metadata.tensors["signature"]
         if signature not in self.model.signatures():
             raise ExportError(
