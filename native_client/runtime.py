@@ -54,7 +54,10 @@ class TFLiteRunner(StepRunner):
         if not path.is_file():
             raise ExportError(f"{path}: TFLite model missing from the export")
         # A whole utterance changes the input's length at every call: the Interpreter resizes for it.
-        self.model = open_tflite(str(path), threads, resizable=metadata.streaming is None)
+        try:
+            self.model = open_tflite(str(path), threads, resizable=metadata.streaming is None)
+        except (ValueError, RuntimeError) as error:  # LiteRT's message names no file
+            raise ExportError(f"{path}: not a TFLite model LiteRT can read ({error})") from None
         signature = metadata.tensors["signature"]
         if signature not in self.model.signatures():
             raise ExportError(
