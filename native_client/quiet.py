@@ -7,6 +7,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 
 # What TensorFlow 2.21 writes to stderr while it loads, before it reads TF_CPP_MIN_LOG_LEVEL.
 NOISE = re.compile(
@@ -14,16 +15,22 @@ NOISE = re.compile(
     r"|To enable the following instructions|INFO: Created TensorFlow Lite XNNPACK delegate)"
 )
 
+# Held while fd 2 is redirected. Module-level because fd 2 is process-wide: a second thread's capture
+# begun inside the first's, and ended after it, would put back the first one's capture file (deleted by
+# then) as stderr for the rest of the process. Reentrant: a capture inside one on the same thread nests.
+_STDERR = threading.RLock()
+
 
 @contextlib.contextmanager
 def filtered_stderr(noise: re.Pattern):
     """Run the body with file descriptor 2 captured; afterwards write the lines that do not match
     ``noise`` (nor continue a line that did: indented, or LiteRT's ``└``) to stderr. For libraries that
     log from C++ before (or without) any setting of ours applies; Python's ``sys.stderr`` is flushed
-    first so nothing is reordered."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
+    first so nothing is reordered. One thread at a time: fd 2 is the process's, and two captures
+    overlapping in time would restore it out of order (see ``_STDERR``)."""
+    with _STDERR, tempfile.TemporaryFile() as captured:
+        sys.stderr.flush()
+        saved = os.dup(2)
         os.dup2(captured.fileno(), 2)
         try:
             yield
