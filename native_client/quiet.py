@@ -27,7 +27,11 @@ def filtered_stderr(noise: re.Pattern):
     ``noise`` (nor continue a line that did: indented, or LiteRT's ``└``) to stderr. For libraries that
     log from C++ before (or without) any setting of ours applies; Python's ``sys.stderr`` is flushed
     first so nothing is reordered. One thread at a time: fd 2 is the process's, and two captures
-    overlapping in time would restore it out of order (see ``_STDERR``)."""
+    overlapping in time would restore it out of order (see ``_STDERR``). With fd 2 closed (``2>&-``) there
+    is nothing to keep off a terminal: the body runs as it is."""
+    if sys.stderr is None or not _is_open(2):
+        yield
+        return
     with _STDERR, tempfile.TemporaryFile() as captured:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -44,6 +48,14 @@ def filtered_stderr(noise: re.Pattern):
                 dropping = bool(noise.match(line)) or (dropping and line[:1] in (" ", "\t", "└"))
                 if line.strip() and not dropping:
                     print(line, file=sys.stderr)
+
+
+def _is_open(descriptor: int) -> bool:
+    try:
+        os.fstat(descriptor)
+    except OSError:
+        return False
+    return True
 
 
 def import_tensorflow_quietly() -> None:

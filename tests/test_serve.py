@@ -434,6 +434,22 @@ def test_a_model_file_litert_cannot_read_is_one_line_naming_it(export, tmp_path,
     assert "DestroyAccelerator" not in result.stderr, result.stderr
 
 
+def test_the_client_transcribes_with_stderr_closed(export, one_shot):
+    """Run with file descriptor 2 closed (``2>&-``, as some daemon supervisors start programs), the
+    client printed nothing and exited 1: the filter of LiteRT's set-up lines duplicated fd 2 and
+    flushed ``sys.stderr`` (None then). With nothing to filter it now runs the model as it is; the
+    Interpreter-based client worked so before."""
+    command = [sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(CLIPS[0])]
+    result = subprocess.run(
+        ["sh", "-c", '"$@" 2>&-', "sh", *command],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert result.returncode == 0 and result.stdout.strip() == one_shot[CLIPS[0]], result
+
+
 def test_long_audio_holds_the_model_once(export, tmp_path):
     """A 60-minute --format srt took 688 MiB with the full-size model, 512 MiB of it XNNPACK's copies of
     the LSTM's recurrent kernel: LiteRT's Interpreter gives XNNPACK no weight cache, so each of the
