@@ -28,11 +28,13 @@ def filtered_stderr(noise: re.Pattern):
     log from C++ before (or without) any setting of ours applies; Python's ``sys.stderr`` is flushed
     first so nothing is reordered. One thread at a time: fd 2 is the process's, and two captures
     overlapping in time would restore it out of order (see ``_STDERR``). With fd 2 closed (``2>&-``) there
-    is nothing to keep off a terminal: the body runs as it is."""
-    if sys.stderr is None or not _is_open(2):
+    is nothing to keep off a terminal, and without a file to capture into (``_capture_file``) nothing to
+    filter with: the body runs as it is."""
+    captured = None if sys.stderr is None or not _is_open(2) else _capture_file()
+    if captured is None:
         yield
         return
-    with _STDERR, tempfile.TemporaryFile() as captured:
+    with _STDERR, captured:
         sys.stderr.flush()
         saved = os.dup(2)
         os.dup2(captured.fileno(), 2)
@@ -48,6 +50,17 @@ def filtered_stderr(noise: re.Pattern):
                 dropping = bool(noise.match(line)) or (dropping and line[:1] in (" ", "\t", "└"))
                 if line.strip() and not dropping:
                     print(line, file=sys.stderr)
+
+
+def _capture_file():
+    """A file to capture fd 2 into: in memory where the system has ``memfd_create`` (Linux), so that a
+    read-only file system (a container's, with no writable temporary directory) still has one; else a
+    temporary file; None when neither can be made."""
+    with contextlib.suppress(AttributeError, OSError):
+        return open(os.memfd_create("stderr"), "w+b")  # noqa: SIM115 (the caller closes it)
+    with contextlib.suppress(OSError):
+        return tempfile.TemporaryFile()  # noqa: SIM115 (the caller closes it)
+    return None
 
 
 def _is_open(descriptor: int) -> bool:

@@ -450,6 +450,33 @@ def test_the_client_transcribes_with_stderr_closed(export, one_shot):
     assert result.returncode == 0 and result.stdout.strip() == one_shot[CLIPS[0]], result
 
 
+@pytest.mark.parametrize("memfd", [True, False], ids=["linux", "no-memfd"])
+def test_the_client_transcribes_without_a_writable_temporary_directory(export, one_shot, memfd):
+    """On a read-only file system (a container's) there is no temporary directory: the TFLite client
+    ended in ``error: [Errno 2] No such file or directory: '/nonexistent/tmp/tmp...'`` and transcribed
+    nothing, because the filter of LiteRT's set-up lines captured stderr into a temporary file. It now
+    captures into memory (``memfd_create``), still filtering; where that does not exist either, it runs
+    unfiltered. (Python's ``tempfile.tempdir`` pointed nowhere stands for the read-only file system.)"""
+    script = textwrap.dedent(f"""
+        import os, sys, tempfile
+        tempfile.tempdir = "/nonexistent/tmp"
+        if not {memfd}:
+            del os.memfd_create
+        from native_client.__main__ import main
+        sys.exit(main(["--model", {str(export)!r}, "--audio", {str(CLIPS[0])!r}]))
+    """)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert result.returncode == 0 and result.stdout.strip() == one_shot[CLIPS[0]], result
+    if memfd:  # still filtered: what is left is the two lines at the process's exit
+        assert "Creating LiteRT environment" not in result.stderr, result.stderr
+
+
 def test_long_audio_holds_the_model_once(export, tmp_path):
     """A 60-minute --format srt took 688 MiB with the full-size model, 512 MiB of it XNNPACK's copies of
     the LSTM's recurrent kernel: LiteRT's Interpreter gives XNNPACK no weight cache, so each of the
