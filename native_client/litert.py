@@ -64,6 +64,18 @@ def tflite_interpreter(path: str, threads: int):
     return Interpreter(model_path=path, num_threads=threads)
 
 
+def _check_flatbuffer(path: str) -> None:
+    """ValueError (LiteRT's words) unless ``path`` is a TFLite model the Interpreter can build.
+    ``CompiledModel.from_file`` does not verify the flatbuffer: a truncated file crashed the process
+    (SIGSEGV, nothing said). Building the Interpreter verifies it and reads every subgraph, operator and
+    tensor; no delegate, no tensors allocated: a few MiB, let go at once."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    Interpreter(
+        model_path=path, experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+    )
+
+
 class InterpreterModel:
     """Signatures through the Interpreter's signature runners, which resize inputs as given."""
 
@@ -128,6 +140,7 @@ class SharedWeightsModel:
             cpu_options=CpuOptions(num_threads=threads, xnnpack_weight_cache_path=":memory"),
         )
         self._slots: dict[tuple[str, int | None], _Slot] = {}
+        _check_flatbuffer(path)
         with filtered_stderr(LITERT_NOISE):
             self.model = CompiledModel.from_file(path, options=options)
         self._declared = {

@@ -7,6 +7,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 
 # What TensorFlow 2.21 writes to stderr while it loads, before it reads TF_CPP_MIN_LOG_LEVEL.
 NOISE = re.compile(
@@ -14,16 +15,28 @@ NOISE = re.compile(
     r"|To enable the following instructions|INFO: Created TensorFlow Lite XNNPACK delegate)"
 )
 
+# Held while fd 2 is redirected. Module-level because fd 2 is process-wide: a second thread's capture
+# begun inside the first's, and ended after it, would put back the first one's capture file (deleted by
+# then) as stderr for the rest of the process. Reentrant: a capture inside one on the same thread nests.
+_STDERR = threading.RLock()
+
 
 @contextlib.contextmanager
 def filtered_stderr(noise: re.Pattern):
     """Run the body with file descriptor 2 captured; afterwards write the lines that do not match
     ``noise`` (nor continue a line that did: indented, or LiteRT's ``└``) to stderr. For libraries that
     log from C++ before (or without) any setting of ours applies; Python's ``sys.stderr`` is flushed
-    first so nothing is reordered."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
+    first so nothing is reordered. One thread at a time: fd 2 is the process's, and two captures
+    overlapping in time would restore it out of order (see ``_STDERR``). With fd 2 closed (``2>&-``) there
+    is nothing to keep off a terminal, and without a file to capture into (``_capture_file``) nothing to
+    filter with: the body runs as it is."""
+    captured = None if sys.stderr is None or not _is_open(2) else _capture_file()
+    if captured is None:
+        yield
+        return
+    with _STDERR, captured:
+        sys.stderr.flush()
+        saved = os.dup(2)
         os.dup2(captured.fileno(), 2)
         try:
             yield
@@ -37,6 +50,25 @@ def filtered_stderr(noise: re.Pattern):
                 dropping = bool(noise.match(line)) or (dropping and line[:1] in (" ", "\t", "└"))
                 if line.strip() and not dropping:
                     print(line, file=sys.stderr)
+
+
+def _capture_file():
+    """A file to capture fd 2 into: in memory where the system has ``memfd_create`` (Linux), so that a
+    read-only file system (a container's, with no writable temporary directory) still has one; else a
+    temporary file; None when neither can be made."""
+    with contextlib.suppress(AttributeError, OSError):
+        return open(os.memfd_create("stderr"), "w+b")  # noqa: SIM115 (the caller closes it)
+    with contextlib.suppress(OSError):
+        return tempfile.TemporaryFile()  # noqa: SIM115 (the caller closes it)
+    return None
+
+
+def _is_open(descriptor: int) -> bool:
+    try:
+        os.fstat(descriptor)
+    except OSError:
+        return False
+    return True
 
 
 def import_tensorflow_quietly() -> None:

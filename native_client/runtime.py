@@ -56,7 +56,10 @@ class TFLiteRunner(StepRunner):
         # The weight cache only for the context-window step it was checked on (native_client/litert.py);
         # a whole utterance changes the input's length at every call: the Interpreter resizes for it.
         windows = metadata.streaming is not None and metadata.streaming["input"] == "windows"
-        self.model = open_tflite(str(path), threads, shared_weights=windows)
+        try:
+            self.model = open_tflite(str(path), threads, shared_weights=windows)
+        except (ValueError, RuntimeError) as error:  # LiteRT's message names no file
+            raise ExportError(f"{path}: not a TFLite model LiteRT can read ({error})") from None
         signature = metadata.tensors["signature"]
         if signature not in self.model.signatures():
             raise ExportError(
