@@ -18,7 +18,7 @@ from pipeline.dag import upstream
 from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
 from pipeline.model import build_model
-from pipeline.model.averaging import wanted_epochs
+from pipeline.model.averaging import stage_model, wanted_epochs
 from pipeline.model.checkpoints import checkpoint_key
 from pipeline.model.weights import named_weights
 from pipeline.reports import DevFigures, ExportRecord, TrainReport, read_report
@@ -158,6 +158,44 @@ def test_a_run_trained_without_the_setting_averages_what_it_kept_and_says_so(sma
         "Using the average of 2 checkpoints (export.average last 3: epochs 3, 4); epochs 2 wanted but not "
         "kept by the run, so averaged without them"
     ], warnings
+
+
+def test_damaged_kept_weights_are_left_out_for_another_checkpoint_of_their_epoch(small_config, caplog):
+    """Kept weights damaged on disk (a truncated data file, an empty index) never stop Evaluate with a
+    traceback nor go into the mean: each is left out with a warning, for the run's own checkpoint of the
+    same epoch when there is one (the last epoch's is checkpoints/ckpt-6), else its epoch is missing."""
+    extra = (
+        "training:\n  epochs: 3\n  max_to_keep: 1\n  checkpoint_secs: 100000\n  validation_epochs: 0\n"
+        "export:\n  average: {last: 2}\n"
+    )
+    config = load_config(small_config(limit_train=8, extra=extra))
+    build_features(config, ("train", "dev"))
+    layout = Layout(config)
+    train = train_stage(layout)
+    run = layout.train_run
+    names = _weight_names(config)
+    epoch_2 = _checkpoint_weights(run.epoch_end(2), names)
+    final = _checkpoint_weights(train.latest_checkpoint, names)
+    data = next(run.epoch_ends.glob("epoch-3.data-*"))
+    data.write_bytes(data.read_bytes()[:100])  # a data file shorter than its index says
+    n_input = read_cache(layout.features_cache("train"), config.features).n_input
+    n_classes = load_alphabet(layout.alphabet).n_classes
+
+    with caplog.at_level(logging.WARNING):
+        model, name, averaging = stage_model(config, run, None, n_input, n_classes)
+    assert averaging.epochs == (2, 3) and averaging.missing == ()
+    assert averaging.prefixes == (str(run.epoch_end(2)), train.latest_checkpoint)
+    assert averaging.damaged == (str(run.epoch_end(3)),)
+    assert any(f"{run.epoch_end(3)}: damaged checkpoint left out" in r.getMessage() for r in caplog.records)
+    weights = [v.numpy() for v in named_weights(model).values()]
+    for index, weight in enumerate(weights):
+        mean = (epoch_2[index].astype(np.float64) + final[index]) / 2
+        np.testing.assert_allclose(weight, mean, rtol=1e-6, atol=1e-7, err_msg=names[index])
+
+    (run.epoch_end(2).parent / "epoch-2.index").write_bytes(b"")  # no other checkpoint of epoch 2
+    _, _, averaging = stage_model(config, run, None, n_input, n_classes)
+    assert averaging.epochs == (3,) and averaging.missing == (2,) and len(averaging.damaged) == 2
+    assert averaging.to_dict()["damaged"] == [str(run.epoch_end(2)), str(run.epoch_end(3))]
 
 
 def test_best_2_keeps_the_two_best_validated_epochs(small_config):
