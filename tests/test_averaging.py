@@ -25,7 +25,9 @@ from pipeline.reports import DevFigures, ExportRecord, TrainReport, read_report
 from pipeline.stages.evaluate import evaluate_stage
 from pipeline.stages.export import export_stage
 from pipeline.stages.train import train_stage
+from pipeline.train.distribute import make_strategy
 from pipeline.train.history import TrainHistory
+from pipeline.train.loop import Trainer
 from tests.conftest import SAMPLE, build_features
 
 
@@ -196,6 +198,56 @@ def test_damaged_kept_weights_are_left_out_for_another_checkpoint_of_their_epoch
     _, _, averaging = stage_model(config, run, None, n_input, n_classes)
     assert averaging.epochs == (3,) and averaging.missing == (2,) and len(averaging.damaged) == 2
     assert averaging.to_dict()["damaged"] == [str(run.epoch_end(2)), str(run.epoch_end(3))]
+
+
+class _Killed(Exception):  # noqa: N818 - stands for a kill, not an error
+    """Raised instead of a save: the process dies at that point, before the save."""
+
+
+def test_a_kill_before_an_epochs_checkpoint_loses_no_weights_the_last_checkpoint_wants(small_config):
+    """{last: 2}, max_to_keep 1: killed right before the checkpoint of epoch 3, the run's last checkpoint
+    is epoch 2's, whose average is of epochs 1 and 2: both are still kept, so a run then ended there
+    (training.epochs lowered to 2) averages them; resumed to epoch 3 instead, it keeps epochs 2 and 3."""
+    extra = (
+        "training:\n  epochs: 3\n  max_to_keep: 1\n  checkpoint_secs: 100000\n  validation_epochs: 0\n"
+        "export:\n  average: {last: 2}\n"
+    )
+    config = load_config(small_config(limit_train=8, extra=extra))
+    build_features(config, ("train", "dev"))
+    layout = Layout(config)
+    train = read_cache(layout.features_cache("train"), config.features)
+    alphabet = load_alphabet(layout.alphabet)
+    trainer = Trainer(
+        config, layout.train_run.root, train, None, alphabet, make_strategy(config.distribution)
+    )
+    save = trainer.checkpoints.save
+
+    def killed_at_the_end_of_epoch_3():
+        if int(trainer.state.epoch.numpy()) == 3:
+            raise _Killed
+        save()
+
+    trainer.checkpoints.save = killed_at_the_end_of_epoch_3
+    with pytest.raises(_Killed):
+        trainer.fit()
+    run = layout.train_run
+    assert {1, 2} <= {int(p.name[6:-6]) for p in run.epoch_ends.glob("*.index")}
+
+    ended = load_config(
+        small_config("ended.yaml", limit_train=8, extra=extra.replace("epochs: 3", "epochs: 2"))
+    )
+    assert train_stage(Layout(ended)).epochs_completed == 2
+    _, _, averaging = stage_model(ended, run, None, train.n_input, alphabet.n_classes)
+    assert averaging.epochs == (1, 2) and averaging.missing == ()
+    assert averaging.prefixes == (str(run.epoch_end(1)), str(run.epoch_end(2)))
+
+    assert train_stage(layout).epochs_completed == 3
+    assert sorted(p.name for p in run.epoch_ends.iterdir()) == [
+        "epoch-2.data-00000-of-00001",
+        "epoch-2.index",
+        "epoch-3.data-00000-of-00001",
+        "epoch-3.index",
+    ]
 
 
 def test_best_2_keeps_the_two_best_validated_epochs(small_config):
