@@ -88,7 +88,7 @@ def test_last_3_exports_the_mean_of_three_checkpoints_and_evaluate_reports_both_
     best checkpoint's."""
     extra = (
         "training:\n  epochs: 4\n  max_to_keep: 1\n  checkpoint_secs: 100000\n  learning_rate: 0.003\n"
-        "export:\n  average: {last: 3}\n"
+        "export:\n  average: {last: 3}\n  card: {evaluation: true}\n"
     )
     config = load_config(small_config(limit_train=8, extra=extra))
     build_features(config)
@@ -126,6 +126,21 @@ def test_last_3_exports_the_mean_of_three_checkpoints_and_evaluate_reports_both_
     export = export_stage(layout, with_lm=False)
     metadata = read_report(export.metadata, ExportRecord)
     assert metadata.checkpoint == evaluation.checkpoint
+    # The card says the weights are an average, and gives the single best's figures as that, not as its own.
+    assert metadata.card["training"]["average"] == {
+        "mode": "last",
+        "asked": 3,
+        "epochs": [2, 3, 4],
+        "missing": [],
+    }
+    assert metadata.card["evaluation"]["dev_average"] == average["dev"]
+    card = export.file("model_card").read_text()
+    assert "- Weights: the mean of 3 epoch-end checkpoints (export.average last 3: epochs 2, 3, 4)" in card
+    assert (
+        f"- Best dev of a single checkpoint (epoch {best.epoch}, greedy decoding), not of this averaged"
+        in card
+    )
+    assert f"- Dev, this averaged model, greedy: WER {average['dev']['wer']:.4f}" in card
     reader = tf.train.load_checkpoint(str(export.file("saved_model") / "variables" / "variables"))
     exported = [reader.get_tensor(f"weights/{i}/.ATTRIBUTES/VARIABLE_VALUE") for i in range(len(names))]
     for index, weight in enumerate(exported):
