@@ -18,7 +18,7 @@ from pipeline.dag import upstream
 from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
 from pipeline.model import build_model
-from pipeline.model.averaging import stage_model, wanted_epochs
+from pipeline.model.averaging import Averaging, stage_model, wanted_epochs
 from pipeline.model.checkpoints import checkpoint_key
 from pipeline.model.weights import named_weights
 from pipeline.reports import DevFigures, ExportRecord, TrainReport, read_report
@@ -46,6 +46,18 @@ def test_the_epochs_an_average_wants():
     history = TrainHistory(validations=figures)
     for by in ("dev_loss", "cer", "wer"):  # the best one is the single best-dev checkpoint's epoch
         assert wanted_epochs(AverageConfig(best=1), figures, by, 5) == [history.best(by).epoch]
+
+
+def test_an_average_of_fewer_epochs_than_asked_says_why():
+    """best: 5 in a run that validated 2 epochs, last: 5 in a run of 3: the line says the run has fewer."""
+    best = Averaging(mode="best", asked=5, epochs=(2, 4), prefixes=("a", "b"), missing=())
+    assert best.short and best.describe() == (
+        "the average of 2 checkpoints (export.average best 5: epochs 2, 4); the run has only 2 validated "
+        "epochs with a finite dev figure, fewer than the 5 asked for"
+    )
+    last = Averaging(mode="last", asked=5, epochs=(2, 3), prefixes=("b", "c"), missing=(1,))
+    assert last.short and last.describe().endswith("; the run has only 3 epochs, fewer than the 5 asked for")
+    assert not Averaging(mode="last", asked=2, epochs=(3,), prefixes=("c",), missing=(2,)).short
 
 
 def test_average_settings_are_checked_and_fingerprinted_only_when_set():

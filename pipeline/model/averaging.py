@@ -133,7 +133,16 @@ class Averaging:
             text += f"; epochs {missing} wanted but not kept by the run, so averaged without them"
         if self.damaged:
             text += f"; left out as damaged: {', '.join(self.damaged)}"
+        if self.short:
+            have = len(self.epochs) + len(self.missing)
+            kind = "epochs" if self.mode == "last" else "validated epochs with a finite dev figure"
+            text += f"; the run has only {have} {kind}, fewer than the {self.asked} asked for"
         return text
+
+    @property
+    def short(self) -> bool:
+        """Whether the run has fewer epochs to average (finished, or validated for ``best``) than asked."""
+        return len(self.epochs) + len(self.missing) < self.asked
 
     def to_dict(self) -> dict:
         """The report's record of it."""
@@ -219,9 +228,8 @@ def stage_model(config: Config, run: TrainRun, checkpoint, n_input: int, n_class
     in its report, the ``Averaging`` or None)."""
     if checkpoint is None and config.export.average.count:
         averaging = plan_average(config, run)
-        (log.warning if averaging.missing or averaging.damaged else log.info)(
-            "Using %s", averaging.describe()
-        )
+        shortfall = averaging.missing or averaging.damaged or averaging.short
+        (log.warning if shortfall else log.info)("Using %s", averaging.describe())
         model = load_averaged_model(config, averaging.prefixes, n_input, n_classes)
         return model, averaging.checkpoint, averaging
     prefix = resolve_checkpoint(checkpoint or run.best)
