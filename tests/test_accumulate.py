@@ -4,6 +4,7 @@ weights of a run never interrupted."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ from pipeline.layout import Layout
 from pipeline.model.weights import named_weights
 from pipeline.reports import TrainReport, read_report
 from pipeline.stages.train import train_stage
+from pipeline.stages.train_launch import SignalStop, stop_on_signals
 from pipeline.train.accumulate import windows_of_epoch
 from pipeline.train.distribute import make_strategy
 from pipeline.train.hooks import StopTraining, TrainHooks
@@ -132,6 +134,34 @@ def test_a_stop_inside_a_window_saves_at_its_end_and_resumes_exactly(small_confi
     assert (resumed.global_step, resumed.updates) == (16, 8)
     clean_trainer, clean = _fit(config, tmp_path / "clean")
     assert resumed.weights_sha256 == clean.weights_sha256
+
+
+def test_a_signal_inside_a_window_stops_at_its_end_and_the_log_says_when(small_config, tmp_path, caplog):
+    """SIGTERM during step 5, inside the window of steps 5 and 6 (Train's signal handling, in this process):
+    the log says the stop waits for the window's end, training stops after step 6 with its checkpoint, and
+    the message names step 6."""
+    extra = (
+        "training:\n  epochs: 2\n  batch_size: 2\n  accumulate_batches: 2\n  validation_epochs: 0\n"
+        "  checkpoint_secs: 100000\n"
+    )
+    config = load_config(small_config(limit_train=16, extra=extra))
+    build_features(config, ("train",))
+    stop = SignalStop(config.training.accumulate_batches)
+
+    def on_step(info):
+        if info.step == 5:
+            signal.raise_signal(signal.SIGTERM)
+        stop.check(info)
+
+    run_dir = tmp_path / "signalled"
+    with caplog.at_level(logging.WARNING), stop_on_signals(stop):
+        with pytest.raises(StopTraining, match="stopped by SIGTERM after step 6; a checkpoint of that step"):
+            _fit(config, run_dir, TrainHooks(on_step=on_step))
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt-*.index")) == ["ckpt-6.index"]
+    assert (
+        "SIGTERM: training stops at the end of this update window (up to 1 more batch: "
+        "training.accumulate_batches 2), with a checkpoint" in caplog.text
+    )
 
 
 _KILLABLE_TRAIN = """

@@ -18,14 +18,16 @@ from pipeline.dag import upstream
 from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
 from pipeline.model import build_model
-from pipeline.model.averaging import wanted_epochs
+from pipeline.model.averaging import Averaging, stage_model, wanted_epochs
 from pipeline.model.checkpoints import checkpoint_key
 from pipeline.model.weights import named_weights
 from pipeline.reports import DevFigures, ExportRecord, TrainReport, read_report
 from pipeline.stages.evaluate import evaluate_stage
 from pipeline.stages.export import export_stage
 from pipeline.stages.train import train_stage
+from pipeline.train.distribute import make_strategy
 from pipeline.train.history import TrainHistory
+from pipeline.train.loop import Trainer
 from tests.conftest import SAMPLE, build_features
 
 
@@ -44,6 +46,18 @@ def test_the_epochs_an_average_wants():
     history = TrainHistory(validations=figures)
     for by in ("dev_loss", "cer", "wer"):  # the best one is the single best-dev checkpoint's epoch
         assert wanted_epochs(AverageConfig(best=1), figures, by, 5) == [history.best(by).epoch]
+
+
+def test_an_average_of_fewer_epochs_than_asked_says_why():
+    """best: 5 in a run that validated 2 epochs, last: 5 in a run of 3: the line says the run has fewer."""
+    best = Averaging(mode="best", asked=5, epochs=(2, 4), prefixes=("a", "b"), missing=())
+    assert best.short and best.describe() == (
+        "the average of 2 checkpoints (export.average best 5: epochs 2, 4); the run has only 2 validated "
+        "epochs with a finite dev figure, fewer than the 5 asked for"
+    )
+    last = Averaging(mode="last", asked=5, epochs=(2, 3), prefixes=("b", "c"), missing=(1,))
+    assert last.short and last.describe().endswith("; the run has only 3 epochs, fewer than the 5 asked for")
+    assert not Averaging(mode="last", asked=2, epochs=(3,), prefixes=("c",), missing=(2,)).short
 
 
 def test_average_settings_are_checked_and_fingerprinted_only_when_set():
@@ -86,7 +100,7 @@ def test_last_3_exports_the_mean_of_three_checkpoints_and_evaluate_reports_both_
     best checkpoint's."""
     extra = (
         "training:\n  epochs: 4\n  max_to_keep: 1\n  checkpoint_secs: 100000\n  learning_rate: 0.003\n"
-        "export:\n  average: {last: 3}\n"
+        "export:\n  average: {last: 3}\n  card: {evaluation: true}\n"
     )
     config = load_config(small_config(limit_train=8, extra=extra))
     build_features(config)
@@ -124,6 +138,21 @@ def test_last_3_exports_the_mean_of_three_checkpoints_and_evaluate_reports_both_
     export = export_stage(layout, with_lm=False)
     metadata = read_report(export.metadata, ExportRecord)
     assert metadata.checkpoint == evaluation.checkpoint
+    # The card says the weights are an average, and gives the single best's figures as that, not as its own.
+    assert metadata.card["training"]["average"] == {
+        "mode": "last",
+        "asked": 3,
+        "epochs": [2, 3, 4],
+        "missing": [],
+    }
+    assert metadata.card["evaluation"]["dev_average"] == average["dev"]
+    card = export.file("model_card").read_text()
+    assert "- Weights: the mean of 3 epoch-end checkpoints (export.average last 3: epochs 2, 3, 4)" in card
+    assert (
+        f"- Best dev of a single checkpoint (epoch {best.epoch}, greedy decoding), not of this averaged"
+        in card
+    )
+    assert f"- Dev, this averaged model, greedy: WER {average['dev']['wer']:.4f}" in card
     reader = tf.train.load_checkpoint(str(export.file("saved_model") / "variables" / "variables"))
     exported = [reader.get_tensor(f"weights/{i}/.ATTRIBUTES/VARIABLE_VALUE") for i in range(len(names))]
     for index, weight in enumerate(exported):
@@ -158,6 +187,94 @@ def test_a_run_trained_without_the_setting_averages_what_it_kept_and_says_so(sma
         "Using the average of 2 checkpoints (export.average last 3: epochs 3, 4); epochs 2 wanted but not "
         "kept by the run, so averaged without them"
     ], warnings
+
+
+def test_damaged_kept_weights_are_left_out_for_another_checkpoint_of_their_epoch(small_config, caplog):
+    """Kept weights damaged on disk (a truncated data file, an empty index) never stop Evaluate with a
+    traceback nor go into the mean: each is left out with a warning, for the run's own checkpoint of the
+    same epoch when there is one (the last epoch's is checkpoints/ckpt-6), else its epoch is missing."""
+    extra = (
+        "training:\n  epochs: 3\n  max_to_keep: 1\n  checkpoint_secs: 100000\n  validation_epochs: 0\n"
+        "export:\n  average: {last: 2}\n"
+    )
+    config = load_config(small_config(limit_train=8, extra=extra))
+    build_features(config, ("train", "dev"))
+    layout = Layout(config)
+    train = train_stage(layout)
+    run = layout.train_run
+    names = _weight_names(config)
+    epoch_2 = _checkpoint_weights(run.epoch_end(2), names)
+    final = _checkpoint_weights(train.latest_checkpoint, names)
+    data = next(run.epoch_ends.glob("epoch-3.data-*"))
+    data.write_bytes(data.read_bytes()[:100])  # a data file shorter than its index says
+    n_input = read_cache(layout.features_cache("train"), config.features).n_input
+    n_classes = load_alphabet(layout.alphabet).n_classes
+
+    with caplog.at_level(logging.WARNING):
+        model, name, averaging = stage_model(config, run, None, n_input, n_classes)
+    assert averaging.epochs == (2, 3) and averaging.missing == ()
+    assert averaging.prefixes == (str(run.epoch_end(2)), train.latest_checkpoint)
+    assert averaging.damaged == (str(run.epoch_end(3)),)
+    assert any(f"{run.epoch_end(3)}: damaged checkpoint left out" in r.getMessage() for r in caplog.records)
+    weights = [v.numpy() for v in named_weights(model).values()]
+    for index, weight in enumerate(weights):
+        mean = (epoch_2[index].astype(np.float64) + final[index]) / 2
+        np.testing.assert_allclose(weight, mean, rtol=1e-6, atol=1e-7, err_msg=names[index])
+
+    (run.epoch_end(2).parent / "epoch-2.index").write_bytes(b"")  # no other checkpoint of epoch 2
+    _, _, averaging = stage_model(config, run, None, n_input, n_classes)
+    assert averaging.epochs == (3,) and averaging.missing == (2,) and len(averaging.damaged) == 2
+    assert averaging.to_dict()["damaged"] == [str(run.epoch_end(2)), str(run.epoch_end(3))]
+
+
+class _Killed(Exception):  # noqa: N818 - stands for a kill, not an error
+    """Raised instead of a save: the process dies at that point, before the save."""
+
+
+def test_a_kill_before_an_epochs_checkpoint_loses_no_weights_the_last_checkpoint_wants(small_config):
+    """{last: 2}, max_to_keep 1: killed right before the checkpoint of epoch 3, the run's last checkpoint
+    is epoch 2's, whose average is of epochs 1 and 2: both are still kept, so a run then ended there
+    (training.epochs lowered to 2) averages them; resumed to epoch 3 instead, it keeps epochs 2 and 3."""
+    extra = (
+        "training:\n  epochs: 3\n  max_to_keep: 1\n  checkpoint_secs: 100000\n  validation_epochs: 0\n"
+        "export:\n  average: {last: 2}\n"
+    )
+    config = load_config(small_config(limit_train=8, extra=extra))
+    build_features(config, ("train", "dev"))
+    layout = Layout(config)
+    train = read_cache(layout.features_cache("train"), config.features)
+    alphabet = load_alphabet(layout.alphabet)
+    trainer = Trainer(
+        config, layout.train_run.root, train, None, alphabet, make_strategy(config.distribution)
+    )
+    save = trainer.checkpoints.save
+
+    def killed_at_the_end_of_epoch_3():
+        if int(trainer.state.epoch.numpy()) == 3:
+            raise _Killed
+        save()
+
+    trainer.checkpoints.save = killed_at_the_end_of_epoch_3
+    with pytest.raises(_Killed):
+        trainer.fit()
+    run = layout.train_run
+    assert {1, 2} <= {int(p.name[6:-6]) for p in run.epoch_ends.glob("*.index")}
+
+    ended = load_config(
+        small_config("ended.yaml", limit_train=8, extra=extra.replace("epochs: 3", "epochs: 2"))
+    )
+    assert train_stage(Layout(ended)).epochs_completed == 2
+    _, _, averaging = stage_model(ended, run, None, train.n_input, alphabet.n_classes)
+    assert averaging.epochs == (1, 2) and averaging.missing == ()
+    assert averaging.prefixes == (str(run.epoch_end(1)), str(run.epoch_end(2)))
+
+    assert train_stage(layout).epochs_completed == 3
+    assert sorted(p.name for p in run.epoch_ends.iterdir()) == [
+        "epoch-2.data-00000-of-00001",
+        "epoch-2.index",
+        "epoch-3.data-00000-of-00001",
+        "epoch-3.index",
+    ]
 
 
 def test_best_2_keeps_the_two_best_validated_epochs(small_config):

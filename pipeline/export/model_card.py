@@ -6,7 +6,9 @@ The fields are Coqui STT's model metadata (their export's ``--export_author_id``
 the YAML front matter of a Markdown file), taken from ``export.card``; the pipeline
 adds what it knows: the training data's samples and hours (Train's report), the
 best-dev figures, and with ``export.card.evaluation`` the Evaluate figures and
-the decoder they were decoded with.
+the decoder they were decoded with. An export of averaged weights (``export.average``) says so: which
+checkpoints were averaged, that the best-dev figures are of the single best checkpoint, not of the
+exported model, and with ``export.card.evaluation`` the average's own dev figures from Evaluate.
 """
 
 from __future__ import annotations
@@ -61,13 +63,22 @@ def _evaluation(config: Config, path: Path, checkpoint: str) -> dict | None:
     if report.wer_lm is not None:
         figures["decoder"] = dict(report.decoder_lm or {})
         figures["with_decoder"] = {"wer": report.wer_lm, "cer": report.cer_lm}
+    if report.average is not None and report.average.get("dev"):
+        figures["dev_average"] = report.average["dev"]  # the exported (averaged) model's own dev figures
     return figures
 
 
-def build_card(config: Config, record: ExportRecord, train_report: Path, evaluation_report: Path) -> dict:
+def build_card(
+    config: Config,
+    record: ExportRecord,
+    train_report: Path,
+    evaluation_report: Path,
+    average: dict | None = None,
+) -> dict:
     """The card of the export ``record`` describes (its checkpoint, version, files and decoder), from the
     config's ``export.card`` and the Train report at ``train_report`` (and with
-    ``export.card.evaluation``, the Evaluate report at ``evaluation_report``)."""
+    ``export.card.evaluation``, the Evaluate report at ``evaluation_report``). ``average``: the checkpoints
+    the exported weights are the mean of (``Averaging.to_dict``), None for a single checkpoint."""
     card = config.export.card
     train = _train_report(train_report)
     data = config.data
@@ -102,6 +113,9 @@ def build_card(config: Config, record: ExportRecord, train_report: Path, evaluat
             "best_dev": None
             if best is None
             else {"epoch": best.epoch, "dev_loss": best.dev_loss, "wer": best.wer, "cer": best.cer},
+            "average": None
+            if average is None
+            else {key: average[key] for key in ("mode", "asked", "epochs", "missing")},
         },
         "evaluation": _evaluation(config, evaluation_report, record.checkpoint),
         "decoder": record.decoder,
@@ -141,6 +155,7 @@ def render_card(card: dict, files: dict) -> str:
         f"{model['features']} features at {model['sample_rate']} Hz, "
         f"{model['n_classes']} output classes ({model['output']})",
         f"- TFLite weights: {'int8 (dynamic range)' if model['quantized'] else 'float32'}",
+        *_average_lines(card["training"].get("average")),
         f"- Files: {', '.join(sorted(files.values()))}",
         f"- Export fingerprint: {card['fingerprint']}",
         "",
@@ -160,12 +175,23 @@ def render_card(card: dict, files: dict) -> str:
     lines += [f"- From: {', '.join(sources) if sources else 'not stated'}", "", "## Figures", ""]
     training = card["training"]
     best = training["best_dev"]
-    if best:
+    evaluation = card["evaluation"]
+    if best and training.get("average"):
+        lines.append(
+            f"- Best dev of a single checkpoint (epoch {best['epoch']}, greedy decoding), not of this "
+            f"averaged model: {_figures(best, 'wer')}, loss {best['dev_loss']:.4f}"
+        )
+    elif best:
         lines.append(
             f"- Best dev (epoch {best['epoch']}, step {training['global_step']}, greedy decoding): "
             f"{_figures(best, 'wer')}, loss {best['dev_loss']:.4f}"
         )
-    evaluation = card["evaluation"]
+    if evaluation is not None and evaluation.get("dev_average"):
+        dev = evaluation["dev_average"]
+        lines.append(
+            f"- Dev, this averaged model, greedy: {_figures(dev, dev.get('headline', 'wer'))}, "
+            f"loss {dev['loss']:.4f}"
+        )
     if evaluation is None:
         lines.append("- Test: not in this card (`export.card.evaluation: false`)")
     else:
@@ -185,11 +211,32 @@ def render_card(card: dict, files: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _average_lines(average: dict | None) -> list[str]:
+    """The card's line saying the weights are a mean of checkpoints (none for a single checkpoint)."""
+    if not average:
+        return []
+    epochs = ", ".join(map(str, average["epochs"]))
+    line = (
+        f"- Weights: the mean of {len(average['epochs'])} epoch-end checkpoints "
+        f"(export.average {average['mode']} {average['asked']}: epochs {epochs})"
+    )
+    if average["missing"]:
+        line += f"; epochs {', '.join(map(str, average['missing']))} wanted but not kept, so left out"
+    return [line]
+
+
 def write_model_card(
-    config: Config, record: ExportRecord, root: Path, *, train_report: Path, evaluation_report: Path
+    config: Config,
+    record: ExportRecord,
+    root: Path,
+    *,
+    train_report: Path,
+    evaluation_report: Path,
+    average: dict | None = None,
 ) -> dict:
-    """Build the card of ``record`` (``build_card``), write it as ``MODEL_CARD.md`` into the export being
-    assembled in ``root``, and return it (for ``metadata.json``'s ``card``)."""
-    card = build_card(config, record, train_report, evaluation_report)
+    """Build the card of ``record`` (``build_card``; ``average``: the checkpoints averaged, None for one),
+    write it as ``MODEL_CARD.md`` into the export being assembled in ``root``, and return it (for
+    ``metadata.json``'s ``card``)."""
+    card = build_card(config, record, train_report, evaluation_report, average)
     (root / EXPORT_FILES["model_card"]).write_text(render_card(card, record.files), encoding="utf-8")
     return card

@@ -120,7 +120,9 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
         on_status("loading the trained model", 0)
         alphabet = model_alphabet(layout.config, layout.alphabet)
         n_input = feature_pipeline(config.features).feature_size
-        model, prefix, _ = stage_model(config, layout.train_run, checkpoint, n_input, alphabet.n_classes)
+        model, prefix, averaging = stage_model(
+            config, layout.train_run, checkpoint, n_input, alphabet.n_classes
+        )
         family = model_family(config.model.architecture)
         form = family.streaming(model, config.export.n_steps)
         batched = form is not None and form.batched
@@ -188,6 +190,7 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
             staging.root,
             train_report=layout.train_run.report,
             evaluation_report=layout.evaluation_report(layout.evaluate_dir),
+            average=averaging and averaging.to_dict(),
         )
         metadata = dataclasses.replace(metadata, card=card)
         write_report(staging.metadata, metadata)

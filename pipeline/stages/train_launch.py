@@ -67,7 +67,7 @@ def train_launch_stage(
     if distribution.strategy == "multi_worker" and os.environ.get("TF_CONFIG"):
         return _run_cluster_worker(layout, on_message)
     shown = progress()
-    stop = SignalStop()
+    stop = SignalStop(layout.config.training.accumulate_batches)
     try:
 
         def on_step(info: StepInfo) -> None:
@@ -152,10 +152,23 @@ def _worker_result(log_path) -> dict:
 
 
 class SignalStop:
-    """A request, made by a signal, that training stop at the end of the current step."""
+    """A request, made by a signal, that training stop at the end of the current step: of the current
+    update window with ``training.accumulate_batches`` (``accumulate``) above 1, as checkpoints are saved
+    between windows only."""
 
-    def __init__(self) -> None:
+    def __init__(self, accumulate: int = 1) -> None:
         self.requested = ""  # the signal that asked training to stop
+        self.accumulate = accumulate
+
+    def when(self) -> str:
+        """When the stop comes, as the log says it."""
+        if self.accumulate > 1:
+            more = self.accumulate - 1
+            return (
+                f"at the end of this update window (up to {more} more batch{'es' if more > 1 else ''}: "
+                f"training.accumulate_batches {self.accumulate})"
+            )
+        return "after this step"
 
     def check(self, info: StepInfo) -> None:
         """A step's hook: raises StopTraining (the trainer saves first) when a signal asked to stop."""
@@ -185,7 +198,7 @@ def stop_on_signals(stop: SignalStop) -> Iterator[None]:
             signal.raise_signal(number)
             return
         stop.requested = name
-        log.warning("%s: training stops after this step, with a checkpoint (%s again: at once)", name, name)
+        log.warning("%s: training stops %s, with a checkpoint (%s again: at once)", name, stop.when(), name)
 
     previous = {number: signal.getsignal(number) or signal.SIG_DFL for number in numbers}
     for number in numbers:

@@ -4,9 +4,12 @@ never push them out.
 
 After each epoch, with ``export.average`` set, the epoch's weights are written (weights only, a third of a
 full checkpoint) as ``epoch-<E>`` in ``TrainRun.epoch_ends`` when the average would take them if the run
-ended now, and the kept epochs it would no longer take are removed: at most N are kept. They are written
-before the epoch's checkpoint, so a run killed in between trains that epoch again (to the same weights)
-and writes them again. Without ``export.average`` nothing is written or removed.
+ended now (``keep``), and once the epoch's checkpoint is saved, the kept epochs it would no longer take are
+removed (``prune``): at most N are kept (N + 1 in between). They are written before the epoch's
+checkpoint, so a run killed in between trains that epoch again (to the same weights) and writes them
+again; they are removed after it, so such a kill never loses weights the last checkpoint's run still
+wants (a run then ended there, with ``training.epochs`` lowered, or one whose retrained epoch validates
+otherwise). Without ``export.average`` nothing is written or removed.
 """
 
 from __future__ import annotations
@@ -41,15 +44,20 @@ class EpochEnds:
     def _indexes(self) -> list:
         return list(self.run.epoch_ends.glob(f"{EPOCH_END_PREFIX}-*.index"))
 
-    def after_epoch(self, epoch: int, history: TrainHistory) -> None:
-        """Epoch ``epoch`` (1-based) has ended with ``history``: keep its weights if the average wants them,
-        and remove the kept weights it no longer wants."""
+    def keep(self, epoch: int, history: TrainHistory) -> None:
+        """Epoch ``epoch`` (1-based) has ended with ``history``: write its weights if the average wants them
+        (before the epoch's checkpoint)."""
+        if not self.average.count:
+            return
+        if epoch in wanted_epochs(self.average, history.validations, self.config.training.best_by, epoch):
+            self.run.epoch_ends.mkdir(parents=True, exist_ok=True)
+            self._checkpoint.write(str(self.run.epoch_end(epoch)))
+
+    def prune(self, epoch: int, history: TrainHistory) -> None:
+        """Epoch ``epoch``'s checkpoint is saved: remove the kept weights the average no longer wants."""
         if not self.average.count:
             return
         wanted = set(wanted_epochs(self.average, history.validations, self.config.training.best_by, epoch))
-        if epoch in wanted:
-            self.run.epoch_ends.mkdir(parents=True, exist_ok=True)
-            self._checkpoint.write(str(self.run.epoch_end(epoch)))
         # The index first: without it the weights are no longer found, whatever happens to the rest.
         for index in self._indexes():
             number = index.name[len(EPOCH_END_PREFIX) + 1 : -len(".index")]

@@ -346,10 +346,12 @@ class Trainer:
         if self._run_over(target):
             self.state.finished.assign(1)
         if self._epoch_ends is not None:  # before the checkpoint: a kill in between trains the epoch again
-            self._epoch_ends.after_epoch(epoch + 1, history)
+            self._epoch_ends.keep(epoch + 1, history)
         if verdict.is_best:
             self.checkpoints.save_best()
         self._save()
+        if self._epoch_ends is not None:  # after it: a kill before it loses nothing the checkpoint wants
+            self._epoch_ends.prune(epoch + 1, history)
 
     def _record_validation(self, verdict: EpochVerdict) -> None:
         """Record a validation and what the policy decided on it; summaries, the WER line, hooks."""
