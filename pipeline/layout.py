@@ -186,7 +186,7 @@ class Layout:
         a path is given with its content's digest, a front end's settings as they are written."""
         found = {}
         for section_field in dataclasses.fields(self.config):
-            if section_field.name == "source":
+            if section_field.name in ("source", "task"):
                 continue
             section = getattr(self.config, section_field.name)
             for f in dataclasses.fields(section):
@@ -211,6 +211,8 @@ class Layout:
                     value = _family_keys(value)
                 elif (section_field.name, f.name) == ("paths", "alphabet"):
                     value = path_digest(self.alphabet)
+                elif (section_field.name, f.name) == ("multitask", "tasks"):
+                    value = [task.train_key() for task in value]  # their data reaches Train by its inputs
                 elif (section_field.name, f.name) == ("training", "init_from") and value is not None:
                     value = init_digest(value)
                 elif f.metadata.get("path") and value is not None:

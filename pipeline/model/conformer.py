@@ -98,6 +98,16 @@ class Conformer(ModelFamily):
             model.model_config, lengths
         )
 
+    def encode(self, model, features, lengths, training: bool):
+        """The last block's output ``[batch, time / subsampling, d_model]`` and the output lengths."""
+        return model.encode(features, lengths=lengths, training=training), self.output_lengths(
+            model.model_config, lengths
+        )
+
+    def output_layer(self, model):
+        """``output``, the logits."""
+        return model.output_layer
+
     def layers(self, model) -> tuple[str, ...]:
         """``subsampling``, ``block_0`` ... ``block_<layers - 1>``, ``output``."""
         return ("subsampling", *(f"block_{i}" for i in range(model.model_config.options.layers)), "output")

@@ -195,6 +195,11 @@ class ConformerModel(keras.Model):
 
     def call(self, features, lengths=None, training=False):
         """Logits of the subsampled frames."""
+        return tf.cast(self.output_layer(self.encode(features, lengths, training)), tf.float32)
+
+    def encode(self, features, lengths=None, training=False):
+        """The last block's output ``[batch, ceil(time / subsampling), d_model]``: what the output layer
+        (or, in multi-task training, a task's head) reads."""
         if lengths is None:
             lengths = tf.fill([tf.shape(features)[0]], tf.shape(features)[1])
         x, lengths = self.subsampling(features, lengths)
@@ -202,4 +207,4 @@ class ConformerModel(keras.Model):
         x = self.input_drop(x, training=training)
         for block in self.blocks:
             x = block(x, valid, training=training)
-        return tf.cast(self.output_layer(x), tf.float32)
+        return x
