@@ -73,6 +73,18 @@ EXPORT_FILES = {
 }
 
 
+def task_dir_name(fingerprint: str, task: str = "") -> str:
+    """A stage directory's name: its fingerprint, after its task's name for a task of a multi-task config
+    (``evaluate/fr-<fingerprint>``)."""
+    return f"{task}-{fingerprint}" if task else fingerprint
+
+
+def task_export_root(export_root: Path, task: str) -> Path:
+    """Where a task of a multi-task config exports unless it sets its own ``paths.export_dir``:
+    ``<the pipeline's export root>/<task>``."""
+    return Path(export_root) / task
+
+
 def checkpoint_prefix(path: str | Path) -> Path | None:
     """The checkpoint a warm start reads, found without TensorFlow: ``path`` itself when it is a prefix
     (``ckpt-12`` beside ``ckpt-12.index``), else the one a ``checkpoint`` state file names in ``path``,

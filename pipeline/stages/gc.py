@@ -74,9 +74,10 @@ class Entry:
 
 
 def reached_nodes(config: Config) -> list[Node]:
-    """Every stage instance the config's DAG reaches from its roots (``ROOTS``)."""
+    """Every stage instance the config's DAG reaches from its roots (``ROOTS``, of every task of a
+    multi-task config)."""
     seen: dict[str, Node] = {}
-    todo = list(ROOTS)
+    todo = [(name, {"task": task} if task else {}) for task in config.tasks or ("",) for name, _ in ROOTS]
     while todo:
         name, params = todo.pop()
         key = f"{name}{sorted(params.items())}"
@@ -90,6 +91,7 @@ def reached_nodes(config: Config) -> list[Node]:
 def node_outputs(layout: Layout, name: str, params: dict) -> list[Path]:
     """The paths a stage instance writes in the fingerprinted stage directories (none for Export and
     Transcribe, which gc never touches)."""
+    layout = layout.for_task(params.get("task", ""))
     if name == "import":
         return [layout.import_files(params["corpus"]).root]
     if name == "alphabet":
