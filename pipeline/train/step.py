@@ -34,6 +34,32 @@ class StepResult:
         return sorted({int(i) for part in self.indices for i in part.numpy()})
 
 
+def tower_loss(model, training: TrainingConfig, blank: int, towers: int):
+    """``loss(batch)``: a tower's share of the step's loss of a batch (features, lengths, labels, label
+    lengths, indices) through ``model``'s family: its forward pass and loss head, the per-utterance losses
+    summed and divided by the step's global batch."""
+    # The C++ CTC kernel has no XLA kernel and runs only on a CPU: elsewhere the exact log-space CTC.
+    ctc = ctc_implementation(training.jit_compile)
+    family = model_family(model.model_config.architecture)
+
+    def loss(batch):
+        features, lengths, labels, label_lengths, _ = batch
+        # [batch, time', classes] float32, and each row's output length: the family's stride
+        logits, output_lengths = family.forward(model, features, lengths, training=True)
+        per_sample = family.loss(labels, label_lengths, logits, output_lengths, blank, ctc)
+        # The step's global batch: every tower gets as many utterances (max_batch_frames may make a step
+        # smaller than training.batch_size).
+        step_batch = tf.cast(tf.shape(lengths)[0] * towers, per_sample.dtype)
+        return tf.reduce_sum(per_sample) / step_batch
+
+    return loss
+
+
+def _indices(batch):
+    """A batch's utterance indices (its last element)."""
+    return batch[-1]
+
+
 class TrainStep:
     """One training step over all towers, compiled on first use.
 
@@ -65,45 +91,50 @@ class TrainStep:
         blank_index: int,
     ):
         self.strategy = strategy
-        self._replica_step = self._build(model, optimizer, step_optimizer, strategy, training, blank_index)
+        guarded, shadows = self._shadows(model.trainable_variables, optimizer, strategy, training)
+        loss = tower_loss(model, training, blank_index, strategy.num_replicas_in_sync)
+        variables = model.trainable_variables
+        self._replica_step = self._build(
+            loss, _indices, variables, guarded, shadows, optimizer, step_optimizer, strategy, training
+        )
         self._compiled = None
 
     @staticmethod
-    def _build(model, inner_optimizer, optimizer, strategy, training: TrainingConfig, blank: int):
-        """The per-replica step function (and the shadow variables it uses, made in the strategy's scope)."""
+    def _shadows(variables, inner_optimizer, strategy, training: TrainingConfig) -> tuple[list, list]:
+        """(the variables an update may change: ``variables`` and the optimizer's, their shadow copies made
+        in the strategy's scope; none without ``training.revert_nonfinite_updates``)."""
+        guarded = list(variables) + list(inner_optimizer.variables)
+        with strategy.scope():
+            shadows = (
+                [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="shadow") for v in guarded]
+                if training.revert_nonfinite_updates
+                else []
+            )
+        return guarded, shadows
+
+    @staticmethod
+    def _build(
+        loss_of, indices_of, variables, guarded, shadows, inner_optimizer, optimizer, strategy, training
+    ):
+        """The per-replica step function: ``loss_of(batch)`` the tower's share of the step's loss (forward
+        pass in a gradient tape), ``indices_of(batch)`` the batch's utterance indices, ``variables`` what
+        the update trains, ``guarded``/``shadows`` what a reverted update puts back (``_shadows``)."""
         towers = strategy.num_replicas_in_sync
         scaled_loss = optimizer is not inner_optimizer
         jit = training.jit_compile
         clip = training.clip_grad_norm
         guard = training.revert_nonfinite_updates
-        # The C++ CTC kernel has no XLA kernel and runs only on a CPU: elsewhere the exact log-space CTC.
-        ctc = ctc_implementation(jit)
-        family = model_family(model.model_config.architecture)
 
-        def gradients(features, lengths, labels, label_lengths):
+        def gradients(batch):
             """(the tower's share of the loss, its gradients): forward and backward, one XLA cluster with
             jit_compile."""
             with tf.GradientTape() as tape:
-                # [batch, time', classes] float32, and each row's output length: the family's stride
-                logits, output_lengths = family.forward(model, features, lengths, training=True)
-                per_sample = family.loss(labels, label_lengths, logits, output_lengths, blank, ctc)
-                # The step's global batch: every tower gets as many utterances (max_batch_frames may
-                # make a step smaller than training.batch_size).
-                step_batch = tf.cast(tf.shape(lengths)[0] * towers, per_sample.dtype)
-                scaled = tf.reduce_sum(per_sample) / step_batch
+                scaled = loss_of(batch)
                 backward = optimizer.scale_loss(scaled) if scaled_loss else scaled
-            return scaled, tape.gradient(backward, model.trainable_variables)
+            return scaled, tape.gradient(backward, variables)
 
         if jit:
             gradients = tf.function(gradients, jit_compile=True)
-
-        guarded = list(model.trainable_variables) + list(inner_optimizer.variables)
-        with strategy.scope():
-            shadows = (
-                [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="shadow") for v in guarded]
-                if guard
-                else []
-            )
 
         def apply_if_finite(distribution, finite, grads):
             # Runs in cross-replica context: assignments reach every replica.
@@ -111,11 +142,11 @@ class TrainStep:
                 for shadow, variable in zip(shadows, guarded, strict=False):
                     shadow.assign(variable)
                 distribution.extended.call_for_each_replica(
-                    lambda g: optimizer.apply(g, model.trainable_variables), args=(grads,)
+                    lambda g: optimizer.apply(g, variables), args=(grads,)
                 )
                 if not guard:
                     return tf.constant(True)
-                ok = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in model.trainable_variables])
+                ok = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables])
 
                 def revert():
                     for shadow, variable in zip(shadows, guarded, strict=False):
@@ -129,8 +160,8 @@ class TrainStep:
             )
 
         def replica_step(batch, save_vote):
-            features, lengths, labels, label_lengths, indices = batch
-            scaled, grads = gradients(features, lengths, labels, label_lengths)
+            indices = indices_of(batch)
+            scaled, grads = gradients(batch)
             context = tf.distribute.get_replica_context()
             # The vote comes in as one tensor for every tower: made on the tower's device to be reduced.
             vote = tf.zeros_like(scaled) + tf.cast(save_vote, scaled.dtype)
