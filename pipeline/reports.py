@@ -243,6 +243,8 @@ class ExportRecord:
     # what one streaming call takes (format 4): input (windows or frames), chunk, context, lookahead; None
     # for a family without a streaming form (the export holds the utterance signature only)
     streaming: dict | None = None
+    # the task of a multi-task config this export is of (its head, alphabet, LM); not written otherwise
+    task: str | None = omitted_when_none()
 
 
 def _dataclass_of(tp) -> type | None:
