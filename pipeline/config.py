@@ -959,7 +959,8 @@ class TaskConfig:
         "transcripts",
         "transcripts: the task's own transcripts (labelled as model.output says); phonemes: the transcripts "
         "of task `of`, normalised, turned into IPA by espeak-ng (stress marks dropped) in the voice of that "
-        "task's data.text.language: an auxiliary target on the same audio (docs/TRAINING.md).",
+        "task's data.text.language (English when it gives none): an auxiliary target on the same audio "
+        "(docs/TRAINING.md).",
     )
     of: str | None = _opt(
         None,
@@ -1096,24 +1097,28 @@ class Config:
         """Task ``name`` of a multi-task config as a single-task config: the top-level sections with the
         task's ``data``, ``paths``, ``decoder`` and ``model`` keys over them, ``task`` set to ``name``. A
         phonemes task reads the data of its ``of`` task (with its own limits over them), normalises its
-        IPA transcripts with ``PHONEME_TEXT`` and builds its alphabet (``paths.alphabet: auto``) unless it
-        names one. ``source``: what its errors name instead of the config file (the task's entry)."""
+        IPA transcripts with ``PHONEME_TEXT``, builds its alphabet (``paths.alphabet: auto``) unless it
+        names one, and learns its LM from its training transcripts only unless it names LM text.
+        ``source``: what its errors name instead of the config file (the task's entry)."""
         try:
             entry = self.multitask.task(name)
             data = entry.data.apply(self.data)
             paths = entry.paths.apply(self.paths)
+            decoder = entry.decoder.apply(self.decoder)
             if entry.targets == "phonemes":
                 data = entry.data.apply(self.multitask.task(entry.of).data.apply(self.data))
                 data = dataclasses.replace(data, text=PHONEME_TEXT)
                 if not entry.paths.given("alphabet"):
                     paths = dataclasses.replace(paths, alphabet="auto")
+                if not entry.decoder.given("lm_corpus_files"):  # the top-level LM text is words, not IPA
+                    decoder = dataclasses.replace(decoder, lm_corpus_files=())
         except ConfigError as error:
             raise ConfigError(f"{self.source}: {error}") from None
         return dataclasses.replace(
             self,
             data=data,
             paths=paths,
-            decoder=entry.decoder.apply(self.decoder),
+            decoder=decoder,
             model=entry.model.apply(self.model),
             task=name,
             source=source or self.source,

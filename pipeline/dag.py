@@ -73,9 +73,24 @@ def _is_instance(config: Config, params: dict) -> bool:
 
 def _imports(config: Config, params: dict | None = None) -> list[Node]:
     """The Import of every corpus of the task's ``data.corpora`` (``data.corpora``): the manifests its
-    Features splits and LM text read."""
+    Features splits and LM text read (none for a phonemes task: see ``_sources``)."""
     view = task_config(config, params)
+    if view.phonemes_of:
+        return []
     return [("import", {"corpus": corpus.key, **task_param(params)}) for corpus in view.data.corpora]
+
+
+def _sources(config: Config, params: dict | None = None) -> list[Node]:
+    """Where the manifests of the instance's task come from: its imports, or for a phonemes task
+    (``targets: phonemes``) the Phonemes stage that writes them from its ``of`` task's."""
+    if task_config(config, params).phonemes_of:
+        return [("phonemes", task_param(params))]
+    return _imports(config, params)
+
+
+def _phonemes_inputs(config: Config, params: dict) -> list[Node]:
+    """What the Phonemes stage reads: the imports of its ``of`` task."""
+    return _imports(config, {"task": task_config(config, params).phonemes_of})
 
 
 def _alphabet(config: Config, params: dict | None = None) -> list[Node]:
@@ -90,8 +105,8 @@ def _alphabet(config: Config, params: dict | None = None) -> list[Node]:
 def _alphabet_inputs(config: Config, params: dict) -> list[Node]:
     """What the Alphabet stage reads: the task's imports; with one shared alphabet, every task's."""
     if shared_alphabet(config) and not task_param(params):
-        return [node for task in config.tasks for node in _imports(config, {"task": task})]
-    return _imports(config, params)
+        return [node for task in config.tasks for node in _sources(config, {"task": task})]
+    return _sources(config, params)
 
 
 def _alphabet_runs(config: Config, params: dict) -> bool:
@@ -137,7 +152,16 @@ STAGES: dict[str, Stage] = {
             group="Imports",
             runs=lambda config, params: (
                 _is_instance(config, params)
-                and any(c.key == params["corpus"] for c in task_config(config, params).data.corpora)
+                and any(node[1]["corpus"] == params["corpus"] for node in _imports(config, params))
+            ),
+        ),
+        Stage(
+            "phonemes",
+            "Phonemes",
+            params=("task",),
+            upstream=_phonemes_inputs,
+            runs=lambda config, params: (
+                _is_instance(config, params) and bool(task_config(config, params).phonemes_of)
             ),
         ),
         Stage(
@@ -151,7 +175,7 @@ STAGES: dict[str, Stage] = {
             "features",
             "FeaturesSplit",
             params=("split", "task"),
-            upstream=lambda config, params: [*_imports(config, params), *_alphabet(config, params)],
+            upstream=lambda config, params: [*_sources(config, params), *_alphabet(config, params)],
             group="Features",
             runs=lambda config, params: (
                 _is_instance(config, params)
@@ -163,7 +187,7 @@ STAGES: dict[str, Stage] = {
             "lm",
             "LanguageModel",
             params=("task",),
-            upstream=lambda config, params: [*_imports(config, params), *_alphabet(config, params)],
+            upstream=lambda config, params: [*_sources(config, params), *_alphabet(config, params)],
             runs=lambda config, params: _is_instance(config, params),
         ),
         Stage(
@@ -215,6 +239,22 @@ STAGES: dict[str, Stage] = {
         ),
     )
 }
+
+
+def instances(config: Config, stage: Stage, given: dict) -> list[dict]:
+    """The parameters of every instance of ``stage`` the config's pipeline has (``Stage.runs``) with the
+    values ``given``: a stage with a parameter other than the task only when it is given; a stage that
+    takes a task, for the task given, else for every task of a multi-task config."""
+    values = {p: given.get(p) for p in stage.params if p != "task"}
+    if not all(values.values()):
+        return []
+    tasks = (given["task"],) if given.get("task") else config.tasks or ("",)
+    found = []
+    for task in tasks if "task" in stage.params else ("",):
+        params = {**values, **({"task": task} if task else {})}
+        if stage.runs(config, params):
+            found.append(params)
+    return found
 
 
 def upstream(config: Config, name: str, params: dict | None = None) -> list[Node]:

@@ -33,6 +33,7 @@ from pipeline.data.importing import (
     import_fingerprint,
     plan_import,
 )
+from pipeline.data.phonemes import espeak_version
 from pipeline.digests import file_digest, path_digest
 from pipeline.lm.kenlm_tools import find_tools
 from pipeline.model import model_family
@@ -45,6 +46,7 @@ from pipeline.workdir import (
     FEATURES_DIR,
     IMPORT_DIR,
     LM_DIR,
+    PHONEMES_DIR,
     TRAIN_DIR,
     TUNE_DIR,
     AlphabetFiles,
@@ -53,6 +55,7 @@ from pipeline.workdir import (
     FeaturesFiles,
     ImportFiles,
     LMFiles,
+    PhonemesFiles,
     TrainRun,
     TuneFiles,
     checkpoint_prefix,
@@ -314,12 +317,41 @@ class Layout:
             return {"lm_builder": self.lm_builder}
         if stage == "import":
             return {"corpus": self.import_fingerprint(params["corpus"])}
+        if stage == "phonemes":
+            return self._phonemes_inputs()
         if stage == "features":
             # The too-short check counts the family's output labels: a family that subsamples time keeps
             # other utterances (nothing is added for one label per frame, so those caches keep their names).
             stride = model_family(self.config.model.architecture).stride(self.config.model)
             return {"output_stride": stride} if stride != 1 else {}
         return {}
+
+    def _phonemes_inputs(self) -> dict:
+        """What a phonemes task's IPA manifests depend on beyond its upstream imports: its ``of`` task's
+        manifest files (by content) and text settings (its language is the voice), the limits (only the
+        rows they take are spoken) and espeak-ng's version."""
+        source = self.for_task(self.config.phonemes_of)
+        return {
+            "of": self.config.phonemes_of,
+            "manifests": {
+                split: [[path, self._input_digest(path)] for path in source.config.split_files(split)]
+                for split in ("train", "dev", "test")
+            },
+            "text": source.config.data.text.to_dict(),
+            "espeak": self.espeak_version,
+        }
+
+    @functools.cached_property
+    def espeak_version(self) -> str:
+        """espeak-ng's version, asked once per layout (the phonemes it gives may change with it)."""
+        return espeak_version()
+
+    @functools.cached_property
+    def phonemes_files(self) -> PhonemesFiles:
+        """A phonemes task's IPA manifests: ``phonemes/<task>-<fingerprint>``."""
+        return PhonemesFiles(
+            self.work_dir / PHONEMES_DIR / task_dir_name(self.fingerprint("phonemes"), self.task)
+        )
 
     def features_fingerprint(self, split: str) -> str:
         """The Features fingerprint of ``split``."""
@@ -363,7 +395,10 @@ class Layout:
     # -- Import --------------------------------------------------------------------------------
     @functools.cached_property
     def corpora(self) -> dict[str, tuple[int, CorpusConfig]]:
-        """The ``data.corpora`` entries by key, with their index in the list."""
+        """The ``data.corpora`` entries by key, with their index in the list (none for a phonemes task:
+        its ``of`` task imports them)."""
+        if self.config.phonemes_of:
+            return {}
         return {corpus.key: (index, corpus) for index, corpus in enumerate(self.config.data.corpora)}
 
     def corpus(self, key: str) -> CorpusConfig:
@@ -420,7 +455,9 @@ class Layout:
 
     def split_manifests(self, split: str) -> tuple[str, ...]:
         """Every manifest of ``split``: ``data.<split>_files``, then each imported corpus's, in
-        ``data.corpora`` order."""
+        ``data.corpora`` order; a phonemes task's: its IPA manifest."""
+        if self.config.phonemes_of:  # the splits its ``of`` task has
+            return (str(self.phonemes_files.manifest(split)),) if self.config.has_split(split) else ()
         imported = tuple(str(self.import_files(key).manifest(split)) for key in self.corpora)
         return tuple(self.config.split_files(split)) + imported
 

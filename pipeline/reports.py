@@ -134,6 +134,21 @@ class AlphabetReport:
 
 
 @dataclass(frozen=True)
+class PhonemesReport:
+    """``phonemes_report.json``: the IPA manifests of a ``targets: phonemes`` task."""
+
+    STAGE: ClassVar[str] = "Phonemes"
+
+    fingerprint: str
+    of: str  # the task whose audio and transcripts were read
+    voice: str
+    espeak: str  # espeak-ng's version
+    rows: dict  # {split: rows written}
+    empty: dict  # {split: rows whose transcript gave no phonemes (Features rejects them)}
+    wall_time_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class LMReport:
     """``lm_report.json``: what the LanguageModel stage read and built."""
 

@@ -70,10 +70,16 @@ class Imports(luigi.WrapperTask):
     def requires(self):
         """An Import per ``data.corpora`` entry (of every task of a multi-task config)."""
         from pipeline.config_loader import load_config
+        from pipeline.dag import STAGES, instances, task_config
 
         config = load_config(self.config)
-        return [
-            Import(config=self.config, corpus=corpus.key, task=task)
+        keys = dict.fromkeys(
+            corpus.key
             for task in config.tasks or ("",)
-            for corpus in (config.task_view(task) if task else config).data.corpora
+            for corpus in task_config(config, {"task": task}).data.corpora
+        )
+        return [
+            Import(config=self.config, **params)
+            for key in keys
+            for params in instances(config, STAGES["import"], {"corpus": key})
         ]

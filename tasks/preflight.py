@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pipeline.config import Config
 from pipeline.config_checks import task_source
+from pipeline.data.phonemes import PhonemizerError, espeak
 from pipeline.layout import Layout
 from pipeline.train.cluster import check_shared_work_dir
 
@@ -46,7 +47,13 @@ def check_inputs(config: Config) -> None:
     """Raise PreflightError for the first missing input (a template's placeholder gets its own message); in
     a multi-task config, of every task (the errors name its entry)."""
     for name in config.tasks:
-        _check_inputs(config.task_view(name, source=task_source(config, name)), Layout(config).for_task(name))
+        view = config.task_view(name, source=task_source(config, name))
+        _check_inputs(view, Layout(config).for_task(name))
+        if view.phonemes_of:
+            try:
+                espeak()
+            except PhonemizerError as error:
+                raise PreflightError(f"{view.source}: {error}") from None
     if not config.tasks:
         _check_inputs(config, Layout(config))
     check_shared_work_dir(config)  # a cluster's workers need one work directory (ConfigError)

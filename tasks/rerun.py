@@ -24,7 +24,7 @@ import luigi
 import tasks
 from pipeline.config_loader import load_config
 from pipeline.dag import STAGES as DAG
-from pipeline.dag import Stage
+from pipeline.dag import Stage, instances
 from pipeline.files import remove_entry
 from pipeline.locks import in_use, lock_path, try_locks
 from tasks.base import TASK_OF_STAGE
@@ -37,22 +37,6 @@ STAGES: dict[str, Stage] = {
     **{stage.task: stage for stage in DAG.values()},
     **{stage.group: stage for stage in DAG.values() if stage.group},
 }
-
-
-def instances(cfg, stage: Stage, given: dict) -> list[dict]:
-    """The parameters of every instance of ``stage`` the config's pipeline has (``Stage.runs``) with the
-    values ``given`` (a stage with a parameter other than the task only when it is given; a stage that
-    takes a task: for the task given, else for every task of a multi-task config)."""
-    values = {p: given.get(p) for p in stage.params if p != "task"}
-    if not all(values.values()):
-        return []
-    tasks = (given["task"],) if given.get("task") else cfg.tasks or ("",)
-    found = []
-    for task in tasks if "task" in stage.params else ("",):
-        params = {**values, **({"task": task} if task else {})}
-        if stage.runs(cfg, params):
-            found.append(params)
-    return found
 
 
 def dag_roots(config: str, given: dict) -> list:

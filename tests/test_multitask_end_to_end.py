@@ -219,3 +219,58 @@ def test_shared_and_separate_train_two_tasks_to_evaluate(tmp_path, sharing):
         assert evaluation.samples_count == 2 and evaluation.loss > 0
     stored = read_report(layout.train_run.report, TrainReport)
     assert stored.global_step == 2  # proportional: one batch of each task
+
+
+def test_a_phoneme_head_trains_beside_the_characters_and_is_not_exported(tmp_path):
+    """An auxiliary task: the English transcripts as IPA (espeak-ng) on the same audio, a head of its own;
+    trained and evaluated, never exported."""
+    from tasks.rerun import dag_roots
+
+    en = espeak_corpus(tmp_path / "en", ENGLISH)
+    path = tmp_path / "phones.yaml"
+    path.write_text(
+        textwrap.dedent(f"""
+        paths: {{work_dir: {tmp_path / "work"}, export_dir: {tmp_path / "export"}, alphabet: auto}}
+        features: {{resample: true, workers: 1, numcep: 13, nfilt: 20}}
+        model: {{n_hidden: 16, n_context: 2, dropout_rate: 0.0}}
+        training: {{epochs: 1, batch_size: 5, dev_batch_size: 5, report_count: 1}}
+        early_stop: {{rule: "off"}}
+        export: {{n_steps: 4}}
+        decoder: {{type: greedy, lm_builder: python}}
+        multitask:
+          sharing: heads
+          tasks:
+            - name: en
+              data: {{train_files: [{en["train"]}], test_files: [{en["test"]}], text: {{language: en-US}}}}
+            - name: en_phones
+              weight: 0.3
+              targets: phonemes
+              of: en
+              export: false
+        """)
+    )
+    roots = dag_roots(str(path), {"audio": None})
+    assert sorted((type(t).__name__, t.task) for t in roots) == [
+        ("Evaluate", "en"),
+        ("Evaluate", "en_phones"),
+        ("Export", "en"),
+    ]
+    with _Ran() as ran:
+        assert luigi.build(roots, local_scheduler=True)
+    assert {"Phonemes(en_phones)", "Alphabet(en_phones)", "FeaturesSplit(train, en_phones)"} <= set(ran.names)
+    layout = Layout(load_config(path))
+    phones = layout.for_task("en_phones")
+    rows = (phones.phonemes_files.manifest("train")).read_text(encoding="utf-8").splitlines()
+    assert rows[0] == "wav_filename,wav_filesize,transcript,offset,duration" and len(rows) == 6
+    first = rows[1].split(",")
+    assert first[0] == str(tmp_path / "en" / "00.wav")
+    assert first[2] == "ðə kæt sæt ɔnðə mæt"  # espeak-ng's IPA of "the cat sat on the mat", stress marks out
+    labels = load_alphabet(phones.alphabet).labels
+    assert {"ð", "ə", "æ"} <= set(labels) and "ˈ" not in labels and "c" not in labels
+    report = read_report(layout.train_run.report, TrainReport)
+    assert [(t["name"], t["weight"]) for t in report.tasks] == [("en", 1.0), ("en_phones", 0.3)]
+    assert all(t["batches_drawn"] == 1 for t in report.tasks)
+    evaluation = read_report(layout.evaluation_report(phones.evaluate_dir), EvaluationReport)
+    assert evaluation.samples_count == 2
+    assert sorted(p.name for p in (tmp_path / "export").iterdir()) == ["en"]
+    assert load_metadata(tmp_path / "export" / "en").raw["task"] == "en"

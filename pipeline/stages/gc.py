@@ -53,12 +53,13 @@ from pipeline.workdir import (
     FEATURES_DIR,
     IMPORT_DIR,
     LM_DIR,
+    PHONEMES_DIR,
     REMOVED_PATTERN,
     TRAIN_DIR,
     TUNE_DIR,
 )
 
-STAGE_DIRS = (IMPORT_DIR, ALPHABET_DIR, FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR)
+STAGE_DIRS = (IMPORT_DIR, PHONEMES_DIR, ALPHABET_DIR, FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR)
 # The DAG's roots: every stage a config runs is upstream of one of them.
 ROOTS: tuple[Node, ...] = (("evaluate", {}), ("export", {}), ("tune", {}))
 
@@ -96,6 +97,8 @@ def node_outputs(layout: Layout, name: str, params: dict) -> list[Path]:
         return [layout.import_files(params["corpus"]).root]
     if name == "alphabet":
         return [layout.alphabet_files.root]
+    if name == "phonemes":
+        return [layout.phonemes_files.root, layout.phonemes_files.staging]
     if name == "features":
         split = params["split"]
         return [layout.features_cache(split), layout.rejects_report(split), layout.features_parts(split)]
