@@ -242,3 +242,30 @@ def test_two_towers_train_the_tasks_as_one_device_does(tmp_path):
     diff, count = float(line.split()[1]), int(line.split()[2])
     assert count == 15  # the encoder's 11 weights and the two heads' 2 each
     assert diff < 5e-5, line
+
+
+@pytest.mark.long
+@pytest.mark.usefixtures("tasks_in_process")
+def test_two_local_workers_train_the_tasks_to_identical_weights(tmp_path):
+    """Multi-worker as for one task: the Train task starts two local workers, each task's global batch
+    is split over them, and both end with the same weights, the chief's report's."""
+    import json
+
+    import luigi
+
+    from tasks import Train
+
+    distribution = "distribution: {strategy: multi_worker, collective_timeout_s: 20, local_workers: 2}\n"
+    config = two_tasks(tmp_path, extra=distribution)
+    assert luigi.build([Train(config=config.source)], local_scheduler=True)
+    run = Layout(config).train_run
+    report = json.loads(run.report.read_text())
+    # global batch 2 workers x 4: en's 8 rows one batch, fr's 4 one batch; proportional, 2 epochs
+    assert report["global_step"] == 4 and [t["batches_drawn"] for t in report["tasks"]] == [2, 2]
+    results = [
+        json.loads(
+            [line for line in run.worker_log(i).read_text().splitlines() if line.startswith('{"worker"')][-1]
+        )
+        for i in (0, 1)
+    ]
+    assert results[0]["weights_sha256"] == results[1]["weights_sha256"] == report["weights_sha256"]
