@@ -195,3 +195,32 @@ def test_shared_sharing_has_one_alphabet_built_from_every_task(tmp_path):
         audio, transcript = sample_rows("train", 5)[4]
         handle.write(f"{audio},{audio.stat().st_size},{transcript}\n")
     assert Layout(load_config(path)).alphabet_files != before
+
+
+@pytest.mark.usefixtures("tasks_in_process")
+def test_a_task_of_corpora_imports_them_once_and_its_phonemes_task_reads_its_imports(tmp_path):
+    from tasks import Features, Imports, Phonemes
+    from tests.corpus_layouts import librispeech_speech
+
+    corpus = librispeech_speech(tmp_path / "corpus", {"train": 4, "dev": 2, "test": 2})
+    path = tmp_path / "corpora.yaml"
+    path.write_text(
+        textwrap.dedent(f"""
+        paths: {{work_dir: {tmp_path / "work"}}}
+        multitask:
+          tasks:
+            - {{name: en, data: {{corpora: [{{importer: librispeech, path: {corpus / "LibriSpeech"}}}]}}}}
+            - {{name: en_phones, weight: 0.3, targets: phonemes, of: en, export: false}}
+        """)
+    )
+    config = str(path)
+    imports = Imports(config=config).requires()
+    assert [(i.corpus, i.task) for i in imports] == [("librispeech-LibriSpeech", "en")]
+    needs = Phonemes(config=config, task="en_phones").requires()
+    assert [(t.corpus, t.task) for t in needs.values()] == [("librispeech-LibriSpeech", "en")]
+    features = {(f.task, f.split): f.requires() for f in Features(config=config).requires()}
+    assert set(features[("en_phones", "train")]) == {"phonemes_en_phones", "alphabet_en_phones"}
+    assert set(features[("en", "dev")]) == {"import_librispeech-LibriSpeech_en"}
+    layout = Layout(load_config(path))
+    assert layout.for_task("en_phones").corpora == {}
+    assert layout.for_task("en_phones").phonemes_files.root.name.startswith("en_phones-")
