@@ -100,11 +100,17 @@ def warm_start(
             f"{model.model_config.architecture} model has {len(layers)} layers"
         )
     dropped = set(layers[len(layers) - drop_layers :]) if drop_layers else set()
+    # A multi-task model's weights also read as a single-task model's (its heads as the output layer): a
+    # multi-task run starts from a multi-task checkpoint of its names, or from a single-task one.
+    plain_of = getattr(model, "single_task_name", lambda name: name)
     copied = []
     for name, variable in named_weights(model).items():
-        if name.split(".")[0] in dropped:
+        plain = plain_of(name)
+        if plain.split(".")[0] in dropped:
             continue
         value = stored(name)
+        if value is None and plain != name:
+            value = stored(plain)
         if value is None:
             raise CheckpointMismatchError(f"{source}: weight {name} is missing from the checkpoint")
         if list(value.shape) != list(variable.shape):

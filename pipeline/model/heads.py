@@ -120,6 +120,17 @@ class MultiTaskModel(keras.Model):
             found.update({f"heads.{task}.{v.name}": v for v in self.head(index).weights})
         return found
 
+    def single_task_name(self, name: str) -> str:
+        """A checkpoint name of this model as a single-task model of the family names the weight: a head's
+        as the output layer's (``heads.fr.kernel``: ``layer_6.kernel``), a separate task's without its
+        prefix (``training.init_from`` of a single-task run)."""
+        prefix, _, rest = name.partition(".")
+        if prefix == "heads" and self.sharing == "heads":
+            return f"{self.family.layers(self.networks[0])[-1]}.{rest.partition('.')[2]}"
+        if prefix == "tasks" and self.sharing == "separate":
+            return rest.partition(".")[2]
+        return name
+
     def rng_states(self) -> dict:
         """{checkpoint name: variable} of the dropout random-number state (``weights.rng_states``)."""
         if self.sharing != "separate":
