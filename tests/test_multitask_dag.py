@@ -224,3 +224,21 @@ def test_a_task_of_corpora_imports_them_once_and_its_phonemes_task_reads_its_imp
     layout = Layout(load_config(path))
     assert layout.for_task("en_phones").corpora == {}
     assert layout.for_task("en_phones").phonemes_files.root.name.startswith("en_phones-")
+
+
+@pytest.mark.usefixtures("tasks_in_process")
+def test_make_rerun_of_a_tasks_stage_removes_it_and_what_follows_only(tmp_path, capsys):
+    from tasks.rerun import main
+
+    path, _, _ = _config(tmp_path)
+    layout = Layout(load_config(path))
+    en, fr = layout.for_task("en"), layout.for_task("fr")
+    argv = ["FeaturesSplit", "--split", "train", "--task", "fr", "--config", str(path), "--dry-run"]
+    assert main([*argv, "--local-scheduler"]) == 0
+    removed = {line.split()[2] for line in capsys.readouterr().out.splitlines()}
+    assert {str(fr.features_cache("train")), str(layout.train_run.root), str(en.evaluate_dir)} <= removed
+    assert str(fr.evaluate_dir) in removed and str(fr.alphabet_files.root) not in removed
+    assert not any(str(en.features_cache(split)) in removed for split in ("train", "dev", "test"))
+    assert main(["Evaluate", "--config", str(path), "--dry-run", "--local-scheduler"]) == 0
+    removed = {line.split()[2] for line in capsys.readouterr().out.splitlines()}
+    assert removed == {str(en.evaluate_dir), str(fr.evaluate_dir)}  # every task's Evaluate, nothing before
