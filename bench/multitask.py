@@ -104,7 +104,7 @@ def base_config(folder: Path, quick: bool) -> Path:
     path = folder / "base.yaml"
     path.write_text(
         textwrap.dedent(f"""
-        paths: {{work_dir: {folder / "work"}, export_dir: {folder / "export"}}}
+        paths: {{work_dir: {folder / "work"}, export_dir: {folder / "models"}}}
         data: {{max_reject_fraction: 0.2}}
         features: {{type: deepspeech, normalize: true}}
         model: {{n_hidden: {64 if quick else 384}, dropout_rate: 0.05}}

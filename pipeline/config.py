@@ -332,7 +332,12 @@ class FeaturesConfig:
         "counts the files downmixed.",
     )
     normalize: bool = _opt(False, "Normalise each utterance's features to zero mean, unit variance.")
-    workers: int = _opt(0, "Extraction worker processes (0 = all cores).", minimum=0, stages=())
+    workers: int = _opt(
+        0,
+        "Extraction worker processes (0 = all cores); also the espeak-ng processes of a phonemes task.",
+        minimum=0,
+        stages=(),
+    )
     # The front end's own settings (its Settings dataclass), filled by the loader from the section's
     # other keys.
     frontend: Any = field(default_factory=_default_frontend, metadata={"frontend": True})

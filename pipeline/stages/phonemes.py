@@ -12,6 +12,7 @@ in a staging folder and renamed into place; its report is written last.
 from __future__ import annotations
 
 import csv
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -86,7 +87,7 @@ def _build(layout: Layout, staging: PhonemesFiles, progress: Callable[[int], Non
     text = source.config.data.text
     voice = phoneme_voice(text.language)
     check_voice(voice)
-    workers = layout.config.features.workers or 4
+    workers = layout.config.features.workers or os.cpu_count() or 1  # espeak-ng processes at once
     rows, empty, done = {}, {}, 0
     for split in SPLITS:
         if not source.config.has_split(split):
