@@ -6,6 +6,7 @@ Reading YAML into these (``extends:``, type checks, error messages) is
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ def _opt(
     rest: bool = False,
     keyed_by: str | None = None,
     keywords: tuple = (),
+    override: str | None = None,
+    override_keys: tuple = (),
 ):
     """A dataclass field with its documentation, range, and the stages whose output it changes.
 
@@ -55,6 +58,8 @@ def _opt(
     ``keyed_by``: a list of entries each of which feeds one instance of the tagged stage, the one whose
     parameter of that name is the entry's ``key`` (its fingerprint takes that entry only).
     ``keywords``: words a path key also takes, kept as they are (``paths.alphabet: auto``).
+    ``override``: the name of a section whose keys the value overrides (a multitask task's ``data:``), read
+    key by key as that section's (only ``override_keys`` when given) into a ``SectionOverride``.
     """
     meta = {
         "doc": doc,
@@ -70,6 +75,8 @@ def _opt(
         "rest": rest,
         "keyed_by": keyed_by,
         "keywords": tuple(keywords),
+        "override": override,
+        "override_keys": tuple(override_keys),
     }
     if isinstance(default, (list, dict)):
         raise TypeError("use tuples for sequence defaults")
@@ -335,7 +342,12 @@ class FeaturesConfig:
         "counts the files downmixed.",
     )
     normalize: bool = _opt(False, "Normalise each utterance's features to zero mean, unit variance.")
-    workers: int = _opt(0, "Extraction worker processes (0 = all cores).", minimum=0, stages=())
+    workers: int = _opt(
+        0,
+        "Extraction worker processes (0 = all cores); also the espeak-ng processes of a phonemes task.",
+        minimum=0,
+        stages=(),
+    )
     # The front end's own settings (its Settings dataclass), filled by the loader from the section's
     # other keys.
     frontend: Any = field(default_factory=_default_frontend, metadata={"frontend": True})
@@ -946,6 +958,176 @@ class AugmentConfig:
         return len(self.speed_factors) + self.audio_copies
 
 
+def _multitask(config: Config) -> bool:
+    """in a multi-task config"""
+    return bool(config.multitask.tasks)
+
+
+# The transcripts of a phonemes task (IPA from espeak-ng) are normalised with these settings: its symbols
+# kept as they are (no case folding), punctuation (espeak-ng's liaison marks) as spaces.
+PHONEME_TEXT = TextSettings(case="keep", keep_punctuation="")
+
+
+@dataclass(frozen=True)
+class SectionOverride:
+    """The keys a task of ``multitask.tasks`` gives for one section (its ``data:``, ``paths:``, ``decoder:``
+    or ``model:``), each checked as that section's key when the config loads; ``apply`` puts them over the
+    top-level section. A nested group of keys (``data: {text: {language: fr}}``) is itself an override of
+    the keys it gives."""
+
+    values: tuple = ()  # ((key, value or SectionOverride), ...) in the order written
+
+    def given(self, key: str) -> bool:
+        """Whether the task sets ``key``."""
+        return any(name == key for name, _ in self.values)
+
+    def apply(self, section):
+        """``section`` with these keys in place of its own."""
+        if not self.values:
+            return section
+        return dataclasses.replace(
+            section,
+            **{
+                key: value.apply(getattr(section, key)) if isinstance(value, SectionOverride) else value
+                for key, value in self.values
+            },
+        )
+
+    def to_dict(self) -> dict:
+        """The keys as the YAML file writes them."""
+
+        def plain(value):
+            if isinstance(value, SectionOverride):
+                return value.to_dict()
+            if isinstance(value, tuple):
+                return [dataclasses.asdict(v) if is_dataclass(v) else plain(v) for v in value]
+            return value
+
+        return {key: plain(value) for key, value in self.values}
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """One task of ``multitask.tasks``. A task's ``data``, ``paths``, ``decoder`` and ``model`` keys override
+    the top-level sections for that task (its Import, Alphabet, FeaturesSplit, LanguageModel, TuneDecoder,
+    Evaluate, Export and Transcribe, run with ``--task <name>``); everything else (the features, the
+    encoder, training) is the pipeline's and shared."""
+
+    # For the reference only: the Layout fingerprints a task's keys through its view (``Config.task_view``)
+    # and the Train fingerprint through ``train_key``; these say which stages of the task's that moves.
+    STAGES: ClassVar[tuple[str, ...]] = ("train",)
+
+    name: str = _opt(
+        "",
+        "The task's name: its --task in the DAG, its head in the checkpoints, its export's folder under "
+        "paths.export_dir; letters, digits, ., _ and -.",
+        required=True,
+    )
+    weight: float = _opt(
+        1.0,
+        "The weight of the task's loss: each step's loss is the tasks' losses, each times its weight over "
+        "the mean weight, averaged over the tasks in the step; validation's figures (and training.best_by) "
+        "are the tasks' weighted mean.",
+        minimum=0.0,
+        exclusive_min=True,
+    )
+    targets: Literal["transcripts", "phonemes"] = _opt(
+        "transcripts",
+        "transcripts: the task's own transcripts (labelled as model.output says); phonemes: the transcripts "
+        "of task `of`, normalised, turned into IPA by espeak-ng (stress marks dropped) in the voice of that "
+        "task's data.text.language (English when it gives none): an auxiliary target on the same audio "
+        "(docs/TRAINING.md).",
+    )
+    of: str | None = _opt(
+        None,
+        "With targets: phonemes: the task whose audio and transcripts it reads (it gives no data of its "
+        "own).",
+    )
+    export: bool = _opt(
+        True,
+        "Whether Export writes this task's model (the shared encoder and its head); an auxiliary task is "
+        "usually trained and evaluated only (false).",
+        stages=(),
+    )
+    data: SectionOverride = _opt(
+        SectionOverride(),
+        "Keys of the data section for this task (train_files, dev_files, test_files, corpora, text, limits, "
+        "...), in place of the top-level ones; a group of keys (text) overrides the keys it gives.",
+        override="data",
+        stages=("import", "alphabet", "features", "lm"),
+    )
+    paths: SectionOverride = _opt(
+        SectionOverride(),
+        "paths.alphabet and paths.export_dir for this task (export_dir default: <paths.export_dir>/<name>; "
+        "alphabet default: the top-level one, auto for a phonemes task).",
+        override="paths",
+        stages=("alphabet", "features", "lm"),
+        override_keys=("alphabet", "export_dir"),
+    )
+    decoder: SectionOverride = _opt(
+        SectionOverride(),
+        "Keys of the decoder section for this task (its LM text, LM and beam settings), in place of the "
+        "top-level ones.",
+        override="decoder",
+        stages=("lm", "tune", "evaluate", "export"),
+    )
+    model: SectionOverride = _opt(
+        SectionOverride(),
+        "model.output for this task (characters or bytes): its head's labels.",
+        override="model",
+        stages=("features", "lm", "train"),
+        override_keys=("output",),
+    )
+
+    def train_key(self) -> dict:
+        """What of the task the Train fingerprint holds (its data reaches Train through its features)."""
+        return {"name": self.name, "weight": self.weight, "targets": self.targets, "of": self.of}
+
+
+@dataclass(frozen=True)
+class MultitaskConfig:
+    """Several tasks trained at once over one encoder (nabu's trainers): languages with a head each, or an
+    auxiliary target such as phonemes beside the characters (docs/TRAINING.md "Multi-task training").
+    Without tasks (the default) the pipeline has one task, the top-level sections'."""
+
+    STAGES: ClassVar[tuple[str, ...]] = ("train",)
+
+    sharing: Literal["shared", "heads", "separate"] = _opt(
+        "heads",
+        "What the tasks share. shared (nabu's single one-to-one): the whole network, one output layer over "
+        "one alphabet (every task the same paths.alphabet and model.output; auto builds it from every task's "
+        "transcripts); heads (single one-to-many): everything but the output layer, one head per task; "
+        "separate (multiple one-to-one): nothing, a network per task, their losses combined.",
+        when={"train": _multitask},
+    )
+    sampling: Literal["proportional", "round_robin"] = _opt(
+        "proportional",
+        "How each step draws from the tasks. proportional: a step is one batch of one task, an epoch every "
+        "batch of every task once, in an order shuffled per epoch (tasks drawn in proportion to their data); "
+        "round_robin: a step is one batch of every task (nabu's), an epoch as many steps as the largest "
+        "task has batches, smaller tasks going round their batches again.",
+        when={"train": _multitask},
+    )
+    tasks: tuple[TaskConfig, ...] = _opt(
+        (),
+        "The tasks, a list of mappings with the keys below (none: a single-task pipeline).",
+        when={"train": _multitask},
+    )
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The tasks' names, in order."""
+        return tuple(task.name for task in self.tasks)
+
+    def task(self, name: str) -> TaskConfig:
+        """The task called ``name``; ConfigError naming the tasks there are."""
+        for task in self.tasks:
+            if task.name == name:
+                return task
+        tasks = ", ".join(self.names) or "none (no multitask)"
+        raise ConfigError(f"multitask.tasks has no task {name!r}; its tasks: {tasks}")
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole configuration; ``source`` is the file it came from."""
@@ -960,7 +1142,10 @@ class Config:
     export: ExportConfig = ExportConfig()
     decoder: DecoderConfig = DecoderConfig()
     augment: AugmentConfig = AugmentConfig()
+    multitask: MultitaskConfig = MultitaskConfig()
     source: str = "<defaults>"
+    # The task this config is the view of (``task_view``); "" for the pipeline's own config.
+    task: str = ""
 
     def split_files(self, split: str) -> tuple[str, ...]:
         """The CSV manifests of ``split`` (train, dev or test)."""
@@ -978,3 +1163,47 @@ class Config:
     def alphabet_auto(self) -> bool:
         """Whether the Alphabet stage builds the alphabet (``paths.alphabet: auto``, character outputs)."""
         return self.paths.alphabet == "auto" and self.model.output == "characters"
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """The names of a multi-task config's tasks (``multitask.tasks``); () for a single-task config."""
+        return self.multitask.names
+
+    def task_view(self, name: str, source: str | None = None) -> Config:
+        """Task ``name`` of a multi-task config as a single-task config: the top-level sections with the
+        task's ``data``, ``paths``, ``decoder`` and ``model`` keys over them, ``task`` set to ``name``. A
+        phonemes task reads the data of its ``of`` task (with its own limits over them), normalises its
+        IPA transcripts with ``PHONEME_TEXT``, builds its alphabet (``paths.alphabet: auto``) unless it
+        names one, and learns its LM from its training transcripts only unless it names LM text.
+        ``source``: what its errors name instead of the config file (the task's entry)."""
+        try:
+            entry = self.multitask.task(name)
+            data = entry.data.apply(self.data)
+            paths = entry.paths.apply(self.paths)
+            decoder = entry.decoder.apply(self.decoder)
+            if entry.targets == "phonemes":
+                data = entry.data.apply(self.multitask.task(entry.of).data.apply(self.data))
+                data = dataclasses.replace(data, text=PHONEME_TEXT)
+                if not entry.paths.given("alphabet"):
+                    paths = dataclasses.replace(paths, alphabet="auto")
+                if not entry.decoder.given("lm_corpus_files"):  # the top-level LM text is words, not IPA
+                    decoder = dataclasses.replace(decoder, lm_corpus_files=())
+        except ConfigError as error:
+            raise ConfigError(f"{self.source}: {error}") from None
+        return dataclasses.replace(
+            self,
+            data=data,
+            paths=paths,
+            decoder=decoder,
+            model=entry.model.apply(self.model),
+            task=name,
+            source=source or self.source,
+        )
+
+    @property
+    def phonemes_of(self) -> str | None:
+        """The task whose audio a phonemes task's view reads (``multitask.tasks[].of``); None otherwise."""
+        if not self.task:
+            return None
+        entry = self.multitask.task(self.task)
+        return entry.of if entry.targets == "phonemes" else None

@@ -10,6 +10,7 @@ from native_client.plugins import plugin_exists
 from pipeline.config import Config, ConfigError
 from pipeline.export.coqui_tflite import check_exportable
 from pipeline.features.frontend import feature_pipeline
+from pipeline.model import model_family
 
 
 def validate_config(config: Config) -> None:
@@ -83,3 +84,107 @@ def validate_config(config: Config) -> None:
             f"{src}: decoder.lm_prune / decoder.lm_top_k need decoder.lm_builder kenlm or auto "
             f"(the Python estimator neither prunes nor filters)"
         )
+
+
+# A task's name: its --task, its head's weight names, its export folder.
+TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+# The data keys a phonemes task takes from its ``of`` task instead.
+PHONEME_TASK_TAKES = ("train_files", "dev_files", "test_files", "corpora", "text")
+
+
+def task_source(config: Config, name: str) -> str:
+    """What an error about task ``name`` of ``config`` starts with: the file and the task's entry."""
+    index = config.multitask.names.index(name)
+    return f"{config.source}: multitask.tasks[{index}] ({name})"
+
+
+def validate_tasks(config: Config) -> None:
+    """The checks of ``multitask``: task names, a phonemes task's ``of``, one alphabet with ``sharing:
+    shared``, a family with heads for ``sharing: heads``, and every task's view (``Config.task_view``)
+    through ``validate_config``; raises ConfigError naming the file, the task's entry and the key."""
+    src, multitask = config.source, config.multitask
+    if not multitask.tasks:
+        if (multitask.sharing, multitask.sampling) != ("heads", "proportional"):
+            raise ConfigError(
+                f"{src}: multitask.tasks: no task given (multitask.sharing and sampling need tasks)"
+            )
+        return
+    # Not built yet for several tasks: an update window would span the tasks' step draws, and an average
+    # would have to be taken per task's head.
+    if config.training.accumulate_batches != 1:
+        raise ConfigError(
+            f"{src}: training.accumulate_batches: not supported with multitask yet (set 1, or raise "
+            f"training.batch_size)"
+        )
+    if config.export.average.count:
+        raise ConfigError(f"{src}: export.average: not supported with multitask yet (remove the key)")
+    seen: dict[str, int] = {}
+    for index, task in enumerate(multitask.tasks):
+        where = f"{src}: multitask.tasks[{index}]"
+        if not TASK_NAME.fullmatch(task.name):
+            raise ConfigError(
+                f"{where}.name: {task.name!r} is not a task name (letters, digits, '.', '_' and '-', "
+                f"starting with a letter or digit)"
+            )
+        if task.name in seen:
+            raise ConfigError(
+                f"{where}.name: {task.name!r} is also multitask.tasks[{seen[task.name]}]'s name"
+            )
+        seen[task.name] = index
+    for index, task in enumerate(multitask.tasks):
+        where = f"{src}: multitask.tasks[{index}] ({task.name})"
+        if task.targets != "phonemes":
+            if task.of is not None:
+                raise ConfigError(
+                    f"{where}.of: only a task with targets: phonemes reads another task's audio"
+                )
+            continue
+        if not task.of:
+            raise ConfigError(
+                f"{where}.of: targets: phonemes needs the task whose audio it reads (of: <task>)"
+            )
+        if task.of not in seen or task.of == task.name:
+            raise ConfigError(
+                f"{where}.of: {task.of!r} is not another task; the tasks: {', '.join(multitask.names)}"
+            )
+        if multitask.task(task.of).targets == "phonemes":
+            raise ConfigError(
+                f"{where}.of: task {task.of!r} is itself a phonemes task; name one with transcripts"
+            )
+        taken = [key for key in PHONEME_TASK_TAKES if task.data.given(key)]
+        if taken:
+            raise ConfigError(
+                f"{where}.data.{taken[0]}: a phonemes task reads the audio and transcripts of task "
+                f"{task.of!r}; give them there"
+            )
+    views = [config.task_view(name, source=task_source(config, name)) for name in multitask.names]
+    for view in views:
+        if view.phonemes_of and view.model.output != "characters":
+            raise ConfigError(f"{view.source}: model.output: a phonemes task's labels are IPA characters")
+        validate_config(view)
+    if multitask.sharing == "shared":
+        labels = {
+            view.task: (view.model.output, view.paths.alphabet if view.model.output == "characters" else None)
+            for view in views
+        }
+        if len(set(labels.values())) > 1:
+            (first, one), (other, two) = (
+                list(labels.items())[0],
+                next((name, value) for name, value in labels.items() if value != list(labels.values())[0]),
+            )
+            raise ConfigError(
+                f"{src}: multitask.sharing: shared has one output layer and so one set of labels, but task "
+                f"{first} has {_labels_text(one)} and task {other} {_labels_text(two)}: give every task the "
+                f"same model.output and paths.alphabet (auto builds one alphabet from all their "
+                f"transcripts), or use sharing: heads"
+            )
+    if multitask.sharing == "heads" and not model_family(config.model.architecture).has_heads:
+        raise ConfigError(
+            f"{src}: multitask.sharing: heads needs the {config.model.architecture} family's encoder and "
+            f"output layer apart (ModelFamily.encode); use sharing: shared or separate"
+        )
+
+
+def _labels_text(labels: tuple) -> str:
+    output, alphabet = labels
+    return "bytes" if output == "bytes" else f"the alphabet {alphabet or 'data/alphabet.txt (default)'}"

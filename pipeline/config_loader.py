@@ -21,10 +21,11 @@ from typing import Any, Literal
 
 import yaml
 
-from pipeline.config import Config, ConfigError, FeaturesConfig, ModelConfig
-from pipeline.config_checks import validate_config
+from pipeline.config import Config, ConfigError, FeaturesConfig, ModelConfig, SectionOverride
+from pipeline.config_checks import task_source, validate_config, validate_tasks
 
-SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "source"}
+# The config's sections; ``source`` (its file) and ``task`` (a task view's name) are not keys of the file.
+SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name not in ("source", "task")}
 
 
 def _section_types() -> dict[str, type]:
@@ -126,7 +127,9 @@ def _entry(value: dict, cls: type, where: str, base_dir: Path | None):
     values, extra = {}, {}
     for key, item in value.items():
         at = f"{where}.{key}"
-        if key in known:
+        if key in known and known[key].metadata.get("override"):
+            values[key] = _override(item, known[key].metadata, at, base_dir)
+        elif key in known:
             values[key] = _checked(item, hints[key], known[key].metadata, at, base_dir)
         elif rest is not None and isinstance(key, str):
             extra[key] = item
@@ -140,6 +143,40 @@ def _entry(value: dict, cls: type, where: str, base_dir: Path | None):
         if f.metadata.get("required") and values.get(name) in (None, ""):
             raise ConfigError(f"{where}.{name}: required, not given")
     return cls(**values)
+
+
+def _override(value, meta: dict, where: str, base_dir: Path | None) -> SectionOverride:
+    """A task's keys of one section (``meta["override"]``), each checked as that section's key (its type,
+    range, paths resolved from the file that wrote it); only ``meta["override_keys"]`` when given."""
+    section = meta["override"]
+    return _section_override(value, _section_types()[section], where, base_dir, meta["override_keys"])
+
+
+def _section_override(
+    value, cls: type, where: str, base_dir: Path | None, allowed: tuple = ()
+) -> SectionOverride:
+    if value is None:
+        return SectionOverride()
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping of keys, got {value!r}")
+    known = {
+        f.name: f
+        for f in dataclasses.fields(cls)
+        if "doc" in f.metadata and (not allowed or f.name in allowed)
+    }
+    hints = typing.get_type_hints(cls)
+    values = []
+    for key, item in value.items():
+        at = f"{where}.{key}"
+        if key not in known:
+            raise ConfigError(
+                f"{at}: unknown key; {_did_you_mean(key, known)}expected one of {', '.join(known)}"
+            )
+        if dataclasses.is_dataclass(hints[key]) and isinstance(item, dict):
+            values.append((key, _section_override(item, hints[key], at, base_dir)))
+        else:
+            values.append((key, _checked(item, hints[key], known[key].metadata, at, base_dir)))
+    return SectionOverride(tuple(values))
 
 
 def _check_range(value, meta: dict, where: str) -> None:
@@ -394,6 +431,11 @@ def _freeze(merged: dict, source: str) -> Config:
     _check_family(config)
     validate_config(config)
     _check_corpora(config)
+    validate_tasks(config)
+    for name in config.tasks:
+        view = config.task_view(name, source=task_source(config, name))
+        if not view.phonemes_of:  # a phonemes task's corpora are its ``of`` task's, checked there
+            _check_corpora(view)
     return config
 
 
@@ -453,7 +495,9 @@ def section_values(section) -> dict:
     out = {}
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
-        if f.metadata.get("frontend"):
+        if isinstance(value, SectionOverride):
+            out[f.name] = value.to_dict()
+        elif f.metadata.get("frontend"):
             out.update(dataclasses.asdict(value))
         elif f.metadata.get("family"):
             if dataclasses.is_dataclass(value):

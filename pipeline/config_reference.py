@@ -104,7 +104,7 @@ def _default(field: dataclasses.Field) -> str:
     if field.metadata.get("required"):
         return "required"
     if dataclasses.is_dataclass(field.default):
-        return "the keys below"
+        return "the keys below" if _documented(type(field.default)) else "`{}`"
     if field.metadata.get("mapping") and field.default is not dataclasses.MISSING:
         return "`{" + ", ".join(f"{key}: {_yaml_value(value)}" for key, value in field.default) + "}`"
     if field.default is not dataclasses.MISSING:
@@ -159,10 +159,16 @@ def class_doc(cls: type) -> str:
     return " ".join(doc.split())
 
 
+def _documented(cls: type) -> bool:
+    """Whether a dataclass has keys of its own to list (a task's override of a section has none: its keys
+    are that section's)."""
+    return any("doc" in f.metadata for f in dataclasses.fields(cls))
+
+
 def _entry_type(tp: Any) -> type | None:
     """The dataclass of a group of keys (``tp`` itself) or of a list of mappings' entries; else None."""
     if dataclasses.is_dataclass(tp):
-        return tp
+        return tp if _documented(tp) else None
     args = typing.get_args(tp) if typing.get_origin(tp) in (tuple, list) else ()
     return args[0] if args and dataclasses.is_dataclass(args[0]) else None
 

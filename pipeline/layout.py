@@ -23,7 +23,7 @@ from pathlib import Path
 from xdg import BaseDirectory
 
 from pipeline.config import APP_NAME, Config, ConfigError, CorpusConfig, field_stages
-from pipeline.dag import tag_applies, upstream
+from pipeline.dag import STAGES, shared_alphabet, tag_applies, task_param, upstream
 from pipeline.data.importing import (
     ImportPlan,
     Listing,
@@ -33,6 +33,7 @@ from pipeline.data.importing import (
     import_fingerprint,
     plan_import,
 )
+from pipeline.data.phonemes import espeak_version
 from pipeline.digests import file_digest, path_digest
 from pipeline.lm.kenlm_tools import find_tools
 from pipeline.model import model_family
@@ -45,6 +46,7 @@ from pipeline.workdir import (
     FEATURES_DIR,
     IMPORT_DIR,
     LM_DIR,
+    PHONEMES_DIR,
     TRAIN_DIR,
     TUNE_DIR,
     AlphabetFiles,
@@ -53,11 +55,14 @@ from pipeline.workdir import (
     FeaturesFiles,
     ImportFiles,
     LMFiles,
+    PhonemesFiles,
     TrainRun,
     TuneFiles,
     checkpoint_prefix,
     logits_scratch,
     run_log,
+    task_dir_name,
+    task_export_root,
 )
 
 
@@ -107,6 +112,15 @@ def _family_keys(settings) -> object:
     }
 
 
+def _node_name(name: str, params: dict, task: str) -> str:
+    """An upstream instance as a fingerprint names it: its stage and parameters, without the task when it
+    is the reading instance's own, so that a task's stages hash as a single-task config's with the same
+    settings do (and share their outputs: a task's features are those of a run on its data alone)."""
+    if task and params.get("task") == task:
+        params = {k: v for k, v in params.items() if k != "task"}
+    return f"{name}{sorted(params.items())}"
+
+
 def _hash(payload: dict) -> str:
     text = json.dumps(payload, sort_keys=True, default=list)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
@@ -119,12 +133,52 @@ class Layout:
     computed on first use and kept, and file digests are shared process-wide.
     """
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, root: Layout | None = None):
         self.config = config
+        # A task's layout (``for_task``) has the pipeline's as its root, which computes every fingerprint.
+        self._root = root
+        self._tasks: dict[str, Layout] = {}
         self._fingerprints: dict[tuple, str] = {}
         self._plans: dict[str, ImportPlan] = {}
         # input file -> the digest the fingerprints were computed from (the first one seen)
         self._digests_used: dict[str, str] = {}
+
+    # -- tasks ---------------------------------------------------------------------------------
+    def for_task(self, name: str) -> Layout:
+        """The layout of task ``name`` of a multi-task config: its view's keys (``Config.task_view``), its
+        own instances of the stages that take a task, the pipeline's Train; this layout for ``""``.
+        ConfigError naming the tasks there are for a name that is not one."""
+        if not name:
+            return self
+        root = self._root or self
+        if name not in root._tasks:
+            root._tasks[name] = Layout(root.config.task_view(name), root=root)
+        return root._tasks[name]
+
+    @property
+    def task(self) -> str:
+        """The task this layout is of (``""``: the pipeline's own)."""
+        return self.config.task
+
+    def _task_params(self, stage: str) -> dict:
+        """The ``task`` parameter a task's layout gives an instance of ``stage`` (none for Train, and for
+        the one alphabet every task shares)."""
+        if self._root is None or "task" not in STAGES[stage].params:
+            return {}
+        if stage == "alphabet" and shared_alphabet(self._root.config):
+            return {}
+        return {"task": self.task}
+
+    def _check_instance(self, stage: str, task: str) -> None:
+        """ConfigError when a multi-task config's stage that runs per task is asked for without one."""
+        tasks = self.config.tasks
+        if tasks and not task and "task" in STAGES[stage].params:
+            if stage == "alphabet" and shared_alphabet(self.config):
+                return
+            raise ConfigError(
+                f"{self.config.source}: a multi-task config runs {STAGES[stage].task} once per task: give "
+                f"its task (--task {' | '.join(tasks)})"
+            )
 
     # -- roots ---------------------------------------------------------------------------------
     @functools.cached_property
@@ -141,7 +195,10 @@ class Layout:
 
     @functools.cached_property
     def export_root(self) -> Path:
-        """Where Export writes (``paths.export_dir``, default ``<work_dir>/export``)."""
+        """Where Export writes (``paths.export_dir``, default ``<work_dir>/export``); a task's export: its own
+        ``paths.export_dir``, default ``<the pipeline's export root>/<task>``."""
+        if self._root is not None and not self.config.multitask.task(self.task).paths.given("export_dir"):
+            return task_export_root(self._root.export_root, self.task)
         if self.config.paths.export_dir:
             return Path(self.config.paths.export_dir)
         return self.work_dir / EXPORT_DIR
@@ -166,15 +223,31 @@ class Layout:
         """The fingerprint of one stage instance (``pipeline.dag``): a hash of the config keys
         tagged with it (input files by their digests), what the layout derives for it, and the
         fingerprints of its upstream stages. Computed once per ``Layout``."""
+        if self._root is not None:  # a task's layout: the pipeline's instance with this task
+            return self._root.fingerprint(stage, **{**self._task_params(stage), **params})
+        params = {**{k: v for k, v in params.items() if k != "task"}, **task_param(params)}
         key = (stage, tuple(sorted(params.items())))
         if key not in self._fingerprints:
+            task = params.get("task", "")
+            self._check_instance(stage, task)
+            own = {k: v for k, v in params.items() if k != "task"}
+            view = self.for_task(task)  # the keys of the instance's task
+            if stage == "alphabet" and not task and shared_alphabet(self.config):
+                keys = {
+                    "min_count": self.config.data.alphabet_min_count,
+                    "tasks": {
+                        name: self.for_task(name)._tagged_keys(stage, own) for name in self.config.tasks
+                    },
+                }
+            else:
+                keys = view._tagged_keys(stage, own)
             self._fingerprints[key] = _hash(
                 {
                     "stage": stage,
-                    "keys": self._tagged_keys(stage, params),
-                    "derived": self._derived(stage, params),
+                    "keys": keys,
+                    "derived": view._derived(stage, own),
                     "upstream": {
-                        f"{name}{sorted(p.items())}": self.fingerprint(name, **p)
+                        _node_name(name, p, task): self.fingerprint(name, **p)
                         for name, p in upstream(self.config, stage, params)
                     },
                 }
@@ -186,7 +259,7 @@ class Layout:
         a path is given with its content's digest, a front end's settings as they are written."""
         found = {}
         for section_field in dataclasses.fields(self.config):
-            if section_field.name == "source":
+            if section_field.name in ("source", "task"):
                 continue
             section = getattr(self.config, section_field.name)
             for f in dataclasses.fields(section):
@@ -211,6 +284,8 @@ class Layout:
                     value = _family_keys(value)
                 elif (section_field.name, f.name) == ("paths", "alphabet"):
                     value = path_digest(self.alphabet)
+                elif (section_field.name, f.name) == ("multitask", "tasks"):
+                    value = [task.train_key() for task in value]  # their data reaches Train by its inputs
                 elif (section_field.name, f.name) == ("training", "init_from") and value is not None:
                     value = init_digest(value)
                 elif f.metadata.get("path") and value is not None:
@@ -242,12 +317,41 @@ class Layout:
             return {"lm_builder": self.lm_builder}
         if stage == "import":
             return {"corpus": self.import_fingerprint(params["corpus"])}
+        if stage == "phonemes":
+            return self._phonemes_inputs()
         if stage == "features":
             # The too-short check counts the family's output labels: a family that subsamples time keeps
             # other utterances (nothing is added for one label per frame, so those caches keep their names).
             stride = model_family(self.config.model.architecture).stride(self.config.model)
             return {"output_stride": stride} if stride != 1 else {}
         return {}
+
+    def _phonemes_inputs(self) -> dict:
+        """What a phonemes task's IPA manifests depend on beyond its upstream imports: its ``of`` task's
+        manifest files (by content) and text settings (its language is the voice), the limits (only the
+        rows they take are spoken) and espeak-ng's version."""
+        source = self.for_task(self.config.phonemes_of)
+        return {
+            "of": self.config.phonemes_of,
+            "manifests": {
+                split: [[path, self._input_digest(path)] for path in source.config.split_files(split)]
+                for split in ("train", "dev", "test")
+            },
+            "text": source.config.data.text.to_dict(),
+            "espeak": self.espeak_version,
+        }
+
+    @functools.cached_property
+    def espeak_version(self) -> str:
+        """espeak-ng's version, asked once per layout (the phonemes it gives may change with it)."""
+        return espeak_version()
+
+    @functools.cached_property
+    def phonemes_files(self) -> PhonemesFiles:
+        """A phonemes task's IPA manifests: ``phonemes/<task>-<fingerprint>``."""
+        return PhonemesFiles(
+            self.work_dir / PHONEMES_DIR / task_dir_name(self.fingerprint("phonemes"), self.task)
+        )
 
     def features_fingerprint(self, split: str) -> str:
         """The Features fingerprint of ``split``."""
@@ -291,7 +395,10 @@ class Layout:
     # -- Import --------------------------------------------------------------------------------
     @functools.cached_property
     def corpora(self) -> dict[str, tuple[int, CorpusConfig]]:
-        """The ``data.corpora`` entries by key, with their index in the list."""
+        """The ``data.corpora`` entries by key, with their index in the list (none for a phonemes task:
+        its ``of`` task imports them)."""
+        if self.config.phonemes_of:
+            return {}
         return {corpus.key: (index, corpus) for index, corpus in enumerate(self.config.data.corpora)}
 
     def corpus(self, key: str) -> CorpusConfig:
@@ -339,9 +446,18 @@ class Layout:
         """Where imports keep the converted copies of audio libsndfile cannot read (shared by all)."""
         return self.work_dir / IMPORT_DIR / CONVERTED_DIR
 
+    def alphabet_sources(self) -> list[tuple[tuple[str, ...], int, object]]:
+        """What the Alphabet stage reads: (the train manifests, ``data.limit_train``, ``data.text``) of this
+        config, or of every task when the tasks share one alphabet (``multitask.sharing: shared``)."""
+        if self._root is None and shared_alphabet(self.config):
+            return [source for name in self.config.tasks for source in self.for_task(name).alphabet_sources()]
+        return [(self.split_manifests("train"), self.config.data.limit_train, self.config.data.text)]
+
     def split_manifests(self, split: str) -> tuple[str, ...]:
         """Every manifest of ``split``: ``data.<split>_files``, then each imported corpus's, in
-        ``data.corpora`` order."""
+        ``data.corpora`` order; a phonemes task's: its IPA manifest."""
+        if self.config.phonemes_of:  # the splits its ``of`` task has
+            return (str(self.phonemes_files.manifest(split)),) if self.config.has_split(split) else ()
         imported = tuple(str(self.import_files(key).manifest(split)) for key in self.corpora)
         return tuple(self.config.split_files(split)) + imported
 
@@ -392,8 +508,8 @@ class Layout:
 
     @functools.cached_property
     def evaluate_dir(self) -> Path:
-        """The Evaluate report directory."""
-        return self.work_dir / EVALUATE_DIR / self.evaluate_fingerprint
+        """The Evaluate report directory: ``evaluate/<fingerprint>`` (a task's: ``<task>-<fingerprint>``)."""
+        return self.work_dir / EVALUATE_DIR / task_dir_name(self.evaluate_fingerprint, self.task)
 
     @staticmethod
     def evaluation_report(directory: Path) -> Path:

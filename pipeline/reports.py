@@ -8,6 +8,7 @@ report gives one error naming the file and how to redo the stage.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import types
@@ -25,6 +26,32 @@ class ReportError(ValueError):
     """A stage's report is missing, damaged or of another shape; the message names the file."""
 
 
+def omitted_when_none():
+    """A field a report writes only when it has a value (a multi-task run's figures per task): the reports
+    of a single-task run stay as they were, and read back with it None."""
+    return dataclasses.field(default=None, metadata={"omitted_when_none": True})
+
+
+def report_to_dict(report) -> dict:
+    """A report dataclass as plain data (``dataclasses.asdict``), without its ``omitted_when_none`` fields
+    that are None, in nested reports too."""
+
+    def plain(value):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return report_to_dict(value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(plain(item) for item in value)
+        if isinstance(value, dict):
+            return {key: plain(item) for key, item in value.items()}
+        return copy.deepcopy(value)
+
+    return {
+        f.name: plain(getattr(report, f.name))
+        for f in dataclasses.fields(report)
+        if not (f.metadata.get("omitted_when_none") and getattr(report, f.name) is None)
+    }
+
+
 @dataclass(frozen=True)
 class DevFigures:
     """Dev-set figures of one validation."""
@@ -33,6 +60,9 @@ class DevFigures:
     dev_loss: float
     wer: float
     cer: float
+    # A multi-task run's figures per task ({task: {dev_loss, wer, cer}}); the fields above are then the
+    # tasks' weighted mean. None (not written) for a single-task run.
+    tasks: dict | None = omitted_when_none()
 
 
 @dataclass(frozen=True)
@@ -81,6 +111,9 @@ class TrainReport:
     # Optimizer updates (``training.accumulate_batches`` batches each; one per step without it).
     updates: int | None = None
     accumulate_batches: int = 1
+    # A multi-task run's tasks: name, weight, loss factor, train samples and hours, batches per round of its
+    # plan and batches drawn (train_samples and train_audio_hours are then their sums); None otherwise.
+    tasks: list | None = omitted_when_none()
 
 
 @dataclass(frozen=True)
@@ -100,6 +133,21 @@ class AlphabetReport:
     rows_lost: int  # rows holding a dropped character (Features rejects them)
     rows_lost_examples: list  # the first few of them, as file:line
     text: dict  # the data.text settings the transcripts were normalised with
+    wall_time_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class PhonemesReport:
+    """``phonemes_report.json``: the IPA manifests of a ``targets: phonemes`` task."""
+
+    STAGE: ClassVar[str] = "Phonemes"
+
+    fingerprint: str
+    of: str  # the task whose audio and transcripts were read
+    voice: str
+    espeak: str  # espeak-ng's version
+    rows: dict  # {split: rows written}
+    empty: dict  # {split: rows whose transcript gave no phonemes (Features rejects them)}
     wall_time_s: float = 0.0
 
 
@@ -220,6 +268,8 @@ class ExportRecord:
     # what one streaming call takes (format 4): input (windows or frames), chunk, context, lookahead,
     # lookback; None for a family without a streaming form (the export holds the utterance signature only)
     streaming: dict | None = None
+    # the task of a multi-task config this export is of (its head, alphabet, LM); not written otherwise
+    task: str | None = omitted_when_none()
 
 
 def _dataclass_of(tp) -> type | None:
@@ -273,7 +323,7 @@ def report_from_dict(cls: type[R], data: Any, where: str) -> R:
 
 def write_report(path: str | Path, report) -> None:
     """Write a report dataclass as JSON, atomically."""
-    write_json_atomic(path, dataclasses.asdict(report))
+    write_json_atomic(path, report_to_dict(report))
 
 
 def read_report(path: str | Path, cls: type[R]) -> R:

@@ -35,6 +35,8 @@ IMPORT_DIR, ALPHABET_DIR, FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DI
     "evaluate",
     "export",
 )
+# A multi-task config's phonemes tasks (targets: phonemes): their IPA manifests, under the work directory.
+PHONEMES_DIR = "phonemes"
 # Run logs of deepspeech-train, under the work directory.
 LOGS_DIR = "logs"
 # Under IMPORT_DIR: the one copy of corpus audio libsndfile cannot read, shared by every import.
@@ -72,6 +74,18 @@ EXPORT_FILES = {
     "model_card": "MODEL_CARD.md",
     "onnx": "model.onnx",  # only with export.onnx
 }
+
+
+def task_dir_name(fingerprint: str, task: str = "") -> str:
+    """A stage directory's name: its fingerprint, after its task's name for a task of a multi-task config
+    (``evaluate/fr-<fingerprint>``)."""
+    return f"{task}-{fingerprint}" if task else fingerprint
+
+
+def task_export_root(export_root: Path, task: str) -> Path:
+    """Where a task of a multi-task config exports unless it sets its own ``paths.export_dir``:
+    ``<the pipeline's export root>/<task>``."""
+    return Path(export_root) / task
 
 
 def checkpoint_prefix(path: str | Path) -> Path | None:
@@ -119,6 +133,28 @@ class ImportFiles:
     def staging(self) -> Path:
         """A hidden directory beside ``root`` where an import is written before it is renamed into place."""
         return self.root.with_name(f".{self.root.name}.staging-{writer_tag()}")
+
+
+@dataclass(frozen=True)
+class PhonemesFiles:
+    """The files of one Phonemes output directory: the manifests of a ``targets: phonemes`` task (its
+    ``of`` task's rows, the transcripts as IPA) and the report."""
+
+    root: Path
+
+    def manifest(self, split: str) -> Path:
+        """The manifest of ``split``: absolute audio paths, IPA transcripts."""
+        return self.root / manifest_name(split)
+
+    @property
+    def report(self) -> Path:
+        """``phonemes_report.json``: rows per split, the voice, espeak-ng's version (written last)."""
+        return self.root / "phonemes_report.json"
+
+    @property
+    def staging(self) -> Path:
+        """Where the stage writes before renaming into ``root``."""
+        return self.root.with_name(self.root.name + ".partial")
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,13 @@ from tasks.export import Export, Transcribe
 from tasks.features import Features, FeaturesSplit
 from tasks.importing import Import, Imports
 from tasks.language_model import LanguageModel, TuneDecoder
+from tasks.phonemes import Phonemes
 from tasks.training import Train
 
 __all__ = [
     "Import",
     "Imports",
+    "Phonemes",
     "Alphabet",
     "Features",
     "FeaturesSplit",

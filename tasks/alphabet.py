@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import luigi
 
-from tasks.base import ConfigTask, Progress
+from tasks.base import ConfigTask, Progress, task_parameter
 
 
 class Alphabet(ConfigTask):
@@ -13,6 +13,7 @@ class Alphabet(ConfigTask):
     beside ``alphabet.txt``, in a folder named by the Alphabet fingerprint."""
 
     stage = "alphabet"
+    task = task_parameter()
 
     def output(self):
         """The report (written last)."""

@@ -68,6 +68,14 @@ luigi.interface.core.ignore_unconsumed = set(luigi.interface.core.ignore_unconsu
 TASK_OF_STAGE: dict[str, type] = {}
 
 
+def task_parameter() -> luigi.Parameter:
+    """``--task``: which task of a multi-task config (``multitask.tasks[].name``) a stage instance is of;
+    empty (the default) in a single-task config."""
+    return luigi.Parameter(
+        default="", description="The task of a multi-task config (multitask.tasks[].name); none otherwise."
+    )
+
+
 class ConfigTask(luigi.Task):
     """A task driven by one YAML config file, running one stage of ``pipeline.dag``.
 
@@ -120,8 +128,9 @@ class ConfigTask(luigi.Task):
 
     @functools.cached_property
     def layout(self) -> Layout:
-        """Every stage path and fingerprint of the config (each computed once)."""
-        return Layout(self.cfg)
+        """Every stage path and fingerprint of the config (each computed once); a task's layout for an
+        instance of a multi-task config's task (``--task``)."""
+        return Layout(self.cfg).for_task(getattr(self, "task", ""))
 
     def complete(self) -> bool:
         """``stage_complete()``; a damaged output it meets (a report, cache, export or LM file) or a bad

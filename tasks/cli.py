@@ -29,6 +29,7 @@ USAGE = (
 TASKS = (
     "Imports",
     "Import",
+    "Phonemes",
     "Alphabet",
     "Features",
     "FeaturesSplit",

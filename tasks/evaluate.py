@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import luigi
 
-from tasks.base import ConfigTask, Progress
+from tasks.base import ConfigTask, Progress, task_parameter
 
 
 class Evaluate(ConfigTask):
@@ -13,6 +13,7 @@ class Evaluate(ConfigTask):
 
     stage = "evaluate"
     needs_tensorflow = True
+    task = task_parameter()
 
     def output(self):
         return luigi.LocalTarget(str(self.layout.evaluation_report(self.layout.evaluate_dir)))
@@ -24,7 +25,7 @@ class Evaluate(ConfigTask):
         from pipeline.evaluation.metrics import headline_text
         from pipeline.stages.evaluate import evaluate_stage
 
-        progress = Progress(self, total=1, unit="utt", description="evaluate")
+        progress = Progress(self, total=1, unit="utt", description=f"evaluate {self.task}".strip())
 
         def on_progress(phase: str, done: int, total: int) -> None:
             # The greedy pass is the first half, the beam decoding (after a chunked family's full-context
@@ -52,4 +53,5 @@ class Evaluate(ConfigTask):
             }
             summary += f"; greedy full context {headline_text(full)}"
         self.tell_scheduler(message=summary)
-        print(f"Test {summary} ({report.samples_count} samples) -> {self.output().path}")
+        task = f" of task {self.task}" if self.task else ""
+        print(f"Test{task} {summary} ({report.samples_count} samples) -> {self.output().path}")

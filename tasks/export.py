@@ -10,7 +10,7 @@ import luigi
 from native_client.metadata import ExportError, verify_manifest
 from pipeline.digests import file_digest
 from pipeline.workdir import ExportFiles
-from tasks.base import ConfigTask, Progress
+from tasks.base import ConfigTask, Progress, task_parameter
 
 log = logging.getLogger("luigi-interface")
 
@@ -25,6 +25,7 @@ class Export(ConfigTask):
 
     stage = "export"
     needs_tensorflow = True
+    task = task_parameter()
 
     def output(self):
         found = self.layout.find_export() or self.layout.export_destination(None)
@@ -55,7 +56,7 @@ class Export(ConfigTask):
     def run_stage(self):
         from pipeline.stages.export import export_stage
 
-        progress = Progress(self, total=100, unit="%", description="export")
+        progress = Progress(self, total=100, unit="%", description=f"export {self.task}".strip())
         try:
             destination = export_stage(self.layout, on_status=progress.percent, with_lm=True)
         finally:
@@ -75,9 +76,11 @@ class Transcribe(ConfigTask):
     needs_tensorflow = True
 
     audio = luigi.Parameter(description="The audio file to transcribe.")
+    task = task_parameter()
 
     def _export(self) -> ExportFiles:
-        return ExportFiles(Path(self.input()["export"].path).parent)
+        (export,) = self.input().values()  # the Export of this config (of this task)
+        return ExportFiles(Path(export.path).parent)
 
     def output(self):
         return luigi.LocalTarget(str(self._export().transcript(self.audio, self.layout.export_fingerprint)))

@@ -9,7 +9,7 @@ import luigi
 from pipeline.config_loader import load_config
 from pipeline.dag import SPLITS
 from pipeline.stages.features import features_stage
-from tasks.base import ConfigParameter, ConfigTask, Progress
+from tasks.base import ConfigParameter, ConfigTask, Progress, task_parameter
 
 log = logging.getLogger("luigi-interface")
 
@@ -19,6 +19,7 @@ class FeaturesSplit(ConfigTask):
 
     stage = "features"
     split = luigi.ChoiceParameter(choices=SPLITS, description="Which split to featurise.")
+    task = task_parameter()
 
     def output(self):
         return luigi.LocalTarget(str(self.layout.features_cache(self.split)), format=luigi.format.Nop)
@@ -31,7 +32,8 @@ class FeaturesSplit(ConfigTask):
         ]
 
     def run_stage(self):
-        progress = Progress(self, total=1, unit="file", description=f"features {self.split}")
+        name = f"{self.task} {self.split}" if self.task else self.split
+        progress = Progress(self, total=1, unit="file", description=f"features {name}")
 
         def report(done, total, rejected, seconds):
             progress.bar.total = total
@@ -63,14 +65,18 @@ class FeaturesSplit(ConfigTask):
 
 
 class Features(luigi.WrapperTask):
-    """The feature caches of a config: train, and dev and test when the config lists their files."""
+    """The feature caches of a config: train, and dev and test when the config lists their files; of every
+    task of a multi-task config (or of ``--task``)."""
 
     config = ConfigParameter(description="Path of the YAML config file.")
+    task = task_parameter()
 
     def requires(self):
         config = load_config(self.config)
+        tasks = (self.task,) if self.task else config.tasks or ("",)
         return [
-            FeaturesSplit(config=self.config, split=split)
+            FeaturesSplit(config=self.config, split=split, task=task)
+            for task in tasks
             for split in SPLITS
-            if split == "train" or config.has_split(split)
+            if split == "train" or (config.task_view(task) if task else config).has_split(split)
         ]

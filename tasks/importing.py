@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import luigi
 
-from tasks.base import ConfigTask, Progress
+from tasks.base import ConfigTask, Progress, task_parameter
 
 
 class Import(ConfigTask):
@@ -16,6 +16,7 @@ class Import(ConfigTask):
     corpus = luigi.Parameter(
         description="The corpus's key (data.corpora[].name, default <importer>-<folder name>)."
     )
+    task = task_parameter()
 
     def output(self):
         """The import's ``report.json`` (written last)."""
@@ -67,9 +68,18 @@ class Imports(luigi.WrapperTask):
     config = luigi.Parameter(description="Path of the YAML config file.")
 
     def requires(self):
-        """An Import per ``data.corpora`` entry."""
+        """An Import per ``data.corpora`` entry (of every task of a multi-task config)."""
         from pipeline.config_loader import load_config
+        from pipeline.dag import STAGES, instances, task_config
 
+        config = load_config(self.config)
+        keys = dict.fromkeys(
+            corpus.key
+            for task in config.tasks or ("",)
+            for corpus in task_config(config, {"task": task}).data.corpora
+        )
         return [
-            Import(config=self.config, corpus=corpus.key) for corpus in load_config(self.config).data.corpora
+            Import(config=self.config, **params)
+            for key in keys
+            for params in instances(config, STAGES["import"], {"corpus": key})
         ]

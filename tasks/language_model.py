@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import luigi
 
-from tasks.base import ConfigTask, Progress
+from tasks.base import ConfigTask, Progress, task_parameter
 
 
 class LanguageModel(ConfigTask):
     """Build the word n-gram LM (modified Kneser-Ney, ARPA) and vocabulary, or adopt ``decoder.lm_path``."""
 
     stage = "lm"
+    task = task_parameter()
 
     def output(self):
         return luigi.LocalTarget(str(self.layout.lm.report))
@@ -45,6 +46,7 @@ class TuneDecoder(ConfigTask):
 
     stage = "tune"
     needs_tensorflow = True
+    task = task_parameter()
 
     def output(self):
         return luigi.LocalTarget(str(self.layout.tune_report))

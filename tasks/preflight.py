@@ -10,6 +10,8 @@ import socket
 from pathlib import Path
 
 from pipeline.config import Config
+from pipeline.config_checks import task_source
+from pipeline.data.phonemes import PhonemizerError, espeak
 from pipeline.layout import Layout
 from pipeline.train.cluster import check_shared_work_dir
 
@@ -42,7 +44,22 @@ def input_paths(config: Config) -> list[tuple[str, str]]:
 
 
 def check_inputs(config: Config) -> None:
-    """Raise PreflightError for the first missing input (a template's placeholder gets its own message)."""
+    """Raise PreflightError for the first missing input (a template's placeholder gets its own message); in
+    a multi-task config, of every task (the errors name its entry)."""
+    for name in config.tasks:
+        view = config.task_view(name, source=task_source(config, name))
+        _check_inputs(view, Layout(config).for_task(name))
+        if view.phonemes_of:
+            try:
+                espeak()
+            except PhonemizerError as error:
+                raise PreflightError(f"{view.source}: {error}") from None
+    if not config.tasks:
+        _check_inputs(config, Layout(config))
+    check_shared_work_dir(config)  # a cluster's workers need one work directory (ConfigError)
+
+
+def _check_inputs(config: Config, layout: Layout) -> None:
     placeholders = sorted({key for key, path in input_paths(config) if _is_placeholder(path)})
     if placeholders:
         raise PreflightError(
@@ -57,10 +74,8 @@ def check_inputs(config: Config) -> None:
         raise PreflightError(
             f"{config.source}: data.train_files: no training manifest (nor data.corpora) given"
         )
-    layout = Layout(config)
     for key in layout.corpora:
         layout.import_plan(key)  # a corpus that is not what its importer reads: one line (ConfigError)
-    check_shared_work_dir(config)  # a cluster's workers need one work directory (ConfigError)
 
 
 def check_scheduler(host: str, port: int, timeout_s: float = 3.0) -> None:

@@ -4,6 +4,7 @@ then run the DAG.
     python -m tasks.rerun Train --config configs/sample.yaml [--local-scheduler] [--audio clip.flac]
     python -m tasks.rerun FeaturesSplit --split dev --config ...
     python -m tasks.rerun Import --corpus librispeech-LibriSpeech --config ...   (Imports: every corpus)
+    python -m tasks.rerun Evaluate --task fr --config ...   (a multi-task config; without --task: every task)
 
 (``make rerun STAGE=Train CONFIG=...`` calls this.) Stages before the named one
 are left untouched; the DAG's roots (``pipeline.dag``: the stages the config's
@@ -23,7 +24,7 @@ import luigi
 import tasks
 from pipeline.config_loader import load_config
 from pipeline.dag import STAGES as DAG
-from pipeline.dag import Stage
+from pipeline.dag import Stage, instances
 from pipeline.files import remove_entry
 from pipeline.locks import in_use, lock_path, try_locks
 from tasks.base import TASK_OF_STAGE
@@ -40,13 +41,13 @@ STAGES: dict[str, Stage] = {
 
 def dag_roots(config: str, given: dict) -> list:
     """The tasks no other task of the config's pipeline reads: one for each stage instance the config's
-    pipeline has (``Stage.runs``; a stage with parameters only for those in ``given``, Transcribe with
-    ``--audio``) that no other one requires."""
+    pipeline has (``instances``: Transcribe with ``--audio``, every task's in a multi-task config) that no
+    other one requires."""
     cfg = load_config(config)
     candidates = [
-        TASK_OF_STAGE[stage.name](config=config, **{p: given[p] for p in stage.params})
+        TASK_OF_STAGE[stage.name](config=config, **params)
         for stage in DAG.values()
-        if all(given.get(p) for p in stage.params) and stage.runs(cfg, {p: given[p] for p in stage.params})
+        for params in instances(cfg, stage, {**given, "task": ""})
     ]
     required = set()
     for task in candidates:
@@ -104,6 +105,7 @@ def main(argv=None) -> int:
         "--corpus", help="for Import: the corpus's key (data.corpora[].name or <importer>-<folder>)"
     )
     parser.add_argument("--audio", help="also run Transcribe on this file (and rerun it)")
+    parser.add_argument("--task", default="", help="a multi-task config's task (default: every task)")
     parser.add_argument("--local-scheduler", action="store_true", help="do not use the central scheduler")
     parser.add_argument("--scheduler-host", help="central scheduler host (default: luigi.cfg)")
     parser.add_argument("--scheduler-port", type=int, help="central scheduler port (default: luigi.cfg)")
@@ -111,17 +113,20 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     stage = STAGES[args.stage]
     for param in stage.params if args.stage == stage.task else ():
-        if not getattr(args, param):
+        if param != "task" and not getattr(args, param):
             parser.error(f"{args.stage} needs --{param}")
 
     roots = dag_roots(args.config, {"audio": args.audio})
     graph = dag(roots)
     if args.stage == stage.group:  # every instance: Features, Imports
-        targets = luigi.task.flatten(getattr(tasks, stage.group)(config=args.config).requires())
+        group = getattr(tasks, stage.group)
+        narrowed = {"task": args.task} if args.task and "task" in group.get_param_names() else {}
+        targets = luigi.task.flatten(group(config=args.config, **narrowed).requires())
+        targets = [t for t in targets if not args.task or getattr(t, "task", "") == args.task]
     else:
-        targets = [
-            TASK_OF_STAGE[stage.name](config=args.config, **{p: getattr(args, p) for p in stage.params})
-        ]
+        given = {p: getattr(args, p) for p in stage.params}
+        found = instances(load_config(args.config), stage, given) if "task" in stage.params else [given]
+        targets = [TASK_OF_STAGE[stage.name](config=args.config, **params) for params in found]
     doomed = dependents({t.task_id for t in targets}, graph)
     # Stage outputs are computed before anything is removed: Export and Transcribe find theirs by content.
     paths = [(task_id, path) for task_id in sorted(doomed) for path in graph[task_id].stage_paths()]

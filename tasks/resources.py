@@ -44,10 +44,12 @@ def towers(config: Config, gpus: int) -> int:
 
 
 def processes(config: Config, stage: str, cores: int) -> int:
-    """Worker processes ``stage`` runs at once: ``features.workers`` for Features, ``decoder.workers`` for
-    TuneDecoder and Evaluate (0 = one per core), ``distribution.local_workers`` for Train; else 1."""
+    """Worker processes ``stage`` runs at once: ``features.workers`` for Features and Phonemes (espeak-ng
+    processes), ``decoder.workers`` for TuneDecoder and Evaluate (0 = one per core),
+    ``distribution.local_workers`` for Train; else 1."""
     wanted = {
         "features": config.features.workers,
+        "phonemes": config.features.workers,
         "tune": config.decoder.workers,
         "evaluate": config.decoder.workers,
     }.get(stage)

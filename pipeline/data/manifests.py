@@ -122,6 +122,13 @@ def iter_transcripts(files, limit: int, text: TextSettings) -> Iterator[tuple[st
                 yield f"{manifest}:{line}", rejected
 
 
+def manifest_rows(manifest: str | Path) -> Iterator[tuple[int, dict]]:
+    """(line number, row) of every row of a manifest, its columns by name, streamed; a row with the wrong
+    number of fields has ``_fields`` (and what it has of the columns). CorpusError for a header without
+    the required columns."""
+    yield from _rows(Path(manifest))
+
+
 class _HashingReader(io.RawIOBase):
     """A binary file whose bytes are added to ``digest`` as they are read (to the end when closed), so a
     manifest is digested in the same pass that parses it (hashlib has no reader of its own)."""

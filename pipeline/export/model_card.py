@@ -84,7 +84,7 @@ def build_card(
     data = config.data
     best = record.best_dev
     return {
-        "name": card.name or Path(config.source).stem,
+        "name": card.name or "-".join(filter(None, (Path(config.source).stem, config.task))),
         "version": card.version or str(record.model_version),
         "language": card_language(config),
         "license": card.license,

@@ -38,9 +38,9 @@ def build_metadata(
     bytes``), the text settings the client applies (``data.text``), versions, fingerprints, and the
     best-dev figures and step of the Train run it comes from (None when an explicitly given checkpoint
     has no Train report, e.g. an untrained model in a benchmark); the family's output stride and streaming
-    input (``streaming``: None without a streaming form). ``tensors``: the inference graph's
-    tensor names (``InferenceGraph.tensors``). ``fingerprint``, ``train_fingerprint``: the Export's and the
-    Train run's; ``train_report``: that run's report."""
+    input (``streaming``: None without a streaming form); the task, for a task of a multi-task config.
+    ``tensors``: the inference graph's tensor names (``InferenceGraph.tensors``). ``fingerprint``,
+    ``train_fingerprint``: the Export's and the Train run's; ``train_report``: that run's report."""
     train = read_report(train_report, TrainReport) if train_report.is_file() else None
     family = model_family(config.model.architecture)
     streaming = None  # what one streaming call takes; None: the export runs whole utterances only
@@ -77,6 +77,7 @@ def build_metadata(
         tflite_quantized=config.export.quantize,
         output=alphabet.output,
         text=config.data.text.to_dict(),
+        task=config.task or None,
     )
 
 

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from pipeline.config import Config
 from pipeline.model import build_model, model_family
+from pipeline.model.heads import task_weight_names
 from pipeline.model.weights import named_weights
 from pipeline.workdir import TrainRun
 
@@ -44,13 +45,13 @@ def resolve_checkpoint(path: str | Path) -> str:
     )
 
 
-def shape_differences(prefix: str, model) -> list[str]:
+def shape_differences(prefix: str, model, names: dict[str, str] | None = None) -> list[str]:
     """Descriptions of weights whose shape differs between checkpoint ``prefix`` and ``model``
-    (or that are missing)."""
+    (or that are missing); ``names``: each weight's name in the checkpoint when it is not its own."""
     stored = dict(tf.train.list_variables(prefix))
     differences = []
     for name, variable in named_weights(model).items():
-        key = checkpoint_key(name)
+        key = checkpoint_key((names or {}).get(name, name))
         if key not in stored:
             differences.append(f"{name}: missing from the checkpoint")
         elif list(stored[key]) != list(variable.shape):
@@ -58,9 +59,10 @@ def shape_differences(prefix: str, model) -> list[str]:
     return differences
 
 
-def check_geometry(prefix: str, model, directory: str | Path) -> None:
-    """Raise CheckpointMismatchError naming ``directory`` and each differing weight."""
-    differences = shape_differences(prefix, model)
+def check_geometry(prefix: str, model, directory: str | Path, names: dict[str, str] | None = None) -> None:
+    """Raise CheckpointMismatchError naming ``directory`` and each differing weight (``names``: as in
+    ``shape_differences``)."""
+    differences = shape_differences(prefix, model, names)
     if differences:
         raise CheckpointMismatchError(
             f"checkpoint in {directory} does not fit the model (changed alphabet or model.n_hidden?): "
@@ -99,11 +101,17 @@ def warm_start(
             f"{model.model_config.architecture} model has {len(layers)} layers"
         )
     dropped = set(layers[len(layers) - drop_layers :]) if drop_layers else set()
+    # A multi-task model's weights also read as a single-task model's (its heads as the output layer): a
+    # multi-task run starts from a multi-task checkpoint of its names, or from a single-task one.
+    plain_of = getattr(model, "single_task_name", lambda name: name)
     copied = []
     for name, variable in named_weights(model).items():
-        if name.split(".")[0] in dropped:
+        plain = plain_of(name)
+        if plain.split(".")[0] in dropped:
             continue
         value = stored(name)
+        if value is None and plain != name:
+            value = stored(plain)
         if value is None:
             raise CheckpointMismatchError(f"{source}: weight {name} is missing from the checkpoint")
         if list(value.shape) != list(variable.shape):
@@ -119,12 +127,16 @@ def warm_start(
 
 def load_trained_model(config: Config, checkpoint: str | Path, n_input: int, n_classes: int):
     """Build the model of ``config`` and load the weights of ``checkpoint`` (a prefix, a checkpoint
-    directory or a Train run directory, whose best-dev checkpoint is taken)."""
+    directory or a Train run directory, whose best-dev checkpoint is taken). For a task of a multi-task
+    config (its view), the task's single-task model: the shared part and its head or network
+    (``pipeline.model.heads.task_weight_names``)."""
     prefix = resolve_checkpoint(checkpoint)
     model = build_model(config.model, n_input, n_classes)
+    stored = task_weight_names(config, model)
     try:
-        check_geometry(prefix, model, checkpoint)
-        tf.train.Checkpoint(weights=named_weights(model)).read(prefix).expect_partial()
+        check_geometry(prefix, model, checkpoint, stored)
+        weights = {stored[name]: variable for name, variable in named_weights(model).items()}
+        tf.train.Checkpoint(weights=weights).read(prefix).expect_partial()
     except (tf.errors.OpError, ValueError) as error:
         raise CheckpointMismatchError(
             f"{prefix}: damaged checkpoint ({str(error).splitlines()[0][:200]}); "

@@ -167,6 +167,18 @@ class Conformer(ModelFamily):
 
         return ConformerStreaming(model, self)
 
+    def encode(self, model, features, lengths, training: bool):
+        """The last block's output ``[batch, time / subsampling, d_model]`` (chunked as ``forward``'s, with
+        a chunk size drawn per batch in training) and the output lengths."""
+        chunk = DYNAMIC if training else model.model_config.options.chunk_frames
+        return model.encode(features, lengths=lengths, training=training, chunk=chunk), self.output_lengths(
+            model.model_config, lengths
+        )
+
+    def output_layer(self, model):
+        """``output``, the logits."""
+        return model.output_layer
+
     def layers(self, model) -> tuple[str, ...]:
         """``subsampling``, ``block_0`` ... ``block_<layers - 1>``, ``output``."""
         return ("subsampling", *(f"block_{i}" for i in range(model.model_config.options.layers)), "output")

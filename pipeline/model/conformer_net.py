@@ -278,6 +278,11 @@ class ConformerModel(keras.Model):
 
     def call(self, features, lengths=None, training=False, chunk=None):
         """Logits of the subsampled frames (see the class docstring)."""
+        return tf.cast(self.output_layer(self.encode(features, lengths, training, chunk)), tf.float32)
+
+    def encode(self, features, lengths=None, training=False, chunk=None):
+        """The last block's output ``[batch, ceil(time / subsampling), d_model]`` (``chunk`` as ``call``'s):
+        what the output layer (or, in multi-task training, a task's head) reads."""
         factor = self.subsampling.factor
         time = tf.shape(features)[1]
         if lengths is None:
@@ -298,7 +303,7 @@ class ConformerModel(keras.Model):
         x = self.input_drop(x, training=training)
         for block in self.blocks:
             x = block(x, visible, valid, training=training)
-        return tf.cast(self.output_layer(x[:, :labels]), tf.float32)
+        return x[:, :labels]
 
 
 class ConformerStreaming(StreamingForm):

@@ -27,6 +27,15 @@ class DeepSpeech(ModelFamily):
         model(tf.zeros([1, 1, n_input]))
         return model
 
+    def encode(self, model, features, lengths, training: bool):
+        """The output of layer 5 (after its dropout) ``[batch, time, n_hidden]``, and the lengths: one label
+        per frame."""
+        return model.encode(features, training=training), lengths
+
+    def output_layer(self, model):
+        """``layer_6``, the logits."""
+        return model.layer_6
+
     def stream_input(self, config: ModelConfig, n_steps: int) -> StreamInput:
         """``n_steps`` context windows of ``model.n_context`` frames each side."""
         return StreamInput(WINDOWS, n_steps, context=config.n_context)

@@ -102,6 +102,11 @@ class AcousticModel(keras.Model):
         """Logits ``[batch, time, n_classes]`` of windows ``[batch, time, window, n_input]``; the LSTM
         part is ``recurrence(x [batch, time, n_hidden]) -> outputs`` (the layer itself, or its cell
         stepped)."""
+        return self.layer_6(self.hidden(windows, recurrence, training))
+
+    def hidden(self, windows, recurrence, training):
+        """What ``stack`` feeds the output layer: layer 5's output after its dropout ``[batch, time,
+        n_hidden]``."""
         batch, time = tf.shape(windows)[0], tf.shape(windows)[1]
         x = tf.reshape(windows, [batch, time, self.window * self.n_input])  # [batch, time, 494]
         x = self.dropouts[0](self.layer_1(x), training=training)
@@ -109,12 +114,16 @@ class AcousticModel(keras.Model):
         x = self.dropouts[2](self.layer_3(x), training=training)
         x = recurrence(self.dropouts[4](x, training=training))
         x = self.dropouts[3](x, training=training)
-        x = self.dropouts[5](self.layer_5(x), training=training)
-        return self.layer_6(x)
+        return self.dropouts[5](self.layer_5(x), training=training)
 
     def call(self, features, training=False):
         """Full-sequence logits ``[batch, time, n_classes]`` (float32)
         of features ``[batch, time, n_input]``."""
+        return tf.cast(self.layer_6(self.encode(features, training)), tf.float32)
+
+    def encode(self, features, training=False):
+        """Layer 5's output ``[batch, time, n_hidden]`` of features ``[batch, time, n_input]``: what the
+        output layer (or, in multi-task training, a task's head) reads."""
         zeros = tf.zeros([tf.shape(features)[0], self.model_config.n_hidden], dtype=self.compute_dtype)
 
         def recurrence(x):
@@ -128,8 +137,7 @@ class AcousticModel(keras.Model):
                 return tf.transpose(time_major, [1, 0, 2])
             return self.lstm(x, initial_state=[zeros, zeros], training=training)[0]
 
-        logits = self.stack(make_windows(features, self.model_config.n_context), recurrence, training)
-        return tf.cast(logits, tf.float32)  # softmax and CTC in float32 whatever the precision
+        return self.hidden(make_windows(features, self.model_config.n_context), recurrence, training)
 
 
 class DeepSpeechStreaming(StreamingForm):

@@ -11,7 +11,9 @@ A family declares, in its one module:
   timings all use;
 - its forward pass and loss head (``forward``, ``loss``): CTC over its output lengths by default; a family
   whose inference restricts each label's context (chunked attention) says so (``limits_context``) and
-  gives the full-context computation too, whose figures Evaluate reports beside;
+  gives the full-context computation too, whose figures Evaluate reports beside; and, optionally, its
+  encoder and output layer apart (``encode``, ``output_layer``), for one head per task in multi-task
+  training;
 - its inference forms: ``utterance`` (a whole utterance, what every export carries) and, when it has one,
   ``streaming`` with ``stream_input`` (what one streaming call takes: context windows, or a chunk of
   frames with a look-ahead) and ``state`` (named tensors of any shape, carried between calls).
@@ -165,6 +167,24 @@ class ModelFamily(abc.ABC):
         from pipeline.model.ctc import ctc_loss
 
         return ctc_loss(labels, label_lengths, logits, logit_lengths, blank_index, implementation)
+
+    # -- heads (multi-task training with multitask.sharing: heads) ------------------------------------
+    def encode(self, model, features, lengths, training: bool):
+        """``(hidden [batch, time', d], output lengths [batch])``: the model up to its output layer, which
+        maps ``hidden`` to the logits (``forward`` is ``output_layer(model)`` over it, in float32). A family
+        that gives it trains several tasks over one encoder with a head each (``multitask.sharing: heads``,
+        ``pipeline.model.heads``). Default: none."""
+        raise NotImplementedError(f"the {self.name} family has no encoder/head split")
+
+    def output_layer(self, model):
+        """The layer that maps ``encode``'s output to the logits (a Keras ``Dense``: the heads of other tasks
+        are made from its configuration with their own number of classes)."""
+        raise NotImplementedError(f"the {self.name} family has no encoder/head split")
+
+    @property
+    def has_heads(self) -> bool:
+        """Whether the family gives ``encode`` and ``output_layer`` (one head per task)."""
+        return type(self).encode is not ModelFamily.encode
 
     # -- inference -----------------------------------------------------------------------------------
     def utterance(self, model, features):

@@ -17,13 +17,19 @@ def weight_name(variable) -> str:
 
 
 def named_weights(model) -> dict:
-    """{name: variable} for every model weight (what checkpoints store under ``weights/``)."""
+    """{name: variable} for every model weight (what checkpoints store under ``weights/``); a model that
+    names its weights itself (``pipeline.model.heads.MultiTaskModel``) gives its own."""
+    if hasattr(model, "named_weights"):
+        return model.named_weights()
     return {weight_name(v): v for v in model.weights}
 
 
 def rng_states(model) -> dict:
     """{path: variable} of the model's random-number state (Keras 3 Dropout's ``seed_generator_state``):
-    in ``model.variables`` but not ``model.weights``, and needed for a resumed run to draw the same masks."""
+    in ``model.variables`` but not ``model.weights``, and needed for a resumed run to draw the same masks
+    (a model that names them itself gives its own)."""
+    if hasattr(model, "rng_states"):
+        return model.rng_states()
     weights = {id(v) for v in model.weights}
     return {v.path.replace("/", "."): v for v in model.variables if id(v) not in weights}
 

@@ -1,7 +1,8 @@
 """The Alphabet stage (``paths.alphabet: auto``): the alphabet of the normalised training transcripts.
 
 The training manifests (``data.train_files`` and every imported corpus's train manifest, the first
-``data.limit_train`` rows, as Features reads them) are streamed one row at a time; each transcript goes
+``data.limit_train`` rows, as Features reads them; with ``multitask.sharing: shared``, every task's) are
+streamed one row at a time; each transcript goes
 through the one text normalisation (``data.text``) and its characters are counted. Characters seen fewer
 than ``data.alphabet_min_count`` times are left out; the report lists each with its count and the rows
 holding it, which Features will reject as ``unknown_characters``. Only counts per character live in
@@ -68,9 +69,12 @@ def _build(layout: Layout, files: AlphabetFiles, progress: Callable[[int], None]
     # Rows (index, file:line) of each character while it is under the minimum: at most min_count - 1 each.
     rare_rows: dict[str, list[tuple[int, str]]] = {}
     rows = 0
-    for rows, (source, text) in enumerate(
-        iter_transcripts(layout.split_manifests("train"), config.data.limit_train, config.data.text), start=1
-    ):
+    transcripts = (
+        item
+        for manifests, limit, text_settings in layout.alphabet_sources()
+        for item in iter_transcripts(manifests, limit, text_settings)
+    )
+    for rows, (source, text) in enumerate(transcripts, start=1):
         if progress and rows % PROGRESS_EVERY == 0:
             progress(rows)
         if isinstance(text, TranscriptRejected):

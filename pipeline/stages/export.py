@@ -41,7 +41,7 @@ from pipeline.locks import in_use, lock_path, stage_lock
 from pipeline.model import model_family
 from pipeline.model.averaging import stage_model
 from pipeline.model.labels import model_alphabet
-from pipeline.reports import write_report
+from pipeline.reports import report_to_dict, write_report
 from pipeline.workdir import EXPORT_STAGING_PREFIX, LEFTOVER_PATTERNS, ExportFiles
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,9 @@ def export_stage(
     the average of several) to ``paths.export_dir``; returns the export.
 
     With ``export.versioned`` each export goes to a new numbered directory below it. The
-    LanguageModel stage's LM and vocabulary are copied in (``with_lm=None``: when it has run).
+    LanguageModel stage's LM and vocabulary are copied in (``with_lm=None``: when it has run). A task's
+    layout of a multi-task config exports that task: the shared encoder with its head (or network), its
+    alphabet, LM and decoder settings, ``"task"`` in ``metadata.json``, under ``<export_dir>/<task>``.
     """
     root = layout.export_root
     root.mkdir(parents=True, exist_ok=True)
@@ -138,7 +140,7 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
             fingerprint=layout.export_fingerprint,
             train_fingerprint=layout.train_fingerprint,
         )
-        graph = InferenceGraph(model, config.export.n_steps, dataclasses.asdict(metadata))
+        graph = InferenceGraph(model, config.export.n_steps, report_to_dict(metadata))
         on_status("writing the SavedModel", 10)
         tf.saved_model.save(
             graph,

@@ -53,12 +53,13 @@ from pipeline.workdir import (
     FEATURES_DIR,
     IMPORT_DIR,
     LM_DIR,
+    PHONEMES_DIR,
     REMOVED_PATTERN,
     TRAIN_DIR,
     TUNE_DIR,
 )
 
-STAGE_DIRS = (IMPORT_DIR, ALPHABET_DIR, FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR)
+STAGE_DIRS = (IMPORT_DIR, PHONEMES_DIR, ALPHABET_DIR, FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR)
 # The DAG's roots: every stage a config runs is upstream of one of them.
 ROOTS: tuple[Node, ...] = (("evaluate", {}), ("export", {}), ("tune", {}))
 
@@ -74,9 +75,10 @@ class Entry:
 
 
 def reached_nodes(config: Config) -> list[Node]:
-    """Every stage instance the config's DAG reaches from its roots (``ROOTS``)."""
+    """Every stage instance the config's DAG reaches from its roots (``ROOTS``, of every task of a
+    multi-task config)."""
     seen: dict[str, Node] = {}
-    todo = list(ROOTS)
+    todo = [(name, {"task": task} if task else {}) for task in config.tasks or ("",) for name, _ in ROOTS]
     while todo:
         name, params = todo.pop()
         key = f"{name}{sorted(params.items())}"
@@ -90,10 +92,13 @@ def reached_nodes(config: Config) -> list[Node]:
 def node_outputs(layout: Layout, name: str, params: dict) -> list[Path]:
     """The paths a stage instance writes in the fingerprinted stage directories (none for Export and
     Transcribe, which gc never touches)."""
+    layout = layout.for_task(params.get("task", ""))
     if name == "import":
         return [layout.import_files(params["corpus"]).root]
     if name == "alphabet":
         return [layout.alphabet_files.root]
+    if name == "phonemes":
+        return [layout.phonemes_files.root, layout.phonemes_files.staging]
     if name == "features":
         split = params["split"]
         return [layout.features_cache(split), layout.rejects_report(split), layout.features_parts(split)]

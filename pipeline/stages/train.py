@@ -18,6 +18,7 @@ from pipeline.reports import TrainReport, write_report
 from pipeline.train.distribute import DistributionError, configure_devices, make_strategy, training_role
 from pipeline.train.hooks import TrainHooks
 from pipeline.train.loop import Trainer
+from pipeline.train.tasks import MultiTaskTrainer, TaskData
 from pipeline.workdir import TrainRun
 
 # What a collective operation raises when a peer worker died or stopped answering.
@@ -35,7 +36,8 @@ def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks |
 
     Resumes from the checkpoints in ``run`` (default: the fingerprinted Train run directory). Without
     a dev split (``data.dev_files`` or corpora) it trains without validation (the trainer warns; the last
-    checkpoint is the best). The process takes a cluster role from ``TF_CONFIG`` only with
+    checkpoint is the best). A multi-task config trains every task (``pipeline.train.tasks``) on its
+    splits and labels. The process takes a cluster role from ``TF_CONFIG`` only with
     ``distribution.strategy: multi_worker``; then only the chief writes the config and the report (the
     report returned by another worker is its own account of the same run, which it does not write).
     """
@@ -44,9 +46,11 @@ def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks |
     configure_devices(config.distribution)
     role = training_role(config.distribution)
     strategy = make_strategy(config.distribution)
-    alphabet = model_alphabet(layout.config, layout.alphabet)
-    train_data = read_cache(layout.features_cache("train"), config.features)
-    dev_data = read_cache(layout.features_cache("dev"), config.features) if config.has_split("dev") else None
+    if config.tasks:
+        tasks = task_data(layout)
+    else:
+        alphabet = model_alphabet(layout.config, layout.alphabet)
+        train_data, dev_data = _splits(layout)
     if role.is_chief:
         run.root.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run.resolved_config, yaml.safe_dump(config_to_dict(config), sort_keys=False))
@@ -54,18 +58,30 @@ def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks |
     # Two pipelines whose configs share this Train fingerprint take turns on its directory;
     # the second resumes from the first one's checkpoints (and finds the run finished).
     with stage_lock(run.root) if role.is_chief else contextlib.nullcontext():
-        trainer = Trainer(
-            config,
-            run.root,
-            train_data,
-            dev_data,
-            alphabet,
-            strategy,
-            role,
-            hooks,
-            fingerprint=layout.train_fingerprint,
-            started=started,
-        )
+        if config.tasks:
+            trainer = MultiTaskTrainer(
+                config,
+                run.root,
+                tasks,
+                strategy,
+                role,
+                hooks,
+                fingerprint=layout.train_fingerprint,
+                started=started,
+            )
+        else:
+            trainer = Trainer(
+                config,
+                run.root,
+                train_data,
+                dev_data,
+                alphabet,
+                strategy,
+                role,
+                hooks,
+                fingerprint=layout.train_fingerprint,
+                started=started,
+            )
         try:
             report = trainer.fit()
         except LOST_WORKER_ERRORS as error:
@@ -80,3 +96,23 @@ def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks |
     if role.is_chief:
         write_report(run.report, report)
     return report
+
+
+def _splits(layout: Layout):
+    """(the train split's cache index, the dev split's or None without a dev split) of ``layout``."""
+    config = layout.config
+    train = read_cache(layout.features_cache("train"), config.features)
+    dev = read_cache(layout.features_cache("dev"), config.features) if config.has_split("dev") else None
+    return train, dev
+
+
+def task_data(layout: Layout) -> list[TaskData]:
+    """Every task of a multi-task config as the trainer reads it: its weight, splits and labels."""
+    found = []
+    for entry in layout.config.multitask.tasks:
+        task = layout.for_task(entry.name)
+        train, dev = _splits(task)
+        found.append(
+            TaskData(entry.name, entry.weight, train, dev, model_alphabet(task.config, task.alphabet))
+        )
+    return found

@@ -27,7 +27,14 @@ import tensorflow as tf
 from pipeline.batches.dataset import epoch_windows
 from pipeline.config import TrainingConfig
 from pipeline.train.checkpointing import TrainingError
-from pipeline.train.step import StepResult, TrainStep, all_finite, loss_gradients, update_function
+from pipeline.train.step import (
+    StepResult,
+    TrainStep,
+    all_finite,
+    guard_copies,
+    loss_gradients,
+    update_function,
+)
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,14 @@ class AccumulatingStep:
         towers = strategy.num_replicas_in_sync
         scaled_loss = step_optimizer is not optimizer
         gradients = loss_gradients(model, step_optimizer, training, blank_index)
-        update = update_function(model, optimizer, step_optimizer, strategy, training)
+        variables = model.trainable_variables
+        update = update_function(
+            variables,
+            *guard_copies(variables, optimizer, strategy, training),
+            step_optimizer,
+            strategy,
+            training,
+        )
         with strategy.scope():
             accumulators = [
                 tf.Variable(

@@ -9,14 +9,13 @@ and is read back field by field (an unknown or missing field is an error naming 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from pipeline.reports import DevFigures, ReportError, StopRecord, report_from_dict
+from pipeline.reports import DevFigures, ReportError, StopRecord, report_from_dict, report_to_dict
 
 # The serialized form's version; the form before it (a JSON dict in a tf.string variable) had none.
 HISTORY_FORMAT = 1
@@ -67,7 +66,7 @@ class TrainHistory:
 
     def to_json(self) -> str:
         """The record as JSON text (with its format version)."""
-        return json.dumps({"format": HISTORY_FORMAT, **dataclasses.asdict(self)})
+        return json.dumps({"format": HISTORY_FORMAT, **report_to_dict(self)})
 
     @classmethod
     def from_json(cls, text: str | bytes, where: str) -> TrainHistory:

@@ -36,7 +36,7 @@ from pipeline.evaluation.run import make_forward, run_split
 from pipeline.features.cache import CacheIndex, damage_in
 from pipeline.model import build_model
 from pipeline.model.weights import named_weights, weights_digest
-from pipeline.reports import DevFigures, StopRecord, TrainReport
+from pipeline.reports import DevFigures, StopRecord, TrainReport, report_to_dict
 from pipeline.train.accumulate import WindowedSteps, WindowRecord
 from pipeline.train.checkpointing import BatchPlan, RunCheckpoints, TrainingError
 from pipeline.train.distribute import ClusterRole
@@ -112,14 +112,10 @@ class Trainer:
         self.started = time.time() if started is None else started
         self.towers = strategy.num_replicas_in_sync
         self.per_tower_batch, self.global_batch = global_batch_size(config, self.towers)
-        self.plan = batch_plan(
-            train_data.lengths, self.global_batch, self.towers, config.training.max_batch_frames
-        )
+        self.plan, self.steps_per_epoch, self.plan_digest = self._batch_plan()
         training = config.training
-        self.steps_per_epoch = len(self.plan)
-        self.plan_digest = plan_digest(self.plan, training.accumulate_batches)
         with strategy.scope():
-            self.model = build_model(config.model, train_data.n_input, alphabet.n_classes, training.precision)
+            self.model = self._build_model()
             self.optimizer = keras.optimizers.Adam(
                 learning_rate=training.learning_rate,
                 beta_1=training.beta1,
@@ -149,21 +145,13 @@ class Trainer:
             alphabet,
             strategy,
             role,
-            tracked={"optimizer": self.optimizer, "loss_scale": loss_scale},
+            tracked={"optimizer": self.optimizer, "loss_scale": loss_scale, **self._extra_state()},
         )
         self.state = self.checkpoints.state
         self._epoch_ends = EpochEnds(config, self.run, self.model) if role.is_chief else None
-        self._train_step = WindowedSteps(
-            self.model,
-            self.optimizer,
-            self.step_optimizer,
-            strategy,
-            training,
-            alphabet.blank_index,
-            self.plan,
-        )
+        self._train_step = self._make_step()
         self._window = WindowRecord()
-        self.policy = EpochPolicy(config, has_dev=dev_data is not None)
+        self.policy = EpochPolicy(config, has_dev=self._has_dev())
         self._forward = make_forward(self.model, alphabet.blank_index)
         self._train_reader = SplitReader(train_data)
         self._dev_reader = SplitReader(dev_data) if dev_data is not None else None
@@ -174,6 +162,55 @@ class Trainer:
         self._last_loss = float("nan")
         self._first_loss = None
         self._warned_growth = False
+
+    # -- what a multi-task trainer (pipeline.train.tasks) does its own way ----------------------------
+    def _batch_plan(self) -> tuple[list, int, int]:
+        """(the run's batch plan, steps per epoch, the plan's digest)."""
+        plan = batch_plan(
+            self.train_data.lengths, self.global_batch, self.towers, self.config.training.max_batch_frames
+        )
+        return plan, len(plan), plan_digest(plan, self.config.training.accumulate_batches)
+
+    def _build_model(self):
+        """The model, built in the strategy's scope."""
+        n_input, n_classes = self.train_data.n_input, self.alphabet.n_classes
+        return build_model(self.config.model, n_input, n_classes, self.config.training.precision)
+
+    def _extra_state(self) -> dict:
+        """What a checkpoint holds besides the model, the optimizer and the position."""
+        return {}
+
+    def _make_step(self) -> WindowedSteps:
+        """The compiled training step (update windows of ``training.accumulate_batches`` steps)."""
+        training, blank = self.config.training, self.alphabet.blank_index
+        return WindowedSteps(
+            self.model, self.optimizer, self.step_optimizer, self.strategy, training, blank, self.plan
+        )
+
+    def _has_dev(self) -> bool:
+        """Whether the run validates on a dev split."""
+        return self.dev_data is not None
+
+    def _batch_files(self, result: StepResult) -> list[str]:
+        """The audio files of a step's batch (named when it is skipped)."""
+        return sorted({self.train_data.paths[i] for i in result.batch_indices()})
+
+    def _train_inputs(self, target: int):
+        """The training input from the restored position to epoch ``target``: (dataset, its iterator)."""
+        state = self.state
+        dataset = self._distributed_batches(
+            int(state.epoch.numpy()), int(state.step_in_epoch.numpy()), target
+        )
+        return dataset, iter(dataset)
+
+    def _step(self, inputs, save_vote: bool) -> StepResult:
+        """Run one training step on the next batch of ``inputs`` (``_train_inputs``)."""
+        dataset, batches = inputs
+        try:
+            batch = next(batches)
+        except tf.errors.OpError as error:
+            raise damage_in(error) or error from None
+        return self._train_step(batch, dataset.element_spec, save_vote=save_vote)
 
     @property
     def history(self) -> TrainHistory:
@@ -247,9 +284,9 @@ class Trainer:
         if finite:
             self._watch_loss(step, loss)
             window.losses.append(loss)
-            window.files.update(self.train_data.paths[i] for i in result.batch_indices())
+            window.files.update(self._batch_files(result))
         else:
-            files = sorted({self.train_data.paths[i] for i in result.batch_indices()})
+            files = self._batch_files(result)
             log.warning("Step %d: non-finite loss, batch skipped; its files: %s", step, ", ".join(files))
             consecutive_bad = self._skipped(step, files, consecutive_bad)
         if result.update:
@@ -445,18 +482,11 @@ class Trainer:
         save_due, stop = False, None
         # One iterator for the whole run: re-creating distributed datasets every epoch stalled
         # for up to a minute at each epoch boundary (tearing down the previous iterator).
-        dataset = self._distributed_batches(
-            int(self.state.epoch.numpy()), int(self.state.step_in_epoch.numpy()), target
-        )
-        batches = iter(dataset)
+        inputs = self._train_inputs(target)
         while not self._run_over(target):
             epoch = int(self.state.epoch.numpy())
             self._train_step.start(epoch, int(self.state.step_in_epoch.numpy()))
             for _ in range(self.steps_per_epoch - int(self.state.step_in_epoch.numpy())):
-                try:
-                    batch = next(batches)
-                except tf.errors.OpError as error:
-                    raise damage_in(error) or error from None
                 lr = self._learning_rate()
                 if lr != current_lr:
                     self.optimizer.learning_rate.assign(lr)
@@ -466,7 +496,7 @@ class Trainer:
                     time.monotonic() - last_save >= training.checkpoint_secs
                     or _step_save_due(int(self.state.global_step.numpy()) + 1, training.checkpoint_steps)
                 )
-                result = self._train_step(batch, dataset.element_spec, save_vote=vote)
+                result = self._step(inputs, vote)
                 consecutive_bad = self._after_step(result, consecutive_bad, lr)
                 save_due = save_due or result.save
                 if save_due and result.update:
@@ -512,7 +542,7 @@ class Trainer:
             batch_size_per_tower=self.per_tower_batch,
             global_batch_size=self.global_batch,
             train_losses=[dataclasses.asdict(e) for e in history.epoch_losses],
-            validations=[dataclasses.asdict(v) for v in history.validations],
+            validations=[report_to_dict(v) for v in history.validations],
             best_dev=history.best(self.config.training.best_by),
             last_samples=history.last_samples,
             stop=stop,

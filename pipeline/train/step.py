@@ -67,23 +67,37 @@ class TrainStep:
         blank_index: int,
     ):
         self.strategy = strategy
-        self._replica_step = self._build(model, optimizer, step_optimizer, strategy, training, blank_index)
-        self._compiled = None
-
-    @staticmethod
-    def _build(model, inner_optimizer, optimizer, strategy, training: TrainingConfig, blank: int):
-        """The per-replica step function (and the shadow variables it uses, made in the strategy's scope)."""
         towers = strategy.num_replicas_in_sync
-        scaled_loss = optimizer is not inner_optimizer
-        gradients = loss_gradients(model, optimizer, training, blank)
-        update = update_function(model, inner_optimizer, optimizer, strategy, training)
+        variables = model.trainable_variables
+        gradients = loss_gradients(model, step_optimizer, training, blank_index)
 
-        def replica_step(batch, save_vote):
-            features, lengths, labels, label_lengths, indices = batch
+        def gradients_of(batch):
+            features, lengths, labels, label_lengths, _ = batch
             # The step's global batch: every tower gets as many utterances (max_batch_frames may make a step
             # smaller than training.batch_size).
             step_batch = tf.cast(tf.shape(lengths)[0] * towers, tf.float32)
-            scaled, grads = gradients(features, lengths, labels, label_lengths, step_batch)
+            return gradients(features, lengths, labels, label_lengths, step_batch)
+
+        update = update_function(
+            variables,
+            *guard_copies(variables, optimizer, strategy, training),
+            step_optimizer,
+            strategy,
+            training,
+        )
+        self._replica_step = self._build(
+            gradients_of, lambda batch: batch[-1], update, step_optimizer is not optimizer
+        )
+        self._compiled = None
+
+    @staticmethod
+    def _build(gradients_of, indices_of, update, scaled_loss: bool):
+        """The per-replica step function: ``gradients_of(batch)`` the tower's share of the step's loss and
+        its gradients, ``indices_of(batch)`` the batch's utterance indices, ``update`` the optimizer update
+        (``update_function``); ``scaled_loss``: the gradients are of a scaled loss (``mixed_float16``)."""
+
+        def replica_step(batch, save_vote):
+            scaled, grads = gradients_of(batch)
             context = tf.distribute.get_replica_context()
             # The vote comes in as one tensor for every tower: made on the tower's device to be reduced.
             vote = tf.zeros_like(scaled) + tf.cast(save_vote, scaled.dtype)
@@ -94,7 +108,7 @@ class TrainStep:
             checked = [loss] if scaled_loss else reduced[:-1]
             finite = all_finite(checked)
             applied = update(context, grads, finite)
-            return loss, finite, applied, indices, votes > 0
+            return loss, finite, applied, indices_of(batch), votes > 0
 
         return replica_step
 
@@ -147,23 +161,30 @@ def loss_gradients(model, optimizer, training: TrainingConfig, blank: int):
     return tf.function(gradients, jit_compile=True) if training.jit_compile else gradients
 
 
-def update_function(model, inner_optimizer, optimizer, strategy: tf.distribute.Strategy, training):
-    """The optimizer update, called in replica context with the global gradient (summed over the towers)
-    and whether it is finite: ``update(context, grads, finite)`` clips (``training.clip_grad_norm``),
-    applies when finite and returns whether the update was applied (False also when
-    ``training.revert_nonfinite_updates`` put the weights back). Makes the shadow variables of the revert
-    in the strategy's scope."""
-    towers = strategy.num_replicas_in_sync
-    scaled_loss = optimizer is not inner_optimizer
-    clip = training.clip_grad_norm
-    guard = training.revert_nonfinite_updates
-    guarded = list(model.trainable_variables) + list(inner_optimizer.variables)
+def guard_copies(variables, inner_optimizer, strategy: tf.distribute.Strategy, training) -> tuple[list, list]:
+    """(the variables an update may change: ``variables`` and the optimizer's; their shadow copies, made in
+    the strategy's scope, that a reverted update puts back: none without
+    ``training.revert_nonfinite_updates``)."""
+    guarded = list(variables) + list(inner_optimizer.variables)
     with strategy.scope():
         shadows = (
             [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="shadow") for v in guarded]
-            if guard
+            if training.revert_nonfinite_updates
             else []
         )
+    return guarded, shadows
+
+
+def update_function(variables, guarded, shadows, optimizer, strategy: tf.distribute.Strategy, training):
+    """The optimizer update of ``variables``, called in replica context with the global gradient (summed
+    over the towers) and whether it is finite: ``update(context, grads, finite)`` clips
+    (``training.clip_grad_norm``), applies when finite and returns whether the update was applied (False
+    also when ``training.revert_nonfinite_updates`` put ``guarded`` back from ``shadows``:
+    ``guard_copies``)."""
+    towers = strategy.num_replicas_in_sync
+    scaled_loss = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    clip = training.clip_grad_norm
+    guard = training.revert_nonfinite_updates
 
     def apply_if_finite(distribution, finite, grads):
         # Runs in cross-replica context: assignments reach every replica.
@@ -171,11 +192,11 @@ def update_function(model, inner_optimizer, optimizer, strategy: tf.distribute.S
             for shadow, variable in zip(shadows, guarded, strict=False):
                 shadow.assign(variable)
             distribution.extended.call_for_each_replica(
-                lambda g: optimizer.apply(g, model.trainable_variables), args=(grads,)
+                lambda g: optimizer.apply(g, variables), args=(grads,)
             )
             if not guard:
                 return tf.constant(True)
-            ok = all_finite(model.trainable_variables)
+            ok = all_finite(variables)
 
             def revert():
                 for shadow, variable in zip(shadows, guarded, strict=False):

@@ -1,0 +1,157 @@
+"""One model for the tasks of a multi-task config (``multitask.sharing``), built from the family contract.
+
+- ``shared`` (nabu's single one-to-one): one network of the family, one output layer over the one
+  alphabet every task has; only the loss (each task's labels) differs per task.
+- ``heads`` (single one-to-many): one network whose output layer is the first task's head; every other
+  task has a head of its own, made from the family's output layer (``ModelFamily.output_layer``) with its
+  own number of classes, over the family's encoder (``ModelFamily.encode``).
+- ``separate`` (multiple one-to-one): one network of the family per task, built with the same settings.
+
+The checkpoint names every weight as a single-task model of the family does, with the heads and networks
+told apart: ``heads.<task>.kernel`` for a head, ``tasks.<task>.<name>`` for a separate task's network.
+``task_weight_names`` maps a single-task model of one task (what Evaluate and Export build) onto those
+names, so that model is read straight from a multi-task checkpoint.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from pipeline.config import ModelConfig
+from pipeline.model import model_family
+from pipeline.model.weights import named_weights, rng_states, weight_name
+
+SHARINGS = ("shared", "heads", "separate")
+
+
+def _head_like(layer, units: int, name: str):
+    """A new output layer made from ``layer``'s configuration (a Keras ``Dense``) with ``units`` classes."""
+    config = layer.get_config()
+    if "units" not in config:
+        raise TypeError(f"the output layer {layer.name!r} is not a Dense layer: it has no units to set")
+    return type(layer).from_config({**config, "units": units, "name": name})
+
+
+class MultiTaskModel(keras.Model):
+    """The model of ``tasks`` (names, in ``multitask.tasks`` order) with ``n_classes`` labels each, shared
+    as ``sharing`` says. ``forward(index, ...)`` is the task's forward pass; ``task_variables(indices)`` what
+    a step over those tasks trains."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        sharing: str,
+        tasks: tuple[str, ...],
+        n_input: int,
+        n_classes: tuple[int, ...],
+        precision: str = "float32",
+        **kwargs,
+    ):
+        super().__init__(dtype=precision, **kwargs)
+        if sharing not in SHARINGS:
+            raise ValueError(f"multitask.sharing: {sharing!r} is not one of {', '.join(SHARINGS)}")
+        if sharing == "shared" and len(set(n_classes)) > 1:
+            raise ValueError(
+                f"multitask.sharing: shared needs one set of labels, got {list(n_classes)} classes"
+            )
+        self.model_config, self.sharing, self.tasks = config, sharing, tuple(tasks)
+        self.n_input, self.n_classes = n_input, tuple(n_classes)
+        self.family = model_family(config.architecture)
+        count = len(n_classes) if sharing == "separate" else 1
+        self.networks = [self.family.build(config, n_input, n_classes[i], precision) for i in range(count)]
+        self.extra_heads = []
+        if sharing == "heads":
+            first = self.family.output_layer(self.networks[0])
+            width = int(first.kernel.shape[0])
+            for index, units in enumerate(n_classes[1:], 1):
+                head = _head_like(first, units, f"head_{self.tasks[index]}")
+                head.build((None, None, width))
+                self.extra_heads.append(head)
+
+    def head(self, index: int):
+        """Task ``index``'s output layer (``heads``): the network's own for the first task."""
+        if index == 0:
+            return self.family.output_layer(self.networks[0])
+        return self.extra_heads[index - 1]
+
+    def network(self, index: int):
+        """The network task ``index`` runs through (its own with ``separate``)."""
+        return self.networks[index if self.sharing == "separate" else 0]
+
+    def forward(self, index: int, features, lengths, training: bool):
+        """``(logits [batch, time', classes] float32, output lengths)`` of task ``index``."""
+        network = self.network(index)
+        if self.sharing != "heads":
+            return self.family.forward(network, features, lengths, training)
+        hidden, output_lengths = self.family.encode(network, features, lengths, training)
+        return tf.cast(self.head(index)(hidden), tf.float32), output_lengths
+
+    def call(self, features, training=False):
+        """The first task's logits (what a Keras call of the model gives)."""
+        lengths = tf.fill([tf.shape(features)[0]], tf.shape(features)[1])
+        return self.forward(0, features, lengths, training)[0]
+
+    def task_variables(self, indices) -> list:
+        """The trainable variables a step over the tasks ``indices`` changes: the shared part and those
+        tasks' heads (``heads``), their networks (``separate``), the whole network (``shared``)."""
+        indices = sorted(set(indices))
+        if self.sharing == "shared":
+            return list(self.networks[0].trainable_variables)
+        if self.sharing == "separate":
+            return [v for i in indices for v in self.networks[i].trainable_variables]
+        first = {id(v) for v in self.head(0).trainable_variables}
+        encoder = [v for v in self.networks[0].trainable_variables if id(v) not in first]
+        return encoder + [v for i in indices for v in self.head(i).trainable_variables]
+
+    def named_weights(self) -> dict:
+        """{checkpoint name: variable} (see the module docstring)."""
+        if self.sharing == "shared":
+            return named_weights(self.networks[0])
+        if self.sharing == "separate":
+            return {
+                f"tasks.{task}.{name}": variable
+                for task, network in zip(self.tasks, self.networks, strict=True)
+                for name, variable in named_weights(network).items()
+            }
+        first = {id(v) for v in self.head(0).weights}
+        found = {name: v for name, v in named_weights(self.networks[0]).items() if id(v) not in first}
+        for index, task in enumerate(self.tasks):
+            found.update({f"heads.{task}.{v.name}": v for v in self.head(index).weights})
+        return found
+
+    def single_task_name(self, name: str) -> str:
+        """A checkpoint name of this model as a single-task model of the family names the weight: a head's
+        as the output layer's (``heads.fr.kernel``: ``layer_6.kernel``), a separate task's without its
+        prefix (``training.init_from`` of a single-task run)."""
+        prefix, _, rest = name.partition(".")
+        if prefix == "heads" and self.sharing == "heads":
+            return f"{self.family.layers(self.networks[0])[-1]}.{rest.partition('.')[2]}"
+        if prefix == "tasks" and self.sharing == "separate":
+            return rest.partition(".")[2]
+        return name
+
+    def rng_states(self) -> dict:
+        """{checkpoint name: variable} of the dropout random-number state (``weights.rng_states``)."""
+        if self.sharing != "separate":
+            return rng_states(self.networks[0])
+        return {
+            f"tasks.{task}.{index}": variable
+            for task, network in zip(self.tasks, self.networks, strict=True)
+            for index, variable in enumerate(rng_states(network).values())
+        }
+
+
+def task_weight_names(config, model) -> dict[str, str]:
+    """{name in ``model``: name in the checkpoint} for ``model``, a single-task model of the family built
+    for task ``config.task`` of a multi-task ``config`` (a task's view), read from the multi-task run's
+    checkpoint; the identity for a single-task config and with ``sharing: shared``."""
+    names = {name: name for name in named_weights(model)}
+    if not config.task or config.multitask.sharing == "shared":
+        return names
+    if config.multitask.sharing == "separate":
+        return {name: f"tasks.{config.task}.{name}" for name in names}
+    head = {
+        weight_name(v): v.name for v in model_family(config.model.architecture).output_layer(model).weights
+    }
+    return {name: f"heads.{config.task}.{head[name]}" if name in head else name for name in names}
