@@ -24,8 +24,6 @@ from pipeline.config import ModelConfig, family_option
 from pipeline.model.family import FRAMES, ModelFamily, StateTensor, StreamingForm, StreamInput
 
 SUBSAMPLINGS = (1, 2, 4, 8)
-# ``forward``'s chunk in training: drawn per batch (``conformer_net``).
-DYNAMIC = "dynamic"
 
 
 @dataclass(frozen=True)
@@ -120,6 +118,8 @@ class Conformer(ModelFamily):
         the chunked computation the export streams (``chunk_frames``), or with ``full_context`` every label
         seeing the whole utterance. The padding of a batch changes nothing, so an utterance's logits do not
         depend on what it is batched with."""
+        from pipeline.model.conformer_net import DYNAMIC
+
         settings = model.model_config.options
         chunk = None if full_context else DYNAMIC if training else settings.chunk_frames
         return model(features, lengths=lengths, training=training, chunk=chunk), self.output_lengths(
@@ -170,6 +170,8 @@ class Conformer(ModelFamily):
     def encode(self, model, features, lengths, training: bool):
         """The last block's output ``[batch, time / subsampling, d_model]`` (chunked as ``forward``'s, with
         a chunk size drawn per batch in training) and the output lengths."""
+        from pipeline.model.conformer_net import DYNAMIC
+
         chunk = DYNAMIC if training else model.model_config.options.chunk_frames
         return model.encode(features, lengths=lengths, training=training, chunk=chunk), self.output_lengths(
             model.model_config, lengths

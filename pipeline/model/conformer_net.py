@@ -22,8 +22,10 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from pipeline.model.conformer import DYNAMIC
 from pipeline.model.family import StreamingForm
+
+# ``ConformerModel.call``'s chunk in training (``Conformer.forward``): a chunk size drawn per batch.
+DYNAMIC = "dynamic"
 
 # Training draws chunk sizes of 1 to this many labels (WeNet's U2), or the full utterance.
 MAX_DRAWN_CHUNK = 25
