@@ -127,9 +127,10 @@ print("MAXDIFF", diff, len(weights[0]))
 """
 
 
-@pytest.mark.parametrize("family, weights", [("deepspeech", 13), ("conformer", 66)])
-def test_two_towers_give_the_same_update_as_one_device(small_config, tmp_path, family, weights):
-    common = "training:\n  epochs: 1\n  global_batch_size: 8\n" + FAMILY_MODELS[family]
+# DeepSpeech's family only: the Conformer draws its training chunk size from each tower's padded length,
+# so two towers compute other masks than one device (docs/TRAINING.md "Dynamic chunk training").
+def test_two_towers_give_the_same_update_as_one_device(small_config, tmp_path):
+    common = "training:\n  epochs: 1\n  global_batch_size: 8\n"
     one = small_config("one.yaml", limit_train=8, extra=common + "distribution:\n  strategy: one_device\n")
     two = small_config(
         "two.yaml", limit_train=8, extra=common + "distribution:\n  strategy: mirrored\n  cpu_devices: 2\n"
@@ -149,7 +150,7 @@ def test_two_towers_give_the_same_update_as_one_device(small_config, tmp_path, f
     assert result.returncode == 0, result.stderr[-3000:]
     line = [out_line for out_line in result.stdout.splitlines() if out_line.startswith("MAXDIFF")][0]
     diff, count = float(line.split()[1]), int(line.split()[2])
-    assert count == weights
+    assert count == 13
     # Float rounding only: two towers sum each weight's gradient in another order (the fused LSTM's weight
     # gradients are one product over all frames of a tower), and Adam's first update, g / (|g| + eps),
     # magnifies the rounding of the smallest gradients. A wrong reduction differs by the learning rate.
