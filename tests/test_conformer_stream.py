@@ -230,6 +230,25 @@ def test_the_client_streams_an_exported_conformer_fed_any_number_of_samples(expo
         assert client.transcribe(samples) == client.greedy.decode(one_shot)
 
 
+def test_the_model_card_describes_the_conformer_not_deepspeechs_width(export):
+    """The card said "conformer (n_hidden 384)": sample.yaml's DeepSpeech width, which a Conformer has not."""
+    root, _ = export
+    card = json.loads((root / "metadata.json").read_text())["card"]["model"]
+    assert card["n_hidden"] is None
+    assert card["settings"] == {
+        **TINY,
+        "subsampling": 4,
+        "ff_mult": 4,
+        "dropout": 0.1,
+        "attention_dropout": 0.1,
+        "chunk_frames": 3,
+        "left_chunks": 2,
+    }
+    text = (root / "MODEL_CARD.md").read_text()
+    assert "n_hidden" not in text
+    assert "- Architecture: conformer (d_model 32, heads 2, layers 2, conv_kernel 5, subsampling 4," in text
+
+
 def test_the_server_serves_a_conformer_batched(export):
     from tests.test_serve import Server
     from tests.test_serve import _stream as stream_clip

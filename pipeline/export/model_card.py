@@ -11,6 +11,7 @@ the decoder they were decoded with.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -90,7 +91,9 @@ def build_card(config: Config, record: ExportRecord, train_report: Path, evaluat
         },
         "model": {
             "architecture": record.architecture,
-            "n_hidden": config.model.n_hidden,
+            # DeepSpeech's width; another family's own settings instead (a Conformer has no n_hidden)
+            "n_hidden": None if _family_settings(config) else config.model.n_hidden,
+            "settings": _family_settings(config),
             "features": record.features.get("type", "mfcc"),
             "sample_rate": record.features.get("sample_rate"),
             "output": record.output,
@@ -109,6 +112,12 @@ def build_card(config: Config, record: ExportRecord, train_report: Path, evaluat
     }
 
 
+def _family_settings(config: Config) -> dict | None:
+    """The model family's own settings (``model.<family>:``), None for DeepSpeech's (the section's keys)."""
+    options = config.model.options
+    return dataclasses.asdict(options) if dataclasses.is_dataclass(options) else None
+
+
 def _figures(rates: dict, headline: str) -> str:
     order = ("cer", "wer") if headline == "cer" else ("wer", "cer")
     return ", ".join(f"{name.upper()} {rates[name]:.4f}" for name in order)
@@ -117,6 +126,13 @@ def _figures(rates: dict, headline: str) -> str:
 def _settings(settings: dict) -> str:
     shown = {k: v for k, v in settings.items() if k != "type" and not isinstance(v, (dict, list))}
     return ", ".join(f"{k} {v}" for k, v in shown.items())
+
+
+def _geometry(model: dict) -> str:
+    """DeepSpeech's width, or another family's settings (cards written before these had n_hidden only)."""
+    if model.get("settings"):
+        return _settings(model["settings"])
+    return f"n_hidden {model['n_hidden']}"
 
 
 def render_card(card: dict, files: dict) -> str:
@@ -137,7 +153,7 @@ def render_card(card: dict, files: dict) -> str:
     ]
     model = card["model"]
     lines += [
-        f"- Architecture: {model['architecture']} (n_hidden {model['n_hidden']}), "
+        f"- Architecture: {model['architecture']} ({_geometry(model)}), "
         f"{model['features']} features at {model['sample_rate']} Hz, "
         f"{model['n_classes']} output classes ({model['output']})",
         f"- TFLite weights: {'int8 (dynamic range)' if model['quantized'] else 'float32'}",
