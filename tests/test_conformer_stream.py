@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -228,6 +231,22 @@ def test_the_client_streams_an_exported_conformer_fed_any_number_of_samples(expo
         assert 0 < len(partial) < len(one_shot)
         np.testing.assert_allclose(stream.flush(), one_shot, atol=1e-6)
         assert client.transcribe(samples) == client.greedy.decode(one_shot)
+
+
+def test_the_tflite_client_of_a_conformer_keeps_litert_set_up_lines_off_stderr(export):
+    """The Conformer's TFLite runs in LiteRT's Interpreter (the weight cache computed its int8 batched
+    signature wrongly): its first call printed "INFO: Created TensorFlow Lite XNNPACK delegate for CPU."."""
+    root, _ = export
+    result = subprocess.run(
+        [sys.executable, "-m", "native_client", "--model", str(root), "--audio", str(CLIPS[1])]
+        + ["--no-scorer"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert "XNNPACK delegate" not in result.stderr, result.stderr
 
 
 def test_the_model_card_describes_the_conformer_not_deepspeechs_width(export):
