@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -124,13 +127,52 @@ def test_the_caches_carry_the_left_context_so_tokens_across_chunks_decode_as_in_
 def test_dynamic_chunks_draw_full_context_and_small_chunks_reproducibly():
     config = _config()
     model = build_model(config.model, 26, 29)
-    draws = [tuple(int(t) for t in model.draw_chunk(tf.constant(100))) for _ in range(200)]
+    draws = [tuple(int(t) for t in model.draw_chunk()) for _ in range(200)]
     chunks = {chunk for chunk, full in draws if not full}
     fulls = sum(full for _, full in draws)
-    assert 60 < fulls < 140 and all(chunk == 100 for chunk, full in draws if full)
-    assert chunks <= set(range(1, 26)) and len(chunks) > 15
+    assert 60 < fulls < 140
+    assert chunks <= set(range(1, 26)) and len(chunks) > 20
     again = build_model(config.model, 26, 29)  # the same seed: the same draws (and a resumed run too)
-    assert [tuple(int(t) for t in again.draw_chunk(tf.constant(100))) for _ in range(200)] == draws
+    assert [tuple(int(t) for t in again.draw_chunk()) for _ in range(200)] == draws
+
+
+def test_a_drawn_chunk_does_not_depend_on_what_an_utterance_is_batched_with():
+    """Training's chunk draws: an utterance's logits are the same in a batch and in a part of it (what a
+    tower gets of a global batch), draw for draw. The draw read the batch's longest utterance (two towers
+    drew other chunks than one device for the same step), and the longest utterance's last chunk lacked
+    the labels of zero frames the others' had."""
+    config = _config(dropout=0.0, attention_dropout=0.0)
+    family = model_family("conformer")
+    whole, part = build_model(config.model, 26, 29), build_model(config.model, 26, 29)
+    rng = np.random.default_rng(3)
+    lengths = [150, 97, 61, 23]  # 38, 25, 16 and 6 labels
+    batch = np.zeros((4, 150, 26), np.float32)
+    for row, length in enumerate(lengths):
+        batch[row, :length] = rng.standard_normal((length, 26))
+    for _ in range(12):  # chunks and full context: the same random state in both models
+        one, _ = family.forward(whole, batch, tf.constant(lengths), training=True)
+        tower, _ = family.forward(part, batch[2:, :61], tf.constant(lengths[2:]), training=True)
+        for row in (2, 3):
+            labels = -(-lengths[row] // 4)
+            np.testing.assert_allclose(tower.numpy()[row - 2, :labels], one.numpy()[row, :labels], atol=2e-5)
+
+
+def test_the_training_step_with_drawn_chunks_compiles_with_xla():
+    """training.jit_compile: the drawn chunk sizes shape nothing XLA must know (a batch padded to whole
+    drawn chunks did not compile: 'shape ... depends on a stateful operation such as a random number
+    generator'). XLA's random numbers are not the plain step's: its draws are others."""
+    import keras
+
+    from pipeline.config import TrainingConfig
+    from pipeline.train.step import loss_gradients
+
+    config = _config(dropout=0.0, attention_dropout=0.0)
+    model = build_model(config.model, 26, 29)
+    step = loss_gradients(model, keras.optimizers.Adam(), TrainingConfig(jit_compile=True), 28)
+    features = tf.constant(np.random.default_rng(4).standard_normal((2, 90, 26)).astype(np.float32))
+    batch = (features, tf.constant([90, 61]), tf.constant([[1, 2, 3], [4, 5, 0]]), tf.constant([3, 2]))
+    losses = [float(step(*batch, tf.constant(2.0))[0]) for _ in range(8)]
+    assert np.isfinite(losses).all() and len(set(losses)) > 2, losses  # chunks and full context drawn
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +231,41 @@ def test_the_client_streams_an_exported_conformer_fed_any_number_of_samples(expo
         assert 0 < len(partial) < len(one_shot)
         np.testing.assert_allclose(stream.flush(), one_shot, atol=1e-6)
         assert client.transcribe(samples) == client.greedy.decode(one_shot)
+
+
+def test_the_tflite_client_of_a_conformer_keeps_litert_set_up_lines_off_stderr(export):
+    """The Conformer's TFLite runs in LiteRT's Interpreter (the weight cache computed its int8 batched
+    signature wrongly): its first call printed "INFO: Created TensorFlow Lite XNNPACK delegate for CPU."."""
+    root, _ = export
+    result = subprocess.run(
+        [sys.executable, "-m", "native_client", "--model", str(root), "--audio", str(CLIPS[1])]
+        + ["--no-scorer"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert "XNNPACK delegate" not in result.stderr, result.stderr
+
+
+def test_the_model_card_describes_the_conformer_not_deepspeechs_width(export):
+    """The card said "conformer (n_hidden 384)": sample.yaml's DeepSpeech width, which a Conformer has not."""
+    root, _ = export
+    card = json.loads((root / "metadata.json").read_text())["card"]["model"]
+    assert card["n_hidden"] is None
+    assert card["settings"] == {
+        **TINY,
+        "subsampling": 4,
+        "ff_mult": 4,
+        "dropout": 0.1,
+        "attention_dropout": 0.1,
+        "chunk_frames": 3,
+        "left_chunks": 2,
+    }
+    text = (root / "MODEL_CARD.md").read_text()
+    assert "n_hidden" not in text
+    assert "- Architecture: conformer (d_model 32, heads 2, layers 2, conv_kernel 5, subsampling 4," in text
 
 
 def test_the_server_serves_a_conformer_batched(export):

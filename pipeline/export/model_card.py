@@ -13,6 +13,7 @@ exported model, and with ``export.card.evaluation`` the average's own dev figure
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -101,7 +102,9 @@ def build_card(
         },
         "model": {
             "architecture": record.architecture,
-            "n_hidden": config.model.n_hidden,
+            # DeepSpeech's width; another family's own settings instead (a Conformer has no n_hidden)
+            "n_hidden": None if _family_settings(config) else config.model.n_hidden,
+            "settings": _family_settings(config),
             "features": record.features.get("type", "mfcc"),
             "sample_rate": record.features.get("sample_rate"),
             "output": record.output,
@@ -123,6 +126,12 @@ def build_card(
     }
 
 
+def _family_settings(config: Config) -> dict | None:
+    """The model family's own settings (``model.<family>:``), None for DeepSpeech's (the section's keys)."""
+    options = config.model.options
+    return dataclasses.asdict(options) if dataclasses.is_dataclass(options) else None
+
+
 def _figures(rates: dict, headline: str) -> str:
     order = ("cer", "wer") if headline == "cer" else ("wer", "cer")
     return ", ".join(f"{name.upper()} {rates[name]:.4f}" for name in order)
@@ -131,6 +140,13 @@ def _figures(rates: dict, headline: str) -> str:
 def _settings(settings: dict) -> str:
     shown = {k: v for k, v in settings.items() if k != "type" and not isinstance(v, (dict, list))}
     return ", ".join(f"{k} {v}" for k, v in shown.items())
+
+
+def _geometry(model: dict) -> str:
+    """DeepSpeech's width, or another family's settings (cards written before these had n_hidden only)."""
+    if model.get("settings"):
+        return _settings(model["settings"])
+    return f"n_hidden {model['n_hidden']}"
 
 
 def render_card(card: dict, files: dict) -> str:
@@ -151,7 +167,7 @@ def render_card(card: dict, files: dict) -> str:
     ]
     model = card["model"]
     lines += [
-        f"- Architecture: {model['architecture']} (n_hidden {model['n_hidden']}), "
+        f"- Architecture: {model['architecture']} ({_geometry(model)}), "
         f"{model['features']} features at {model['sample_rate']} Hz, "
         f"{model['n_classes']} output classes ({model['output']})",
         f"- TFLite weights: {'int8 (dynamic range)' if model['quantized'] else 'float32'}",

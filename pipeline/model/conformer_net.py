@@ -9,7 +9,7 @@ and a cache of what came before:
 - attention is masked to a label's own chunk and ``left_chunks`` chunks before it (``chunk`` given), or
   sees the whole utterance (full context); in a chunk, every label sees the whole chunk, so the last
   chunk of an utterance is padded with labels of zero frames (what a stream fed zero frames past the end
-  computes) and its labels see them;
+  computes) and its labels see them (in training, with a drawn chunk, they see none past the end);
 - the depthwise convolution sees ``conv_kernel - 1`` labels before its own and none after.
 
 So padding a batch changes no utterance's logits, and ``ConformerStreaming`` (one chunk a call, each
@@ -97,14 +97,17 @@ def attention_mask(lengths, time, chunk, left_chunks, full=None):
     row that are computed as a lone utterance's, ``[batch, time]`` (booleans). With ``chunk``
     None, every query sees the labels before each row's ``lengths``; else a query sees its own chunk and
     ``left_chunks`` chunks before it, of the labels up to the end of the chunk of the row's last label
-    (``full``, a boolean tensor, may turn the chunks off, as a drawn full-context batch does)."""
+    (``full``, a boolean tensor, may turn the chunks off, as a drawn full-context batch does). A drawn
+    batch (``full`` given: training) sees the labels up to each row's last one, as WeNet's mask: the
+    batch is not padded to whole chunks of a drawn size (a shape XLA could not know), so a row's last
+    chunk would otherwise reach past the longest row's end or not, by what the row is batched with."""
     if chunk is None:
         valid = tf.sequence_mask(lengths, time)
         return valid[:, None, None, :], valid
     chunk = tf.cast(chunk, lengths.dtype)
     reach = (lengths + chunk - 1) // chunk * chunk
     if full is not None:
-        reach = tf.where(full, lengths, reach)
+        reach = lengths
         chunk = tf.where(full, tf.cast(time, lengths.dtype), chunk)
     block = tf.range(time, dtype=lengths.dtype) // chunk
     near = (block[None, :] <= block[:, None]) & (block[None, :] >= block[:, None] - left_chunks)
@@ -270,13 +273,15 @@ class ConformerModel(keras.Model):
         # The chunk sizes drawn in training: a checkpointed random state, so a resumed run draws the same.
         self.chunk_seed = keras.random.SeedGenerator(seed + 60, name="chunk_seed")
 
-    def draw_chunk(self, labels):
-        """WeNet U2's draw for a batch of ``labels`` output frames: ``r`` uniform in 1..labels; full context
-        when ``r > labels / 2``, else a chunk of ``r mod 25 + 1`` labels. ``(chunk, full)`` tensors."""
+    def draw_chunk(self):
+        """The chunk of a training batch, as WeNet U2 draws it but read from nothing in the batch: full
+        context half the time, else a chunk of 1 to ``MAX_DRAWN_CHUNK`` labels, uniformly. WeNet's draw
+        reads the batch's longest utterance: towers, each with part of a global batch, then drew other
+        chunks than one device does for the same step. ``(chunk, full)`` tensors."""
         uniform = keras.random.uniform([], seed=self.chunk_seed)
-        drawn = tf.minimum(tf.cast(uniform * tf.cast(labels, tf.float32), tf.int32), labels - 1) + 1
-        full = drawn > labels // 2
-        return tf.where(full, labels, drawn % MAX_DRAWN_CHUNK + 1), full
+        full = uniform >= 0.5
+        drawn = tf.minimum(tf.cast(uniform * (2 * MAX_DRAWN_CHUNK), tf.int32), MAX_DRAWN_CHUNK - 1) + 1
+        return drawn, full
 
     def call(self, features, lengths=None, training=False, chunk=None):
         """Logits of the subsampled frames (see the class docstring)."""
@@ -292,15 +297,14 @@ class ConformerModel(keras.Model):
         lengths = tf.cast(lengths, tf.int32)
         features = _mask(features, tf.sequence_mask(lengths, time))
         labels = (time + factor - 1) // factor
-        padded = labels
-        if isinstance(chunk, int):  # the last chunk's labels of zero frames, as a stream computes them
+        full, padded = None, labels
+        if isinstance(chunk, str) and chunk == DYNAMIC:
+            chunk, full = self.draw_chunk() if training else (None, None)
+        elif chunk is not None:  # the last chunk's labels of zero frames, as a stream computes them
             padded = (labels + chunk - 1) // chunk * chunk
         features = tf.pad(features, [[0, 0], [self.subsampling.lookback, padded * factor - time], [0, 0]])
         x = self.subsampling(features)
         output_lengths = (lengths + factor - 1) // factor
-        full = None
-        if chunk == DYNAMIC:
-            chunk, full = self.draw_chunk(padded) if training else (None, None)
         visible, valid = attention_mask(output_lengths, padded, chunk, self.left_chunks, full)
         x = self.input_drop(x, training=training)
         for block in self.blocks:
