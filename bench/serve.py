@@ -111,7 +111,8 @@ def profile(export: Path, threads: int, repeats: int, batches: tuple[int, ...]) 
     with tempfile.NamedTemporaryFile(suffix=".tflite") as handle:
         handle.write(recurrence_model(n_hidden, meta.n_steps))
         handle.flush()
-        recurrence = open_tflite(handle.name, threads)  # as the export runs: the kernel packed once
+        # as the export runs: the kernel packed once
+        recurrence = open_tflite(handle.name, threads, shared_weights=True)
     (signature,) = recurrence.signatures()
     feed = {
         name: rng.normal(0, 0.5, shape).astype(np.float32)
