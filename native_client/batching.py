@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from native_client.litert import InterpreterModel
 from native_client.runtime import SavedModelRunner, StepRunner, TFLiteRunner
 
 
@@ -78,8 +79,10 @@ def batch_runner(runner: StepRunner) -> BatchRunner:
     one and the backend runs it (TFLite, SavedModel), else one batch-1 call per stream."""
     signature = runner.metadata.tensors.get("batch_signature")
     if signature and isinstance(runner, TFLiteRunner) and signature in runner.model.signatures():
-        # The step's own model: its batched signature shares the packed weights of the batch-1 one.
-        model = runner.model
+        # A model of its own in LiteRT's Interpreter: the shared-weights model resizes its inputs at every
+        # change of batch size, which costs far more there (bench/serve.py: 80 real-time streams against
+        # 144 through the Interpreter). The price is a second packed copy of the weights in the server.
+        model = InterpreterModel(str(runner.metadata.path("tflite")), runner.threads)
         return _SignatureBatchRunner(runner, lambda inputs: model.run(signature, inputs))
     if signature and isinstance(runner, SavedModelRunner) and signature in runner.loaded.signatures:
         function = runner.loaded.signatures[signature]
