@@ -30,6 +30,7 @@ from pipeline.train.hooks import StopTraining, TrainHooks
 from pipeline.train.loop import Trainer
 from tests.conftest import ROOT, build_features
 from tests.plugins.step_barrier import StepBarrier
+from tests.towers import compare_runs
 
 
 def test_windows_keep_consecutive_plan_steps_together_and_one_step_windows_are_the_old_order():
@@ -226,27 +227,6 @@ def test_sigkill_inside_a_window_resumes_from_the_window_before_to_the_same_weig
     assert train_stage(Layout(clean)).weights_sha256 == report.weights_sha256
 
 
-_TOWERS = """
-import sys, numpy as np, tensorflow as tf
-from pipeline.config_loader import load_config
-from pipeline.layout import Layout
-from pipeline.model.checkpoints import resolve_checkpoint
-from pipeline.stages.train import train_stage
-from pipeline.train.distribute import configure_devices
-one, two = load_config(sys.argv[1]), load_config(sys.argv[2])
-configure_devices(two.distribution)
-weights = []
-for config in (one, two):
-    report = train_stage(Layout(config))
-    print("RUN", report.towers, report.global_step, report.updates)
-    reader = tf.train.load_checkpoint(resolve_checkpoint(report.latest_checkpoint.rsplit("/", 1)[0]))
-    weights.append(
-        {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("weights/")}
-    )
-print("MAXDIFF", max(float(np.max(np.abs(weights[0][k] - weights[1][k]))) for k in weights[0]))
-"""
-
-
 def test_two_towers_accumulating_two_batches_of_8_make_the_update_of_one_batch_of_16(small_config, tmp_path):
     """Two towers (logical CPU devices) of 4 utterances, 2 batches per update: the weights of one device
     at batch 16 (each tower's gradients are summed over its batches, then over the towers, once per
@@ -263,21 +243,8 @@ def test_two_towers_accumulating_two_batches_of_8_make_the_update_of_one_batch_o
         "  cpu_devices: 2\n",
     )
     build_features(load_config(one), ("train", "dev"))
-    script = tmp_path / "towers.py"
-    script.write_text(_TOWERS)
-    result = subprocess.run(
-        [sys.executable, str(script), str(one), str(two)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    runs = [line.split()[1:] for line in result.stdout.splitlines() if line.startswith("RUN")]
-    assert runs == [["1", "4", "4"], ["2", "8", "4"]], runs
-    difference = float(
-        next(line for line in result.stdout.splitlines() if line.startswith("MAXDIFF")).split()[1]
-    )
+    runs, difference, _ = compare_runs(one, two)
+    assert runs == [(1, 4, 4), (2, 8, 4)], runs
     # Float rounding (test_trainer's two-tower test measures the same order); a wrong reduction is ~1e-3 off.
     assert difference < 5e-5, difference
 

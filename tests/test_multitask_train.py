@@ -3,9 +3,6 @@ is the sample's other speakers, with an alphabet of its own: the point is two he
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -26,6 +23,7 @@ from pipeline.stages.train import task_data, train_stage
 from pipeline.train.hooks import StepInfo, StopTraining, TrainHooks
 from tests.conftest import ROOT
 from tests.corpus_factory import sample_rows, write_manifest
+from tests.towers import compare_runs
 
 pytestmark = pytest.mark.slow
 
@@ -189,26 +187,6 @@ def test_only_the_ratio_of_the_tasks_weights_counts(tmp_path):
     assert half.weights_sha256 == double.weights_sha256
 
 
-_TOWERS = """
-import sys, numpy as np, tensorflow as tf
-from pipeline.config_loader import load_config
-from pipeline.train.distribute import configure_devices
-from pipeline.layout import Layout
-from pipeline.stages.train import train_stage
-one, two = load_config(sys.argv[1]), load_config(sys.argv[2])
-configure_devices(two.distribution)
-weights = []
-for config in (one, two):
-    report = train_stage(Layout(config))
-    assert report.towers == (1 if config is one else 2), report.towers
-    reader = tf.train.load_checkpoint(report.latest_checkpoint)
-    names = [k for k in reader.get_variable_to_shape_map() if k.startswith("weights/")]
-    weights.append({k: reader.get_tensor(k) for k in names})
-diff = max(float(np.max(np.abs(weights[0][k] - weights[1][k]))) for k in weights[0])
-print("MAXDIFF", diff, len(weights[0]))
-"""
-
-
 @pytest.mark.long
 def test_two_towers_train_the_tasks_as_one_device_does(tmp_path):
     """Towers as for one task: each task's batch is split over two CPU towers, and the update is the
@@ -227,19 +205,9 @@ def test_two_towers_train_the_tasks_as_one_device_does(tmp_path):
         multitask,
         extra=common + "distribution: {strategy: mirrored, cpu_devices: 2}\n",
     )
-    script = tmp_path / "towers.py"
-    script.write_text(_TOWERS)
-    result = subprocess.run(
-        [sys.executable, str(script), one.source, two.source],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    line = next(out for out in result.stdout.splitlines() if out.startswith("MAXDIFF"))
-    diff, count = float(line.split()[1]), int(line.split()[2])
+    runs, diff, count = compare_runs(one.source, two.source)
+    assert [towers for towers, _, _ in runs] == [1, 2], runs
+    line = f"MAXDIFF {diff} {count}"
     assert count == 15  # the encoder's 11 weights and the two heads' 2 each
     assert diff < 5e-5, line
 

@@ -30,6 +30,7 @@ from pipeline.train.distribute import make_strategy
 from pipeline.train.loop import Trainer, TrainingError, global_batch_size
 from tests.conftest import ROOT, build_features
 from tests.plugins.step_barrier import StepBarrier
+from tests.towers import compare_runs
 
 # The tiny model of each built-in family (YAML lines), for the tests that must hold for every family.
 FAMILY_MODELS = {
@@ -104,29 +105,6 @@ def test_global_batch_must_split_over_towers(small_config):
     assert global_batch_size(config, 2) == (3, 6)
 
 
-_TOWERS = """
-import sys, numpy as np, tensorflow as tf
-from pipeline.config_loader import load_config
-from pipeline.train.distribute import configure_devices
-from pipeline.layout import Layout
-from pipeline.stages.train import train_stage
-from pipeline.model.checkpoints import resolve_checkpoint
-one, two = load_config(sys.argv[1]), load_config(sys.argv[2])
-configure_devices(two.distribution)
-weights = []
-for config in (one, two):
-    report = train_stage(Layout(config))
-    assert report.towers == (1 if config is one else 2), report.towers
-    reader = tf.train.load_checkpoint(resolve_checkpoint(report.latest_checkpoint.rsplit("/", 1)[0]))
-    weights.append(
-        {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("weights/")}
-    )
-init = 0
-diff = max(float(np.max(np.abs(weights[0][k] - weights[1][k]))) for k in weights[0])
-print("MAXDIFF", diff, len(weights[0]))
-"""
-
-
 @pytest.mark.parametrize("family, weights", [("deepspeech", 13), ("conformer", 66)])
 def test_two_towers_give_the_same_update_as_one_device(small_config, tmp_path, family, weights):
     # Two steps: the Conformer's first chunk draw is full context, its second a chunk (which the towers
@@ -141,18 +119,9 @@ def test_two_towers_give_the_same_update_as_one_device(small_config, tmp_path, f
     config_one, config_two = load_config(one), load_config(two)
     assert Layout(config_one).train_run.root != Layout(config_two).train_run.root
     build_features(config_one)
-    script = tmp_path / "towers.py"
-    script.write_text(_TOWERS)
-    result = subprocess.run(
-        [sys.executable, str(script), str(one), str(two)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    line = [out_line for out_line in result.stdout.splitlines() if out_line.startswith("MAXDIFF")][0]
-    diff, count = float(line.split()[1]), int(line.split()[2])
+    runs, diff, count = compare_runs(one, two, timeout=300)
+    assert [towers for towers, _, _ in runs] == [1, 2], runs
+    line = f"MAXDIFF {diff} {count}"
     assert count == weights
     # Float rounding only: two towers sum each weight's gradient in another order (the fused LSTM's weight
     # gradients are one product over all frames of a tower). A wrong reduction differs by a good part of
