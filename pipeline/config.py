@@ -480,7 +480,8 @@ class TrainingConfig:
         "Gradient aggregation: average the gradients of this many batches before one optimizer update, "
         "the update of one batch this many times the size (a large batch on a small device). Global steps, "
         "checkpoint_steps and the epochs' batches count batches; the learning-rate schedule (decay_steps) "
-        "counts updates; checkpoints are saved between updates only (docs/TRAINING.md).",
+        "counts updates; checkpoints are saved between updates only. With multitask a window is this many "
+        "steps of the task schedule (docs/TRAINING.md).",
         minimum=1,
         when={"train": _accumulates},
     )

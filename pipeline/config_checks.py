@@ -109,13 +109,7 @@ def validate_tasks(config: Config) -> None:
                 f"{src}: multitask.tasks: no task given (multitask.sharing and sampling need tasks)"
             )
         return
-    # Not built yet for several tasks: an update window would span the tasks' step draws, and an average
-    # would have to be taken per task's head.
-    if config.training.accumulate_batches != 1:
-        raise ConfigError(
-            f"{src}: training.accumulate_batches: not supported with multitask yet (set 1, or raise "
-            f"training.batch_size)"
-        )
+    # Not built yet for several tasks: an average would have to be taken per task's head.
     if config.export.average.count:
         raise ConfigError(f"{src}: export.average: not supported with multitask yet (remove the key)")
     seen: dict[str, int] = {}

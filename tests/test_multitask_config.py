@@ -187,10 +187,6 @@ def test_a_child_config_replaces_the_task_list(write_config, tmp_path):
 @pytest.mark.parametrize(
     "extra, says",
     [
-        (
-            {"training": {"accumulate_batches": 2}},
-            "training.accumulate_batches: not supported with multitask",
-        ),
         ({"export": {"average": {"last": 2}}}, "export.average: not supported with multitask"),
     ],
 )

@@ -66,6 +66,59 @@ def windows_of_epoch(plan: list[np.ndarray], epoch: int, seed: int, accumulate: 
     return EpochWindows(tuple(utterances), frozenset(ends))
 
 
+def reduce_flags(losses: list, finite_here, save_vote):
+    """In replica context, one all-reduce of a batch's scalars: ``losses`` (this tower's), whether this
+    tower's loss and gradients were finite, its save vote. Returns (the losses summed over the towers,
+    whether every tower was finite and the sums are, whether any tower voted to save)."""
+    dtype = losses[0].dtype
+    flags = tf.stack([*losses, 1.0 - tf.cast(finite_here, dtype), tf.cast(save_vote, dtype)])
+    summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, flags)
+    finite = tf.logical_and(tf.reduce_all(tf.math.is_finite(summed[:-2])), tf.equal(summed[-2], 0.0))
+    return tf.unstack(summed[:-2], num=len(losses)), finite, summed[-1] > 0
+
+
+class GradientSums:
+    """The accumulators of an update window: a per-replica variable (``ON_READ``) for each of
+    ``variables``, so that each tower adds its own gradients and the update all-reduces them once."""
+
+    def __init__(self, variables, strategy: tf.distribute.Strategy):
+        with strategy.scope():
+            self._sums = {
+                id(v): tf.Variable(
+                    tf.zeros(v.shape, v.dtype),
+                    trainable=False,
+                    name="accumulated",
+                    synchronization=tf.VariableSynchronization.ON_READ,
+                    aggregation=tf.VariableAggregation.SUM,
+                )
+                for v in variables
+            }
+
+    def add_if(self, finite, variables, grads) -> None:
+        """In replica context: add this tower's ``grads`` (of ``variables``) when ``finite``."""
+
+        def add():
+            for variable, grad in zip(variables, grads, strict=True):
+                self._sums[id(variable)].assign_add(grad)
+            return tf.constant(True)
+
+        tf.cond(finite, add, lambda: tf.constant(False))
+
+    def apply(self, variables, update, rescale, scaled_loss: bool):
+        """In replica context: ``update`` (``step.update_function`` of ``variables``) with the window's
+        gradient of ``variables`` (summed over the towers, times ``rescale``), then empty every sum; returns
+        whether the update was applied."""
+        context = tf.distribute.get_replica_context()
+        sums = [self._sums[id(v)].read_value() for v in variables]
+        grads = context.all_reduce(tf.distribute.ReduceOp.SUM, sums)
+        grads = [g * tf.cast(rescale, g.dtype) for g in grads]
+        applied = update(context, grads, tf.constant(True) if scaled_loss else all_finite(grads))
+        with tf.control_dependencies([applied]):
+            for total in self._sums.values():
+                total.assign(tf.zeros_like(total))
+        return tf.identity(applied)
+
+
 class AccumulatingStep:
     """The training step of ``training.accumulate_batches`` above 1: ``add`` runs one batch forward and
     backward into the accumulators, ``update`` applies the window's mean gradient and empties them.
@@ -89,17 +142,7 @@ class AccumulatingStep:
             strategy,
             training,
         )
-        with strategy.scope():
-            accumulators = [
-                tf.Variable(
-                    tf.zeros(v.shape, v.dtype),
-                    trainable=False,
-                    name="accumulated",
-                    synchronization=tf.VariableSynchronization.ON_READ,
-                    aggregation=tf.VariableAggregation.SUM,
-                )
-                for v in model.trainable_variables
-            ]
+        sums = GradientSums(variables, strategy)
 
         def replica_add(batch, save_vote, window_utterances):
             features, lengths, labels, label_lengths, indices = batch
@@ -108,32 +151,15 @@ class AccumulatingStep:
             # With loss scaling an overflow in the gradients is the LossScaleOptimizer's to handle at the
             # update (it skips it and lowers the scale); only the loss decides here.
             finite_here = all_finite([scaled] if scaled_loss else [scaled, *grads])
-            flags = tf.stack(
-                [scaled, 1.0 - tf.cast(finite_here, scaled.dtype), tf.cast(save_vote, scaled.dtype)]
-            )
-            summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, flags)
-            finite = tf.logical_and(tf.math.is_finite(summed[0]), tf.equal(summed[1], 0.0))
-
-            def add():
-                for accumulator, grad in zip(accumulators, grads, strict=True):
-                    accumulator.assign_add(grad)
-                return tf.constant(True)
-
-            tf.cond(finite, add, lambda: tf.constant(False))
+            (summed,), finite, save = reduce_flags([scaled], finite_here, save_vote)
+            sums.add_if(finite, variables, grads)
             batch_utterances = tf.cast(tf.shape(lengths)[0] * towers, summed.dtype)
             # The batch's own mean loss (what the loop logs): its sum was divided by the window's size.
-            loss = summed[0] * tf.cast(window_utterances, summed.dtype) / batch_utterances
-            return loss, finite, indices, summed[2] > 0
+            loss = summed * tf.cast(window_utterances, summed.dtype) / batch_utterances
+            return loss, finite, indices, save
 
         def replica_update(rescale):
-            context = tf.distribute.get_replica_context()
-            grads = context.all_reduce(tf.distribute.ReduceOp.SUM, [a.read_value() for a in accumulators])
-            grads = [g * tf.cast(rescale, g.dtype) for g in grads]
-            applied = update(context, grads, tf.constant(True) if scaled_loss else all_finite(grads))
-            with tf.control_dependencies([applied]):
-                for accumulator in accumulators:
-                    accumulator.assign(tf.zeros_like(accumulator))
-            return tf.identity(applied)
+            return sums.apply(variables, update, rescale, scaled_loss)
 
         self._replica_add, self._replica_update = replica_add, replica_update
         self._add = self._update = None

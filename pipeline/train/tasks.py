@@ -8,10 +8,9 @@ what differs with several tasks:
 - the input: a batch plan and a tf.data pipeline per task, and the steps' tasks from
   ``pipeline.batches.tasks`` (``multitask.sampling``); each task's position (the batches it has drawn since
   the run began) is in every checkpoint, so a resumed run draws the very next batch of each task;
-- the step (``MultiTaskStep``): each task's loss on its head or network through the family's forward pass
-  and loss head, times its weight over the mean weight, averaged over the step's tasks; one update of what
-  those tasks use (a head a step did not use is not moved: no Adam momentum on it), with the towers, the
-  non-finite guard and the save vote of the single-task step;
+- the step: ``task_step.MultiTaskStep`` (each task's weighted loss on its head or network, one update of
+  what the step's tasks use), or with ``training.accumulate_batches`` the update windows of
+  ``task_windows.py``;
 - validation: every task's dev split on its head (its loss, WER and CER in the history, the report and
   TensorBoard under ``dev_<task>``), and the figures the policy reads (early stop, plateau halving,
   ``training.best_by``) as the tasks' weighted mean.
@@ -29,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from native_client.alphabet import Labels
-from pipeline.batches.dataset import SplitReader, batch_plan, plan_digest, train_dataset
+from pipeline.batches.dataset import SplitReader, batch_plan, epoch_batches, plan_digest, train_dataset
 from pipeline.batches.tasks import epoch_tasks, steps_per_epoch, task_batches_per_epoch, tasks_digest
 from pipeline.config import Config
 from pipeline.evaluation.metrics import best_and_worst, corpus_rates, format_report, headline_metric
@@ -42,7 +41,14 @@ from pipeline.train.checkpointing import TrainingError
 from pipeline.train.distribute import ClusterRole
 from pipeline.train.hooks import TrainHooks
 from pipeline.train.loop import Trainer
-from pipeline.train.step import StepResult, TrainStep, guard_copies, update_function
+from pipeline.train.step import StepResult
+from pipeline.train.task_step import MultiTaskStep, TaskStepResult, loss_factors
+from pipeline.train.task_windows import (
+    MultiTaskAccumulatingStep,
+    TaskWindowedSteps,
+    TaskWindows,
+    task_windows,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,20 +68,6 @@ class TaskData:
     alphabet: Labels
 
 
-@dataclass(frozen=True)
-class TaskStepResult(StepResult):
-    """A multi-task step's result: ``tasks`` the tasks it drew from, ``indices`` per task (in that order)
-    the per-tower tensors of its utterance indices."""
-
-    tasks: tuple[int, ...] = ()
-
-
-def loss_factors(weights) -> list[float]:
-    """Each task's loss factor: its weight over the tasks' mean weight (equal weights: all 1)."""
-    mean = sum(weights) / len(weights)
-    return [w / mean for w in weights]
-
-
 def make_task_forward(model: MultiTaskModel, index: int, blank_index: int):
     """``make_forward`` (``pipeline.evaluation.run``) for task ``index`` of a multi-task model."""
     ctc = ctc_implementation(jit_compile=False)
@@ -87,92 +79,6 @@ def make_task_forward(model: MultiTaskModel, index: int, blank_index: int):
         return logits, loss, output_lengths
 
     return forward
-
-
-class MultiTaskStep(TrainStep):
-    """The training step over the tasks a step draws from (``__call__(tasks, batches, ...)``), compiled once
-    per set of tasks (one per task with ``proportional``, one with ``round_robin``)."""
-
-    def __init__(
-        self, model: MultiTaskModel, tasks: list[TaskData], optimizer, step_optimizer, strategy, training
-    ):
-        self.strategy, self.model = strategy, model
-        self._guarded, self._shadow_copies = guard_copies(
-            model.trainable_variables, optimizer, strategy, training
-        )
-        self._optimizers, self._training = (optimizer, step_optimizer), training
-        self._factors = loss_factors([task.weight for task in tasks])
-        self._blanks = [task.alphabet.blank_index for task in tasks]
-        self._steps: dict[tuple[int, ...], tuple] = {}
-
-    def start(self, epoch: int, step_in_epoch: int) -> None:
-        """Every step is its own update (``training.accumulate_batches`` is refused with tasks): nothing to
-        prepare at an epoch's start."""
-
-    def _loss(self, tasks: tuple[int, ...]):
-        """``loss(batches)``: the tower's share of the step's loss over ``tasks``' batches."""
-        model, towers = self.model, self.strategy.num_replicas_in_sync
-        ctc = ctc_implementation(self._training.jit_compile)
-
-        def loss(batches):
-            total = 0.0
-            for index, (features, lengths, labels, label_lengths, _) in zip(tasks, batches, strict=True):
-                logits, output_lengths = model.forward(index, features, lengths, training=True)
-                per_sample = model.family.loss(
-                    labels, label_lengths, logits, output_lengths, self._blanks[index], ctc
-                )
-                step_batch = tf.cast(tf.shape(lengths)[0] * towers, per_sample.dtype)
-                total += self._factors[index] * tf.reduce_sum(per_sample) / step_batch
-            return total / len(tasks)
-
-        return loss
-
-    def _compiled_for(self, tasks: tuple[int, ...], element_spec):
-        if tasks not in self._steps:
-            inner, optimizer = self._optimizers
-            scaled_loss, loss, variables = (
-                optimizer is not inner,
-                self._loss(tasks),
-                self.model.task_variables(tasks),
-            )
-
-            def gradients_of(batches):
-                with tf.GradientTape() as tape:
-                    scaled = loss(batches)
-                    backward = optimizer.scale_loss(scaled) if scaled_loss else scaled
-                return scaled, tape.gradient(backward, variables)
-
-            if self._training.jit_compile:
-                gradients_of = tf.function(gradients_of, jit_compile=True)
-            update = update_function(
-                variables, self._guarded, self._shadow_copies, optimizer, self.strategy, self._training
-            )
-            replica_step = self._build(
-                gradients_of, lambda batches: tuple(batch[-1] for batch in batches), update, scaled_loss
-            )
-            strategy = self.strategy
-            self._steps[tasks] = tf.function(
-                lambda b, vote: strategy.run(replica_step, args=(b, vote)),
-                input_signature=[element_spec, tf.TensorSpec([], tf.float32)],
-            )
-        return self._steps[tasks]
-
-    def __call__(
-        self, tasks: tuple[int, ...], batches, element_spec, save_vote: bool = False
-    ) -> TaskStepResult:
-        """One step on ``batches`` (a batch of each of ``tasks``, elements of their distributed datasets
-        whose ``element_spec`` is given, as a tuple)."""
-        compiled = self._compiled_for(tasks, element_spec)
-        loss, finite, applied, indices, save = compiled(tuple(batches), tf.constant(float(save_vote)))
-        local = self.strategy.experimental_local_results
-        return TaskStepResult(
-            loss=float(local(loss)[0].numpy()),
-            finite=bool(local(finite)[0].numpy()),
-            applied=bool(local(applied)[0].numpy()),
-            indices=tuple(tuple(local(part)) for part in indices),
-            save=bool(local(save)[0].numpy()),
-            tasks=tasks,
-        )
 
 
 class _TaskInputs:
@@ -237,7 +143,9 @@ class MultiTaskTrainer(Trainer):
         return (
             plans,
             steps_per_epoch(self.sampling, sizes),
-            tasks_digest(self.sampling, map(plan_digest, plans)),
+            tasks_digest(
+                self.sampling, [plan_digest(plan, self.config.training.accumulate_batches) for plan in plans]
+            ),
         )
 
     def _build_model(self) -> MultiTaskModel:
@@ -256,10 +164,31 @@ class MultiTaskTrainer(Trainer):
         self._positions = tf.Variable(tf.zeros([len(self.tasks)], tf.int64), trainable=False, name="tasks")
         return {"task_batches": self._positions}
 
-    def _make_step(self) -> MultiTaskStep:
-        return MultiTaskStep(
-            self.model, self.tasks, self.optimizer, self.step_optimizer, self.strategy, self.config.training
-        )
+    def _make_step(self) -> MultiTaskStep | TaskWindowedSteps:
+        blanks = [task.alphabet.blank_index for task in self.tasks]
+        args = (self.optimizer, self.step_optimizer, self.strategy, self.config.training)
+        accumulate = self.config.training.accumulate_batches
+        if accumulate == 1:
+            return MultiTaskStep(self.model, self.factors, blanks, *args)
+        step = MultiTaskAccumulatingStep(self.model, self.factors, blanks, *args)
+        return TaskWindowedSteps(step, self._windows_of, accumulate, self.steps_per_epoch)
+
+    def _windows_of(self, epoch: int) -> TaskWindows:
+        """The update windows of ``epoch`` (``training.accumulate_batches``), from the tasks' plans."""
+        sizes = [len(plan) for plan in self.plan]
+        accumulate = self.config.training.accumulate_batches
+        rounds: dict[tuple[int, int], list[int]] = {}
+
+        def batch_utterances(task: int, draw: int) -> int:
+            plan = self.plan[task]
+            key = (task, draw // len(plan))
+            if key not in rounds:
+                order = epoch_batches(plan, key[1], self._task_seed(task), accumulate)
+                rounds[key] = [len(batch) for batch in order]
+            return rounds[key][draw % len(plan)]
+
+        first = [epoch * task_batches_per_epoch(self.sampling, sizes, t) for t in range(len(sizes))]
+        return task_windows(self._epoch_tasks(epoch), first, batch_utterances, self.factors, accumulate)
 
     def _has_dev(self) -> bool:
         return any(task.dev is not None for task in self.tasks)
@@ -281,12 +210,14 @@ class MultiTaskTrainer(Trainer):
         needed = target * task_batches_per_epoch(self.sampling, sizes, index)
         end = max(rounds + 1, math.ceil(needed / len(plan)))
         augment = self.config.augment if self.config.augment.features_on else None
-        seed = self._task_seed(index)
+        seed, accumulate = self._task_seed(index), self.config.training.accumulate_batches
 
         def dataset_fn(context: tf.distribute.InputContext):
             local = context.num_replicas_in_sync // context.num_input_pipelines
             offset = context.input_pipeline_id * local
-            return train_dataset(reader, plan, towers, offset, local, rounds, start, end, seed, augment)
+            return train_dataset(
+                reader, plan, towers, offset, local, rounds, start, end, seed, augment, accumulate
+            )
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
