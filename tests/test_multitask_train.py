@@ -214,9 +214,11 @@ def test_two_towers_train_the_tasks_as_one_device_does(tmp_path):
 
 @pytest.mark.long
 @pytest.mark.usefixtures("tasks_in_process")
-def test_two_local_workers_train_the_tasks_to_identical_weights(tmp_path):
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_two_local_workers_train_the_tasks_to_identical_weights(tmp_path, accumulate):
     """Multi-worker as for one task: the Train task starts two local workers, each task's global batch
-    is split over them, and both end with the same weights, the chief's report's."""
+    is split over them, and both end with the same weights, the chief's report's; likewise with update
+    windows of 2 steps (the accumulated gradients all-reduced over the workers once per window)."""
     import json
 
     import luigi
@@ -224,12 +226,16 @@ def test_two_local_workers_train_the_tasks_to_identical_weights(tmp_path):
     from tasks import Train
 
     distribution = "distribution: {strategy: multi_worker, collective_timeout_s: 20, local_workers: 2}\n"
-    config = two_tasks(tmp_path, extra=distribution)
+    training = (
+        f"training: {{epochs: 2, batch_size: 4, accumulate_batches: {accumulate}, dev_batch_size: 8}}\n"
+    )
+    config = two_tasks(tmp_path, extra=distribution + training)
     assert luigi.build([Train(config=config.source)], local_scheduler=True)
     run = Layout(config).train_run
     report = json.loads(run.report.read_text())
     # global batch 2 workers x 4: en's 8 rows one batch, fr's 4 one batch; proportional, 2 epochs
     assert report["global_step"] == 4 and [t["batches_drawn"] for t in report["tasks"]] == [2, 2]
+    assert report["updates"] == 4 // accumulate
     results = [
         json.loads(
             [line for line in run.worker_log(i).read_text().splitlines() if line.startswith('{"worker"')][-1]
