@@ -32,6 +32,7 @@ from pipeline.model.checkpoints import (
     load_trained_model,
     resolve_checkpoint,
 )
+from pipeline.model.heads import task_weight_names
 from pipeline.model.weights import named_weights
 from pipeline.reports import DevFigures, TrainReport, read_report
 from pipeline.workdir import EPOCH_END_PREFIX, TrainRun
@@ -194,17 +195,20 @@ def plan_average(config: Config, run: TrainRun) -> Averaging:
 
 def load_averaged_model(config: Config, prefixes: Sequence[str], n_input: int, n_classes: int):
     """The model of ``config`` with each weight the mean of that weight in ``prefixes`` (summed in float64,
-    one weight at a time: memory holds one weight's sum, not the checkpoints)."""
+    one weight at a time: memory holds one weight's sum, not the checkpoints). For a task of a multi-task
+    config (its view), the task's single-task model, as ``load_trained_model`` reads it: the shared part
+    and the task's head or network, each the mean over the same checkpoints."""
     model = build_model(config.model, n_input, n_classes)
+    stored = task_weight_names(config, model)
     readers = []
     for prefix in prefixes:
         try:
-            check_geometry(prefix, model, Path(prefix).parent)
+            check_geometry(prefix, model, Path(prefix).parent, stored)
             readers.append((prefix, tf.train.load_checkpoint(prefix)))
         except _READ_ERRORS as error:
             raise _damaged(prefix, error) from None
     for name, variable in named_weights(model).items():
-        key = checkpoint_key(name)
+        key = checkpoint_key(stored[name])
         total = np.zeros(variable.shape, np.float64)
         for prefix, reader in readers:
             try:
