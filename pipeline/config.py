@@ -750,7 +750,9 @@ class ExportConfig:
         "Checkpoint averaging, {last: N} or {best: N}: TuneDecoder, Evaluate and Export use the mean of the "
         "weights of N epoch-end checkpoints, and Evaluate reports the dev figures of that mean beside the "
         "single best's. Train keeps those N checkpoints (whatever training.max_to_keep) while it runs with "
-        "this set; a run trained without it averages those it still has, and says so (docs/TRAINING.md).",
+        "this set; a run trained without it averages those it still has, and says so. With multitask, each "
+        "task's model (the shared part and its head or network) is averaged over the same checkpoints, best "
+        "ranked by the tasks' weighted mean (docs/TRAINING.md).",
         stages=("tune", "evaluate", "export"),
         when={"tune": _averaging, "evaluate": _averaging, "export": _averaging},
     )

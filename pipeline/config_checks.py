@@ -53,7 +53,8 @@ def validate_config(config: Config) -> None:
         raise ConfigError(
             f"{src}: export.average: give last or best, not both (last {average.last}, best {average.best})"
         )
-    if average.best and not (config.has_split("dev") and config.training.validation_epochs > 0):
+    # A multi-task run validates when one of its tasks has a dev split (validate_tasks checks that).
+    if average.best and not config.tasks and not _validates(config, (config,)):
         raise ConfigError(
             f"{src}: export.average.best ranks checkpoints by their validation, and this config has none "
             f"(no dev split, or training.validation_epochs 0); use export.average.last"
@@ -86,6 +87,12 @@ def validate_config(config: Config) -> None:
         )
 
 
+def _validates(config: Config, views) -> bool:
+    """Whether Train validates ``config``'s run: ``training.validation_epochs`` and a dev split in one of
+    ``views`` (the config itself, or a multi-task config's tasks)."""
+    return config.training.validation_epochs > 0 and any(view.has_split("dev") for view in views)
+
+
 # A task's name: its --task, its head's weight names, its export folder.
 TASK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # The data keys a phonemes task takes from its ``of`` task instead.
@@ -109,9 +116,6 @@ def validate_tasks(config: Config) -> None:
                 f"{src}: multitask.tasks: no task given (multitask.sharing and sampling need tasks)"
             )
         return
-    # Not built yet for several tasks: an average would have to be taken per task's head.
-    if config.export.average.count:
-        raise ConfigError(f"{src}: export.average: not supported with multitask yet (remove the key)")
     seen: dict[str, int] = {}
     for index, task in enumerate(multitask.tasks):
         where = f"{src}: multitask.tasks[{index}]"
@@ -156,6 +160,11 @@ def validate_tasks(config: Config) -> None:
         if view.phonemes_of and view.model.output != "characters":
             raise ConfigError(f"{view.source}: model.output: a phonemes task's labels are IPA characters")
         validate_config(view)
+    if config.export.average.best and not _validates(config, views):
+        raise ConfigError(
+            f"{src}: export.average.best ranks checkpoints by their validation, and this config has none "
+            f"(no task has a dev split, or training.validation_epochs 0); use export.average.last"
+        )
     if multitask.sharing == "shared":
         labels = {
             view.task: (view.model.output, view.paths.alphabet if view.model.output == "characters" else None)

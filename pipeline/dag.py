@@ -143,8 +143,9 @@ def _exported(config: Config, params: dict) -> bool:
 
 
 def _average_dev(config: Config, params: dict | None = None) -> list[Node]:
-    """The dev features, for Evaluate's dev figures of an averaged model (``export.average``)."""
-    if not (config.export.average.count and config.has_split("dev")):
+    """The dev features, for Evaluate's dev figures of an averaged model (``export.average``): of the
+    instance's task, when it has a dev split."""
+    if not (config.export.average.count and task_config(config, params).has_split("dev")):
         return []
     return [("features", {"split": "dev", **task_param(params)})]
 

@@ -64,6 +64,16 @@ class DevFigures:
     # tasks' weighted mean. None (not written) for a single-task run.
     tasks: dict | None = omitted_when_none()
 
+    def of_task(self, task: str) -> DevFigures | None:
+        """These figures as task ``task`` of a multi-task run measured them in this validation (itself for
+        ``""``); None when that task was not validated (no dev split)."""
+        if not task:
+            return self
+        figures = (self.tasks or {}).get(task)
+        if figures is None:
+            return None
+        return DevFigures(self.epoch, figures["dev_loss"], figures["wer"], figures["cer"])
+
 
 @dataclass(frozen=True)
 class StopRecord:

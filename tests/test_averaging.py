@@ -3,6 +3,7 @@ whose weights are the mean of the checkpoints, Evaluate's dev figures of the mea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -20,10 +21,12 @@ from pipeline.layout import Layout
 from pipeline.model import build_model
 from pipeline.model.averaging import Averaging, stage_model, wanted_epochs
 from pipeline.model.checkpoints import checkpoint_key
+from pipeline.model.heads import task_weight_names
 from pipeline.model.weights import named_weights
 from pipeline.reports import DevFigures, ExportRecord, TrainReport, read_report
 from pipeline.stages.evaluate import evaluate_stage
 from pipeline.stages.export import export_stage
+from pipeline.stages.features import features_stage
 from pipeline.stages.train import train_stage
 from pipeline.train.distribute import make_strategy
 from pipeline.train.history import TrainHistory
@@ -290,3 +293,85 @@ def test_best_2_keeps_the_two_best_validated_epochs(small_config):
     wanted = wanted_epochs(config.export.average, figures, "cer", 5)
     kept = sorted(int(p.name[6:-6]) for p in Layout(config).train_run.epoch_ends.glob("*.index"))
     assert kept == wanted and len(kept) == 2 and report.best_dev.epoch in kept, (kept, figures)
+
+
+@pytest.mark.slow
+def test_a_task_of_a_multitask_run_exports_the_mean_of_three_checkpoints(tmp_path, caplog):
+    """Two tasks with a head each, {last: 3}, max_to_keep 1: Train keeps the whole multi-task model's last
+    3 epoch ends; task fr's Evaluate and Export use the mean of the shared encoder and fr's head over them
+    (read from the export's SavedModel); its report gives the average's dev figures beside the single
+    best's, fr's own; its card says the weights are an average. {last: 5} then averages what is kept."""
+    from tests.test_multitask_train import _stored, two_tasks
+
+    extra = (
+        "training: {epochs: 4, max_to_keep: 1, checkpoint_secs: 100000, learning_rate: 0.003}\n"
+        "export: {average: {last: 3}, card: {evaluation: true}}\n"
+    )
+    config = two_tasks(tmp_path, extra=extra)
+    layout = Layout(config)
+    fr = layout.for_task("fr")
+    features_stage(fr, "test")
+    train = train_stage(layout)
+    run = layout.train_run
+    assert train.epochs_completed == 4 and len(list(run.checkpoints.glob("ckpt-*.index"))) == 1
+    assert sorted(p.name for p in run.epoch_ends.glob("*.index")) == [f"epoch-{e}.index" for e in (2, 3, 4)]
+    epochs = [_stored(str(run.epoch_end(e))) for e in (2, 3, 4)]
+    assert {"layer_1.kernel", "heads.en.kernel", "heads.fr.kernel"} <= set(epochs[0])  # the whole model
+    final = _stored(train.latest_checkpoint)
+    assert all(np.array_equal(epochs[2][name], final[name]) for name in final)
+
+    evaluation = evaluate_stage(fr, beam=False)
+    average = evaluation.average
+    assert (average["mode"], average["epochs"], average["missing"]) == ("last", [2, 3, 4], [])
+    assert evaluation.checkpoint == "average of " + ", ".join(str(run.epoch_end(e)) for e in (2, 3, 4))
+    assert math.isfinite(average["dev"]["loss"])
+    best = train.best_dev
+    own = best.tasks["fr"]  # fr's figures in the best validation, not the tasks' weighted mean
+    assert own["dev_loss"] != best.dev_loss
+    assert average["best_dev"] == {
+        "epoch": best.epoch,
+        "loss": own["dev_loss"],
+        "wer": own["wer"],
+        "cer": own["cer"],
+    }
+    text = fr.evaluation_text(fr.evaluate_dir).read_text()
+    assert "Model: the average of 3 checkpoints (export.average last 3: epochs 2, 3, 4)" in text
+    assert f"Dev (greedy), the average: WER {average['dev']['wer']:.4f}" in text
+    assert (
+        f"Dev (greedy), the single best checkpoint (epoch {best.epoch}, chosen by the tasks' weighted mean; "
+        f"task fr's figures): WER {own['wer']:.4f}" in text
+    )
+
+    export = export_stage(fr, with_lm=False)
+    metadata = read_report(export.metadata, ExportRecord)
+    assert metadata.task == "fr" and metadata.checkpoint == evaluation.checkpoint
+    assert metadata.card["training"]["average"]["epochs"] == [2, 3, 4]
+    assert metadata.card["training"]["best_dev"]["dev_loss"] == own["dev_loss"]
+    assert metadata.card["evaluation"]["dev_average"] == average["dev"]
+    card = export.file("model_card").read_text()
+    assert "- Weights: the mean of 3 epoch-end checkpoints (export.average last 3: epochs 2, 3, 4)" in card
+    # The export's weights, in the order of fr's single-task model, each read from the multi-task names.
+    view = fr.config
+    n_classes = load_alphabet(fr.alphabet).n_classes
+    n_input = read_cache(fr.features_cache("train"), view.features).n_input
+    model = build_model(view.model, n_input, n_classes)
+    names = list(named_weights(model))
+    stored = task_weight_names(view, model)
+    assert stored[names[-1]].startswith("heads.fr.") and stored[names[0]] == names[0]
+    reader = tf.train.load_checkpoint(str(export.file("saved_model") / "variables" / "variables"))
+    exported = [reader.get_tensor(f"weights/{i}/.ATTRIBUTES/VARIABLE_VALUE") for i in range(len(names))]
+    for name, weight in zip(names, exported, strict=True):
+        ends = [e[stored[name]].astype(np.float64) for e in epochs]
+        np.testing.assert_allclose(weight, sum(ends) / 3, rtol=1e-6, atol=1e-7, err_msg=name)
+        assert min(float(np.max(np.abs(weight - end))) for end in ends) > 1e-6, name  # none of them
+
+    # Five asked of a run of four whose epoch 1 was not kept: the three it has, and a warning saying so.
+    five = dataclasses.replace(
+        config, export=dataclasses.replace(config.export, average=AverageConfig(last=5))
+    )
+    with caplog.at_level(logging.WARNING):
+        _, _, averaging = stage_model(five.task_view("fr"), run, None, n_input, n_classes)
+    assert averaging.epochs == (2, 3, 4) and averaging.missing == (1,) and averaging.short
+    assert any(
+        "the run has only 4 epochs, fewer than the 5 asked for" in r.getMessage() for r in caplog.records
+    )

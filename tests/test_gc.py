@@ -8,11 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from native_client.alphabet import load_alphabet
 from pipeline.config_loader import load_config
+from pipeline.features.cache import read_cache
 from pipeline.files import host_name, remove_leftovers
 from pipeline.layout import Layout
 from pipeline.locks import held, lock_path, stage_lock, try_locks
+from pipeline.model.averaging import stage_model
 from pipeline.stages.gc import _owner, remove_group, unreachable
+from pipeline.stages.train import train_stage
 from pipeline.workdir import LEFTOVER_PATTERNS
 from tests.conftest import ROOT, build_features
 
@@ -159,3 +163,62 @@ def test_gc_keeps_train_runs_unless_asked_and_sweeps_what_a_killed_remover_left(
     (dead / "part").mkdir(parents=True)
     assert remove_leftovers(features, LEFTOVER_PATTERNS) == [dead]
     assert live.is_dir()
+
+
+def test_gc_trims_epoch_ends_no_given_average_wants_with_include_train_only(small_config):
+    """A finished run kept epochs 1-3 for {last: 3}: a config asking {last: 2} of the same run leaves epoch
+    1 unwanted, one without export.average all three; gc lists them as kept, and with --include-train
+    lists or removes exactly those (the union of the given configs' wants stays), never while the run's
+    lock is held, nor in a run without its report (still training or killed: Train prunes its own)."""
+    extra = "training:\n  epochs: 3\n  max_to_keep: 1\n  validation_epochs: 0\n"
+    three = small_config("three.yaml", limit_train=8, extra=extra + "export:\n  average: {last: 3}\n")
+    two = small_config("two.yaml", limit_train=8, extra=extra + "export:\n  average: {last: 2}\n")
+    plain = small_config("plain.yaml", limit_train=8, extra=extra)
+    config = load_config(three)
+    build_features(config, ("train", "dev"))
+    train_stage(Layout(config))
+    run = Layout(config).train_run
+    assert Layout(load_config(two)).train_run.root == Layout(load_config(plain)).train_run.root == run.root
+
+    def files(*epochs):
+        return {str(p) for p in run.epoch_ends.iterdir() if int(p.name.split(".")[0][6:]) in epochs}
+
+    assert len(files(1, 2, 3)) == 6  # an index and a data file each
+
+    def trimmed(*args):
+        result = _gc("--dry-run", *args)
+        assert result.returncode == 0, result.stderr
+        listed = _listed(result.stdout, "would remove")
+        assert listed <= files(1, 2, 3), result.stdout  # nothing else is unreachable here
+        return listed, result.stdout
+
+    listed, out = trimmed("--config", str(three), "--include-train")
+    assert listed == set() and "epoch-end" not in out, out
+    listed, out = trimmed("--config", str(two))  # without --include-train: listed as kept
+    kept = {line[len("kept ") :].split(": ")[0] for line in out.splitlines() if ": epoch-end weights" in line}
+    assert listed == set() and kept == files(1) and "--include-train removes them" in out, out
+    assert trimmed("--config", str(two), "--include-train")[0] == files(1)
+    assert trimmed("--config", str(plain), "--include-train")[0] == files(1, 2, 3)
+    assert trimmed("--config", str(plain), "--config", str(two), "--include-train")[0] == files(1)
+
+    with stage_lock(run.root):  # a Train of the run (training.epochs raised) has started
+        busy = _gc("--config", str(plain), "--include-train")
+    assert f"kept {run.epoch_ends}: its Train run is in use" in busy.stdout, busy.stdout
+    assert len(files(1, 2, 3)) == 6
+    report = run.report.read_bytes()
+    run.report.unlink()  # a run that has not ended
+    assert trimmed("--config", str(plain), "--include-train")[0] == set()
+    run.report.write_bytes(report)
+
+    first = files(1)
+    done = _gc("--config", str(two), "--include-train")
+    assert done.returncode == 0 and _listed(done.stdout, "removing") == first, done.stdout
+    assert not files(1) and len(files(2, 3)) == 4
+    _, _, averaging = stage_model(
+        load_config(two),
+        run,
+        None,
+        read_cache(Layout(config).features_cache("train"), config.features).n_input,
+        load_alphabet(Layout(config).alphabet).n_classes,
+    )
+    assert averaging.prefixes == (str(run.epoch_end(2)), str(run.epoch_end(3)))

@@ -184,16 +184,30 @@ def test_a_child_config_replaces_the_task_list(write_config, tmp_path):
     assert config.tasks == ("de",) and config.multitask.sharing == "heads"
 
 
-@pytest.mark.parametrize(
-    "extra, says",
-    [
-        ({"export": {"average": {"last": 2}}}, "export.average: not supported with multitask"),
-    ],
-)
-def test_accumulation_and_averaging_are_refused_with_tasks_in_one_line(extra, says):
+def test_averaging_is_taken_with_tasks_and_best_needs_one_task_that_validates():
+    """export.average with multitask: last anyway; best when one task has a dev split (the run ranks its
+    checkpoints by the tasks' weighted mean, of the tasks validated), refused in one line when none has."""
     from pipeline.config_loader import config_from_dict
+    from pipeline.dag import upstream
 
-    tasks = {"multitask": {"tasks": [{"name": "en"}, {"name": "fr"}]}}
-    with pytest.raises(ConfigError) as error:
-        config_from_dict({**tasks, **extra})
-    assert says in str(error.value) and "\n" not in str(error.value), str(error.value)
+    dev = str(ROOT / "data" / "sample" / "dev.csv")
+    tasks = [{"name": "en", "data": {"dev_files": [dev]}}, {"name": "fr"}]
+    last = config_from_dict({"multitask": {"tasks": tasks}, "export": {"average": {"last": 2}}})
+    assert last.task_view("fr").export.average.last == 2
+    best = config_from_dict(
+        {"data": {"dev_files": []}, "multitask": {"tasks": tasks}, "export": {"average": {"best": 2}}}
+    )
+    assert [best.task_view(task).has_split("dev") for task in best.tasks] == [True, False]
+    # Evaluate of a task reads its own dev split for the average's dev figures, when it has one
+    assert ("features", {"split": "dev", "task": "en"}) in upstream(best, "evaluate", {"task": "en"})
+    assert not any(node[1].get("split") == "dev" for node in upstream(best, "evaluate", {"task": "fr"}))
+    plain = [{"name": "en"}, {"name": "fr"}]
+    for unvalidated in (
+        {"data": {"dev_files": []}, "multitask": {"tasks": plain}},  # no task has a dev split
+        {"training": {"validation_epochs": 0}, "multitask": {"tasks": tasks}},
+    ):
+        with pytest.raises(ConfigError) as error:
+            config_from_dict({**unvalidated, "export": {"average": {"best": 2}}})
+        message = str(error.value)
+        assert "export.average.best ranks checkpoints by their validation" in message, message
+        assert "no task has a dev split" in message and "\n" not in message

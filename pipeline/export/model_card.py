@@ -83,7 +83,8 @@ def build_card(
     card = config.export.card
     train = _train_report(train_report)
     data = config.data
-    best = record.best_dev
+    # a task's export: the task's own figures in the best validation (the run's are the tasks' mean)
+    best = record.best_dev and record.best_dev.of_task(config.task)
     return {
         "name": card.name or "-".join(filter(None, (Path(config.source).stem, config.task))),
         "version": card.version or str(record.model_version),

@@ -1,21 +1,22 @@
 """Checkpoint averaging (``export.average``): which epoch-end checkpoints of a Train run are averaged, and
 the model whose weights are their mean; the model TuneDecoder, Evaluate and Export use.
 
-The epochs wanted: ``last: N``, the run's last N epochs; ``best: N``, the N validated epochs with the
-lowest ``training.best_by`` figure among those with a finite dev loss (the earlier of equals), the ranking
-that picks the single best-dev checkpoint. Where their weights are found: the ``epoch-<E>`` weights Train
-keeps for the averaging (``TrainRun.epoch_ends``, ``pipeline.train.epoch_ends``), else any checkpoint of
-the run (``checkpoints/``, ``best/``) saved at the end of epoch E; one whose weights do not read back
-whole (damaged on disk) is left out with a warning, for another of the same epoch. Wanted epochs found
-nowhere intact (a run trained before ``export.average`` was set keeps only ``training.max_to_keep``
-checkpoints) are left out: the mean is of those found, and the log and the Evaluate report say which are
-missing and which were damaged.
+The epochs wanted (``pipeline.model.averaged_epochs``): ``last: N``, the run's last N epochs; ``best: N``,
+the N validated epochs with the lowest ``training.best_by`` figure among those with a finite dev loss (the
+earlier of equals), the ranking that picks the single best-dev checkpoint. Where their weights are found:
+the ``epoch-<E>`` weights Train keeps for the averaging (``TrainRun.epoch_ends``,
+``pipeline.train.epoch_ends``), else any checkpoint of the run (``checkpoints/``, ``best/``) saved at the
+end of epoch E; one whose weights do not read back whole (damaged on disk) is left out with a warning, for
+another of the same epoch. Wanted epochs found nowhere intact (a run trained before ``export.average`` was
+set keeps only ``training.max_to_keep`` checkpoints) are left out: the mean is of those found, and the log
+and the Evaluate report say which are missing and which were damaged. For a task of a multi-task run, the
+task's model is averaged: the shared part and its head or network, over the same checkpoints of the whole
+multi-task model.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +24,9 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from pipeline.config import AverageConfig, Config
+from pipeline.config import Config
 from pipeline.model import build_model
+from pipeline.model.averaged_epochs import wanted_epochs
 from pipeline.model.checkpoints import (
     CheckpointMismatchError,
     check_geometry,
@@ -32,23 +34,12 @@ from pipeline.model.checkpoints import (
     load_trained_model,
     resolve_checkpoint,
 )
+from pipeline.model.heads import task_weight_names
 from pipeline.model.weights import named_weights
 from pipeline.reports import DevFigures, TrainReport, read_report
 from pipeline.workdir import EPOCH_END_PREFIX, TrainRun
 
 log = logging.getLogger(__name__)
-
-
-def wanted_epochs(
-    average: AverageConfig, validations: Sequence[DevFigures], best_by: str, last_epoch: int
-) -> list[int]:
-    """The epochs (1-based, ascending) whose end-of-epoch weights ``average`` asks for, in a run that has
-    finished ``last_epoch`` epochs with ``validations``."""
-    if average.last:
-        return list(range(max(1, last_epoch - average.last + 1), last_epoch + 1))
-    finite = [v for v in validations if math.isfinite(v.dev_loss) and math.isfinite(getattr(v, best_by))]
-    ranked = sorted(finite, key=lambda v: (getattr(v, best_by), v.epoch))
-    return sorted({v.epoch for v in ranked[: average.best]})
 
 
 def _state_value(reader, name: str) -> int | None:
@@ -194,17 +185,20 @@ def plan_average(config: Config, run: TrainRun) -> Averaging:
 
 def load_averaged_model(config: Config, prefixes: Sequence[str], n_input: int, n_classes: int):
     """The model of ``config`` with each weight the mean of that weight in ``prefixes`` (summed in float64,
-    one weight at a time: memory holds one weight's sum, not the checkpoints)."""
+    one weight at a time: memory holds one weight's sum, not the checkpoints). For a task of a multi-task
+    config (its view), the task's single-task model, as ``load_trained_model`` reads it: the shared part
+    and the task's head or network, each the mean over the same checkpoints."""
     model = build_model(config.model, n_input, n_classes)
+    stored = task_weight_names(config, model)
     readers = []
     for prefix in prefixes:
         try:
-            check_geometry(prefix, model, Path(prefix).parent)
+            check_geometry(prefix, model, Path(prefix).parent, stored)
             readers.append((prefix, tf.train.load_checkpoint(prefix)))
         except _READ_ERRORS as error:
             raise _damaged(prefix, error) from None
     for name, variable in named_weights(model).items():
-        key = checkpoint_key(name)
+        key = checkpoint_key(stored[name])
         total = np.zeros(variable.shape, np.float64)
         for prefix, reader in readers:
             try:

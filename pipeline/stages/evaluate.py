@@ -135,8 +135,9 @@ def _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progres
 
 def _average_on_dev(layout, model, alphabet, averaging: Averaging, report, text):
     """The averaged model's dev figures (greedy) beside the single best-dev checkpoint's from the Train
-    report (its validation: the same pass over the same split), in the report's ``average`` and its text.
-    Without a dev split the average's are None."""
+    report (its validation: the same pass over the same split), in the report's ``average`` and its text;
+    for a task of a multi-task run, the task's dev split and its figures in the best checkpoint's
+    validation. Without a dev split the average's are None."""
     config = layout.config
     dev = None
     if config.has_split("dev"):
@@ -151,6 +152,7 @@ def _average_on_dev(layout, model, alphabet, averaging: Averaging, report, text)
         rates = corpus_rates(results)
         dev = {"loss": rates["loss"], "wer": rates["wer"], "cer": rates["cer"], "headline": rates["headline"]}
     best = read_report(layout.train_run.report, TrainReport).best_dev
+    best = best and best.of_task(config.task)  # a task's: its own figures in that validation
     single = best and {"epoch": best.epoch, "loss": best.dev_loss, "wer": best.wer, "cer": best.cer}
     record = {**averaging.to_dict(), "dev": dev, "best_dev": single}
     lines = [f"Model: {averaging.describe()}"]
@@ -158,8 +160,9 @@ def _average_on_dev(layout, model, alphabet, averaging: Averaging, report, text)
         lines.append(f"Dev (greedy), the average: {headline_text(dev)}, loss {dev['loss']:.4f}")
     if single is not None:
         figures = headline_text({**single, "headline": (dev or {}).get("headline", "wer")})
+        chosen = f", chosen by the tasks' weighted mean; task {config.task}'s figures" if config.task else ""
         lines.append(
-            f"Dev (greedy), the single best checkpoint (epoch {single['epoch']}): {figures}, "
+            f"Dev (greedy), the single best checkpoint (epoch {single['epoch']}{chosen}): {figures}, "
             f"loss {single['loss']:.4f}"
         )
     return dataclasses.replace(report, average=record), "\n".join(lines) + "\n" + text

@@ -12,7 +12,12 @@ evaluate) of the configs' work directories. Never removed:
 - Train runs (``train/``) unless ``--include-train`` is given: the default work
   directory is shared by every config, a trained model is the costliest output
   and a touched corpus file makes the only one unreachable; the listing says
-  which runs it keeps;
+  which runs it keeps. The same holds for the epoch-end weights a finished run
+  the configs reach keeps for checkpoint averaging (``epoch_ends/``, written by
+  Train with ``export.average``) that no given config's average wants (the key
+  unset since, or a smaller N): listed as kept, removed with ``--include-train``
+  while gc holds the run's lock (a run still training, or killed before its
+  report, prunes its own as it goes on);
 - an entry a live process holds locked (``pipeline.locks``: a running stage,
   on this machine or, through NFS locks, another). The check made when listing
   is not trusted for the removal: each stage instance's entries are removed
@@ -46,6 +51,8 @@ from pipeline.dag import Node, upstream
 from pipeline.files import remove_entry, writer_gone
 from pipeline.layout import Layout
 from pipeline.locks import held, in_use, lock_path, try_locks
+from pipeline.model.averaged_epochs import epoch_end_number, wanted_epochs
+from pipeline.reports import DevFigures, ReportError, TrainReport, read_report
 from pipeline.workdir import (
     ALPHABET_DIR,
     CONVERTED_DIR,
@@ -57,6 +64,7 @@ from pipeline.workdir import (
     REMOVED_PATTERN,
     TRAIN_DIR,
     TUNE_DIR,
+    TrainRun,
 )
 
 STAGE_DIRS = (IMPORT_DIR, PHONEMES_DIR, ALPHABET_DIR, FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR)
@@ -164,6 +172,63 @@ def unreachable(configs: list[Config]) -> list[Entry]:
     return [Entry(e.path, e.size, e.lock or held_by.get(_owner(e.path))) for e in found]
 
 
+def surplus_epoch_ends(configs: list[Config]) -> list[Entry]:
+    """The files of kept epoch-end weights (``TrainRun.epoch_ends``) in the finished Train runs the configs
+    reach (their ``train_report.json`` written and readable) that no config reaching that run averages
+    (``export.average``: its wanted epochs by the run's report), in path order; each with the run's lock
+    when a live process holds it."""
+    reports: dict[Path, TrainReport | None] = {}
+    wanted: dict[Path, set[int]] = defaultdict(set)
+    for config in configs:
+        run = Layout(config).train_run
+        if run.root not in reports:
+            reports[run.root] = _finished(run)
+        report = reports[run.root]
+        if report is not None and config.export.average.count:
+            validations = [DevFigures(**v) for v in report.validations]
+            wanted[run.root].update(
+                wanted_epochs(
+                    config.export.average, validations, config.training.best_by, report.epochs_completed
+                )
+            )
+    found = []
+    for root, report in sorted(reports.items()):
+        epoch_ends = TrainRun(root).epoch_ends
+        if report is None or not epoch_ends.is_dir():
+            continue
+        lock = in_use(root)
+        for path in sorted(epoch_ends.iterdir()):
+            epoch = epoch_end_number(path)
+            if epoch is not None and epoch not in wanted[root]:
+                found.append(Entry(path, path.lstat().st_size, lock))
+    return found
+
+
+def _finished(run: TrainRun) -> TrainReport | None:
+    """The report of a run that has ended; None for one still training or killed before it (it prunes its
+    own epoch ends as it goes on), and for a damaged report (nothing is trimmed on its word)."""
+    if not run.report.is_file():
+        return None
+    try:
+        return read_report(run.report, TrainReport)
+    except ReportError:
+        return None
+
+
+def remove_epoch_ends(entries: list[Entry], say=lambda entry: None) -> bool:
+    """Remove the epoch-end files ``entries`` of one Train run while holding the run's lock without waiting
+    (the lock file stays: the run does); the index files first, so no half is ever found as weights.
+    ``say(entry)`` before each removal. False (nothing removed) when a live process holds the lock."""
+    run = entries[0].path.parent.parent
+    with try_locks([lock_path(run)]) as taken:
+        if not taken:
+            return False
+        for entry in sorted(entries, key=lambda e: not e.path.name.endswith(".index")):
+            say(entry)
+            entry.path.unlink(missing_ok=True)
+    return True
+
+
 def _is_lock(path: Path) -> bool:
     return path.name.endswith(".lock") and path.is_file() and not path.is_symlink()
 
@@ -212,6 +277,37 @@ def human(size: int) -> str:
     return f"{value:.1f} TiB"
 
 
+def _trim_epoch_ends(entries: list[Entry], dry_run: bool, include_train: bool) -> tuple[int, int]:
+    """List, or remove with ``include_train``, the surplus epoch-end files ``entries``
+    (``surplus_epoch_ends``) run by run; returns how many and how many bytes went (or would go)."""
+    by_run: dict[Path, list[Entry]] = defaultdict(list)
+    for entry in entries:
+        by_run[entry.path.parent.parent].append(entry)
+    count = freed = 0
+    for run, group in by_run.items():
+        if not include_train:
+            for entry in group:
+                print(
+                    f"kept {entry.path}: epoch-end weights no given config's export.average wants "
+                    f"({human(entry.size)}); --include-train removes them"
+                )
+            continue
+        if group[0].lock is not None:
+            print(f"kept {run / 'epoch_ends'}: its Train run is in use (a process holds {group[0].lock})")
+            continue
+        if dry_run:
+            for entry in group:
+                print(f"would remove {entry.path} ({human(entry.size)})")
+        elif not remove_epoch_ends(
+            group, lambda e: print(f"removing {e.path} ({human(e.size)})", flush=True)
+        ):
+            print(f"kept {run / 'epoch_ends'}: its Train run started (its lock is held)")
+            continue
+        freed += sum(entry.size for entry in group)
+        count += len(group)
+    return count, freed
+
+
 def main(argv=None) -> int:
     """List (``--dry-run``) or remove what no given config reaches; exit 2 on a config that cannot be
     resolved (nothing removed)."""
@@ -219,11 +315,16 @@ def main(argv=None) -> int:
     parser.add_argument("--config", action="append", required=True, help="a config whose outputs are kept")
     parser.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     parser.add_argument(
-        "--include-train", action="store_true", help="also remove Train runs no given config reaches"
+        "--include-train",
+        action="store_true",
+        help="also remove Train runs no given config reaches, and epoch-end weights kept in a reached run "
+        "that no given config's export.average wants",
     )
     args = parser.parse_args(argv)
     try:
-        entries = unreachable([load_config(path) for path in args.config])
+        configs = [load_config(path) for path in args.config]
+        entries = unreachable(configs)
+        epoch_ends = surplus_epoch_ends(configs)
     except ConfigError as error:
         print(f"error: {error} (gc removed nothing)", file=sys.stderr)
         return 2
@@ -248,6 +349,8 @@ def main(argv=None) -> int:
             continue
         freed += sum(entry.size for entry in group)
         count += len(group)
+    trimmed, size = _trim_epoch_ends(epoch_ends, args.dry_run, args.include_train)
+    count, freed = count + trimmed, freed + size
     verb = "would free" if args.dry_run else "freed"
     print(f"{count} unreachable outputs; {verb} {human(freed)} ({freed} bytes)")
     return 0

@@ -19,7 +19,7 @@ import logging
 import tensorflow as tf
 
 from pipeline.config import Config
-from pipeline.model.averaging import wanted_epochs
+from pipeline.model.averaged_epochs import wanted_epochs
 from pipeline.model.weights import named_weights
 from pipeline.train.history import TrainHistory
 from pipeline.workdir import EPOCH_END_PREFIX, TrainRun
