@@ -121,3 +121,20 @@ def test_the_command_line_runs_a_stage_of_every_task_and_refuses_an_unknown_task
     assert "--task de: multitask.tasks has no task 'de'" in rerun.stderr
     for task in ("en", "fr"):
         assert layout.for_task(task).alphabet.is_file()
+
+
+def test_the_shared_alphabet_is_one_stage_without_task(tmp_path):
+    """With ``sharing: shared`` one Alphabet, without a task, builds every task's: the command line runs it
+    as it is, and ``--task`` is refused naming why; ``make rerun STAGE=Alphabet`` finds it to remove."""
+    path, _, _ = _config(tmp_path, sharing="shared")
+    config = load_config(path)
+    assert stage_tasks(config, "Alphabet", {}) == [""]
+    with pytest.raises(PreflightError, match=r"--task fr: with multitask\.sharing: shared one Alphabet"):
+        stage_tasks(config, "Alphabet", {"task": "fr"})
+    ran = _command("tasks.cli", "Alphabet", "--config", str(path), "--local-scheduler", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    alphabet = Layout(config).for_task("fr").alphabet
+    assert alphabet == Layout(config).for_task("en").alphabet and alphabet.is_file()
+    rerun = _command("tasks.rerun", "Alphabet", "--config", str(path), "--dry-run", cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert f"would remove {alphabet.parent}" in rerun.stdout, rerun.stdout
