@@ -165,6 +165,11 @@ def validate_tasks(config: Config) -> None:
         if view.phonemes_of and view.model.output != "characters":
             raise ConfigError(f"{view.source}: model.output: a phonemes task's labels are IPA characters")
         validate_config(view)
+        if view.decoder.tune and not view.has_split("dev"):
+            raise ConfigError(
+                f"{view.source}: decoder.tune: TuneDecoder searches on the task's dev split and it gives "
+                f"none (data.dev_files, or data.corpora with one)"
+            )
     _check_export_dirs(config)
     if multitask.sharing == "shared":
         labels = {

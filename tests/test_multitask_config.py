@@ -171,6 +171,11 @@ FR = "{name: fr, data: {train_files: [fr.csv]}}"
             r"\(fr\)\.paths\.export_dir: \S*out is also the export directory of task en",
         ),
         (
+            _tasks(EN, "{name: fr, data: {train_files: [fr.csv]}, decoder: {tune: true}}"),
+            r"multitask\.tasks\[1\] \(fr\): decoder\.tune: TuneDecoder searches on the task's dev split "
+            r"and it gives none",
+        ),
+        (
             _tasks(EN, "{name: fr, data: [fr.csv]}"),
             r"multitask\.tasks\[1\]\.data: expected a mapping of keys",
         ),
