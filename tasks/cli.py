@@ -177,11 +177,11 @@ def main(argv=None) -> int:
             "--logging-conf-file",
             str(PACKAGE / ("logging-debug.ini" if debug else "logging.ini")),
         ]
-    if runs != [options.task]:
+    if not options.task and runs != [""]:
         print(f"note: a multi-task config: {argv[0]} of each task: --task {', '.join(runs)}", file=sys.stderr)
     code = 0
     for task in runs:  # one Luigi run per task (each finds the shared stages done by the one before)
-        task_args = luigi_args + (["--task", task] if task != options.task else [])
+        task_args = luigi_args + (["--task", task] if task and not options.task else [])
         if not options.local_scheduler:
             _re_enable(task_args, options)
         done = _run_luigi(task_args)

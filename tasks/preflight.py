@@ -69,6 +69,8 @@ def stage_tasks(config: Config, name: str, given: dict) -> list[str]:
     single-task config. PreflightError naming ``--task`` (or the task's missing key) otherwise."""
     src, task = config.source, given.get("task") or ""
     stage = next((s for s in STAGES.values() if name in (s.task, s.group)), None)
+    if stage is not None and "task" not in stage.params and task:
+        raise PreflightError(f"{src}: --task {task}: {name} is one stage over every task; give no --task")
     if stage is None or "task" not in stage.params:
         return [""]
     if task and not config.tasks:

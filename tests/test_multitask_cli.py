@@ -48,6 +48,7 @@ def _command(module: str, *args, cwd) -> subprocess.CompletedProcess:
         ("Phonemes", {"task": "fr"}, r"--task fr: the task has no targets: phonemes"),
         ("TuneDecoder", {"task": "fr"}, r"--task fr: the task's decoder\.tune is off"),
         ("Features", {"task": "de"}, r"--task de: multitask\.tasks has no task 'de'"),
+        ("Train", {"task": "fr"}, r"--task fr: Train is one stage over every task; give no --task"),
     ],
 )
 def test_a_task_the_pipeline_has_no_such_stage_of_is_one_line_naming_task(tmp_path, name, given, says):
@@ -108,9 +109,16 @@ def test_the_command_line_runs_a_stage_of_every_task_and_refuses_an_unknown_task
         f"error: {path}: --task de: multitask.tasks has no task 'de'; its tasks: en, fr"
     ]
     assert not (tmp_path / "work").exists()
+    # --task given in either form, for a stage of one task: that one only
+    one = _command(
+        "tasks.cli", "Alphabet", "--task=fr", "--config", str(path), "--local-scheduler", cwd=tmp_path
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    layout = Layout(load_config(path))
+    assert layout.for_task("fr").alphabet.is_file() and not layout.for_task("en").alphabet.exists()
     ran = _command("tasks.cli", "Alphabet", "--config", str(path), "--local-scheduler", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-3000:]
-    layout = Layout(load_config(path))
+    assert "note: a multi-task config: Alphabet of each task: --task en, fr" in ran.stderr
     for task in ("en", "fr"):
         assert layout.for_task(task).alphabet.is_file()
     # make rerun STAGE=Evaluate TASK=de: refused, nothing removed, nothing run
