@@ -146,3 +146,25 @@ def test_the_shared_alphabet_is_one_stage_without_task(tmp_path):
     rerun = _command("tasks.rerun", "Alphabet", "--config", str(path), "--dry-run", cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert f"would remove {alphabet.parent}" in rerun.stdout, rerun.stdout
+
+
+def test_make_rerun_passes_task_on():
+    """``make rerun STAGE=Evaluate TASK=fr`` re-runs fr's Evaluate only (make -n: the command it runs)."""
+    planned = subprocess.run(
+        ["make", "-n", "rerun", "STAGE=Evaluate", "TASK=fr", "CONFIG=multi.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert planned.returncode == 0, planned.stderr
+    command = planned.stdout.strip().splitlines()[-1].split()
+    assert command[command.index("tasks.rerun") + 1 :][:1] == ["Evaluate"]
+    assert command[command.index("--task") + 1] == "fr"
+    every = subprocess.run(
+        ["make", "-n", "rerun", "STAGE=Evaluate", "CONFIG=multi.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert "--task" not in every.stdout.strip().splitlines()[-1]
