@@ -6,6 +6,8 @@ CONFIG ?= configs/sample.yaml
 CLIP ?= data/sample/test/00003.flac
 SCHEDULER ?= local
 STAGE ?= Train
+# TASK=fr: one task of a multi-task config (multitask.tasks[].name) for make rerun; default: every task.
+TASK ?=
 SCHEDULER_FLAG := $(if $(filter local,$(SCHEDULER)),--local-scheduler,)
 PYTEST_ARGS ?=
 # GPU=1: TensorFlow with CUDA (the `gpu` extra) instead of the CPU build, in a venv of its own kind.
@@ -62,8 +64,9 @@ train: setup
 	$(BIN)/deepspeech-train Transcribe --config $(CONFIG) --audio $(CLIP) $(SCHEDULER_FLAG)
 
 ## Force STAGE (a task name) to run again with its dependents, e.g. make rerun STAGE=Train; earlier stages are kept.
+## A multi-task config: TASK=fr for one task's stage (make rerun STAGE=Evaluate TASK=fr), every task's without.
 rerun: setup
-	$(BIN)/python -m tasks.rerun $(STAGE) --config $(CONFIG) --audio $(CLIP) $(SCHEDULER_FLAG) $(RERUN_ARGS)
+	$(BIN)/python -m tasks.rerun $(STAGE) --config $(CONFIG) --audio $(CLIP) $(SCHEDULER_FLAG) $(if $(TASK),--task $(TASK)) $(RERUN_ARGS)
 
 ## What the tests need beyond the venv, each once: the real models (fetch-models) and the Debian packages
 ## espeak-ng (speaks the test corpora) and sox (converts and pipes audio), installed when run as root and

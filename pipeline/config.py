@@ -1061,8 +1061,8 @@ class TaskConfig:
     )
     paths: SectionOverride = _opt(
         SectionOverride(),
-        "paths.alphabet and paths.export_dir for this task (export_dir default: <paths.export_dir>/<name>; "
-        "alphabet default: the top-level one, auto for a phonemes task).",
+        "paths.alphabet and paths.export_dir for this task (export_dir default: <paths.export_dir>/<name>, "
+        "one no other exported task shares; alphabet default: the top-level one, auto for a phonemes task).",
         override="paths",
         stages=("alphabet", "features", "lm"),
         override_keys=("alphabet", "export_dir"),

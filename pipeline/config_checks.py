@@ -4,12 +4,15 @@ a decoder, the Coqui export's features). The loader runs them on every config it
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 from native_client.plugins import plugin_exists
 from pipeline.config import Config, ConfigError
 from pipeline.export.coqui_tflite import check_exportable
 from pipeline.features.frontend import feature_pipeline
+from pipeline.layout import Layout
 from pipeline.model import model_family
 
 
@@ -160,11 +163,17 @@ def validate_tasks(config: Config) -> None:
         if view.phonemes_of and view.model.output != "characters":
             raise ConfigError(f"{view.source}: model.output: a phonemes task's labels are IPA characters")
         validate_config(view)
+        if view.decoder.tune and not view.has_split("dev"):
+            raise ConfigError(
+                f"{view.source}: decoder.tune: TuneDecoder searches on the task's dev split and it gives "
+                f"none (data.dev_files, or data.corpora with one)"
+            )
     if config.export.average.best and not _validates(config, views):
         raise ConfigError(
             f"{src}: export.average.best ranks checkpoints by their validation, and this config has none "
             f"(no task has a dev split, or training.validation_epochs 0); use export.average.last"
         )
+    _check_export_dirs(config)
     if multitask.sharing == "shared":
         labels = {
             view.task: (view.model.output, view.paths.alphabet if view.model.output == "characters" else None)
@@ -186,6 +195,23 @@ def validate_tasks(config: Config) -> None:
             f"{src}: multitask.sharing: heads needs the {config.model.architecture} family's encoder and "
             f"output layer apart (ModelFamily.encode); use sharing: shared or separate"
         )
+
+
+def _check_export_dirs(config: Config) -> None:
+    """ConfigError when two exported tasks would write one export directory (their ``paths.export_dir``,
+    default ``<paths.export_dir>/<task>``): each export would replace the other's, and each Export would
+    find its own gone and run again."""
+    layout, exported = Layout(config), {}
+    for task in config.multitask.tasks:
+        if not task.export:
+            continue
+        where = Path(os.path.abspath(layout.for_task(task.name).export_root))
+        if where in exported:
+            raise ConfigError(
+                f"{task_source(config, task.name)}.paths.export_dir: {where} is also the export directory of "
+                f"task {exported[where]}; give each exported task its own"
+            )
+        exported[where] = task.name
 
 
 def _labels_text(labels: tuple) -> str:

@@ -253,11 +253,14 @@ STAGES: dict[str, Stage] = {
 def instances(config: Config, stage: Stage, given: dict) -> list[dict]:
     """The parameters of every instance of ``stage`` the config's pipeline has (``Stage.runs``) with the
     values ``given``: a stage with a parameter other than the task only when it is given; a stage that
-    takes a task, for the task given, else for every task of a multi-task config."""
+    takes a task, for the task given, else for every task of a multi-task config (and without one, where the
+    config's pipeline has that instance)."""
     values = {p: given.get(p) for p in stage.params if p != "task"}
     if not all(values.values()):
         return []
-    tasks = (given["task"],) if given.get("task") else config.tasks or ("",)
+    # A multi-task config's stage may also have an instance without a task: the one Alphabet every task
+    # shares (``multitask.sharing: shared``).
+    tasks = (given["task"],) if given.get("task") else ("", *config.tasks)
     found = []
     for task in tasks if "task" in stage.params else ("",):
         params = {**values, **({"task": task} if task else {})}

@@ -50,6 +50,8 @@ def _options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--scheduler-port", type=int)
     parser.add_argument("--log-level")
     parser.add_argument("--logging-conf-file")
+    for name in ("--task", "--split", "--corpus", "--audio"):  # a stage's parameters (tasks.preflight)
+        parser.add_argument(name, default="")
     return parser.parse_known_args(argv)[0]
 
 
@@ -129,13 +131,15 @@ def main(argv=None) -> int:
     from pipeline.config import ConfigError
     from pipeline.config_loader import load_config
     from pipeline.layout import Layout
-    from tasks.preflight import PreflightError, check_inputs, check_scheduler
+    from tasks.preflight import PreflightError, check_inputs, check_scheduler, stage_tasks
 
     if not options.config:
         print(f"error: --config is required ({USAGE})", file=sys.stderr)
         return 2
     try:
         config = load_config(options.config)
+        given = {name: getattr(options, name) for name in ("task", "split", "corpus", "audio")}
+        runs = stage_tasks(config, argv[0], given)
         check_inputs(config)
         if not options.local_scheduler:
             import luigi.configuration
@@ -173,11 +177,22 @@ def main(argv=None) -> int:
             "--logging-conf-file",
             str(PACKAGE / ("logging-debug.ini" if debug else "logging.ini")),
         ]
-    if not options.local_scheduler:
-        _re_enable(luigi_args, options)
-    code = _run_luigi(luigi_args)
-    if not options.local_scheduler and code in (_retcode("not_run", 25), _retcode("unhandled_exception", 40)):
-        code = _after_scheduler_trouble(code, luigi_args, options)
+    if not options.task and runs != [""]:
+        print(f"note: a multi-task config: {argv[0]} of each task: --task {', '.join(runs)}", file=sys.stderr)
+    code = 0
+    for task in runs:  # one Luigi run per task (each finds the shared stages done by the one before)
+        task_args = luigi_args + (["--task", task] if task and not options.task else [])
+        if not options.local_scheduler:
+            _re_enable(task_args, options)
+        done = _run_luigi(task_args)
+        if not options.local_scheduler and done in (
+            _retcode("not_run", 25),
+            _retcode("unhandled_exception", 40),
+        ):
+            done = _after_scheduler_trouble(done, task_args, options)
+        code = done
+        if code:
+            break
     print(f"log of this run: {log_file}", file=sys.stderr)
     return code
 

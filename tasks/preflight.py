@@ -11,7 +11,8 @@ from pathlib import Path
 
 from pipeline.config import Config
 from pipeline.config_checks import task_source
-from pipeline.data.phonemes import PhonemizerError, espeak
+from pipeline.dag import STAGES, instances
+from pipeline.data.phonemes import PhonemizerError, check_voice, phoneme_voice
 from pipeline.layout import Layout
 from pipeline.train.cluster import check_shared_work_dir
 
@@ -51,12 +52,68 @@ def check_inputs(config: Config) -> None:
         _check_inputs(view, Layout(config).for_task(name))
         if view.phonemes_of:
             try:
-                espeak()
+                check_voice(phoneme_voice(config.task_view(view.phonemes_of).data.text.language))
             except PhonemizerError as error:
                 raise PreflightError(f"{view.source}: {error}") from None
     if not config.tasks:
         _check_inputs(config, Layout(config))
     check_shared_work_dir(config)  # a cluster's workers need one work directory (ConfigError)
+
+
+def stage_tasks(config: Config, name: str, given: dict) -> list[str]:
+    """The tasks a command line runs Luigi task ``name`` (``Evaluate``) for, with its parameters ``given``
+    (``task``, and ``split``, ``corpus``, ``audio`` when the command line names them): ``[task]`` when
+    ``--task`` names an instance the config's pipeline has; every task's instance when a multi-task config
+    is given none (``deepspeech-train Evaluate --config multi.yaml``, ``make train``); ``[""]`` (no
+    ``--task``) for a stage without tasks, a task that runs every instance itself (``Features``) and a
+    single-task config. PreflightError naming ``--task`` (or the task's missing key) otherwise."""
+    src, task = config.source, given.get("task") or ""
+    stage = next((s for s in STAGES.values() if name in (s.task, s.group)), None)
+    if stage is not None and "task" not in stage.params and task:
+        raise PreflightError(f"{src}: --task {task}: {name} is one stage over every task; give no --task")
+    if stage is None or "task" not in stage.params:
+        return [""]
+    if task and not config.tasks:
+        raise PreflightError(f"{src}: --task {task}: this config has no multitask.tasks; give no --task")
+    if task and task not in config.tasks:
+        raise PreflightError(
+            f"{src}: --task {task}: multitask.tasks has no task {task!r}; its tasks: "
+            f"{', '.join(config.tasks)}"
+        )
+    if name == stage.group or not config.tasks:
+        return [task]
+    if any(not given.get(p) for p in stage.params if p != "task"):
+        return [task]  # Luigi names the missing parameter
+    found = [params.get("task", "") for params in instances(config, stage, given)]
+    for each in found if stage.name == "evaluate" else ():
+        view = config.task_view(each, source=task_source(config, each))
+        if not view.has_split("test"):
+            raise PreflightError(
+                f"{view.source}: data.test_files: Evaluate scores the test split and the task gives none "
+                f"(data.test_files, or data.corpora with one)"
+            )
+    if task and task not in found:
+        raise PreflightError(f"{src}: --task {task}: {_no_instance(config, stage.name, task)}")
+    if not found:
+        raise PreflightError(f"{src}: no task of multitask.tasks runs {name}")
+    return found
+
+
+def _no_instance(config: Config, stage: str, task: str) -> str:
+    """Why the pipeline has no instance of ``stage`` for ``task``, one of its tasks."""
+    entry = config.multitask.task(task)
+    view = config.task_view(task)
+    if stage in ("export", "transcribe") and not entry.export:
+        return "the task has export: false (it is trained and evaluated, never exported)"
+    if stage == "phonemes":
+        return "the task has no targets: phonemes"
+    if stage == "alphabet" and config.multitask.sharing == "shared":
+        return "with multitask.sharing: shared one Alphabet builds every task's: run Alphabet without --task"
+    if stage == "alphabet":
+        return f"the task's paths.alphabet is {view.paths.alphabet} (Alphabet builds only auto)"
+    if stage == "tune":
+        return "the task's decoder.tune is off"
+    return f"the pipeline has no {STAGES[stage].task} for it"
 
 
 def _check_inputs(config: Config, layout: Layout) -> None:

@@ -28,6 +28,7 @@ from pipeline.dag import Stage, instances
 from pipeline.files import remove_entry
 from pipeline.locks import in_use, lock_path, try_locks
 from tasks.base import TASK_OF_STAGE
+from tasks.preflight import PreflightError, stage_tasks
 from tasks.reenable import dag
 
 log = logging.getLogger("luigi-interface")
@@ -115,6 +116,12 @@ def main(argv=None) -> int:
     for param in stage.params if args.stage == stage.task else ():
         if param != "task" and not getattr(args, param):
             parser.error(f"{args.stage} needs --{param}")
+    try:  # a --task that names no instance would remove nothing and run the DAG as it is
+        given = {"task": args.task, "split": args.split, "corpus": args.corpus, "audio": args.audio}
+        stage_tasks(load_config(args.config), args.stage, given)
+    except PreflightError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
 
     roots = dag_roots(args.config, {"audio": args.audio})
     graph = dag(roots)

@@ -155,6 +155,27 @@ FR = "{name: fr, data: {train_files: [fr.csv]}}"
         ),
         ("multitask:\n  sharing: shared\n", r"multitask\.tasks: no task given"),
         (
+            _tasks(
+                EN,
+                "{name: fr, data: {train_files: [fr.csv]}, paths: {export_dir: models/en}}",
+                top="paths: {export_dir: models}\n",
+            ),
+            r"multitask\.tasks\[1\] \(fr\)\.paths\.export_dir: \S*models/en is also the export directory "
+            r"of task en; give each exported task its own",
+        ),
+        (
+            _tasks(
+                "{name: en, data: {train_files: [en.csv]}, paths: {export_dir: out}}",
+                "{name: fr, data: {train_files: [fr.csv]}, paths: {export_dir: out}}",
+            ),
+            r"\(fr\)\.paths\.export_dir: \S*out is also the export directory of task en",
+        ),
+        (
+            _tasks(EN, "{name: fr, data: {train_files: [fr.csv]}, decoder: {tune: true}}"),
+            r"multitask\.tasks\[1\] \(fr\): decoder\.tune: TuneDecoder searches on the task's dev split "
+            r"and it gives none",
+        ),
+        (
             _tasks(EN, "{name: fr, data: [fr.csv]}"),
             r"multitask\.tasks\[1\]\.data: expected a mapping of keys",
         ),

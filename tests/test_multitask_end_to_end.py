@@ -29,9 +29,9 @@ from pipeline.config_loader import load_config
 from pipeline.layout import Layout
 from pipeline.model.checkpoints import resolve_checkpoint
 from pipeline.model.heads import MultiTaskModel
-from pipeline.reports import EvaluationReport, TrainReport, read_report
+from pipeline.reports import EvaluationReport, TrainReport, TuneReport, read_report
 from pipeline.stages.train import task_data
-from tasks import Evaluate, Transcribe
+from tasks import Evaluate, Export, Transcribe
 from tasks.base import ConfigTask
 from tests.conftest import ROOT
 from tests.test_languages import LANGUAGES, Language, espeak_corpus
@@ -274,3 +274,65 @@ def test_a_phoneme_head_trains_beside_the_characters_and_is_not_exported(tmp_pat
     assert evaluation.samples_count == 2
     assert sorted(p.name for p in (tmp_path / "export").iterdir()) == ["en"]
     assert load_metadata(tmp_path / "export" / "en").raw["task"] == "en"
+
+
+def test_a_conformer_with_heads_tunes_each_task_s_decoder_and_exports_it(tmp_path):
+    """The Conformer family through the multi-task DAG with one head per language, ``decoder.tune`` on: each
+    task's TuneDecoder searches its own dev split with its own LM and settings (fr overrides the beam, the
+    trials and the LM text), each export carries its own tuned pair, and the client's logits are the
+    task's head's."""
+    path = two_languages(tmp_path, "heads")
+    (tmp_path / "fr-text.txt").write_text("le bon vin\nun bon pain\n", encoding="utf-8")
+    text = path.read_text()
+    for task in ("en", "fr"):  # a dev split (the test rows) for each task's TuneDecoder
+        test = tmp_path / task / "test.csv"
+        (tmp_path / task / "dev.csv").write_text(test.read_text(encoding="utf-8"), encoding="utf-8")
+        text = text.replace(
+            f"test_files: [{test}]", f"test_files: [{test}], dev_files: [{test.parent / 'dev.csv'}]"
+        )
+    text = text.replace(
+        "model: {n_hidden: 16, n_context: 2, dropout_rate: 0.0}",
+        "model: {architecture: conformer, conformer: {d_model: 16, heads: 2, layers: 1, conv_kernel: 3, "
+        "subsampling: 2, subsampling_channels: 4, ff_mult: 2, dropout: 0.0, attention_dropout: 0.0}}",
+    )
+    text = text.replace(
+        "decoder: {type: greedy, lm_builder: python}",
+        "decoder: {lm_builder: python, tune: true, tune_trials: 3, beam_width: 4}",
+    )
+    fr_paths = "      paths: {alphabet: auto}\n"
+    assert text.endswith(fr_paths)
+    text += (
+        f"      decoder: {{lm_corpus_files: [{tmp_path / 'fr-text.txt'}], beam_width: 8, tune_trials: 2}}\n"
+    )
+    path.write_text(text)
+    config = str(path)
+    with _Ran() as ran:
+        assert luigi.build([Export(config=config, task=task) for task in ("en", "fr")], local_scheduler=True)
+    assert {"TuneDecoder(en)", "TuneDecoder(fr)", "Train"} <= set(ran.names)
+    layout = Layout(load_config(path))
+    assert layout.config.model.architecture == "conformer"
+    trained = _trained_heads(layout)
+    for index, (task, beam, trials) in enumerate((("en", 4, 3), ("fr", 8, 2))):
+        child = layout.for_task(task)
+        tuned = read_report(child.tune_report, TuneReport)
+        assert (tuned.search["beam_width"], len(tuned.trials), tuned.search["dev_samples"]) == (
+            beam,
+            trials,
+            2,
+        )
+        export = tmp_path / "export" / task
+        metadata = load_metadata(export)
+        decoder = metadata.raw["decoder"]
+        assert decoder["tuned"] and decoder["beam_width"] == beam
+        assert (decoder["lm_alpha"], decoder["lm_beta"]) == (tuned.best.lm_alpha, tuned.best.lm_beta)
+        assert metadata.raw["architecture"] == "conformer" and metadata.raw["task"] == task
+        client = Model(export)
+        samples = load_for_model(tmp_path / task / "04.wav", 16000, convert_rate=True)
+        frames = client.metadata.features.frames(samples)[None]
+        head, _ = trained.forward(index, tf.constant(frames), tf.constant([frames.shape[1]]), training=False)
+        np.testing.assert_allclose(client.logits(samples), head.numpy()[0], atol=1e-4)
+    vocabulary = {
+        t: (tmp_path / "export" / t / "vocab.txt").read_text(encoding="utf-8").split() for t in ("en", "fr")
+    }
+    assert "vin" in vocabulary["fr"] and "vin" not in vocabulary["en"]  # fr's LM text, fr's only
+    assert load_metadata(tmp_path / "export" / "en").raw["decoder"]["lm_alpha"] != decoder["lm_alpha"]

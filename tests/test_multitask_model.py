@@ -104,3 +104,24 @@ def test_a_multi_task_run_warm_starts_from_a_single_task_run(tmp_path):
     np.testing.assert_array_equal(model.named_weights()["heads.fr.kernel"].numpy(), fresh)
     with pytest.raises(CheckpointMismatchError, match=r"weight heads\.fr\.kernel has shape \[12, 29\]"):
         warm_start(model, prefix, 0)
+
+
+@pytest.mark.parametrize("sharing", ["heads", "separate"])
+def test_a_dotted_task_name_warm_starts_from_a_single_task_run(tmp_path, sharing):
+    """A task name may hold dots (``fr.ca``): its head (or network) still reads as the single-task model's
+    output layer (or network), so training.init_from of a single-task run copies into it and
+    drop_source_layers drops its output layer."""
+    config = _config(sharing)
+    source = build_model(config.model, N_INPUT, 29)
+    prefix = _save(source, tmp_path / "english")
+    model = MultiTaskModel(config.model, sharing, ("en", "fr.ca"), N_INPUT, (29, 29))
+    copied = warm_start(model, prefix, 0)
+    assert set(copied) == set(model.named_weights())
+    for name, variable in model.named_weights().items():
+        np.testing.assert_array_equal(
+            variable.numpy(), named_weights(source)[model.single_task_name(name)].numpy()
+        )
+    other = MultiTaskModel(config.model, sharing, ("en", "fr.ca"), N_INPUT, CLASSES)
+    kept = warm_start(other, prefix, 1)  # the output layers start fresh, whatever the task's name
+    assert not any(name.endswith(("layer_6.kernel", "heads.fr.ca.kernel")) for name in kept)
+    assert any(name.endswith("layer_5.kernel") for name in kept)

@@ -15,6 +15,8 @@ names, so that model is read straight from a multi-task checkpoint.
 
 from __future__ import annotations
 
+import functools
+
 import keras
 import tensorflow as tf
 
@@ -124,12 +126,25 @@ class MultiTaskModel(keras.Model):
         """A checkpoint name of this model as a single-task model of the family names the weight: a head's
         as the output layer's (``heads.fr.kernel``: ``layer_6.kernel``), a separate task's without its
         prefix (``training.init_from`` of a single-task run)."""
-        prefix, _, rest = name.partition(".")
-        if prefix == "heads" and self.sharing == "heads":
-            return f"{self.family.layers(self.networks[0])[-1]}.{rest.partition('.')[2]}"
-        if prefix == "tasks" and self.sharing == "separate":
-            return rest.partition(".")[2]
-        return name
+        return self._single_task_names.get(name, name)
+
+    @functools.cached_property
+    def _single_task_names(self) -> dict[str, str]:
+        # From the variables, not by splitting the name: a task's name may hold dots (fr.ca).
+        if self.sharing == "heads":
+            output = self.family.layers(self.networks[0])[-1]
+            return {
+                f"heads.{task}.{v.name}": f"{output}.{v.name}"
+                for index, task in enumerate(self.tasks)
+                for v in self.head(index).weights
+            }
+        if self.sharing == "separate":
+            return {
+                f"tasks.{task}.{name}": name
+                for task, network in zip(self.tasks, self.networks, strict=True)
+                for name in named_weights(network)
+            }
+        return {}
 
     def rng_states(self) -> dict:
         """{checkpoint name: variable} of the dropout random-number state (``weights.rng_states``)."""
