@@ -12,8 +12,8 @@ from native_client.plugins import plugin_exists
 from pipeline.config import Config, ConfigError
 from pipeline.export.coqui_tflite import check_exportable
 from pipeline.features.frontend import feature_pipeline
-from pipeline.layout import Layout
 from pipeline.model import model_family
+from pipeline.workdir import export_root, task_export_root
 
 
 def validate_config(config: Config) -> None:
@@ -201,11 +201,14 @@ def _check_export_dirs(config: Config) -> None:
     """ConfigError when two exported tasks would write one export directory (their ``paths.export_dir``,
     default ``<paths.export_dir>/<task>``): each export would replace the other's, and each Export would
     find its own gone and run again."""
-    layout, exported = Layout(config), {}
+    root, exported = export_root(config.paths), {}
     for task in config.multitask.tasks:
         if not task.export:
             continue
-        where = Path(os.path.abspath(layout.for_task(task.name).export_root))
+        if task.paths.given("export_dir"):  # as Layout.export_root reads it
+            where = Path(os.path.abspath(export_root(task.paths.apply(config.paths))))
+        else:
+            where = Path(os.path.abspath(task_export_root(root, task.name)))
         if where in exported:
             raise ConfigError(
                 f"{task_source(config, task.name)}.paths.export_dir: {where} is also the export directory of "

@@ -20,9 +20,7 @@ import json
 import re
 from pathlib import Path
 
-from xdg import BaseDirectory
-
-from pipeline.config import APP_NAME, Config, ConfigError, CorpusConfig, field_stages
+from pipeline.config import Config, ConfigError, CorpusConfig, field_stages
 from pipeline.dag import STAGES, shared_alphabet, tag_applies, task_param, upstream
 from pipeline.data.importing import (
     ImportPlan,
@@ -42,7 +40,6 @@ from pipeline.workdir import (
     CONVERTED_DIR,
     DEFAULT_ALPHABET,
     EVALUATE_DIR,
-    EXPORT_DIR,
     FEATURES_DIR,
     IMPORT_DIR,
     LM_DIR,
@@ -59,10 +56,12 @@ from pipeline.workdir import (
     TrainRun,
     TuneFiles,
     checkpoint_prefix,
+    export_root,
     logits_scratch,
     run_log,
     task_dir_name,
     task_export_root,
+    work_directory,
 )
 
 
@@ -184,9 +183,7 @@ class Layout:
     @functools.cached_property
     def work_dir(self) -> Path:
         """The directory that holds every stage output (``paths.work_dir``, default the XDG data home)."""
-        if self.config.paths.work_dir:
-            return Path(self.config.paths.work_dir)
-        return Path(BaseDirectory.xdg_data_home) / APP_NAME
+        return work_directory(self.config.paths.work_dir)
 
     def run_log(self, task: str) -> Path:
         """A new log file for one ``deepspeech-train`` run of ``task``:
@@ -199,9 +196,7 @@ class Layout:
         ``paths.export_dir``, default ``<the pipeline's export root>/<task>``."""
         if self._root is not None and not self.config.multitask.task(self.task).paths.given("export_dir"):
             return task_export_root(self._root.export_root, self.task)
-        if self.config.paths.export_dir:
-            return Path(self.config.paths.export_dir)
-        return self.work_dir / EXPORT_DIR
+        return export_root(self.config.paths)
 
     @functools.cached_property
     def alphabet(self) -> Path:

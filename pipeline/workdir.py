@@ -17,7 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from xdg import BaseDirectory
+
 from native_client.metadata import MANIFEST_NAME, METADATA_NAME
+from pipeline.config import APP_NAME
 from pipeline.data.importing import REJECTS_NAME, REPORT_NAME, manifest_name
 from pipeline.digests import file_digest
 from pipeline.files import writer_tag
@@ -80,6 +83,20 @@ def task_dir_name(fingerprint: str, task: str = "") -> str:
     """A stage directory's name: its fingerprint, after its task's name for a task of a multi-task config
     (``evaluate/fr-<fingerprint>``)."""
     return f"{task}-{fingerprint}" if task else fingerprint
+
+
+def work_directory(configured: str) -> Path:
+    """The directory that holds every stage output: ``paths.work_dir`` (``configured``), default
+    ``<the XDG data home>/luigi-deepspeech``."""
+    if configured:
+        return Path(configured)
+    return Path(BaseDirectory.xdg_data_home) / APP_NAME
+
+
+def export_root(paths) -> Path:
+    """Where Export writes for the paths section ``paths``: ``paths.export_dir``, default
+    ``<work_dir>/export``."""
+    return Path(paths.export_dir) if paths.export_dir else work_directory(paths.work_dir) / EXPORT_DIR
 
 
 def task_export_root(export_root: Path, task: str) -> Path:
