@@ -1023,7 +1023,7 @@ class TaskConfig:
     name: str = _opt(
         "",
         "The task's name: its --task in the DAG, its head in the checkpoints, its export's folder under "
-        "paths.export_dir; letters, digits, ., _ and -.",
+        "paths.export_dir; letters, digits, ., _ and - (not digits only).",
         required=True,
     )
     weight: float = _opt(

@@ -122,10 +122,11 @@ def validate_tasks(config: Config) -> None:
     seen: dict[str, int] = {}
     for index, task in enumerate(multitask.tasks):
         where = f"{src}: multitask.tasks[{index}]"
-        if not TASK_NAME.fullmatch(task.name):
+        # Digits only would read as one of a versioned export_dir's numbered versions.
+        if not TASK_NAME.fullmatch(task.name) or task.name.isdigit():
             raise ConfigError(
                 f"{where}.name: {task.name!r} is not a task name (letters, digits, '.', '_' and '-', "
-                f"starting with a letter or digit)"
+                f"starting with a letter or digit, not digits only)"
             )
         if task.name in seen:
             raise ConfigError(

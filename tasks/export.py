@@ -108,6 +108,8 @@ class Transcribe(ConfigTask):
 
     def _print(self, record: dict) -> None:
         lines = [f"audio:      {self.audio}"]
+        if self.layout.task:  # a multi-task config transcribes with each task's export in turn
+            lines.insert(0, f"task:       {self.layout.task}")
         if record["reference"] is not None:
             lines.append(f"reference:  {record['reference']}")
         lines.append(f"hypothesis: {record['text']}")

@@ -125,6 +125,10 @@ FR = "{name: fr, data: {train_files: [fr.csv]}}"
         (_tasks(EN, "{name: en}"), r"multitask\.tasks\[1\]\.name: 'en' is also multitask\.tasks\[0\]'s name"),
         (_tasks(EN, "{name: fr/x}"), r"multitask\.tasks\[1\]\.name: 'fr/x' is not a task name"),
         (
+            _tasks(EN, "{name: '2024'}"),
+            r"multitask\.tasks\[1\]\.name: '2024' is not a task name .*not digits only",
+        ),
+        (
             _tasks(EN, "{name: ph, targets: phonemes}"),
             r"multitask\.tasks\[1\] \(ph\)\.of: targets: phonemes needs",
         ),

@@ -125,7 +125,7 @@ def _client(export: Path, audio: Path) -> str:
     return result.stdout.strip()
 
 
-def test_two_languages_train_with_a_head_each_and_each_export_speaks_its_own(tmp_path):
+def test_two_languages_train_with_a_head_each_and_each_export_speaks_its_own(tmp_path, capsys):
     path = two_languages(tmp_path, "heads")
     config, clips = str(path), {"en": tmp_path / "en" / "04.wav", "fr": tmp_path / "fr" / "04.wav"}
 
@@ -137,6 +137,9 @@ def test_two_languages_train_with_a_head_each_and_each_export_speaks_its_own(tmp
 
     with _Ran() as first:
         assert luigi.build(roots(), local_scheduler=True)
+    printed = capsys.readouterr().out
+    for task, clip in clips.items():  # each transcript says whose export made it
+        assert f"task:       {task}\naudio:      {clip}\n" in printed, printed
     assert sorted(first.names) == sorted(
         [
             *(
