@@ -131,6 +131,12 @@ def _check_inputs(config: Config, layout: Layout) -> None:
         raise PreflightError(
             f"{config.source}: data.train_files: no training manifest (nor data.corpora) given"
         )
+    # A multi-task config's tasks are checked when it loads (config_checks.validate_tasks).
+    if config.decoder.tune and not config.tasks and not config.has_split("dev"):
+        raise PreflightError(
+            f"{config.source}: decoder.tune: TuneDecoder searches on the dev split and this config gives "
+            f"none (data.dev_files, or data.corpora with one)"
+        )
     for key in layout.corpora:
         layout.import_plan(key)  # a corpus that is not what its importer reads: one line (ConfigError)
 

@@ -500,3 +500,24 @@ def test_an_import_made_by_older_importers_is_made_again(tmp_path, monkeypatch):
     assert older.import_files("librispeech-corpus").root != now[0]
     assert older.fingerprint("features", split="train") != now[1]
     assert older.fingerprint("lm") != before.fingerprint("lm")  # the LM reads the imported text too
+
+
+def test_tuning_without_a_dev_split_stops_before_anything_runs(tmp_path):
+    """decoder.tune searches on the dev split: a config that gives none stops in one line naming the key
+    (it used to import and extract features first and fail at the dev split's FeaturesSplit)."""
+    config_path = tmp_path / "tune.yaml"
+    config_path.write_text(
+        f"extends: {ROOT / 'configs' / 'sample.yaml'}\npaths: {{work_dir: {tmp_path / 'work'}}}\n"
+        "data: {dev_files: []}\ndecoder: {tune: true}\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "tasks.cli", "Export", "--config", str(config_path), "--local-scheduler"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "decoder.tune: TuneDecoder searches on the dev split and this config gives none" in lines[0]
+    assert not (tmp_path / "work").exists()
