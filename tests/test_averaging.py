@@ -347,6 +347,9 @@ def test_a_task_of_a_multitask_run_exports_the_mean_of_three_checkpoints(tmp_pat
     assert metadata.task == "fr" and metadata.checkpoint == evaluation.checkpoint
     assert metadata.card["training"]["average"]["epochs"] == [2, 3, 4]
     assert metadata.card["training"]["best_dev"]["dev_loss"] == own["dev_loss"]
+    # the card's training data is fr's own (its manifests, its 4 rows), not the run's sum over the tasks
+    assert metadata.card["training_data"]["samples"] == 4 == train.tasks[1]["train_samples"]
+    assert metadata.card["training_data"]["manifests"] == ["train.csv"]
     assert metadata.card["evaluation"]["dev_average"] == average["dev"]
     card = export.file("model_card").read_text()
     assert "- Weights: the mean of 3 epoch-end checkpoints (export.average last 3: epochs 2, 3, 4)" in card

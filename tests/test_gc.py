@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from native_client.alphabet import load_alphabet
 from pipeline.config_loader import load_config
 from pipeline.features.cache import read_cache
@@ -222,3 +224,43 @@ def test_gc_trims_epoch_ends_no_given_average_wants_with_include_train_only(smal
         load_alphabet(Layout(config).alphabet).n_classes,
     )
     assert averaging.prefixes == (str(run.epoch_end(2)), str(run.epoch_end(3)))
+
+
+def test_gc_keeps_the_epoch_ends_a_continued_run_wrote_after_its_report(small_config):
+    """A run finished 2 epochs with {last: 2}; training.epochs raised to 4, it is stopped in epoch 4, after
+    keeping epochs 2 and 3 (its report still says 2 epochs). gc --include-train by that report would want
+    epochs 1 and 2; it leaves epoch 3 alone, and the resumed run averages epochs 3 and 4, none missing."""
+    from pipeline.train.hooks import StepInfo, StopTraining, TrainHooks
+
+    extra = (
+        "training:\n  epochs: {}\n  max_to_keep: 1\n  validation_epochs: 0\nexport:\n  average: {{last: 2}}\n"
+    )
+    two = small_config("two.yaml", limit_train=8, extra=extra.format(2))
+    four = small_config("four.yaml", limit_train=8, extra=extra.format(4))
+    config = load_config(two)
+    build_features(config, ("train", "dev"))
+    train_stage(Layout(config))
+    run = Layout(config).train_run
+    assert Layout(load_config(four)).train_run.root == run.root
+
+    def stop_in_epoch_4(info: StepInfo) -> None:
+        if info.epoch == 3:
+            raise StopTraining("asked")
+
+    with pytest.raises(StopTraining):
+        train_stage(Layout(load_config(four)), hooks=TrainHooks(on_step=stop_in_epoch_4))
+    assert sorted(p.name for p in run.epoch_ends.glob("*.index")) == ["epoch-2.index", "epoch-3.index"]
+
+    done = _gc("--config", str(four), "--include-train")
+    assert done.returncode == 0, done.stderr
+    assert "epoch-3" not in done.stdout and "epoch-2" not in done.stdout, done.stdout
+    resumed = train_stage(Layout(load_config(four)))
+    assert resumed.epochs_completed == 4
+    _, _, averaging = stage_model(
+        load_config(four),
+        run,
+        None,
+        read_cache(Layout(config).features_cache("train"), config.features).n_input,
+        load_alphabet(Layout(config).alphabet).n_classes,
+    )
+    assert (averaging.epochs, averaging.missing) == ((3, 4), ())

@@ -42,6 +42,17 @@ def _train_report(path: Path) -> TrainReport | None:
     return read_report(path, TrainReport) if path.is_file() else None
 
 
+def _train_data(train: TrainReport | None, task: str) -> tuple[int | None, float | None]:
+    """(train samples, hours) of the data the card lists: for a task of a multi-task run, the task's own
+    (the run's report sums every task's)."""
+    if train is None:
+        return None, None
+    for entry in train.tasks or ():
+        if task and entry["name"] == task:
+            return entry["train_samples"], round(entry["train_audio_hours"], 3)
+    return train.train_samples, round(train.train_audio_hours, 3)
+
+
 def _evaluation(config: Config, path: Path, checkpoint: str) -> dict | None:
     """Evaluate's figures of ``checkpoint`` from its report at ``path`` (``export.card.evaluation``), else
     None. A ReportError when the report is missing; a ValueError when it evaluated another checkpoint."""
@@ -85,6 +96,7 @@ def build_card(
     data = config.data
     # a task's export: the task's own figures in the best validation (the run's are the tasks' mean)
     best = record.best_dev and record.best_dev.of_task(config.task)
+    samples, hours = _train_data(train, config.task)
     return {
         "name": card.name or "-".join(filter(None, (Path(config.source).stem, config.task))),
         "version": card.version or str(record.model_version),
@@ -98,8 +110,8 @@ def build_card(
             "description": card.training_data,
             "corpora": [corpus.key for corpus in data.corpora],
             "manifests": [Path(name).name for name in data.train_files],
-            "samples": train.train_samples if train else None,
-            "hours": round(train.train_audio_hours, 3) if train else None,
+            "samples": samples,
+            "hours": hours,
         },
         "model": {
             "architecture": record.architecture,

@@ -17,7 +17,8 @@ evaluate) of the configs' work directories. Never removed:
   Train with ``export.average``) that no given config's average wants (the key
   unset since, or a smaller N): listed as kept, removed with ``--include-train``
   while gc holds the run's lock (a run still training, or killed before its
-  report, prunes its own as it goes on);
+  report, prunes its own as it goes on: so are the epochs past its report's,
+  kept by a continued run killed before it wrote a new one);
 - an entry a live process holds locked (``pipeline.locks``: a running stage,
   on this machine or, through NFS locks, another). The check made when listing
   is not trusted for the removal: each stage instance's entries are removed
@@ -176,7 +177,8 @@ def surplus_epoch_ends(configs: list[Config]) -> list[Entry]:
     """The files of kept epoch-end weights (``TrainRun.epoch_ends``) in the finished Train runs the configs
     reach (their ``train_report.json`` written and readable) that no config reaching that run averages
     (``export.average``: its wanted epochs by the run's report), in path order; each with the run's lock
-    when a live process holds it."""
+    when a live process holds it. Epochs past the report's (a continued run killed before its new report)
+    are never listed."""
     reports: dict[Path, TrainReport | None] = {}
     wanted: dict[Path, set[int]] = defaultdict(set)
     for config in configs:
@@ -199,7 +201,9 @@ def surplus_epoch_ends(configs: list[Config]) -> list[Entry]:
         lock = in_use(root)
         for path in sorted(epoch_ends.iterdir()):
             epoch = epoch_end_number(path)
-            if epoch is not None and epoch not in wanted[root]:
+            # An epoch past the report's was kept by a Train that continued the run (training.epochs
+            # raised) and has not ended: that run prunes its own, the report knows nothing of its wants.
+            if epoch is not None and epoch <= report.epochs_completed and epoch not in wanted[root]:
                 found.append(Entry(path, path.lstat().st_size, lock))
     return found
 

@@ -13,9 +13,10 @@ weighs its tasks as its N steps would, each task's batches pooled per utterance.
 In numbers: in a window of N steps that each draw m tasks, the batch of task t adds
 ``factor_t * k_t / (N * m * U_t)`` times its summed per-utterance loss, where k_t is how many of the
 window's steps drew t and U_t is t's utterances in the window: both known from the tasks' batch plans
-before the window starts. The update moves the variables of the tasks the window drew (and the shared
-part) only, as a step does. Accumulators, non-finite batches, the update and the loop's saves between
-windows are as in ``accumulate.py``.
+before the window starts. The update moves the variables of the tasks whose batches the window added
+(and the shared part) only, as a step does: a task the window never drew, or drew only in steps skipped
+as non-finite, gets no update (no Adam momentum on a gradient it never had). Accumulators, non-finite
+batches, the update and the loop's saves between windows are as in ``accumulate.py``.
 """
 
 from __future__ import annotations
@@ -38,12 +39,10 @@ from pipeline.train.task_step import TaskStepResult, task_losses
 class TaskWindows:
     """The update windows of one multi-task epoch. For each step (in order): the loss coefficient of each
     of its tasks' batches (in the step's task order), its share of its window's loss (a window's shares sum
-    to 1: what is left when a step is skipped), the tasks its window draws; and the steps after which a
-    window ends (counted from 1)."""
+    to 1: what is left when a step is skipped); and the steps after which a window ends (counted from 1)."""
 
     coefficients: tuple[tuple[float, ...], ...]
     shares: tuple[float, ...]
-    window_tasks: tuple[tuple[int, ...], ...]
     ends: frozenset[int]
 
 
@@ -58,7 +57,7 @@ def task_windows(
     starting at its draw ``first_draws[t]``; ``batch_utterances(t, d)`` is the utterance count of task t's
     draw d; ``factors`` the tasks' loss factors (``loss_factors``)."""
     draws = list(first_draws)
-    coefficients, shares, window_tasks, ends = [], [], [], set()
+    coefficients, shares, ends = [], [], set()
     for start in range(0, len(schedule), accumulate):
         steps = schedule[start : start + accumulate]
         sizes = []
@@ -76,15 +75,14 @@ def task_windows(
             coefficients.append(each)
             masses.append(sum(c * u for c, u in zip(each, counts, strict=True)))
         shares.extend(mass / sum(masses) for mass in masses)
-        window_tasks.extend([tuple(sorted(drawn))] * len(steps))
         ends.add(start + len(steps))
-    return TaskWindows(tuple(coefficients), tuple(shares), tuple(window_tasks), frozenset(ends))
+    return TaskWindows(tuple(coefficients), tuple(shares), frozenset(ends))
 
 
 class MultiTaskAccumulatingStep:
     """The multi-task step of ``training.accumulate_batches`` above 1: ``add`` runs one step's batches
     forward and backward into the accumulators, ``update`` applies the window's gradient to the variables
-    of the tasks it drew and empties them. Compiled once per set of tasks, as ``MultiTaskStep``.
+    of the tasks it added and empties them. Compiled once per set of tasks, as ``MultiTaskStep``.
 
     ``factors``: the tasks' loss factors; ``blanks``: their blank indices; the rest as for ``TrainStep``.
     """
@@ -174,14 +172,19 @@ class MultiTaskAccumulatingStep:
         )
 
     def update(self, tasks: tuple[int, ...], rescale: float) -> bool:
-        """Apply the accumulated gradient (times ``rescale``) to the variables of ``tasks`` (those the
-        window drew) and empty the accumulators; returns whether the update was applied."""
+        """Apply the accumulated gradient (times ``rescale``) to the variables of ``tasks`` (those whose
+        batches the window added) and empty the accumulators; returns whether the update was applied."""
         if tasks not in self._updates:
             variables, sums, scaled_loss = self.model.task_variables(tasks), self._sums, self._scaled_loss
             update = update_function(variables, *self._guard, self._optimizer, self.strategy, self._training)
             strategy = self.strategy
+
+            def replica_update(rescale):
+                return sums.apply(variables, update, rescale, scaled_loss)
+
+            # A named function: autograph cannot read the source of two nested lambdas on one line.
             self._updates[tasks] = tf.function(
-                lambda r: strategy.run(lambda r: sums.apply(variables, update, r, scaled_loss), args=(r,)),
+                lambda r: strategy.run(replica_update, args=(r,)),
                 input_signature=[tf.TensorSpec([], tf.float32)],
             )
         applied = self._updates[tasks](tf.constant(rescale, tf.float32))
@@ -205,6 +208,7 @@ class TaskWindowedSteps:
         self._windows: TaskWindows | None = None
         self._position = 0
         self._added, self._skipped = 0.0, False
+        self._tasks: set[int] = set()  # the tasks of the window's steps added so far (finite)
 
     @property
     def windows_per_epoch(self) -> int:
@@ -215,6 +219,7 @@ class TaskWindowedSteps:
         """Go to step ``step_in_epoch`` of ``epoch``, which must be where a window starts (TrainingError
         otherwise: checkpoints are only saved there)."""
         self._position, self._added, self._skipped = step_in_epoch, 0.0, False
+        self._tasks = set()
         self._windows = self._windows_of(epoch)
         if step_in_epoch and step_in_epoch not in self._windows.ends:
             raise TrainingError(
@@ -237,12 +242,14 @@ class TaskWindowedSteps:
         result = self._step.add(tasks, batches, element_spec, save_vote, windows.coefficients[index])
         if result.finite:
             self._added += windows.shares[index]
+            self._tasks.update(tasks)
         else:
             self._skipped = True
         if not self.at_end():
             return result
         # What was added is scaled up to a whole window's weight; exactly 1 when no step was skipped.
         rescale = 1.0 / self._added if self._skipped and self._added > 0 else 1.0
-        applied = self._added > 0 and self._step.update(windows.window_tasks[index], rescale)
-        self._added, self._skipped = 0.0, False
+        # A task drawn only in skipped steps has a zero gradient: Adam would still move it, so it is left out.
+        applied = self._added > 0 and self._step.update(tuple(sorted(self._tasks)), rescale)
+        self._added, self._skipped, self._tasks = 0.0, False, set()
         return replace(result, applied=applied, update=True)
