@@ -1,6 +1,6 @@
 """Issue 34 item 5 with tasks: ``training.accumulate_batches`` over a multi-task run's steps. A window of
 N round_robin steps at batch B trains what one step at batch N x B does; a run stopped inside a window
-saves at its end and resumes every task exactly; towers accumulate as one device does."""
+saves at its end and resumes every task exactly (towers: test_multitask_train)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from pipeline.stages.train import train_stage
 from pipeline.train.hooks import StepInfo, StopTraining, TrainHooks
 from pipeline.train.task_windows import task_windows
 from tests.test_multitask_train import _stored, two_tasks
-from tests.towers import compare_runs
 
 
 def _sizes(table):
@@ -101,31 +100,6 @@ def test_a_stop_inside_a_window_saves_at_its_end_and_resumes_every_task_exactly(
     assert [t["batches_drawn"] for t in resumed.tasks] == [8, 4]
     clean = train_stage(Layout(two_tasks(tmp_path, "clean.yaml", "clean", extra=extra)))
     assert resumed.weights_sha256 == clean.weights_sha256
-
-
-@pytest.mark.long
-def test_two_towers_accumulate_the_tasks_as_one_device_does(tmp_path):
-    """round_robin, global batch 4 in windows of 2: two CPU towers end with one device's weights to float
-    rounding (each tower's gradients summed over the window, then over the towers, once per update)."""
-    multitask = "sampling: round_robin\n"
-    common = (
-        "training: {epochs: 2, global_batch_size: 4, accumulate_batches: 2, dev_batch_size: 8, "
-        "report_count: 1, validation_epochs: 0}\n"
-    )
-    one = two_tasks(
-        tmp_path, "one.yaml", "one", multitask, extra=common + "distribution: {strategy: one_device}\n"
-    )
-    two = two_tasks(
-        tmp_path,
-        "two.yaml",
-        "one",
-        multitask,
-        extra=common + "distribution: {strategy: mirrored, cpu_devices: 2}\n",
-    )
-    runs, diff, count = compare_runs(one.source, two.source)
-    assert [towers for towers, _, _ in runs] == [1, 2], runs
-    assert count == 15
-    assert diff < 5e-5, f"MAXDIFF {diff} {count}"
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])

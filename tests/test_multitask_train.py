@@ -188,13 +188,17 @@ def test_only_the_ratio_of_the_tasks_weights_counts(tmp_path):
 
 
 @pytest.mark.long
-def test_two_towers_train_the_tasks_as_one_device_does(tmp_path):
+@pytest.mark.parametrize(
+    "batches",
+    ["global_batch_size: 8, batch_size: 4", "global_batch_size: 4, accumulate_batches: 2"],
+    ids=["step", "windows"],
+)
+def test_two_towers_train_the_tasks_as_one_device_does(tmp_path, batches):
     """Towers as for one task: each task's batch is split over two CPU towers, and the update is the
-    one-device update to float rounding (round_robin, both heads in every step)."""
+    one-device update to float rounding (round_robin, both heads in every step); likewise in update
+    windows of 2 steps (each tower's gradients summed over the window, then over the towers, once)."""
     multitask = "sampling: round_robin\n"
-    common = (
-        "training: {epochs: 2, global_batch_size: 8, batch_size: 4, dev_batch_size: 8, report_count: 1}\n"
-    )
+    common = f"training: {{epochs: 2, {batches}, dev_batch_size: 8, report_count: 1}}\n"
     one = two_tasks(
         tmp_path, "one.yaml", "one", multitask, extra=common + "distribution: {strategy: one_device}\n"
     )

@@ -66,6 +66,18 @@ def windows_of_epoch(plan: list[np.ndarray], epoch: int, seed: int, accumulate: 
     return EpochWindows(tuple(utterances), frozenset(ends))
 
 
+def check_window_start(epoch: int, step_in_epoch: int, ends, accumulate: int) -> None:
+    """TrainingError when a run's position (``step_in_epoch`` of ``epoch``) is not between two of the
+    epoch's windows (``ends``: the steps after which one ends): checkpoints are only saved there, so such a
+    position comes from another batch plan."""
+    if step_in_epoch and step_in_epoch not in ends:
+        raise TrainingError(
+            f"the run's position, step {step_in_epoch} of epoch {epoch + 1}, is inside an update window "
+            f"of training.accumulate_batches {accumulate}; checkpoints are only saved between "
+            f"windows, so this one comes from another batch plan: delete the run (make rerun STAGE=Train)"
+        )
+
+
 def reduce_flags(losses: list, finite_here, save_vote):
     """In replica context, one all-reduce of a batch's scalars: ``losses`` (this tower's), whether this
     tower's loss and gradients were finite, its save vote. Returns (the losses summed over the towers,
@@ -228,12 +240,7 @@ class WindowedSteps:
         if self.accumulate == 1:
             return
         self._windows = windows_of_epoch(self.plan, epoch, self.seed, self.accumulate)
-        if step_in_epoch and step_in_epoch not in self._windows.ends:
-            raise TrainingError(
-                f"the run's position, step {step_in_epoch} of epoch {epoch + 1}, is inside an update window "
-                f"of training.accumulate_batches {self.accumulate}; checkpoints are only saved between "
-                f"windows, so this one comes from another batch plan: delete the run (make rerun STAGE=Train)"
-            )
+        check_window_start(epoch, step_in_epoch, self._windows.ends, self.accumulate)
 
     def at_end(self) -> bool:
         """Whether the position is between two windows (where the loop may save)."""

@@ -29,8 +29,7 @@ import tensorflow as tf
 
 from pipeline.model.ctc import ctc_implementation
 from pipeline.model.heads import MultiTaskModel
-from pipeline.train.accumulate import GradientSums, reduce_flags
-from pipeline.train.checkpointing import TrainingError
+from pipeline.train.accumulate import GradientSums, check_window_start, reduce_flags
 from pipeline.train.step import all_finite, guard_copies, update_function
 from pipeline.train.task_step import TaskStepResult, task_losses
 
@@ -221,12 +220,7 @@ class TaskWindowedSteps:
         self._position, self._added, self._skipped = step_in_epoch, 0.0, False
         self._tasks = set()
         self._windows = self._windows_of(epoch)
-        if step_in_epoch and step_in_epoch not in self._windows.ends:
-            raise TrainingError(
-                f"the run's position, step {step_in_epoch} of epoch {epoch + 1}, is inside an update window "
-                f"of training.accumulate_batches {self.accumulate}; checkpoints are only saved between "
-                f"windows, so this one comes from another batch plan: delete the run (make rerun STAGE=Train)"
-            )
+        check_window_start(epoch, step_in_epoch, self._windows.ends, self.accumulate)
 
     def at_end(self) -> bool:
         """Whether the position is between two windows (where the loop may save)."""
