@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     from pipeline.config import ConfigError
     from pipeline.config_loader import load_config
     from pipeline.layout import Layout
-    from tasks.preflight import PreflightError, check_inputs, check_scheduler, stage_tasks
+    from tasks.preflight import PreflightError, check_inputs, check_scheduler, inherited_splits, stage_tasks
 
     if not options.config:
         print(f"error: --config is required ({USAGE})", file=sys.stderr)
@@ -141,6 +141,8 @@ def main(argv=None) -> int:
         given = {name: getattr(options, name) for name in ("task", "split", "corpus", "audio")}
         runs = stage_tasks(config, argv[0], given)
         check_inputs(config)
+        for note in inherited_splits(config):
+            print(f"note: {note}", file=sys.stderr)
         if not options.local_scheduler:
             import luigi.configuration
 

@@ -60,6 +60,31 @@ def check_inputs(config: Config) -> None:
     check_shared_work_dir(config)  # a cluster's workers need one work directory (ConfigError)
 
 
+# The data keys that say which audio a task trains and is tested on.
+SPLIT_KEYS = ("train_files", "dev_files", "test_files", "corpora")
+
+
+def inherited_splits(config: Config) -> list[str]:
+    """Notes for the tasks of a multi-task config that give some of their data's files and take the rest
+    from the top-level ``data:`` section (a task's keys override the top level's, one by one: a task that
+    gives only ``train_files`` is validated and tested on the top level's files, perhaps another
+    language's)."""
+    notes = []
+    for task in config.multitask.tasks:
+        given = [key for key in SPLIT_KEYS if task.data.given(key)]
+        if not given or task.targets == "phonemes":
+            continue
+        taken = [key for key in SPLIT_KEYS if key not in given and getattr(config.data, key)]
+        if taken:
+            keys = ", ".join(f"data.{key}" for key in taken)
+            notes.append(
+                f"{task_source(config, task.name)}: gives data.{given[0]} but takes {keys} from the "
+                f"top-level data section; give them in the task (an empty list for none) if they are not "
+                f"its own"
+            )
+    return notes
+
+
 def stage_tasks(config: Config, name: str, given: dict) -> list[str]:
     """The tasks a command line runs Luigi task ``name`` (``Evaluate``) for, with its parameters ``given``
     (``task``, and ``split``, ``corpus``, ``audio`` when the command line names them): ``[task]`` when

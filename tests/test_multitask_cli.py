@@ -168,3 +168,28 @@ def test_make_rerun_passes_task_on():
         text=True,
     )
     assert "--task" not in every.stdout.strip().splitlines()[-1]
+
+
+def test_a_task_that_takes_some_of_its_files_from_the_top_level_is_noted():
+    """A task giving only train_files is validated and tested on the top level's dev and test files
+    (perhaps another language's): the command line says so; a task giving all of them, a task giving
+    none (all the top level's) and a phonemes task are not noted."""
+    from pipeline.config_loader import config_from_dict
+    from tasks.preflight import inherited_splits
+
+    data = {"train_files": ["en/train.csv"], "dev_files": ["en/dev.csv"], "test_files": ["en/test.csv"]}
+    tasks = [
+        {"name": "en"},
+        {"name": "fr", "data": {"train_files": ["fr/train.csv"]}},
+        {"name": "de", "data": {**{k: [f"de/{k}.csv"] for k in data}}},
+        {"name": "en_phones", "targets": "phonemes", "of": "en", "export": False, "weight": 0.3},
+    ]
+    config = config_from_dict({"data": data, "multitask": {"tasks": tasks}})
+    notes = inherited_splits(config)
+    assert len(notes) == 1, notes
+    assert (
+        "multitask.tasks[1] (fr): gives data.train_files but takes data.dev_files, data.test_files"
+        in notes[0]
+    )
+    fixed = [{"name": "fr", "data": {"train_files": ["fr/train.csv"], "dev_files": [], "test_files": []}}]
+    assert inherited_splits(config_from_dict({"data": data, "multitask": {"tasks": tasks[:1] + fixed}})) == []
