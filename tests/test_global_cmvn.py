@@ -12,6 +12,7 @@ import pytest
 
 from native_client import Model, load_metadata
 from native_client.audio import load_for_model
+from native_client.stream import Utterance, run_calls
 from pipeline.config import ConfigError
 from pipeline.config_loader import config_from_dict, load_config
 from pipeline.features.cache import read_cache
@@ -109,6 +110,20 @@ def test_a_global_export_streams_incrementally_and_ends_as_one_shot(trained):
         np.testing.assert_allclose(stream.logits(), expected_logits[: partials[-1]], atol=1e-5)
         assert stream.finish() == expected, chunk
         np.testing.assert_allclose(stream.logits(), expected_logits, atol=1e-5)
+    # the server's utterance: its chunks are ready as audio comes, no rerun from the start
+    utterance = Utterance(model.runner)
+    assert utterance.incremental
+    half = len(samples) // 2
+    utterance.feed_audio(samples[:half])
+    chunks = utterance.ready()
+    assert len(chunks) > 0
+    logits, state = run_calls(model.runner, chunks, utterance.state)
+    utterance.accept(logits, state)
+    utterance.feed_audio(samples[half:])
+    utterance.finish()
+    logits, state = run_calls(model.runner, utterance.ready(), utterance.state)
+    utterance.accept(logits, state)
+    np.testing.assert_allclose(utterance.logits(), expected_logits, atol=1e-5)
 
 
 def test_the_config_takes_global_and_refuses_other_words_in_one_line():
