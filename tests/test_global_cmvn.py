@@ -15,7 +15,7 @@ from native_client.audio import load_for_model
 from native_client.stream import Utterance, run_calls
 from pipeline.config import ConfigError
 from pipeline.config_loader import config_from_dict, load_config
-from pipeline.features.cache import read_cache
+from pipeline.features.cache import CacheError, read_cache
 from pipeline.features.cmvn import train_statistics
 from pipeline.layout import Layout
 from pipeline.stages.evaluate import evaluate_stage
@@ -145,3 +145,11 @@ def test_global_moves_the_features_fingerprint_and_the_coqui_layout_refuses_it()
         config_from_dict(
             {"features": {"type": "deepspeech", "normalize": "global"}, "export": {"coqui_tflite": True}}
         )
+
+
+def test_statistics_of_a_missing_train_cache_are_one_line_naming_it(tmp_path):
+    missing = tmp_path / "train.h5"
+    with pytest.raises(
+        CacheError, match=rf"^{missing}: feature cache does not exist .*; run the Features task$"
+    ):
+        train_statistics([missing])

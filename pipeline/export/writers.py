@@ -45,6 +45,11 @@ def build_metadata(
     ``train_fingerprint``: the Export's and the Train run's; ``train_report``: that run's report; ``stats``:
     the train split's statistics of ``features.normalize: global`` (recorded as the features' ``mean`` and
     ``std``)."""
+    if (config.features.normalize == "global") != (stats is not None):
+        raise ValueError(
+            f"{config.source}: features.normalize is {config.features.normalize!r}: the export records the "
+            f"train split's statistics with global normalisation, and only with it"
+        )
     train = read_report(train_report, TrainReport) if train_report.is_file() else None
     family = model_family(config.model.architecture)
     streaming = None  # what one streaming call takes; None: the export runs whole utterances only

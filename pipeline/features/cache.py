@@ -356,7 +356,12 @@ def cache_summary(path: Path) -> dict:
 
 def frame_sums(path: Path) -> tuple[int, np.ndarray, np.ndarray]:
     """The number of frames of a cache and the float64 sums of their coefficients and of their squares,
-    as its writer recorded them. CacheError naming the cache when it holds none."""
+    as its writer recorded them. CacheError naming the cache when it is missing or holds none."""
+    if not Path(path).is_file():
+        raise CacheError(
+            f"{path}: feature cache does not exist (features.normalize: global takes its statistics from "
+            f"the train split's); run the Features task"
+        )
     try:
         with h5py.File(path, "r") as h5:
             count = int(h5.attrs["frame_count"])
