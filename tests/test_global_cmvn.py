@@ -153,3 +153,19 @@ def test_statistics_of_a_missing_train_cache_are_one_line_naming_it(tmp_path):
         CacheError, match=rf"^{missing}: feature cache does not exist .*; run the Features task$"
     ):
         train_statistics([missing])
+
+
+def test_a_multitask_config_pools_its_tasks_train_splits_into_one_set_and_trains(tmp_path):
+    from tests.test_multitask_train import two_tasks
+
+    config = two_tasks(tmp_path, extra="features: {normalize: global}\ntraining: {epochs: 1}\n")
+    layout = Layout(config)
+    caches = [layout.for_task(task).features_cache("train") for task in ("en", "fr")]
+    pooled = np.concatenate([_frames(cache) for cache in caches]).astype(np.float64)
+    stats = global_stats(layout.for_task("fr"))
+    assert stats == global_stats(layout.for_task("en")) == global_stats(layout)
+    np.testing.assert_allclose(stats.mean, pooled.mean(axis=0), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(stats.std, pooled.std(axis=0), rtol=1e-9, atol=1e-12)
+    assert len(_frames(caches[0])) != len(pooled)  # two caches, not one counted twice
+    report = train_stage(layout)
+    assert report.epochs_completed == 1 and np.isfinite(report.train_losses[0]["train_loss"])
