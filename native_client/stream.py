@@ -195,6 +195,7 @@ class Utterance:
     ``accept`` with their logits and the new state. ``finish`` makes the rest ready (zero-padded).
     Exports with per-utterance normalisation need the whole utterance's statistics: nothing is ready before
     ``finish`` (``rerun`` gives the chunks of the audio so far, for a partial result from a zero state).
+    Global normalisation (``normalize: global``) is applied to each frame as it comes: incremental.
     """
 
     def __init__(self, runner: StepRunner):
@@ -204,7 +205,8 @@ class Utterance:
         self.n_classes = metadata.n_classes
         self._context = metadata.n_context
         self._chunked = metadata.streaming is not None and metadata.streaming["input"] == "frames"
-        self._normalize = metadata.features.normalize
+        self._features = metadata.features
+        self._normalize = metadata.features.per_utterance
         self._frames = metadata.features.frontend.stream()
         # frames still needed as context or look-back, starting with the zero frames before the utterance
         self._pending = first_frames(metadata)
@@ -236,6 +238,7 @@ class Utterance:
             if final:
                 self._ready.append(self.rerun())
             return
+        frames = self._features.normalise(frames)
         if self._chunked:
             chunks, self._pending = take_ready_frames(self._pending, frames, self.metadata, final)
         else:
@@ -248,7 +251,7 @@ class Utterance:
 
     @property
     def incremental(self) -> bool:
-        """Whether chunks are ready as audio arrives (no per-utterance normalisation)."""
+        """Whether chunks are ready as audio arrives (no per-utterance normalisation; global is)."""
         return not self._normalize
 
     def rerun(self) -> Sequence[Chunk]:
@@ -288,8 +291,10 @@ class Stream:
     ``finish`` once.
 
     Without per-utterance normalisation the model runs as audio arrives, ``n_steps`` time
-    steps at a time, carrying the recurrent state. With it (``features.normalize`` in the export),
-    features need the whole utterance's statistics: the stream keeps the frames and runs the
+    steps at a time, carrying the recurrent state (``normalize: global`` normalises each frame with the
+    training set's statistics as it comes, so it streams too). With per-utterance normalisation
+    (``features.normalize: true`` in the export), features need the whole utterance's statistics: the
+    stream keeps the frames and runs the
     model when a transcript is asked for, normalising with the statistics so far; ``finish``
     then equals one-shot transcription exactly. A model without a streaming form (``streaming``
     null in its metadata) is run the same way, over the whole utterance at once (``Model`` makes such a
@@ -301,8 +306,9 @@ class Stream:
         self.decoder = decoder
         self.intermediate_decoder = intermediate_decoder or decoder
         metadata = runner.metadata
-        self._whole = metadata.features.normalize or metadata.streaming is None
-        self._normalize = metadata.features.normalize
+        self._features = metadata.features
+        self._whole = metadata.features.per_utterance or metadata.streaming is None
+        self._normalize = metadata.features.per_utterance
         self._chunked = metadata.streaming is not None and metadata.streaming["input"] == "frames"
         self._frames = metadata.features.frontend.stream()
         self._n_context = metadata.n_context
@@ -324,6 +330,8 @@ class Stream:
         self._add_frames(self._frames.feed(chunk), final=False)
 
     def _add_frames(self, frames: np.ndarray, final: bool) -> None:
+        if not self._normalize:
+            frames = self._features.normalise(frames)  # global statistics, frame by frame (or none)
         if self._whole:
             self._all_frames.append(frames)
             return

@@ -341,7 +341,14 @@ class FeaturesConfig:
         "Average multi-channel audio to mono; false rejects it as too_many_channels. The Features report "
         "counts the files downmixed.",
     )
-    normalize: bool = _opt(False, "Normalise each utterance's features to zero mean, unit variance.")
+    normalize: Literal[False, True, "global"] = _opt(
+        False,
+        "Feature normalisation. true: each utterance to zero mean, unit variance with its own statistics "
+        "(a streaming client must wait for the utterance's end). global: with the mean and standard "
+        "deviation of each coefficient over the train split's features (computed once as its cache is "
+        "written; a multi-task config pools every task's train split), applied frame by frame in training, "
+        "evaluation and the client, and recorded in the export: a model that streams. false: none.",
+    )
     workers: int = _opt(
         0,
         "Extraction worker processes (0 = all cores); also the espeak-ng processes of a phonemes task.",

@@ -38,7 +38,7 @@ def _describe(tp) -> str:
         return "a mapping of keys"
     origin = typing.get_origin(tp)
     if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+        return "one of " + ", ".join(_choice(a) for a in typing.get_args(tp))
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
         return _describe(inner[0]) + " or null"
@@ -48,6 +48,11 @@ def _describe(tp) -> str:
             return "a list of mappings"
         return "a list of " + {str: "strings", int: "integers", float: "numbers"}[item]
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[tp]
+
+
+def _choice(value) -> str:
+    """A choice as YAML writes it: ``true``, ``'global'``."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
 # The words YAML 1.1 (PyYAML) reads as booleans, by the boolean they become.
@@ -79,7 +84,8 @@ def _coerce(value: Any, tp, where: str, base_dir: Path | None, is_path: bool):
         return _coerce(value, inner, where, base_dir, is_path)
     if origin is Literal:
         value = _spelled_choice(value, typing.get_args(tp))
-        if value not in typing.get_args(tp):
+        # By type too: 0 and 1 equal False and True but are not the choices false and true.
+        if not any(value == choice and type(value) is type(choice) for choice in typing.get_args(tp)):
             raise bad
         return value
     if dataclasses.is_dataclass(tp):

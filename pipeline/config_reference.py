@@ -64,7 +64,7 @@ def _type_name(tp: Any, is_path: bool = False) -> str:
     """
     origin = typing.get_origin(tp)
     if origin is Literal:
-        return "one of " + ", ".join(f"`{value}`" for value in typing.get_args(tp))
+        return "one of " + ", ".join(f"`{_yaml_value(value)}`" for value in typing.get_args(tp))
     if origin in (typing.Union, types.UnionType):
         inner = [arg for arg in typing.get_args(tp) if arg is not type(None)]
         named = " or ".join(_type_name(arg, is_path) for arg in inner)

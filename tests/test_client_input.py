@@ -73,6 +73,12 @@ def valid_metadata() -> dict:
     }
 
 
+def _global(**stats) -> dict:
+    """The features entry of ``valid_metadata`` with global normalisation and ``stats`` over valid ones."""
+    features = {**valid_metadata()["features"], "normalize": "global", "mean": [0.0] * 26, "std": [1.0] * 26}
+    return {**features, **stats}
+
+
 def write_export(directory: Path, raw: dict) -> Path:
     """An export directory holding ``raw`` as its metadata.json, the files it names, and a manifest that
     matches (as someone who edits the metadata would rewrite it)."""
@@ -107,6 +113,18 @@ def test_a_valid_metadata_is_read(tmp_path):
     assert metadata.n_steps == 16 and metadata.decoder["beam_width"] == 16
 
 
+def test_a_metadata_with_global_statistics_is_read_and_applied_frame_by_frame(tmp_path):
+    mean, std = [float(i) for i in range(26)], [2.0] * 25 + [0.0]  # a constant coefficient: std 0
+    raw = _set(valid_metadata(), "features", _global(mean=mean, std=std))
+    features = load_metadata(write_export(tmp_path / "export", raw)).features
+    assert features.normalize == "global" and not features.per_utterance
+    assert features.to_dict()["mean"] == mean and features.to_dict()["std"] == std
+    samples = soundfile.read(SAMPLE / "test" / "00000.flac", dtype="int16")[0]
+    raw_frames = features.utterance_frames(samples)
+    expected = (raw_frames - np.float32(mean)) / np.maximum(np.float32(std), np.float32(1e-6))
+    np.testing.assert_array_equal(features.frames(samples), expected)
+
+
 @pytest.mark.parametrize(
     "key, value, says",
     [
@@ -137,6 +155,19 @@ def test_a_valid_metadata_is_read(tmp_path):
         ("streaming", {"input": "frames", "chunk": 0}, "streaming.chunk: expected an integer of at least 1"),
         ("streaming", {"input": "windows", "chunk": 8, "context": 9, "lookahead": 0}, "must be n_steps"),
         ("streaming", None, "streaming: null (no streaming form) but tensors.state lists a state"),
+        ("features.normalize", "yes", "features: normalize: expected true, false or global, got 'yes'"),
+        ("features.normalize", 1, "features: normalize: expected true, false or global, got 1"),
+        ("features.normalize", "global", "features: normalize: global, but the mean and std"),
+        ("features.mean", [0.0] * 26, "features: mean, std: only with normalize: global"),
+        (
+            "features",
+            _global(mean=[0.0] * 25),
+            "features: mean: expected a list of 26 finite numbers, got 25",
+        ),
+        ("features", _global(mean="0"), "features: mean: expected a list of 26 finite numbers, got '0'"),
+        ("features", _global(std=[1.0] * 25 + [math.nan]), "features: std[25]: expected a list of 26 finite"),
+        ("features", _global(std=[1.0] * 25 + [-1.0]), "features: std[25]: a standard deviation cannot be"),
+        ("features", _global(mean=[0.0] * 25 + [True]), "features: mean[25]: expected a list of 26 finite"),
     ],
 )
 def test_an_edited_metadata_is_one_line_naming_the_key(tmp_path, capsys, key, value, says):

@@ -206,7 +206,12 @@ def _choice_keys_spelled_as_yaml_booleans() -> list[tuple[str, str, str]]:
         hints = typing.get_type_hints(typing.get_type_hints(Config)[section.name])
         for name, tp in hints.items():
             if typing.get_origin(tp) is typing.Literal:
-                found += [(section.name, name, c) for c in typing.get_args(tp) if str(c).lower() in words]
+                # string choices only: a boolean choice (features.normalize: true) is the boolean YAML reads
+                found += [
+                    (section.name, name, c)
+                    for c in typing.get_args(tp)
+                    if isinstance(c, str) and c.lower() in words
+                ]
     return found
 
 

@@ -16,13 +16,28 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from native_client.frontends._base import FeaturePipeline, FrameStream, FrontEnd, normalize_frames, setting
+from native_client.frontends._base import (
+    FeaturePipeline,
+    FrameStream,
+    FrontEnd,
+    normalize_frames,
+    normalize_mode,
+    setting,
+)
 from native_client.plugins import PluginError, find_plugin
 
-__all__ = ["FeaturePipeline", "FrameStream", "FrontEnd", "frontend_class", "normalize_frames", "setting"]
+__all__ = [
+    "FeaturePipeline",
+    "FrameStream",
+    "FrontEnd",
+    "frontend_class",
+    "normalize_frames",
+    "normalize_mode",
+    "setting",
+]
 
 # Keys of the ``features`` section and of the metadata entry that are not a front end's own.
-RESERVED = ("type", "sample_rate", "normalize", "resample", "downmix", "workers")
+RESERVED = ("type", "sample_rate", "normalize", "mean", "std", "resample", "downmix", "workers")
 
 
 def frontend_class(

@@ -17,6 +17,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from native_client.cmvn import GlobalStats
+
 # Bounds that keep a front end's filterbank small whatever an export's metadata says (1,024 filters over a
 # 65,536-point FFT: 268 MB); speech uses ~40 filters and 512 points.
 MAX_CHANNELS = 1024
@@ -199,18 +201,54 @@ def normalize_frames(frames: np.ndarray) -> np.ndarray:
     return (frames - frames.mean(axis=0)) / (frames.std(axis=0) + 1e-6)
 
 
+NORMALIZE_MODES = (False, True, "global")
+
+
+def normalize_mode(value) -> bool | str:
+    """``value`` as a normalisation mode: false (none), true (per utterance) or ``"global"`` (the training
+    set's statistics, frame by frame). ValueError for anything else (also 0 and 1)."""
+    if not any(value == mode and type(value) is type(mode) for mode in NORMALIZE_MODES):
+        raise ValueError(f"normalize: expected true, false or global, got {value!r}")
+    return value
+
+
 class FeaturePipeline:
-    """A model's whole feature computation: front end, sample rate and per-utterance normalisation.
+    """A model's whole feature computation: front end, sample rate and normalisation.
 
     Built from the config by training and from the export metadata's ``features``
     entry by the client (``from_dict``), so both compute the same numbers.
+    ``normalize``: false, true (each utterance to zero mean and unit variance with its own statistics)
+    or ``"global"`` (with ``stats``, the training set's, frame by frame: ``normalise``).
     """
 
-    def __init__(self, frontend: FrontEnd, normalize: bool, type_name: str | None = None):
+    def __init__(
+        self,
+        frontend: FrontEnd,
+        normalize: bool | str,
+        type_name: str | None = None,
+        stats: GlobalStats | None = None,
+    ):
         self.frontend = frontend
-        self.normalize = bool(normalize)
+        self.normalize = normalize_mode(normalize)
+        if stats is not None and normalize != "global":
+            raise ValueError("mean, std: global statistics only go with normalize: global")
+        if stats is not None and stats.feature_size != frontend.feature_size:
+            raise ValueError(
+                f"mean, std: {stats.feature_size} values each, but the front end gives "
+                f"{frontend.feature_size} per frame"
+            )
+        self.stats = stats
         # The name the front end was found by (``features.type``: a built-in name or a dotted module).
         self.type_name = type_name or frontend.name
+
+    @property
+    def per_utterance(self) -> bool:
+        """Whether each utterance is normalised with its own statistics (no frame is final before its end)."""
+        return self.normalize is True
+
+    def with_stats(self, stats: GlobalStats) -> FeaturePipeline:
+        """This pipeline with the training set's statistics (``normalize: global``)."""
+        return FeaturePipeline(self.frontend, self.normalize, self.type_name, stats)
 
     @property
     def sample_rate(self) -> int:
@@ -227,28 +265,45 @@ class FeaturePipeline:
         """Seconds between frames."""
         return self.frontend.seconds_per_frame
 
-    def frames(self, samples: np.ndarray) -> np.ndarray:
-        """Features of a whole utterance, normalised when ``normalize``."""
+    def normalise(self, frames: np.ndarray) -> np.ndarray:
+        """The frame-by-frame step of the normalisation: ``frames`` with the global statistics applied
+        (``normalize: global``), unchanged otherwise. ValueError for global without statistics."""
+        if self.normalize != "global":
+            return frames
+        if self.stats is None:
+            raise ValueError("normalize: global, but no mean and std (the training set's statistics) given")
+        return self.stats.apply(frames)
+
+    def utterance_frames(self, samples: np.ndarray) -> np.ndarray:
+        """Features of a whole utterance as the feature cache holds them: normalised per utterance when
+        ``normalize`` is true; the global statistics are not applied (training applies them as it reads
+        the cache)."""
         out = self.frontend.frames(samples)
-        return normalize_frames(out) if self.normalize and len(out) else out
+        return normalize_frames(out) if self.per_utterance and len(out) else out
+
+    def frames(self, samples: np.ndarray) -> np.ndarray:
+        """Features of a whole utterance, normalised as ``normalize`` says (what the model takes)."""
+        return self.normalise(self.utterance_frames(samples))
 
     def frames_of_blocks(self, blocks) -> tuple[np.ndarray, int]:
-        """Features of one utterance arriving as int16 blocks, equal to ``frames`` of the whole signal
-        (``FrameStream`` is frame-exact), and the number of samples seen. Memory: the frames and one block,
-        never the whole signal or its windows (an hour of audio as windows is gigabytes)."""
+        """Features of one utterance arriving as int16 blocks, equal to ``utterance_frames`` of the whole
+        signal (``FrameStream`` is frame-exact), and the number of samples seen. Memory: the frames and one
+        block, never the whole signal or its windows (an hour of audio as windows is gigabytes)."""
         stream, pieces, samples = self.frontend.stream(), [], 0
         for block in blocks:
             samples += len(block)
             pieces.append(stream.feed(block))
         pieces.append(stream.finish())
         out = np.concatenate(pieces)
-        return (normalize_frames(out) if self.normalize and len(out) else out), samples
+        return (normalize_frames(out) if self.per_utterance and len(out) else out), samples
 
     def to_dict(self) -> dict:
-        """The metadata entry: ``type``, ``sample_rate``, ``normalize`` and the front end's settings."""
+        """The metadata entry: ``type``, ``sample_rate``, ``normalize`` and the front end's settings, and
+        with global statistics their ``mean`` and ``std``."""
         return {
             **self.frontend.describe(),
             "type": self.type_name,
             "sample_rate": self.sample_rate,
             "normalize": self.normalize,
+            **(self.stats.to_dict() if self.stats is not None else {}),
         }

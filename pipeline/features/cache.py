@@ -6,7 +6,8 @@ every utterance in **length order** (shortest first, manifest order
 among equals), so that a batch of similar lengths is one contiguous read;
 ``offsets``/``lengths`` (frames) per utterance, ``labels`` (variable-length
 int32), ``transcripts``, ``paths``, ``durations``. The attributes record the
-fingerprint and the feature settings.
+fingerprint, the feature settings and the float64 sums of the frames (``frame_count``, ``frame_sum``,
+``frame_square_sum``: the train split's give ``features.normalize: global`` its statistics).
 
 Every numeric dataset is chunked with HDF5's fletcher32 filter: each chunk
 carries a checksum that HDF5 verifies on every read, so a damaged file is
@@ -29,6 +30,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from native_client.cmvn import GlobalStats
 from pipeline.config import FeaturesConfig
 from pipeline.features.frontend import feature_pipeline
 from pipeline.files import atomic_path
@@ -79,23 +81,34 @@ class CacheIndex:
     transcripts: list[str]
     paths: list[str]
     durations: np.ndarray  # [n] float32 seconds
+    # ``features.normalize: global``: the train split's statistics, applied to every frame read.
+    stats: GlobalStats | None = None
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     def reader(self) -> FeatureReader:
         """A reader of this cache's features (open one per process or thread that reads)."""
-        return FeatureReader(self.path, self.offsets, self.lengths, self.n_input)
+        return FeatureReader(self.path, self.offsets, self.lengths, self.n_input, self.stats)
 
 
 class FeatureReader:
-    """Reads utterances' features from a cache file: a run of consecutive utterances is one read."""
+    """Reads utterances' features from a cache file: a run of consecutive utterances is one read. With
+    ``stats`` (``features.normalize: global``) every frame read is normalised with them (padding stays 0)."""
 
-    def __init__(self, path: Path, offsets: np.ndarray, lengths: np.ndarray, n_input: int):
+    def __init__(
+        self,
+        path: Path,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        n_input: int,
+        stats: GlobalStats | None = None,
+    ):
         self.path = Path(path)
         self.offsets = offsets
         self.lengths = lengths
         self.n_input = n_input
+        self.stats = stats
         self._file = None
 
     def _features(self) -> h5py.Dataset:
@@ -109,9 +122,10 @@ class FeatureReader:
     def _read(self, start: int, stop: int) -> np.ndarray:
         # HDF5 verifies each chunk's fletcher32 checksum here.
         try:
-            return self._features()[start:stop]
+            frames = self._features()[start:stop]
         except OSError as error:
             raise damaged(self.path, error) from None
+        return frames if self.stats is None else self.stats.apply(frames)
 
     def utterance(self, index: int) -> np.ndarray:
         """The ``[frames, n_input]`` features of one utterance."""
@@ -188,6 +202,7 @@ class CacheWriter:
         self.labels, self.transcripts, self.paths = labels, transcripts, paths
         self.durations = np.asarray(durations, dtype=np.float32)
         self._written = np.zeros(len(self.lengths), bool)
+        self._sums: tuple[int, np.ndarray, np.ndarray] | None = None  # frames, sum, sum of squares
 
     def __enter__(self) -> CacheWriter:
         self._atomic = atomic_path(self.path)
@@ -230,6 +245,9 @@ class CacheWriter:
         start = int(self.offsets[index])
         self._data[start : start + len(frames)] = frames
         self._written[index] = True
+        wide = np.asarray(frames, np.float64)
+        count, total, squares = self._sums or (0, 0.0, 0.0)
+        self._sums = (count + len(frames), total + wide.sum(axis=0), squares + np.square(wide).sum(axis=0))
 
     def __exit__(self, kind, error, traceback) -> None:
         if error is None and not self._written.all():
@@ -246,6 +264,11 @@ class CacheWriter:
         h5.attrs["audio_seconds"] = float(np.sum(self.durations, dtype=np.float64))
         for name, count in self.counts.items():
             h5.attrs[name] = int(count)
+        if self._sums is not None:
+            count, total, squares = self._sums
+            h5.attrs["frame_count"] = int(count)
+            h5.attrs["frame_sum"] = np.asarray(total, np.float64)
+            h5.attrs["frame_square_sum"] = np.asarray(squares, np.float64)
         h5.close()
         self._atomic.__exit__(None, None, None)
 
@@ -276,10 +299,16 @@ def check_settings(path: Path, features: FeaturesConfig) -> None:
         raise CacheError(f"{path}: made with other feature settings ({'; '.join(differ)}); rerun Features")
 
 
-def read_cache(path: Path, features: FeaturesConfig) -> CacheIndex:
+def read_cache(path: Path, features: FeaturesConfig, stats: GlobalStats | None = None) -> CacheIndex:
     """The per-utterance index of a cache, after checking its settings match ``features``;
-    the features themselves are read later, batch by batch."""
+    the features themselves are read later, batch by batch. ``stats``: the train split's statistics, which
+    ``features.normalize: global`` needs (``pipeline.features.cmvn``); the reader applies them."""
     path = Path(path)
+    if (features.normalize == "global") != (stats is not None):
+        raise ValueError(
+            f"{path}: features.normalize is {features.normalize!r}: the train split's statistics go with "
+            f"global normalisation, and only with it"
+        )
     if not path.exists():
         raise CacheError(f"{path}: feature cache does not exist; run the Features task")
     check_settings(path, features)
@@ -287,6 +316,7 @@ def read_cache(path: Path, features: FeaturesConfig) -> CacheIndex:
         index = _read_index(path)
     except (OSError, KeyError) as error:
         raise damaged(path, error) from None
+    index.stats = stats
     if len(index) == 0:
         # Features refuses to write one now; an empty split would score a perfect WER, or crash training.
         raise CacheError(
@@ -322,3 +352,26 @@ def cache_summary(path: Path) -> dict:
             "resampled_files": int(h5.attrs.get("resampled_files", 0)),
             "downmixed_files": int(h5.attrs.get("downmixed_files", 0)),
         }
+
+
+def frame_sums(path: Path) -> tuple[int, np.ndarray, np.ndarray]:
+    """The number of frames of a cache and the float64 sums of their coefficients and of their squares,
+    as its writer recorded them. CacheError naming the cache when it is missing or holds none."""
+    if not Path(path).is_file():
+        raise CacheError(
+            f"{path}: feature cache does not exist (features.normalize: global takes its statistics from "
+            f"the train split's); run the Features task"
+        )
+    try:
+        with h5py.File(path, "r") as h5:
+            count = int(h5.attrs["frame_count"])
+            total = np.asarray(h5.attrs["frame_sum"], np.float64)
+            squares = np.asarray(h5.attrs["frame_square_sum"], np.float64)
+    except KeyError:
+        raise CacheError(
+            f"{path}: the feature cache records no frame statistics (written by an older version); "
+            f"{DAMAGED_REMEDY}"
+        ) from None
+    except OSError as error:
+        raise damaged(Path(path), error) from None
+    return count, total, squares

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from native_client.cmvn import GlobalStats
 from native_client.frontends import FeaturePipeline, frontend_class
 from pipeline.config import FeaturesConfig
 
 
-def feature_pipeline(features: FeaturesConfig) -> FeaturePipeline:
+def feature_pipeline(features: FeaturesConfig, stats: GlobalStats | None = None) -> FeaturePipeline:
     """The features ``features`` describes: its front end (``features.type`` with its settings) at
-    ``sample_rate``, normalised per utterance when ``normalize``; the export records its ``to_dict()``."""
+    ``sample_rate``, normalised as ``normalize`` says (``global``: with ``stats``, the train split's, when
+    given); the export records its ``to_dict()``."""
     frontend = frontend_class(features.type)(features.frontend, features.sample_rate)
-    return FeaturePipeline(frontend, features.normalize, features.type)
+    return FeaturePipeline(frontend, features.normalize, features.type, stats)
 
 
 def ctc_min_frames(labels) -> int:

@@ -82,7 +82,7 @@ def utterance_features(
         count = len(samples)
         if max_duration_s and count / features.sample_rate > max_duration_s:
             raise too_long(count / features.sample_rate)
-        frames = computation.frames(samples)
+        frames = computation.utterance_frames(samples)
     else:
         frames, count = computation.frames_of_blocks(audio.blocks(AUDIO_BLOCK_S))
     duration = count / features.sample_rate

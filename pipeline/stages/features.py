@@ -12,8 +12,11 @@ import logging
 from collections import Counter
 from pathlib import Path
 
+from native_client.cmvn import GlobalStats
 from pipeline.data.manifests import read_manifests
 from pipeline.data.text import unreachable_labels
+from pipeline.features.cache import CacheIndex, read_cache
+from pipeline.features.cmvn import train_statistics
 from pipeline.features.extract import (
     FeaturesError,
     FeaturesSummary,
@@ -103,3 +106,18 @@ def _import_rejects(layout: Layout, split: str) -> tuple[Counter, tuple[Path, ..
             found.update(rejected)
             files.append(imported.rejects)
     return found, tuple(files)
+
+
+def global_stats(layout: Layout) -> GlobalStats | None:
+    """The train split's statistics ``features.normalize: global`` normalises with (None with another
+    setting): of every task's train cache in a multi-task config (one encoder, one input distribution)."""
+    if layout.config.features.normalize != "global":
+        return None
+    tasks = layout.config.tasks or ("",)
+    return train_statistics([layout.for_task(task).features_cache("train") for task in tasks])
+
+
+def split_cache(layout: Layout, split: str) -> CacheIndex:
+    """The cache index of ``split`` as the model reads it (``read_cache``: settings checked; with global
+    normalisation, the train statistics applied to every frame read)."""
+    return read_cache(layout.features_cache(split), layout.config.features, global_stats(layout))
