@@ -22,6 +22,7 @@ from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
 from pipeline.model.weights import named_weights
 from pipeline.reports import TrainReport, read_report
+from pipeline.stages.features import global_stats
 from pipeline.stages.train import train_stage
 from pipeline.stages.train_launch import SignalStop, stop_on_signals
 from pipeline.train.accumulate import windows_of_epoch
@@ -57,7 +58,7 @@ def _weights(model) -> dict[str, np.ndarray]:
 
 def _fit(config, run_dir, hooks=None):
     layout = Layout(config)
-    train = read_cache(layout.features_cache("train"), config.features)
+    train = read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config)))
     alphabet = load_alphabet(layout.alphabet)
     trainer = Trainer(config, run_dir, train, None, alphabet, make_strategy(config.distribution), hooks=hooks)
     return trainer, trainer.fit()
@@ -103,7 +104,7 @@ def test_two_batches_of_8_make_the_update_of_one_batch_of_16(small_config, tmp_p
 def _weights_at_start(config) -> dict[str, np.ndarray]:
     from pipeline.model import build_model
 
-    train = read_cache(Layout(config).features_cache("train"), config.features)
+    train = read_cache(Layout(config).features_cache("train"), config.features, global_stats(Layout(config)))
     model = build_model(config.model, train.n_input, load_alphabet(Layout(config).alphabet).n_classes)
     return _weights(model)
 
@@ -256,13 +257,13 @@ def test_a_non_finite_batch_inside_a_window_is_skipped_and_the_window_still_upda
     config = load_config(small_config(limit_train=8, extra=extra))
     build_features(config, ("train",))
     cache = Layout(config).features_cache("train")
-    train = read_cache(cache, config.features)
+    train = read_cache(cache, config.features, global_stats(Layout(config)))
     poisoned = int(np.argmax(train.lengths))
     copy = tmp_path / "poisoned.h5"
     shutil.copyfile(cache, copy)
     with h5py.File(copy, "r+") as h5:
         h5["features"][train.offsets[poisoned] : train.offsets[poisoned] + 5] = np.nan
-    train = read_cache(copy, config.features)
+    train = read_cache(copy, config.features, global_stats(Layout(config)))
     trainer = Trainer(
         config,
         tmp_path / "run",

@@ -22,6 +22,7 @@ from pipeline.layout import Layout
 from pipeline.model import build_model, model_family
 from pipeline.model.checkpoints import load_trained_model
 from pipeline.model.labels import model_alphabet
+from pipeline.stages.features import global_stats
 from tasks import Evaluate, Export
 from tests.conftest import ROOT, SAMPLE
 
@@ -165,7 +166,7 @@ def test_a_conformer_trains_evaluates_exports_and_transcribes_one_shot(small_con
     layout = Layout(config)
     report = json.loads(layout.evaluation_report(layout.evaluate_dir).read_text())
     assert report["cer_full_context"] is not None and report["wer_full_context"] is not None
-    test_data = read_cache(layout.features_cache("test"), config.features)
+    test_data = read_cache(layout.features_cache("test"), config.features, global_stats(Layout(config)))
     alphabet = model_alphabet(config, layout.alphabet)
     evaluated = {}
     run_split(checkpoint, test_data, alphabet, 8, on_logits=evaluated.__setitem__)

@@ -16,6 +16,7 @@ import pytest
 
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
+from pipeline.stages.features import global_stats
 from tests.conftest import ROOT, build_features, run_with_peak_rss
 from tests.plugins.step_barrier import StepBarrier
 
@@ -248,7 +249,7 @@ def test_damaged_feature_cache_is_refused_naming_it(finished, tmp_path):
     with open(cache, "r+b") as handle:
         handle.seek(chunk.byte_offset + min(1024, chunk.size // 4))
         handle.write(np.full(1024, np.nan, np.float32).tobytes())
-    index = read_cache(cache, config.features)  # the index itself is intact
+    index = read_cache(cache, config.features, global_stats(Layout(config)))  # the index itself is intact
     with pytest.raises(CacheError, match=f"{cache}: feature cache is damaged .*make rerun STAGE=Features"):
         index.reader().batch(np.arange(len(index)))
     trainer = Trainer(
@@ -578,7 +579,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_one_before(finished, tmp_pa
     trainer = Trainer(
         config,
         run,
-        read_cache(layout.features_cache("train"), config.features),
+        read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config))),
         None,
         load_alphabet(layout.alphabet),
         make_strategy(config.distribution),
@@ -621,7 +622,7 @@ def test_an_update_that_would_make_weights_non_finite_is_not_applied(finished, t
     trainer = Trainer(
         overflow,
         tmp_path / "run",
-        read_cache(layout.features_cache("train"), config.features),
+        read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config))),
         None,
         load_alphabet(layout.alphabet),
         make_strategy(config.distribution),
@@ -688,7 +689,7 @@ def test_leftovers_of_killed_runs_are_removed_by_the_next_run(finished, tmp_path
     Trainer(
         config,
         layout.train_run.root,
-        read_cache(layout.features_cache("train"), config.features),
+        read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config))),
         None,
         load_alphabet(layout.alphabet),
         make_strategy(config.distribution),
@@ -764,7 +765,7 @@ def test_lost_checkpoint_state_file_still_resumes(finished, tmp_path, caplog):
     trainer = Trainer(
         config,
         run,
-        read_cache(layout.features_cache("train"), config.features),
+        read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config))),
         None,
         load_alphabet(layout.alphabet),
         make_strategy(config.distribution),

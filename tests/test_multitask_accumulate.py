@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from pipeline.layout import Layout
+from pipeline.stages.features import global_stats
 from pipeline.stages.train import train_stage
 from pipeline.train.hooks import StepInfo, StopTraining, TrainHooks
 from pipeline.train.task_windows import task_windows
@@ -132,7 +133,9 @@ def test_a_non_finite_batch_of_a_task_is_skipped_and_named(tmp_path, accumulate)
     shutil.copyfile(cache, copy)
     with h5py.File(copy, "r+") as h5:
         h5["features"][tasks[0].train.offsets[poisoned] : tasks[0].train.offsets[poisoned] + 5] = np.nan
-    tasks[0] = dataclasses.replace(tasks[0], train=read_cache(copy, config.features))
+    tasks[0] = dataclasses.replace(
+        tasks[0], train=read_cache(copy, config.features, global_stats(Layout(config)))
+    )
     file = tasks[0].train.paths[poisoned]
     strategy = make_strategy(config.distribution)
     trainer = MultiTaskTrainer(config, tmp_path / "run", tasks, strategy)
@@ -192,7 +195,9 @@ def test_a_task_drawn_only_in_a_skipped_step_of_a_window_is_not_moved(tmp_path):
     fr = tasks[1].train
     with h5py.File(copy, "r+") as h5:
         h5["features"][fr.offsets[poisoned] : fr.offsets[poisoned] + 5] = np.nan
-    tasks[1] = dataclasses.replace(tasks[1], train=read_cache(copy, config.features))
+    tasks[1] = dataclasses.replace(
+        tasks[1], train=read_cache(copy, config.features, global_stats(Layout(config)))
+    )
 
     held, after = [], {}
 

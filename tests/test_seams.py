@@ -56,13 +56,16 @@ def test_a_front_end_and_a_model_family_of_ones_own_run_through_the_dag_and_the_
     export = Layout(config).find_export().root
     metadata = json.loads((export / "metadata.json").read_text())
     assert metadata["architecture"] == "tests.plugins.simple_rnn_family"
-    assert metadata["features"] == {
+    features = metadata["features"]
+    mean, std = features.pop("mean"), features.pop("std")  # the sample's global normalisation
+    assert len(mean) == len(std) == 10 and min(std) > 0
+    assert features == {
         "type": "tests.plugins.band_energies",
         "bands": 10,
         "window_ms": 25.0,
         "step_ms": 20.0,
         "sample_rate": 16000,
-        "normalize": True,
+        "normalize": "global",
     }
     assert metadata["tensors"]["state"] == [
         {"input": "previous_state", "output": "new_state", "shape": [1, 24]}
