@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def export_untrained(config_path: Path, out: Path, quantize: bool, features: dict | None = None) -> Path:
     """Export an untrained model of ``config_path``'s geometry (``features``: other feature settings)
-    with the real Export code."""
+    with the real Export code; ``normalize: global`` is exported as false (no training set to take statistics
+    from)."""
     import tensorflow as tf
 
     from pipeline.config_loader import load_config
@@ -44,14 +45,17 @@ def export_untrained(config_path: Path, out: Path, quantize: bool, features: dic
     from pipeline.model.weights import named_weights
     from pipeline.stages.export import export_stage
 
-    config = load_config(
-        config_path,
-        {
-            "paths": {"work_dir": str(out / "work"), "export_dir": str(out / "exported-model")},
-            "export": {"quantize": quantize},
-            **({"features": features} if features else {}),
-        },
-    )
+    overrides = {
+        "paths": {"work_dir": str(out / "work"), "export_dir": str(out / "exported-model")},
+        "export": {"quantize": quantize},
+        **({"features": features} if features else {}),
+    }
+    config = load_config(config_path, overrides)
+    if config.features.normalize == "global":
+        # An untrained model has no training set to take statistics from; normalising each frame with
+        # them, (x - mean) / std, costs nothing next to the model.
+        overrides["features"] = {**(features or {}), "normalize": False}
+        config = load_config(config_path, overrides)
     from pipeline.features.frontend import feature_pipeline
 
     model = build_model(config.model, feature_pipeline(config.features).feature_size, 29)

@@ -37,7 +37,7 @@ import tensorflow as tf
 from native_client.alphabet import load_alphabet
 from pipeline.batches.dataset import SplitReader, batch_plan, train_dataset
 from pipeline.config_loader import load_config
-from pipeline.features.cache import CacheIndex, FeatureReader, read_cache
+from pipeline.features.cache import CacheIndex, FeatureReader
 from pipeline.features.frontend import feature_pipeline
 from pipeline.layout import Layout
 from pipeline.model import build_model
@@ -110,7 +110,7 @@ class _InMemoryReader(FeatureReader):
     """The baseline: the same batches from the whole split's features held in memory."""
 
     def __init__(self, data: CacheIndex):
-        super().__init__(data.path, data.offsets, data.lengths, data.n_input)
+        super().__init__(data.path, data.offsets, data.lengths, data.n_input, data.stats)
         with h5py.File(data.path, "r") as h5:
             self.frames = h5["features"][...]
 
@@ -178,6 +178,7 @@ def en_size(config, data, alphabet, run_dir, steps: int) -> tuple[float, float, 
         transcripts=[data.transcripts[i] for i in order],
         paths=[data.paths[i] for i in order],
         durations=data.durations[order],
+        stats=data.stats,
     )
     big = load_config(
         ROOT / "configs" / "sample.yaml",
@@ -201,9 +202,11 @@ def en_size(config, data, alphabet, run_dir, steps: int) -> tuple[float, float, 
 
 def split_cache(config) -> CacheIndex:
     """The train split's features of ``config``, built into its work dir."""
+    from pipeline.stages.features import split_cache as stage_split_cache
+
     layout = Layout(config)
     features_stage(layout, "train")
-    return read_cache(layout.features_cache("train"), config.features)
+    return stage_split_cache(layout, "train")
 
 
 def main(argv=None) -> int:

@@ -26,8 +26,9 @@ FORMAT = "luigi-deepspeech-export"
 # and ``text`` (the ``data.text`` settings the client applies). 4: ``stride`` (feature frames per output
 # label) and ``streaming`` (what one streaming call takes; null for a model family without a streaming form,
 # whose export runs whole utterances through its ``utterance`` signature). Versions 1 to 3 are read too
-# (characters, no text settings before 3; one label per frame and context windows before 4).
-FORMAT_VERSION = 4
+# (characters, no text settings before 3; one label per frame and context windows before 4). 5:
+# ``features.normalize`` may be ``"global"``, with the training set's ``mean`` and ``std`` beside it.
+FORMAT_VERSION = 5
 STREAM_INPUTS = ("windows", "frames")
 # The most feature frames one output label may stand for (a stride read from a file someone else made).
 MAX_STRIDE = 64
