@@ -169,3 +169,35 @@ def test_a_multitask_config_pools_its_tasks_train_splits_into_one_set_and_trains
     assert len(_frames(caches[0])) != len(pooled)  # two caches, not one counted twice
     report = train_stage(layout)
     assert report.epochs_completed == 1 and np.isfinite(report.train_losses[0]["train_loss"])
+
+
+def test_the_run_keeps_its_statistics_and_export_needs_no_train_cache_after_it(trained, tmp_path):
+    """Train writes the statistics into its run before reading any split; Export (and Evaluate,
+    TuneDecoder) read them from there: the numbers the checkpoints were trained with, even once the train
+    cache is gone (gc of another config, a run copied to another machine). A damaged file is one line."""
+    import shutil
+
+    config, _, _ = trained
+    layout = Layout(config)
+    kept = layout.train_run.feature_stats
+    entry = json.loads(kept.read_text())
+    computed = train_statistics([layout.features_cache("train")])
+    assert entry == computed.to_dict() and global_stats(layout) == computed
+    cache = layout.features_cache("train")
+    moved = tmp_path / "train.h5"
+    shutil.move(cache, moved)
+    try:
+        assert global_stats(layout) == computed
+        again = export_stage(layout, with_lm=False)
+        assert json.loads(again.metadata.read_text())["features"]["mean"] == list(computed.mean)
+    finally:
+        shutil.move(moved, cache)
+    saved = kept.read_text()
+    try:
+        kept.write_text('{"mean": [0.0], "std": ')
+        with pytest.raises(
+            CacheError, match=r"feature_stats\.json: the run's feature statistics do not read"
+        ):
+            global_stats(layout)
+    finally:
+        kept.write_text(saved)
