@@ -333,7 +333,7 @@ def test_deepspeech_style_client_options_and_word_timings(trained, tmp_path):
     assert (
         version.returncode == 0
         and "deepspeech-transcribe" in version.stdout
-        and "export format 4" in version.stdout
+        and "export format 5" in version.stdout
     )
     empty, garbage = tmp_path / "empty.wav", tmp_path / "garbage.wav"
     empty.write_bytes(b"")
