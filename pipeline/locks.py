@@ -3,7 +3,8 @@
 The locks are ``flock``s: the kernel releases one when its holder dies, so a killed run never leaves a
 stale lock, and on NFS (Linux clients send ``flock`` to the server as a POSIX lock) they hold across
 machines. A lock held means a live writer: leftovers covered by a lock the caller holds are known dead
-(``files.remove_leftovers``), and an output whose lock someone else holds is in use (``in_use``).
+(``files.remove_leftovers``), and an output whose lock someone else holds is in use (``in_use``). A stage
+holds the locks of the outputs it reads shared (``shared_locks``), so they are in use while it runs.
 """
 
 from __future__ import annotations
@@ -104,15 +105,38 @@ def try_locks(locks: Iterable[str | Path]):
         yield taken
 
 
+@contextlib.contextmanager
+def shared_locks(locks: Iterable[str | Path]):
+    """Hold a shared ``flock`` on every lock file of ``locks`` for the block: what a stage takes on the
+    outputs it reads, so that their removers (``gc``, ``make rerun``: ``try_locks``) leave them alone
+    while it runs, and its fellow readers do not. Waits while a writer or remover holds one; a lock file
+    removed meanwhile is locked anew as ``stage_lock`` does; a missing one is made (its output's folder
+    must exist)."""
+    with contextlib.ExitStack() as stack:
+        for lock in sorted({Path(p) for p in locks}):
+            while True:
+                handle = stack.enter_context(open(lock, "a"))
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    log.info("%s is held by a writer or remover; waiting for it", lock)
+                    fcntl.flock(handle, fcntl.LOCK_SH)
+                if _names(lock, handle):
+                    break
+                handle.close()
+        yield
+
+
 def held(lock: str | Path) -> bool:
-    """Whether another process holds the ``flock`` of lock file ``lock`` (False when there is none)."""
+    """Whether another process holds the ``flock`` of lock file ``lock``, exclusive (a writer) or shared
+    (a stage reading its output); False when there is none."""
     try:
         handle = open(lock, "rb")
     except OSError:
         return False
     with handle:
         try:
-            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return True
         fcntl.flock(handle, fcntl.LOCK_UN)

@@ -20,6 +20,8 @@ from pipeline.config import Config
 from pipeline.config_loader import load_config
 from pipeline.dag import STAGES, upstream
 from pipeline.layout import Layout
+from pipeline.locks import shared_locks
+from pipeline.stages.outputs import read_locks
 from tasks.errors import StageError
 
 log = logging.getLogger("luigi-interface")
@@ -149,7 +151,8 @@ class ConfigTask(luigi.Task):
         return super().complete()
 
     def run(self):
-        """Fail at once with what ``complete()`` found wrong, else ``run_stage()`` (TensorFlow quiet)."""
+        """Fail at once with what ``complete()`` found wrong, else ``run_stage()`` (TensorFlow quiet) holding
+        the locks of the outputs it reads shared (``pipeline.stages.outputs.read_locks``)."""
         # Luigi's status reporter (its scheduler and worker), kept for on_failure: Luigi unsets the task's
         # reporter methods before it calls on_failure (tasks.retries sends a final error's policy by it).
         self._status_reporter = getattr(self.set_tracking_url, "__self__", None)
@@ -158,7 +161,9 @@ class ConfigTask(luigi.Task):
         if self.needs_tensorflow:
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             import_tensorflow_quietly()
-        self.run_stage()
+        # The outputs this stage reads stay in use while it runs: gc and make rerun leave them alone.
+        with shared_locks(read_locks(self.layout, self.stage, self.stage_params())):
+            self.run_stage()
 
     @property
     def retry_count(self) -> int:

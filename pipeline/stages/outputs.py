@@ -1,0 +1,120 @@
+"""What a stage instance writes and reads in the work directory's stage directories, as ``gc`` and the
+stages' read locks see it.
+
+A stage instance writes its outputs under the lock of its first one (``locks.stage_lock``); a stage that
+reads them holds the same lock file shared (``locks.shared_locks``) for as long as it runs, so ``gc`` and
+``make rerun``, which remove only what they can lock exclusively, never take an input from under a
+running stage. The files a config names itself (``paths.alphabet``, ``training.init_from``, LM text...)
+may lie in a stage directory too: they are kept by ``gc`` like what the DAG reaches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from pipeline.config import Config
+from pipeline.dag import upstream
+from pipeline.layout import Layout
+from pipeline.locks import lock_path
+from pipeline.workdir import (
+    ALPHABET_DIR,
+    EVALUATE_DIR,
+    FEATURES_DIR,
+    IMPORT_DIR,
+    LM_DIR,
+    PHONEMES_DIR,
+    TRAIN_DIR,
+    TUNE_DIR,
+)
+
+STAGE_DIRS = (IMPORT_DIR, PHONEMES_DIR, ALPHABET_DIR, FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR)
+# Path keys that name where the pipeline writes, not what it reads.
+_OUTPUT_KEYS = {("paths", "work_dir"), ("paths", "export_dir")}
+
+
+def node_outputs(layout: Layout, name: str, params: dict) -> list[Path]:
+    """The paths a stage instance writes in the fingerprinted stage directories, the one its writer locks
+    first (none for Export and Transcribe, which gc never touches)."""
+    layout = layout.for_task(params.get("task", ""))
+    if name == "import":
+        return [layout.import_files(params["corpus"]).root]
+    if name == "alphabet":
+        return [layout.alphabet_files.root]
+    if name == "phonemes":
+        return [layout.phonemes_files.root, layout.phonemes_files.staging]
+    if name == "features":
+        split = params["split"]
+        return [layout.features_cache(split), layout.rejects_report(split), layout.features_parts(split)]
+    if name == "train":
+        return [layout.train_run.root]
+    if name == "lm":
+        return [layout.lm.root, layout.lm.staging]
+    if name == "tune":
+        return [layout.tune_dir]
+    if name == "evaluate":
+        return [layout.evaluate_dir]
+    return []
+
+
+def _field_paths(f: dataclasses.Field, value) -> list[str]:
+    """The paths a config field holds: its value when it is a path key (every item of a list), and
+    those of the entries it holds (a corpus of ``data.corpora``), recursively."""
+    found = []
+    for item in value if isinstance(value, tuple) else (value,):
+        if dataclasses.is_dataclass(item) and not isinstance(item, type):
+            for inner in dataclasses.fields(item):
+                found += _field_paths(inner, getattr(item, inner.name))
+        elif f.metadata.get("path") and isinstance(item, str) and item:
+            if item not in f.metadata.get("keywords", ()):
+                found.append(item)
+    return found
+
+
+def config_inputs(config: Config) -> list[Path]:
+    """Every file or folder a config names as an input (every path key but the work and export
+    directories), of each of its tasks too."""
+    found: set[Path] = set()
+    for view in [config, *(config.task_view(name) for name in config.tasks)]:
+        for section_field in dataclasses.fields(view):
+            section = getattr(view, section_field.name)
+            if not dataclasses.is_dataclass(section):
+                continue
+            for f in dataclasses.fields(section):
+                if (section_field.name, f.name) not in _OUTPUT_KEYS:
+                    found.update(Path(p) for p in _field_paths(f, getattr(section, f.name)))
+    return sorted(found)
+
+
+def stage_entry(work_dir: Path, path: Path) -> Path | None:
+    """The entry of one of ``work_dir``'s stage directories that holds ``path`` (resolved: ``..`` and
+    symlinks followed), e.g. ``<work_dir>/train/<fp>`` for ``<work_dir>/train/<fp>/best/ckpt-12``; None
+    for a path outside them. ``work_dir`` must be resolved."""
+    resolved = Path(os.path.realpath(path))
+    try:
+        parts = resolved.relative_to(work_dir).parts
+    except ValueError:
+        return None
+    if len(parts) < 2 or parts[0] not in STAGE_DIRS:
+        return None
+    return work_dir / parts[0] / parts[1]
+
+
+def read_locks(layout: Layout, name: str, params: dict) -> list[Path]:
+    """The lock files a running instance of stage ``name`` holds shared: those of the upstream outputs it
+    reads (``pipeline.dag.upstream``) and of the stage-directory entries holding the files its config
+    names (a warm start's Train run), never those of its own outputs."""
+    config = layout.config
+    own = {lock_path(path) for path in node_outputs(layout, name, params)}
+    locks = []
+    for node, node_params in upstream(layout.config, name, params):
+        outputs = node_outputs(layout, node, node_params)
+        if outputs:
+            locks.append(lock_path(outputs[0]))
+    work_dir = Path(os.path.realpath(layout.work_dir))
+    for path in config_inputs(config):
+        entry = stage_entry(work_dir, path)
+        if entry is not None:
+            locks.append(lock_path(entry))
+    return sorted(set(locks) - own)
