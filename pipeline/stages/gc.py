@@ -54,21 +54,9 @@ from pipeline.layout import Layout
 from pipeline.locks import held, in_use, lock_path, try_locks
 from pipeline.model.averaged_epochs import epoch_end_number, wanted_epochs
 from pipeline.reports import DevFigures, ReportError, TrainReport, read_report
-from pipeline.workdir import (
-    ALPHABET_DIR,
-    CONVERTED_DIR,
-    EVALUATE_DIR,
-    FEATURES_DIR,
-    IMPORT_DIR,
-    LM_DIR,
-    PHONEMES_DIR,
-    REMOVED_PATTERN,
-    TRAIN_DIR,
-    TUNE_DIR,
-    TrainRun,
-)
+from pipeline.stages.outputs import STAGE_DIRS, config_inputs, node_outputs, stage_entry
+from pipeline.workdir import CONVERTED_DIR, IMPORT_DIR, REMOVED_PATTERN, TRAIN_DIR, TrainRun
 
-STAGE_DIRS = (IMPORT_DIR, PHONEMES_DIR, ALPHABET_DIR, FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR)
 # The DAG's roots: every stage a config runs is upstream of one of them.
 ROOTS: tuple[Node, ...] = (("evaluate", {}), ("export", {}), ("tune", {}))
 
@@ -98,39 +86,44 @@ def reached_nodes(config: Config) -> list[Node]:
     return list(seen.values())
 
 
-def node_outputs(layout: Layout, name: str, params: dict) -> list[Path]:
-    """The paths a stage instance writes in the fingerprinted stage directories (none for Export and
-    Transcribe, which gc never touches)."""
-    layout = layout.for_task(params.get("task", ""))
-    if name == "import":
-        return [layout.import_files(params["corpus"]).root]
-    if name == "alphabet":
-        return [layout.alphabet_files.root]
-    if name == "phonemes":
-        return [layout.phonemes_files.root, layout.phonemes_files.staging]
-    if name == "features":
-        split = params["split"]
-        return [layout.features_cache(split), layout.rejects_report(split), layout.features_parts(split)]
-    if name == "train":
-        return [layout.train_run.root]
-    if name == "lm":
-        return [layout.lm.root, layout.lm.staging]
-    if name == "tune":
-        return [layout.tune_dir]
-    if name == "evaluate":
-        return [layout.evaluate_dir]
-    return []
+class WorkDirs:
+    """The work directories gc walks, each by one canonical path: resolved (``..`` and symlinks followed)
+    and, for two resolved paths of one directory (a bind mount), the first one met; so two configs that
+    spell one work directory differently keep each other's outputs, and each directory is walked once."""
+
+    def __init__(self):
+        self._by_inode: dict[tuple[int, int], Path] = {}
+        self.roots: set[Path] = set()
+
+    def add(self, work_dir: Path) -> Path:
+        """The canonical path of ``work_dir`` (which need not exist), now one of ``roots``."""
+        real = Path(os.path.realpath(work_dir))
+        try:
+            info = real.stat()
+        except OSError:
+            canonical = real
+        else:
+            canonical = self._by_inode.setdefault((info.st_dev, info.st_ino), real)
+        self.roots.add(canonical)
+        return canonical
+
+    def path(self, layout: Layout, path: Path) -> Path:
+        """``path`` (under ``layout``'s work directory) under that directory's canonical path."""
+        return self.add(layout.work_dir) / Path(path).relative_to(layout.work_dir)
 
 
 def reached_outputs(configs: list[Config]) -> tuple[set[Path], set[Path]]:
-    """(the outputs the configs reach, their work directories)."""
-    reached, work_dirs = set(), set()
+    """(the outputs the configs reach and the stage-directory entries holding the files they name
+    themselves, their work directories), all by their canonical paths (``WorkDirs``)."""
+    dirs, reached = WorkDirs(), set()
     for config in configs:
         layout = Layout(config)
-        work_dirs.add(layout.work_dir)
         for name, params in reached_nodes(config):
-            reached.update(node_outputs(layout, name, params))
-    return reached, work_dirs
+            reached.update(dirs.path(layout, path) for path in node_outputs(layout, name, params))
+    for config in configs:  # a config's own inputs in any of the work directories walked
+        for path in config_inputs(config):
+            reached.update(filter(None, (stage_entry(root, path) for root in dirs.roots)))
+    return reached, dirs.roots
 
 
 def _size(path: Path) -> int:
@@ -146,9 +139,10 @@ def _size(path: Path) -> int:
     return total
 
 
-def unreachable(configs: list[Config]) -> list[Entry]:
+def unreachable(configs: list[Config], symlinks: list[Path] | None = None) -> list[Entry]:
     """Every entry of the configs' stage directories none of them reaches, in path order, with the
-    entries a killed gc or rerun was deleting (their process gone)."""
+    entries a killed gc or rerun was deleting (their process gone). A stage directory that is a symlink
+    is never walked (its entries lie outside the work directory): it is added to ``symlinks``."""
     reached, work_dirs = reached_outputs(configs)
     # an output's lock file beside it (pipeline.locks.lock_path) belongs to the output
     kept = reached | {path.with_name(path.name + ".lock") for path in reached}
@@ -156,6 +150,10 @@ def unreachable(configs: list[Config]) -> list[Entry]:
     for work_dir in sorted(work_dirs):
         for stage_dir in STAGE_DIRS:
             folder = work_dir / stage_dir
+            if folder.is_symlink():  # its entries are elsewhere, maybe shared: never followed
+                if symlinks is not None:
+                    symlinks.append(folder)
+                continue
             if not folder.is_dir():
                 continue
             for entry in sorted(folder.iterdir()):
@@ -181,8 +179,12 @@ def surplus_epoch_ends(configs: list[Config]) -> list[Entry]:
     are never listed."""
     reports: dict[Path, TrainReport | None] = {}
     wanted: dict[Path, set[int]] = defaultdict(set)
+    dirs = WorkDirs()
     for config in configs:
-        run = Layout(config).train_run
+        layout = Layout(config)
+        run = TrainRun(dirs.path(layout, layout.train_run.root))
+        if run.root.parent.is_symlink():  # never followed (``unreachable`` says so)
+            continue
         if run.root not in reports:
             reports[run.root] = _finished(run)
         report = reports[run.root]
@@ -325,13 +327,21 @@ def main(argv=None) -> int:
         "that no given config's export.average wants",
     )
     args = parser.parse_args(argv)
+    symlinks: list[Path] = []
     try:
         configs = [load_config(path) for path in args.config]
-        entries = unreachable(configs)
+        entries = unreachable(configs, symlinks)
         epoch_ends = surplus_epoch_ends(configs)
     except ConfigError as error:
         print(f"error: {error} (gc removed nothing)", file=sys.stderr)
         return 2
+    except OSError as error:
+        print(
+            f"error: gc cannot read {error.filename}: {error.strerror} (gc removed nothing)", file=sys.stderr
+        )
+        return 2
+    for folder in symlinks:
+        print(f"kept {folder}: a symlink to {os.path.realpath(folder)}; gc never follows one")
     trained = [e for e in entries if is_train_run(e) and not args.include_train]
     for entry in trained:
         print(f"kept {entry.path}: a Train run ({human(entry.size)}); --include-train removes it")
@@ -343,21 +353,45 @@ def main(argv=None) -> int:
             print(f"kept {entry.path}: in use by a running stage (it holds {entry.lock})")
             continue
         groups[_owner(entry.path)].append(entry)
-    freed = count = 0
+    freed = count = failed = 0
     for group in groups.values():
         if args.dry_run:
             for entry in group:
                 print(f"would remove {entry.path} ({human(entry.size)})")
-        elif not remove_group(group, lambda e: print(f"removing {e.path} ({human(e.size)})", flush=True)):
-            print(f"kept {', '.join(str(e.path) for e in group)}: a stage started on it (its lock is held)")
-            continue
+        else:
+            try:
+                removed = remove_group(
+                    group, lambda e: print(f"removing {e.path} ({human(e.size)})", flush=True)
+                )
+            except OSError as error:
+                failed += 1
+                _cannot_remove(error)
+                continue
+            if not removed:
+                print(
+                    f"kept {', '.join(str(e.path) for e in group)}: a stage started on it (its lock is held)"
+                )
+                continue
         freed += sum(entry.size for entry in group)
         count += len(group)
-    trimmed, size = _trim_epoch_ends(epoch_ends, args.dry_run, args.include_train)
+    try:
+        trimmed, size = _trim_epoch_ends(epoch_ends, args.dry_run, args.include_train)
+    except OSError as error:
+        failed += 1
+        _cannot_remove(error)
+        trimmed = size = 0
     count, freed = count + trimmed, freed + size
     verb = "would free" if args.dry_run else "freed"
     print(f"{count} unreachable outputs; {verb} {human(freed)} ({freed} bytes)")
-    return 0
+    return 1 if failed else 0
+
+
+def _cannot_remove(error: OSError) -> None:
+    """One line on standard error for an entry gc could not remove (the others are still removed)."""
+    print(
+        f"error: gc could not remove {error.filename}: {error.strerror} (kept; the rest goes on)",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":
