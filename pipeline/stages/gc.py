@@ -33,6 +33,16 @@ evaluate) of the configs' work directories. Never removed:
   ``make rerun`` was deleting (``.<name>.removed-<host>-<pid>``) when that
   process is gone.
 
+- the stage-directory entries holding a file a given config names itself (``paths.alphabet`` under
+  ``alphabet/``, a ``training.init_from`` run under ``train/``: ``outputs.config_inputs``);
+- the inputs of a running stage: it holds their lock files shared (``outputs.read_locks``), which gc's
+  exclusive try fails on.
+
+Work directories are compared by their canonical paths (``WorkDirs``: resolved, then by inode), so two
+spellings of one are one, walked once. A stage directory that is a symlink is reported and never walked:
+gc removes nothing outside a work directory. An entry it cannot remove is one line on standard error;
+the rest still goes, and the exit status is 1.
+
 A config that cannot be resolved (a corpus folder missing, a bad key) stops gc
 with its one-line error before anything is removed: what it reaches is unknown.
 """
