@@ -58,13 +58,18 @@ class AudioInfo:
         return self.frames / self.sample_rate if self.sample_rate else 0.0
 
 
+# The sample rates a file's header may claim: below, resampling stretches a few bytes into hours of
+# audio; above, one read block holds the whole file.
+HEADER_RATES = (1000, 384000)
+
+
 def probe(path: str | Path) -> AudioInfo:
     """Read the header of ``path`` (never the audio): frames, rate, channels, format.
 
     Raises AudioError with reason ``missing_file``, ``empty_audio`` (0 bytes or no frames),
-    ``unreadable_audio`` (not a format libsndfile decodes; the message names shorten-compressed
-    SPHERE, which needs converting) or ``truncated_audio`` (a WAV or SPHERE header that claims more
-    samples than the file holds).
+    ``unreadable_audio`` (not a format libsndfile decodes, the message naming shorten-compressed
+    SPHERE, which needs converting; or a sample rate outside ``HEADER_RATES``) or ``truncated_audio``
+    (a WAV or SPHERE header that claims more samples than the file holds).
     """
     path = Path(path)
     try:
@@ -90,6 +95,13 @@ def probe(path: str | Path) -> AudioInfo:
             "unreadable_audio", f"{path}: cannot decode audio: {_unreadable_hint(path, error)}"
         ) from error
     _check_header_claim(path, size)
+    low, high = HEADER_RATES
+    if not low <= info.samplerate <= high:
+        raise AudioError(
+            "unreadable_audio",
+            f"{path}: the header says {info.samplerate} Hz; expected {low} to {high} Hz (a damaged or forged "
+            "header: its audio would be stretched or squeezed thousands of times)",
+        )
     if info.frames <= 0:
         raise AudioError("empty_audio", f"{path}: no audio samples (header only)")
     return AudioInfo(

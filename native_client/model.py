@@ -27,9 +27,9 @@ class Transcript:
     candidates: tuple = ()  # Candidate transcripts (text, confidence, word timings), best first
 
     @property
-    def rtf(self) -> float:
-        """Real-time factor: processing time over audio duration."""
-        return self.processing_s / self.duration_s if self.duration_s else float("nan")
+    def rtf(self) -> float | None:
+        """Real-time factor: processing time over audio duration; None for no audio (JSON has no NaN)."""
+        return self.processing_s / self.duration_s if self.duration_s else None
 
     def to_dict(self) -> dict:
         """The JSON form the CLI prints: audio, text, duration_s, processing_s, rtf, and ``transcripts``
@@ -39,7 +39,7 @@ class Transcript:
             "text": self.text,
             "duration_s": self.duration_s,
             "processing_s": self.processing_s,
-            "rtf": round(self.rtf, 4),
+            "rtf": None if self.rtf is None else round(self.rtf, 4),
             "transcripts": [c.to_dict() for c in self.candidates],
         }
 

@@ -76,6 +76,7 @@ class Server:
     """``deepspeech-serve`` in a subprocess on a free loopback port."""
 
     def __init__(self, export: Path, *args: str):
+        self.export = export
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "native_client.server.cli", "--model", str(export), "--port", "0"]
@@ -541,6 +542,7 @@ def test_the_server_refuses_the_model_options_the_client_refuses(tmp_path, capsy
         (["--no-vad", "--max-utterance", "nan"], "--max-utterance nan: expected a finite number above 0"),
         (["--max-post-seconds", "0"], "--max-post-seconds 0.0: expected a finite number above 0"),
         (["--allow-origin", "*"], "--allow-origin '*': expected scheme://host[:port]"),
+        (["--max-messages-per-s", "0.5"], "--max-messages-per-s 0.5: expected at least 1"),
     ],
 )
 def test_server_settings_out_of_range_are_one_line(tmp_path, capsys, options, says):
@@ -713,3 +715,74 @@ def test_a_deeply_nested_text_frame_is_a_json_error(guarded):
         and json.loads(reply)["error"].startswith("text frame nests too deeply")
         and closed is None
     )
+
+
+def _wav_claiming(path: Path, rate: int, seconds: float = 0.1) -> Path:
+    """A 16 kHz WAV whose header is rewritten to claim ``rate`` Hz (and its byte rate to match)."""
+    soundfile.write(path, np.zeros(int(16000 * seconds), np.int16), 16000, subtype="PCM_16")
+    data = bytearray(path.read_bytes())
+    data[24:28] = rate.to_bytes(4, "little")
+    data[28:32] = min(rate * 2, 2**32 - 1).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _strict_json(body: bytes) -> dict:
+    """JSON as other languages parse it: NaN and Infinity are not JSON."""
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(body, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("rate", [1, 2**31 - 1])
+def test_a_header_claiming_an_absurd_sample_rate_is_refused_naming_the_file(guarded, tmp_path, rate):
+    """A WAV claiming 1 Hz became 16,000 times its length in audio; one claiming 2^31-1 Hz was read as one
+    block (issue 43, S12). Both are one line, from the server and from the client."""
+    wav = _wav_claiming(tmp_path / "forged.wav", rate)
+    code, body, _ = asyncio.run(_post(guarded.http + "/stt", wav.read_bytes()))
+    assert code == 400 and f"the header says {rate} Hz; expected 1000 to 384000 Hz" in body["error"], body
+    result = subprocess.run(
+        [sys.executable, "-m", "native_client", "--model", str(guarded.export), "--audio", str(wav)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
+    assert result.returncode != 0 and result.stderr.count("\n") == 1, result.stderr
+    assert f"{wav}: the header says {rate} Hz" in result.stderr, result.stderr
+
+
+def test_audio_that_resamples_to_nothing_answers_valid_json(guarded, tmp_path):
+    """A few samples at 384 kHz resample to none: ``"rtf": NaN`` was not JSON (issue 43, S11)."""
+    clip = tmp_path / "blip.wav"
+    soundfile.write(clip, np.zeros(5, np.int16), 384000, subtype="PCM_16")
+    code, body = asyncio.run(_raw_post(guarded.http + "/stt", clip.read_bytes()))
+    found = _strict_json(body)
+    assert code == 200 and found["rtf"] is None and found["text"] == "", found
+
+
+async def _raw_post(url: str, body: bytes) -> tuple[int, bytes]:
+    response = await AsyncHTTPClient().fetch(url, method="POST", body=body, raise_error=False)
+    return response.code, response.body
+
+
+def test_echoed_client_text_is_bounded_and_close_reasons_fit_a_frame(guarded):
+    """A close reason of 120 'é' (240 bytes) made Tornado raise: no close frame; an unknown config key of
+    any length was echoed back whole (issue 43, S10)."""
+
+    async def refused(key: str) -> tuple[str, int | None, str | None]:
+        while (await _status(guarded))["streams"]:  # the stream of another test may still be closing
+            await asyncio.sleep(0.1)
+        ws = await websocket_connect(guarded.url, max_message_size=2**24)
+        await ws.write_message(json.dumps({"config": {key: 1}}))
+        reply = await ws.read_message()
+        closed = await ws.read_message()
+        return reply, closed, ws.close_code, ws.close_reason
+
+    for key in ("é" * 120, "x" * 200_000):
+        reply, closed, code, reason = asyncio.run(refused(key))
+        assert reply is not None and closed is None, reply
+        assert len(reply.encode()) <= 4096 + 16 and json.loads(reply)["error"].startswith("config: "), reply
+        assert code == 1008 and reason is not None and len(reason.encode()) <= 123, (code, reason)

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 
 # WebSocket close codes (RFC 6455 7.4.1)
 NORMAL, POLICY, TOO_BIG, TRY_LATER, UNSUPPORTED = 1000, 1008, 1009, 1013, 1003
+# A close frame's reason: 125 bytes of payload less the 2-byte code (RFC 6455); an error reply's text,
+# which may quote the client's own: bounded so that a client cannot make the server echo megabytes.
+MAX_REASON_BYTES, MAX_ERROR_BYTES = 123, 4096
 
 
 @dataclass(frozen=True)
@@ -164,12 +167,13 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
         if self.finished:
             return
         self.finished = True
+        message = cut_utf8(message, MAX_ERROR_BYTES)  # it may quote what the client sent
         log.info("refused %s: %s", self.request.remote_ip, message)
         try:
             self.write_message(json.dumps({"error": message}))
         except tornado.websocket.WebSocketClosedError:
             return
-        self.close(code, message[:120])
+        self.close(code, cut_utf8(message, MAX_REASON_BYTES))
 
     def rate_allows(self) -> bool:
         """The per-connection message budget (a token bucket refilled at ``max_messages_per_s``)."""
@@ -392,6 +396,14 @@ class SttHandler(tornado.web.RequestHandler):
         if self.directory is not None:
             self.directory.cleanup()
             self.directory = None
+
+
+def cut_utf8(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` bytes of UTF-8 (never inside a character), ``...`` marking a cut."""
+    encoded = text.encode("utf-8")
+    if len(encoded) <= limit:
+        return text
+    return encoded[: limit - 3].decode("utf-8", "ignore") + "..."
 
 
 async def run_ready(engine: BatchEngine, utterance: Utterance) -> None:

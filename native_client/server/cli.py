@@ -154,6 +154,8 @@ def settings_problem(args) -> str | None:
         value = getattr(args, name)
         if not math.isfinite(value) or value <= 0:
             return f"--{name.replace('_', '-')} {value}: expected a finite number above 0"
+    if args.max_messages_per_s < 1:  # the budget holds a second's worth: under one message, none fits
+        return f"--max-messages-per-s {args.max_messages_per_s}: expected at least 1"
     for origin in args.allow_origin:
         if problem := origin_problem(origin):
             return problem
