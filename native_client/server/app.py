@@ -34,7 +34,8 @@ from native_client.vad import Audio, Cutter, End, Segmenter, Start, VadSettings
 log = logging.getLogger(__name__)
 
 # WebSocket close codes (RFC 6455 7.4.1)
-NORMAL, POLICY, TOO_BIG, TRY_LATER, UNSUPPORTED = 1000, 1008, 1009, 1013, 1003
+NORMAL, GOING_AWAY, POLICY, TOO_BIG, TRY_LATER, UNSUPPORTED = 1000, 1001, 1008, 1009, 1013, 1003
+SHUTTING_DOWN = "the server is shutting down"
 # A close frame's reason: 125 bytes of payload less the 2-byte code (RFC 6455); an error reply's text,
 # which may quote the client's own: bounded so that a client cannot make the server echo megabytes.
 MAX_REASON_BYTES, MAX_ERROR_BYTES = 123, 4096
@@ -68,6 +69,12 @@ class Service:
     origins: frozenset[str] = field(default_factory=frozenset)
     partial_interval_s: float = 1.0
     open_streams: int = 0
+    # Bound to loopback only: requests must name this machine in their Host header (``host_allowed``).
+    loopback_only: bool = False
+    # Set on the first SIGTERM/SIGINT: new streams are refused, the open ones finish (``drain``).
+    draining: bool = False
+    sockets: set = field(default_factory=set)  # the open WebSocket handlers
+    posts: set = field(default_factory=set)  # the POST /stt handlers in progress
 
 
 def origin_allowed(origin: str | None, allowed: frozenset[str]) -> bool:
@@ -90,6 +97,36 @@ def origin_allowed(origin: str | None, allowed: frozenset[str]) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def host_allowed(host: str, loopback_only: bool) -> bool:
+    """Whether a request's ``Host`` header names this server: any host when it listens beyond loopback;
+    bound to loopback, only localhost names and loopback addresses (a web page on another name that
+    resolves to 127.0.0.1, DNS rebinding, must not read it)."""
+    if not loopback_only:
+        return True
+    name = host.strip().lower()
+    if name.startswith("["):  # [::1]:port
+        name = name[1:].split("]", 1)[0]
+    elif name.count(":") == 1:
+        name = name.split(":", 1)[0]
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def refuse_host(handler: tornado.web.RequestHandler, service: Service) -> bool:
+    """Answer 403 (a JSON error) and return True when the request's Host header is not this server's."""
+    host = handler.request.headers.get("Host", "")
+    if host_allowed(host, service.loopback_only):
+        return False
+    log.info("refused %s: host %s", handler.request.remote_ip, host[:80])
+    handler.set_status(403)
+    handler.finish({"error": f"host {host[:80]!r} is not this server's (it listens on loopback only)"})
+    return True
 
 
 class _Protocol(tornado.websocket.WebSocketProtocol13):
@@ -136,17 +173,41 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
             protocol = _Protocol(self, False, protocol.params)
         return protocol
 
+    def prepare(self):
+        """Before the handshake: the Host header (``host_allowed``)."""
+        refuse_host(self, self.service)
+
     def open(self):
-        """Count the connection against ``max_streams``; refuse it past the limit."""
+        """Count the connection against ``max_streams``; refuse it past the limit, or while draining."""
         service = self.service
+        if service.draining or not service.engine.ready:
+            self.refuse(SHUTTING_DOWN if service.draining else "the server is not ready", TRY_LATER)
+            return
         if service.open_streams >= service.limits.max_streams:
             self.refuse(f"too many streams: the server takes {service.limits.max_streams} at once", TRY_LATER)
             return
         service.open_streams += 1
         self.counted = True
+        service.sockets.add(self)
         self.session = RecognizerSession(service)
         self.set_nodelay(True)
         self.touch()
+
+    async def drain(self) -> None:
+        """The server is stopping: end the stream as ``eof`` would (its last result is sent), then close
+        with 1001. The message being answered is finished first."""
+        if self.finished or self.session is None:
+            return
+        if self.task is not None and not self.task.done():
+            await asyncio.wait([self.task])
+        if self.finished:
+            return
+        self.finished = True
+        try:
+            self.send(await self.session.eof())
+        except (ProtocolError, RuntimeError) as error:
+            self.send({"error": str(error)})
+        self.close(GOING_AWAY, SHUTTING_DOWN)
 
     def touch(self) -> None:
         """Restart the idle timer."""
@@ -218,6 +279,8 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
                 self.close(NORMAL)
         except ProtocolError as error:
             self.refuse(str(error), UNSUPPORTED if isinstance(message, bytes) else POLICY)
+        except RuntimeError as error:  # the engine stopped (the server is shutting down)
+            self.refuse(str(error), TRY_LATER)
         except tornado.websocket.WebSocketClosedError:
             pass
 
@@ -230,6 +293,7 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
 
     def on_close(self):
         """Release the stream: its pending chunks are dropped from the engine."""
+        self.service.sockets.discard(self)
         if self.idle_handle is not None:
             self.idle_handle.cancel()
         if self.task is not None and not self.task.done():
@@ -257,6 +321,7 @@ class SttHandler(tornado.web.RequestHandler):
         self.directory: tempfile.TemporaryDirectory | None = None
         self.body = None
         self.count = 3
+        self.work: asyncio.Task | None = None
 
     def fail(self, status: int, message: str) -> None:
         """A JSON error response."""
@@ -285,9 +350,12 @@ class SttHandler(tornado.web.RequestHandler):
 
     async def prepare(self):
         """Before the body: the origin, the stream count and ``candidates``; open the body's file."""
-        if self.request.method != "POST" or not self._origin():
+        if refuse_host(self, self.service) or self.request.method != "POST" or not self._origin():
             return
         service = self.service
+        if service.draining or not service.engine.ready:
+            self.fail(503, SHUTTING_DOWN if service.draining else "the server is not ready")
+            return
         if service.open_streams >= service.limits.max_streams:
             self.fail(503, f"too many streams: the server takes {service.limits.max_streams} at once")
             return
@@ -309,17 +377,29 @@ class SttHandler(tornado.web.RequestHandler):
             await asyncio.get_running_loop().run_in_executor(None, self.body.write, chunk)
 
     async def post(self):
-        """Transcribe the body (see the class docstring)."""
+        """Transcribe the body (see the class docstring). The work is a task of its own, cancelled when the
+        client leaves (``on_connection_close``) or the drain's time is up: its queued chunks are dropped
+        and its decode never started; the request keeps its stream until then."""
         if self.body is None:
             return
         started = time.perf_counter()
         self.body.close()
         path = Path(self.body.name)
+        self.service.posts.add(self)
+        self.work = asyncio.get_running_loop().create_task(self._transcribe(path))
         try:
-            found = await self._transcribe(path)
+            found = await self.work
+        except asyncio.CancelledError:
+            return
         except AudioError as error:
             self.fail(400, str(error).replace(str(path), "request body"))
             return
+        except RuntimeError as error:  # the engine stopped
+            self.fail(503, str(error))
+            return
+        finally:
+            self.service.posts.discard(self)
+            self._release()
         if found is None:
             return
         result, samples = found
@@ -384,8 +464,19 @@ class SttHandler(tornado.web.RequestHandler):
         self._release()
 
     def on_connection_close(self):
-        """The client left mid-request: release as on finish."""
-        self._release()
+        """The client left mid-request: its work is cancelled (``post`` then releases the stream), or,
+        before its body was whole, the stream is released now."""
+        if self.work is not None and not self.work.done():
+            self.work.cancel()
+        else:
+            self._release()
+
+    def abandon(self) -> None:
+        """The drain's time is up: answer 503 and cancel the work."""
+        if not self._finished:
+            self.fail(503, f"{SHUTTING_DOWN}: the request did not finish in time")
+        if self.work is not None:
+            self.work.cancel()
 
     def _release(self) -> None:
         if self.counted:
@@ -396,6 +487,25 @@ class SttHandler(tornado.web.RequestHandler):
         if self.directory is not None:
             self.directory.cleanup()
             self.directory = None
+
+
+async def drain(service: Service, seconds: float) -> None:
+    """Stop taking streams; end each open WebSocket stream as ``eof`` would (its result sent, then a 1001
+    close) and let the POST requests under way finish, for at most ``seconds``; then close what is left
+    (1001, or a 503 answer)."""
+    service.draining = True
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    endings = [loop.create_task(handler.drain()) for handler in list(service.sockets)]
+    while (service.sockets or service.posts) and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    for task in endings:
+        task.cancel()
+    for handler in list(service.sockets):
+        handler.finished = True
+        handler.close(GOING_AWAY, SHUTTING_DOWN)
+    for handler in list(service.posts):
+        handler.abandon()
 
 
 def cut_utf8(text: str, limit: int) -> str:
@@ -450,11 +560,16 @@ class StatusHandler(tornado.web.RequestHandler):
         """Tornado's hook: the shared service."""
         self.service = service
 
+    def prepare(self):
+        """The Host header (``host_allowed``)."""
+        refuse_host(self, self.service)
+
     def get(self):
         """The counters as JSON."""
         stats = self.service.engine.stats
         self.finish(
             {
+                "ready": is_ready(self.service),
                 "streams": self.service.open_streams,
                 "batched": self.service.engine.runner.batched,
                 "calls": stats.calls,
@@ -464,9 +579,44 @@ class StatusHandler(tornado.web.RequestHandler):
         )
 
 
+def is_ready(service: Service) -> bool:
+    """Whether the server takes new streams: its engine runs and it is not draining."""
+    return service.engine.ready and not service.draining
+
+
+class ReadyHandler(StatusHandler):
+    """``GET /ready``: 200 ``{"ready": true}`` while the server takes new streams, else 503 (its engine
+    stopped, or it is draining after SIGTERM): what a load balancer or Kubernetes probe asks."""
+
+    def get(self):
+        """200 or 503."""
+        ready = is_ready(self.service)
+        self.set_status(200 if ready else 503)
+        self.finish({"ready": ready})
+
+
+class MetricsHandler(StatusHandler):
+    """``GET /metrics``: the counters in Prometheus' text format (``server.metrics``)."""
+
+    def get(self):
+        """The exposition of the service's registry."""
+        from native_client.server.metrics import exposition
+
+        body, content_type = exposition(self.service, is_ready(self.service))
+        self.set_header("Content-Type", content_type)
+        self.finish(body)
+
+
 def make_app(service: Service) -> tornado.web.Application:
-    """The application: WebSocket at ``/`` (vosk-server's path), ``POST /stt``, ``GET /status``."""
-    handlers = [("/", RecognizeHandler), ("/stt", SttHandler), ("/status", StatusHandler)]
+    """The application: WebSocket at ``/`` (vosk-server's path), ``POST /stt``, ``GET /status``,
+    ``/ready`` and ``/metrics``."""
+    handlers = [
+        ("/", RecognizeHandler),
+        ("/stt", SttHandler),
+        ("/status", StatusHandler),
+        ("/ready", ReadyHandler),
+        ("/metrics", MetricsHandler),
+    ]
     return tornado.web.Application(
         [(path, handler, {"service": service}) for path, handler in handlers],
         websocket_max_message_size=service.limits.max_frame_bytes,

@@ -3,10 +3,12 @@
     deepspeech-serve --model EXPORT [--host 127.0.0.1] [--port 2700] [--scorer ... | --no-scorer]
         [--max-streams N] [--max-frame-bytes N] [--max-messages-per-s N] [--idle-timeout S]
         [--max-post-seconds S] [--max-batch N] [--no-vad] [--end-silence S] [--max-utterance S]
-        [--allow-origin ORIGIN ...]
+        [--allow-origin ORIGIN ...] [--drain-seconds S]
 
 It binds to the loopback interface unless ``--host`` says otherwise, and prints where it listens (and
-whether streams are batched) on one line once it accepts connections. docs/CLIENT.md "Serving" has the
+whether streams are batched) on one line once it accepts connections. On SIGTERM or SIGINT it stops
+listening and drains: each open stream gets its last result and a 1001 close, the requests under way
+finish, for at most ``--drain-seconds``; a second signal exits at once. docs/CLIENT.md "Serving" has the
 protocol and the limits.
 """
 
@@ -16,6 +18,7 @@ import argparse
 import asyncio
 import logging
 import math
+import os
 import signal
 import sys
 from urllib.parse import urlsplit
@@ -26,6 +29,11 @@ from native_client.runtime import BACKENDS
 from native_client.vad import VadError, VadSettings
 
 MIN_UPLOAD_BYTES_PER_S = 128 << 10  # 1 Mbit/s: a slower POST /stt upload is dropped
+# The addresses that keep the server on this machine (it then checks requests' Host header).
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+# SIGTERM's drain: at most this long (a container runtime's grace period is often 30 s), then the
+# connections left get this long to close.
+MAX_DRAIN_SECONDS, CLOSE_WAIT_S = 30.0, 5.0
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -94,6 +102,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="seconds of audio in a POST /stt body (default 600)",
     )
     limits.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=10.0,
+        help="on SIGTERM or SIGINT, seconds the open streams and requests get to finish (their results "
+        "sent, then closed); a second signal exits at once (default 10, at most 30)",
+    )
+    limits.add_argument(
         "--max-batch",
         type=int,
         default=64,
@@ -154,6 +169,8 @@ def settings_problem(args) -> str | None:
         value = getattr(args, name)
         if not math.isfinite(value) or value <= 0:
             return f"--{name.replace('_', '-')} {value}: expected a finite number above 0"
+    if not 0 <= args.drain_seconds <= MAX_DRAIN_SECONDS:  # NaN fails both
+        return f"--drain-seconds {args.drain_seconds}: expected 0 to {MAX_DRAIN_SECONDS:g}"
     if args.max_messages_per_s < 1:  # the budget holds a second's worth: under one message, none fits
         return f"--max-messages-per-s {args.max_messages_per_s}: expected at least 1"
     for origin in args.allow_origin:
@@ -173,7 +190,7 @@ async def serve(args) -> None:
 
     from native_client.__main__ import model_location
     from native_client.batching import BatchRunner, batch_runner
-    from native_client.server.app import Limits, Service, make_app
+    from native_client.server.app import Limits, Service, drain, make_app
     from native_client.server.engine import BatchEngine
 
     model = open_model_for(args, model_location)
@@ -197,6 +214,7 @@ async def serve(args) -> None:
         vad_settings(args),
         max_utterance_s=args.max_utterance,
         origins=frozenset(origin.rstrip("/").lower() for origin in args.allow_origin),
+        loopback_only=args.host in LOOPBACK_HOSTS,
     )
     engine.start()
     # Tornado's defaults wait an hour for a request's headers and forever for its body. Headers (and the
@@ -213,7 +231,7 @@ async def serve(args) -> None:
     port = sockets[0].getsockname()[1]
     scope = (
         "loopback only; --host 0.0.0.0 to serve other machines"
-        if args.host in ("127.0.0.1", "localhost", "::1")
+        if args.host in LOOPBACK_HOSTS
         else "reachable from other machines: no authentication, put it behind a proxy that has some"
     )
     batching = (
@@ -231,10 +249,28 @@ async def serve(args) -> None:
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            print("deepspeech-serve: a second signal: exiting now", file=sys.stderr, flush=True)
+            os._exit(1)
+        print(
+            f"deepspeech-serve: stopping: the open streams get {args.drain_seconds:g} s to finish "
+            "(a second signal exits now)",
+            file=sys.stderr,
+            flush=True,
+        )
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     await stop.wait()
-    server.stop()
+    server.stop()  # no new connections
+    await drain(service, args.drain_seconds)
+    try:
+        await asyncio.wait_for(server.close_all_connections(), CLOSE_WAIT_S)
+    except TimeoutError:
+        pass
     await engine.stop()
 
 

@@ -5,14 +5,21 @@ turn, the next chunk of every waiting job (up to ``max_batch``), stacks them and
 a thread of its own, so the event loop keeps reading and answering sockets meanwhile; jobs that arrive
 during a call join the next one. A job with many chunks (a whole utterance rerun, a posted file)
 advances one chunk per call like any other, so it never holds the others up for longer than a call.
-Decoding (greedy partials, beam search for results) runs on a second thread (``decode``), so a long
-beam search does not stall the model calls.
+Decoding (beam search for results) runs on a second thread (``decode``), so a long beam search does not
+stall the model calls.
+
+A failed model call fails the jobs of its batch, not the server. Should the scheduling loop itself end
+for any other reason, the failure is logged, every waiting job (and every later one) gets an error, and
+``ready`` turns false, which ``/ready`` and ``/status`` report: never a server that answers its status
+while its streams wait for ever.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +49,8 @@ class EngineStats:
     calls: int = 0
     chunks: int = 0
     largest_batch: int = 0
+    decodes: int = 0
+    decode_seconds: float = 0.0
 
 
 class BatchEngine:
@@ -56,24 +65,53 @@ class BatchEngine:
         self._decode_thread = ThreadPoolExecutor(1, thread_name_prefix="decode")
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self.failure: BaseException | None = None
 
     def start(self) -> None:
-        """Start the scheduling loop on the running event loop."""
+        """Start the loop on the running event loop."""
         self._wakeup = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._task.add_done_callback(self._ended)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the loop runs and takes jobs."""
+        return self._task is not None and not self._task.done() and self.failure is None
+
+    @property
+    def queued(self) -> int:
+        """Jobs waiting for a model call."""
+        return len(self._jobs)
 
     async def stop(self) -> None:
-        """Stop the loop and the threads."""
+        """Stop the loop and the threads, waiting for a call under way without blocking the event loop."""
         if self._task is not None:
             self._task.cancel()
-        self._model_thread.shutdown(wait=True, cancel_futures=True)
-        self._decode_thread.shutdown(wait=True, cancel_futures=True)
+        for pool in (self._model_thread, self._decode_thread):
+            shutdown = functools.partial(pool.shutdown, wait=True, cancel_futures=True)
+            await asyncio.get_running_loop().run_in_executor(None, shutdown)
+
+    def _ended(self, task: asyncio.Task) -> None:
+        """The loop's task ended: a failure is logged and given to every waiting job."""
+        if task.cancelled():
+            error: BaseException = RuntimeError("the server is shutting down")
+        else:
+            error = task.exception() or RuntimeError("the engine's loop returned")
+            log.error("the engine stopped: %s", error, exc_info=error)
+        self.failure = error
+        while self._jobs:
+            job = self._jobs.popleft()
+            if not job.future.done():
+                job.future.set_exception(RuntimeError(f"the server's engine stopped: {error}"))
 
     async def run(self, chunks: Sequence[Chunk], state: tuple) -> tuple[np.ndarray, tuple]:
         """Logits ``[time, n_classes]`` of ``chunks`` (padding steps dropped) run in order from
-        ``state``, and the state after them. Cancelling the caller drops the job's remaining chunks."""
+        ``state``, and the state after them. Cancelling the caller drops the job's remaining chunks.
+        RuntimeError when the engine has stopped."""
         if not chunks:
             return np.zeros((0, self.runner.metadata.n_classes), np.float32), state
+        if not self.ready:
+            raise RuntimeError(f"the server's engine stopped: {self.failure or 'not started'}")
         job = _Job(chunks, state, asyncio.get_running_loop().create_future())
         self._jobs.append(job)
         self._wakeup.set()
@@ -84,8 +122,14 @@ class BatchEngine:
                 job.future.cancel()
 
     async def decode(self, function, *args):
-        """``function(*args)`` on the decoding thread."""
-        return await asyncio.get_running_loop().run_in_executor(self._decode_thread, function, *args)
+        """``function(*args)`` on the decoding thread (one not started yet is dropped when the caller is
+        cancelled)."""
+        started = time.perf_counter()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._decode_thread, function, *args)
+        finally:
+            self.stats.decodes += 1
+            self.stats.decode_seconds += time.perf_counter() - started
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -96,12 +140,14 @@ class BatchEngine:
                 batch = self._next_batch()
                 if not batch:
                     continue
-                inputs = np.stack([job.chunks[job.done].inputs for job in batch])
-                states = [job.state for job in batch]
                 try:
+                    inputs = np.stack([job.chunks[job.done].inputs for job in batch])
+                    states = [job.state for job in batch]
                     logits, new_states = await loop.run_in_executor(
                         self._model_thread, self.runner.step, inputs, states
                     )
+                    if len(logits) != len(batch) or len(new_states) != len(batch):
+                        raise ValueError(f"{len(logits)} outputs for a batch of {len(batch)}")
                 except Exception as error:  # a model failure fails these jobs, not the server
                     log.exception("model call failed")
                     for job in batch:

@@ -1,0 +1,177 @@
+"""deepspeech-serve under hostile clients and at its end (issue 43): a request its client abandoned is
+cancelled, the Host header is checked, /ready and /metrics answer, SIGTERM drains the open streams with
+their results, and a second signal exits at once. Real servers on 127.0.0.1, real clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.websocket import websocket_connect
+
+from tests.test_serve import CHUNK, CLIPS, Server, untrained_export
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory) -> Path:
+    """A small untrained export (``tests.test_serve.untrained_export``)."""
+    return untrained_export(tmp_path_factory.mktemp("lifecycle"), 64)
+
+
+@pytest.fixture
+def server(export):
+    servers = []
+
+    def start(*args: str) -> Server:
+        servers.append(Server(export, *args))
+        return servers[-1]
+
+    yield start
+    for running in servers:
+        if running.process.poll() is None:
+            running.stop()
+
+
+async def _get(url: str, **headers) -> tuple[int, bytes, dict]:
+    response = await AsyncHTTPClient().fetch(url, headers=headers, raise_error=False)
+    return response.code, response.body, dict(response.headers)
+
+
+def _long_wav(path: Path, seconds: float) -> Path:
+    """``seconds`` of speech: the sample's test clips over and over, as one 16 kHz WAV."""
+    clips = [soundfile.read(clip, dtype="int16")[0] for clip in CLIPS]
+    audio = np.concatenate(clips)
+    audio = np.tile(audio, int(np.ceil(seconds * 16000 / len(audio))))[: int(seconds * 16000)]
+    soundfile.write(path, audio, 16000, subtype="PCM_16")
+    return path
+
+
+def test_the_host_header_ready_and_metrics(server):
+    """Bound to loopback, a request naming another host (a DNS-rebinding page) is refused, /status, the
+    WebSocket handshake and POST /stt alike; /ready and /metrics answer (issue 43, S14)."""
+    running = server()
+
+    async def main():
+        forged = {"Host": f"attacker.example:{running.port}"}
+        status = await _get(running.http + "/status", **forged)
+        post = await AsyncHTTPClient().fetch(
+            running.http + "/stt", method="POST", body=b"x", headers=forged, raise_error=False
+        )
+        with pytest.raises(Exception, match="403"):
+            await websocket_connect(HTTPRequest(running.url, headers=forged))
+        local = await _get(running.http + "/status", Host=f"localhost:{running.port}")
+        ready = await _get(running.http + "/ready")
+        metrics = await _get(running.http + "/metrics")
+        return status, post.code, local, ready, metrics
+
+    status, post, local, ready, metrics = asyncio.run(main())
+    assert status[0] == 403 and "is not this server's" in json.loads(status[1])["error"], status
+    assert post == 403
+    assert local[0] == 200 and json.loads(local[1])["ready"] is True
+    assert ready[0] == 200 and json.loads(ready[1]) == {"ready": True}
+    text = metrics[1].decode()
+    assert metrics[0] == 200 and metrics[2]["Content-Type"].startswith("text/plain"), metrics
+    for name in (
+        "deepspeech_serve_ready 1.0",
+        "deepspeech_serve_streams 0.0",
+        "deepspeech_serve_model_calls_total",
+    ):
+        assert name in text, text
+
+
+def test_an_abandoned_post_is_cancelled_and_keeps_its_slot_until_then(server, tmp_path):
+    """A client uploads minutes of audio and leaves: the server used to free its slot at once and
+    transcribe it to the end anyway, so any number ran at once (issue 43, S1). Now its work stops: once
+    /status counts it gone, the model runs no more of its chunks."""
+    running = server("--max-post-seconds", "600", "--max-streams", "2")
+    body = _long_wav(tmp_path / "long.wav", 590).read_bytes()
+
+    async def main():
+        reader, writer = await asyncio.open_connection("127.0.0.1", running.port)
+        head = f"POST /stt HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n\r\n"
+        writer.write(head.encode() + body)
+        await writer.drain()
+        while (await _status(running))["chunks"] == 0:  # the server is at work on it
+            await asyncio.sleep(0.02)
+        writer.close()
+        deadline = time.monotonic() + 120
+        while (await _status(running))["streams"]:
+            assert time.monotonic() < deadline, "the abandoned request never ended"
+            await asyncio.sleep(0.05)
+        gone = (await _status(running))["chunks"]
+        await asyncio.sleep(1.5)
+        return gone, (await _status(running))["chunks"]
+
+    gone, later = asyncio.run(main())
+    assert later == gone, f"the model ran {later - gone} chunks of a request whose client had left"
+
+
+async def _status(running: Server) -> dict:
+    return json.loads((await _get(running.http + "/status"))[1])
+
+
+def test_sigterm_drains_streams_with_their_results_and_requests_finish(server, tmp_path):
+    """SIGTERM used to drop every stream and request: no last result, no close frame (issue 43, S9). Now
+    a stream gets its last result and a 1001 close, a POST under way its answer, and the server exits 0."""
+    running = server("--drain-seconds", "20")
+    samples = soundfile.read(CLIPS[0], dtype="int16")[0]
+    body = _long_wav(tmp_path / "post.wav", 20).read_bytes()
+
+    async def main():
+        ws = await websocket_connect(running.url)
+        await ws.write_message(json.dumps({"config": {"sample_rate": 16000}}))
+        for start in range(0, len(samples) // 2, CHUNK):
+            await ws.write_message(samples[start : start + CHUNK].tobytes(), binary=True)
+            await ws.read_message()
+        post = asyncio.ensure_future(
+            AsyncHTTPClient().fetch(
+                running.http + "/stt", method="POST", body=body, raise_error=False, request_timeout=120
+            )
+        )
+        while (await _status(running))["streams"] < 2:
+            await asyncio.sleep(0.02)
+        running.process.send_signal(signal.SIGTERM)
+        replies = []
+        while (message := await ws.read_message()) is not None:
+            replies.append(json.loads(message))
+        return replies, ws.close_code, ws.close_reason, await post
+
+    replies, code, reason, post = asyncio.run(main())
+    assert replies and "text" in replies[-1] and "partial" not in replies[-1], replies
+    assert code == 1001 and reason == "the server is shutting down", (code, reason)
+    assert post.code == 200 and "text" in json.loads(post.body), post.body
+    assert running.process.wait(timeout=60) == 0
+
+
+def test_a_second_signal_exits_at_once(server):
+    """A second SIGTERM during the drain was swallowed (issue 43, S9)."""
+    running = server("--drain-seconds", "30")
+
+    async def main():
+        # A WebSocket client that never answers the server's close frame: the drain waits for it.
+        reader, writer = await asyncio.open_connection("127.0.0.1", running.port)
+        writer.write(
+            b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        await writer.drain()
+        assert (await reader.readline()).startswith(b"HTTP/1.1 101")
+        while (await _status(running))["streams"] < 1:
+            await asyncio.sleep(0.02)
+        running.process.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.5)
+        started = time.monotonic()
+        running.process.send_signal(signal.SIGTERM)
+        code = await asyncio.get_running_loop().run_in_executor(None, running.process.wait, 60)
+        return code, time.monotonic() - started
+
+    code, waited = asyncio.run(main())
+    assert code == 1 and waited < 10, (code, waited)
+    assert "a second signal: exiting now" in running.process.stderr.read()
