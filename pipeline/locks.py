@@ -10,6 +10,7 @@ holds the locks of the outputs it reads shared (``shared_locks``), so they are i
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -105,21 +106,63 @@ def try_locks(locks: Iterable[str | Path]):
         yield taken
 
 
+class LockBusy(RuntimeError):
+    """A lock ``shared_locks`` was not to wait for is held by a writer (``holder``: its pid, if known)."""
+
+    def __init__(self, lock: Path, holder: str):
+        super().__init__(f"{lock} is held by a writer{f' (pid {holder})' if holder else ''}")
+        self.lock = lock
+        self.holder = holder
+
+
+def _open_shared(lock: Path):
+    """``lock`` opened for a shared ``flock``: read-write where it may be (NFS's emulation of ``flock``
+    wants it), read-only in a folder or file this user cannot write; None (with a warning) when it cannot
+    be opened at all, and the output is read unlocked."""
+    try:
+        return open(lock, "a+")
+    except OSError as error:
+        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            log.warning("cannot lock %s (%s): reading its output unlocked", lock, error.strerror)
+            return None
+    try:
+        return open(lock)
+    except OSError as error:
+        log.warning("cannot lock %s (%s): reading its output unlocked", lock, error.strerror)
+        return None
+
+
+def _holder(lock: Path) -> str:
+    """The pid the last writer of ``lock`` wrote into it (``stage_lock``), or ""."""
+    try:
+        lines = Path(lock).read_text().split()
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
 @contextlib.contextmanager
-def shared_locks(locks: Iterable[str | Path]):
+def shared_locks(locks: Iterable[str | Path], wait: bool = True):
     """Hold a shared ``flock`` on every lock file of ``locks`` for the block: what a stage takes on the
     outputs it reads, so that their removers (``gc``, ``make rerun``: ``try_locks``) leave them alone
-    while it runs, and its fellow readers do not. Waits while a writer or remover holds one; a lock file
-    removed meanwhile is locked anew as ``stage_lock`` does; a missing one is made (its output's folder
-    must exist)."""
+    while it runs, and its fellow readers do not. While a writer or remover holds one, wait for it, or
+    raise LockBusy naming it (``wait=False``). A lock file removed meanwhile is locked anew as
+    ``stage_lock`` does; a missing one is made where this user may."""
     with contextlib.ExitStack() as stack:
         for lock in sorted({Path(p) for p in locks}):
             while True:
-                handle = stack.enter_context(open(lock, "a"))
+                handle = _open_shared(lock)
+                if handle is None:
+                    break
+                stack.enter_context(handle)
                 try:
                     fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    log.info("%s is held by a writer or remover; waiting for it", lock)
+                    if not wait:
+                        raise LockBusy(lock, _holder(lock)) from None
+                    log.info(
+                        "%s is held by a writer or remover (pid %s); waiting for it", lock, _holder(lock)
+                    )
                     fcntl.flock(handle, fcntl.LOCK_SH)
                 if _names(lock, handle):
                     break
@@ -129,18 +172,27 @@ def shared_locks(locks: Iterable[str | Path]):
 
 def held(lock: str | Path) -> bool:
     """Whether another process holds the ``flock`` of lock file ``lock``, exclusive (a writer) or shared
-    (a stage reading its output); False when there is none."""
+    (a stage reading its output); False when there is none. Probed with an exclusive lock on the file
+    opened read-write (NFS's ``flock`` emulation wants it); where this user may not write it, with a
+    shared one, which sees writers only."""
     try:
-        handle = open(lock, "rb")
+        fd = os.open(lock, os.O_RDWR)
+        probe = fcntl.LOCK_EX
+    except FileNotFoundError:
+        return False
     except OSError:
-        return False
-    with handle:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        return False
+            fd = os.open(lock, os.O_RDONLY)
+        except OSError:
+            return False
+        probe = fcntl.LOCK_SH
+    try:
+        fcntl.flock(fd, probe | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def in_use(output: str | Path) -> Path | None:

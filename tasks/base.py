@@ -20,8 +20,8 @@ from pipeline.config import Config
 from pipeline.config_loader import load_config
 from pipeline.dag import STAGES, upstream
 from pipeline.layout import Layout
-from pipeline.locks import shared_locks
-from pipeline.stages.outputs import read_locks
+from pipeline.locks import LockBusy, shared_locks
+from pipeline.stages.outputs import read_locks, warm_start_lock
 from tasks.errors import StageError
 
 log = logging.getLogger("luigi-interface")
@@ -162,8 +162,28 @@ class ConfigTask(luigi.Task):
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             import_tensorflow_quietly()
         # The outputs this stage reads stay in use while it runs: gc and make rerun leave them alone.
-        with shared_locks(read_locks(self.layout, self.stage, self.stage_params())):
+        with shared_locks(read_locks(self.layout, self.stage, self.stage_params())), self._warm_start_lock():
+            for needed in luigi.task.flatten(self.requires()):
+                if not needed.complete():  # removed while this stage waited for its turn
+                    raise StageError(
+                        f"{needed.task_id}: its output was removed before {self.task_family} could read it "
+                        "(gc or make rerun?); run the pipeline again to rebuild it"
+                    )
             self.run_stage()
+
+    @contextlib.contextmanager
+    def _warm_start_lock(self):
+        """Train's hold on the run ``training.init_from`` names (``outputs.warm_start_lock``), never waited
+        for: a run still training is one line."""
+        lock = warm_start_lock(self.layout, self.stage)
+        try:
+            with shared_locks([lock] if lock else [], wait=False):
+                yield
+        except LockBusy as busy:
+            raise StageError(
+                f"training.init_from {self.cfg.training.init_from}: that Train run is still being written "
+                f"({busy}); warm-start once it has finished, or from a finished run"
+            ) from None
 
     @property
     def retry_count(self) -> int:

@@ -48,7 +48,7 @@ def _configs_spelling(tmp_path: Path, small_config, spellings: dict[str, str]) -
     """A config per spelling of the one work directory ``tmp_path/real/wd``, each with its own model width
     (so each reaches its own Train run and Evaluate directory)."""
     configs = {}
-    for width, (name, work_dir) in zip((16, 24, 32), spellings.items()):
+    for width, (name, work_dir) in zip((16, 24, 32), spellings.items(), strict=True):
         configs[name] = small_config(
             f"{name}.yaml", n_hidden=width, extra=f"paths:\n  work_dir: {work_dir}\n"
         )
@@ -195,3 +195,73 @@ def test_a_running_stage_keeps_its_inputs_from_gc_and_rerun(small_config, tmp_pa
     assert cache.is_file()
     after = _gc("--config", str(other), "--dry-run")
     assert str(cache) in _listed(after.stdout, "would remove"), after.stdout
+
+
+def test_a_stage_directory_linked_into_another_work_directory_keeps_its_outputs(small_config, tmp_path):
+    """``alice/train -> shared/train``: walking the shared work directory met alice's run by another
+    spelling and listed it (review of issue 42, G1/G5)."""
+    alice, shared = tmp_path / "alice", tmp_path / "shared"
+    (shared / "train").mkdir(parents=True)
+    alice.mkdir()
+    (alice / "train").symlink_to(shared / "train")
+    configs = {
+        name: small_config(f"{name}.yaml", n_hidden=width, extra=f"paths:\n  work_dir: {work}\n")
+        for name, width, work in (("alice", 16, alice), ("shared", 24, shared))
+    }
+    runs = [_fake_output(Layout(load_config(path)).train_run.root) for path in configs.values()]
+    args = [arg for path in configs.values() for arg in ("--config", str(path))]
+    dry = _gc(*args, "--dry-run", "--include-train")
+    assert dry.returncode == 0, dry.stderr
+    assert "would remove" not in dry.stdout and f"kept {alice / 'train'}: a symlink" in dry.stdout, dry.stdout
+    assert all(run.is_dir() for run in runs)
+
+
+def test_a_symlink_a_config_names_inside_a_stage_directory_is_kept(small_config, tmp_path):
+    work = tmp_path / "work"
+    (work / "alphabet").mkdir(parents=True)
+    target = tmp_path / "mine.txt"
+    shutil.copy(ROOT / "data" / "alphabet.txt", target)
+    alias = work / "alphabet" / "mine.txt"
+    alias.symlink_to(target)
+    config = small_config("alias.yaml", extra=f"paths:\n  alphabet: {alias}\n")
+    done = _gc("--config", str(config))
+    assert done.returncode == 0 and "alphabet" not in done.stdout, done.stdout
+    assert alias.is_symlink() and target.is_file()
+
+
+def test_warm_starting_from_a_run_still_training_is_one_line(small_config, tmp_path):
+    """training.init_from naming a run another Train is writing took whatever checkpoint was there; now
+    Train stops at once in one line (the run's lock is held)."""
+    from pipeline.locks import stage_lock
+
+    work = tmp_path / "work"
+    donor = work / "train" / "0123456789ab"
+    (donor / "checkpoints").mkdir(parents=True)
+    (donor / "checkpoints" / "ckpt-3.index").write_bytes(b"index")
+    (donor / "checkpoints" / "ckpt-3.data-00000-of-00001").write_bytes(b"weights")
+    (donor / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-3"\n')
+    config = small_config("warm.yaml", extra=f"training:\n  init_from: {donor}\n")
+    build_features(load_config(config), ("train", "dev"))
+    with stage_lock(donor):  # a Train of the donor run, under way
+        result = _run("tasks.cli", "Train", "--config", str(config), "--local-scheduler")
+    assert result.returncode != 0
+    assert "that Train run is still being written" in result.stdout + result.stderr, (
+        result.stdout + result.stderr
+    )
+    assert not Layout(load_config(config)).train_run.report.exists()
+
+
+def test_a_reader_without_write_access_reads_unlocked(tmp_path, caplog):
+    """A shared work directory the user may not write: the read lock cannot be made, the stage still
+    reads (with a warning) instead of failing."""
+    from pipeline.locks import shared_locks
+
+    folder = tmp_path / "features"
+    folder.mkdir()
+    _immutable(folder, True)
+    try:
+        with shared_locks([folder / "dev-0123.h5.lock"]):
+            pass
+    finally:
+        _immutable(folder, False)
+    assert "reading its output unlocked" in caplog.text

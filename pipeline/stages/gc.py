@@ -64,7 +64,7 @@ from pipeline.layout import Layout
 from pipeline.locks import held, in_use, lock_path, try_locks
 from pipeline.model.averaged_epochs import epoch_end_number, wanted_epochs
 from pipeline.reports import DevFigures, ReportError, TrainReport, read_report
-from pipeline.stages.outputs import STAGE_DIRS, config_inputs, node_outputs, stage_entry
+from pipeline.stages.outputs import STAGE_DIRS, config_inputs, node_outputs, stage_entries
 from pipeline.workdir import CONVERTED_DIR, IMPORT_DIR, REMOVED_PATTERN, TRAIN_DIR, TrainRun
 
 # The DAG's roots: every stage a config runs is upstream of one of them.
@@ -97,43 +97,47 @@ def reached_nodes(config: Config) -> list[Node]:
 
 
 class WorkDirs:
-    """The work directories gc walks, each by one canonical path: resolved (``..`` and symlinks followed)
-    and, for two resolved paths of one directory (a bind mount), the first one met; so two configs that
-    spell one work directory differently keep each other's outputs, and each directory is walked once."""
+    """The directories gc walks, each by one canonical path: resolved (``..`` and symlinks followed) and,
+    for two resolved paths of one directory (a bind mount), the first one met. So two configs that spell
+    one work directory (or one stage directory, through a symlink) differently keep each other's
+    outputs, and each directory is walked once."""
 
     def __init__(self):
         self._by_inode: dict[tuple[int, int], Path] = {}
         self.roots: set[Path] = set()
 
-    def add(self, work_dir: Path) -> Path:
-        """The canonical path of ``work_dir`` (which need not exist), now one of ``roots``."""
-        real = Path(os.path.realpath(work_dir))
+    def canonical(self, directory: Path) -> Path:
+        """The canonical path of ``directory`` (which need not exist)."""
+        real = Path(os.path.realpath(directory))
         try:
             info = real.stat()
         except OSError:
-            canonical = real
-        else:
-            canonical = self._by_inode.setdefault((info.st_dev, info.st_ino), real)
-        self.roots.add(canonical)
-        return canonical
+            return real
+        return self._by_inode.setdefault((info.st_dev, info.st_ino), real)
 
-    def path(self, layout: Layout, path: Path) -> Path:
-        """``path`` (under ``layout``'s work directory) under that directory's canonical path."""
-        return self.add(layout.work_dir) / Path(path).relative_to(layout.work_dir)
+    def add(self, work_dir: Path) -> Path:
+        """The canonical path of ``work_dir``, now one of ``roots``."""
+        root = self.canonical(work_dir)
+        self.roots.add(root)
+        return root
+
+    def entry(self, path: Path) -> Path:
+        """An entry of a stage directory by its canonical folder: ``canonical(parent) / name``."""
+        return self.canonical(Path(path).parent) / Path(path).name
 
 
-def reached_outputs(configs: list[Config]) -> tuple[set[Path], set[Path]]:
-    """(the outputs the configs reach and the stage-directory entries holding the files they name
-    themselves, their work directories), all by their canonical paths (``WorkDirs``)."""
+def reached_outputs(configs: list[Config]) -> tuple[WorkDirs, set[Path]]:
+    """(the work directories, the outputs the configs reach and the stage-directory entries holding the
+    files they name themselves), all by their canonical paths (``WorkDirs``)."""
     dirs, reached = WorkDirs(), set()
     for config in configs:
         layout = Layout(config)
+        dirs.add(layout.work_dir)
         for name, params in reached_nodes(config):
-            reached.update(dirs.path(layout, path) for path in node_outputs(layout, name, params))
-    for config in configs:  # a config's own inputs in any of the work directories walked
+            reached.update(dirs.entry(path) for path in node_outputs(layout, name, params))
         for path in config_inputs(config):
-            reached.update(filter(None, (stage_entry(root, path) for root in dirs.roots)))
-    return reached, dirs.roots
+            reached.update(dirs.entry(entry) for entry in stage_entries(path))
+    return dirs, reached
 
 
 def _size(path: Path) -> int:
@@ -153,11 +157,11 @@ def unreachable(configs: list[Config], symlinks: list[Path] | None = None) -> li
     """Every entry of the configs' stage directories none of them reaches, in path order, with the
     entries a killed gc or rerun was deleting (their process gone). A stage directory that is a symlink
     is never walked (its entries lie outside the work directory): it is added to ``symlinks``."""
-    reached, work_dirs = reached_outputs(configs)
+    dirs, reached = reached_outputs(configs)
     # an output's lock file beside it (pipeline.locks.lock_path) belongs to the output
     kept = reached | {path.with_name(path.name + ".lock") for path in reached}
     found = []
-    for work_dir in sorted(work_dirs):
+    for work_dir in sorted(dirs.roots):
         for stage_dir in STAGE_DIRS:
             folder = work_dir / stage_dir
             if folder.is_symlink():  # its entries are elsewhere, maybe shared: never followed
@@ -166,6 +170,7 @@ def unreachable(configs: list[Config], symlinks: list[Path] | None = None) -> li
                 continue
             if not folder.is_dir():
                 continue
+            folder = dirs.canonical(folder)  # a bind mount's first spelling, as ``reached`` has it
             for entry in sorted(folder.iterdir()):
                 if entry.name.startswith("."):
                     if writer_gone(entry.name, REMOVED_PATTERN):
@@ -192,8 +197,11 @@ def surplus_epoch_ends(configs: list[Config]) -> list[Entry]:
     dirs = WorkDirs()
     for config in configs:
         layout = Layout(config)
-        run = TrainRun(dirs.path(layout, layout.train_run.root))
-        if run.root.parent.is_symlink():  # never followed (``unreachable`` says so)
+        run = TrainRun(dirs.entry(layout.train_run.root))
+        # gc removes nothing outside a work directory: not through a symlinked train/, run or epoch_ends/
+        if not run.root.is_relative_to(dirs.add(layout.work_dir)) or run.root.is_symlink():
+            continue
+        if run.epoch_ends.is_symlink():
             continue
         if run.root not in reports:
             reports[run.root] = _finished(run)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 
 from pipeline.config import Config
@@ -87,34 +88,36 @@ def config_inputs(config: Config) -> list[Path]:
     return sorted(found)
 
 
-def stage_entry(work_dir: Path, path: Path) -> Path | None:
-    """The entry of one of ``work_dir``'s stage directories that holds ``path`` (resolved: ``..`` and
-    symlinks followed), e.g. ``<work_dir>/train/<fp>`` for ``<work_dir>/train/<fp>/best/ckpt-12``; None
-    for a path outside them. ``work_dir`` must be resolved."""
-    resolved = Path(os.path.realpath(path))
-    try:
-        parts = resolved.relative_to(work_dir).parts
-    except ValueError:
-        return None
-    if len(parts) < 2 or parts[0] not in STAGE_DIRS:
-        return None
-    return work_dir / parts[0] / parts[1]
+def stage_entries(path: str | Path) -> list[Path]:
+    """The stage-directory entries that hold ``path``, as spelled and as resolved (a symlink in a stage
+    directory keeps both itself and its target): for each, the ancestor whose parent is named like a
+    stage directory (``<wd>/train/<fp>`` for ``<wd>/train/<fp>/best/ckpt-12``), its parent resolved."""
+    found = []
+    for spelled in dict.fromkeys((Path(os.path.abspath(path)), Path(os.path.realpath(path)))):
+        for ancestor in (spelled, *spelled.parents):
+            if ancestor.parent.name in STAGE_DIRS:
+                found.append(Path(os.path.realpath(ancestor.parent)) / ancestor.name)
+                break
+    return found
 
 
 def read_locks(layout: Layout, name: str, params: dict) -> list[Path]:
-    """The lock files a running instance of stage ``name`` holds shared: those of the upstream outputs it
-    reads (``pipeline.dag.upstream``) and of the stage-directory entries holding the files its config
-    names (a warm start's Train run), never those of its own outputs."""
-    config = layout.config
-    own = {lock_path(path) for path in node_outputs(layout, name, params)}
+    """The lock files of the upstream outputs a running instance of stage ``name`` reads
+    (``pipeline.dag.upstream``), which it holds shared while it runs."""
     locks = []
     for node, node_params in upstream(layout.config, name, params):
         outputs = node_outputs(layout, node, node_params)
         if outputs:
             locks.append(lock_path(outputs[0]))
-    work_dir = Path(os.path.realpath(layout.work_dir))
-    for path in config_inputs(config):
-        entry = stage_entry(work_dir, path)
-        if entry is not None:
-            locks.append(lock_path(entry))
-    return sorted(set(locks) - own)
+    return sorted(set(locks))
+
+
+def warm_start_lock(layout: Layout, name: str) -> Path | None:
+    """The lock file of the Train run (of any work directory) that Train's ``training.init_from`` names,
+    which Train holds shared while it runs; None for another stage or a model file outside a run."""
+    if name != "train" or not layout.config.training.init_from:
+        return None
+    for entry in stage_entries(layout.config.training.init_from):
+        if entry.parent.name == TRAIN_DIR and re.fullmatch(r"[0-9a-f]{12}", entry.name):
+            return lock_path(entry)
+    return None
