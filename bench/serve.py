@@ -168,6 +168,8 @@ class Server:
             str(max_batch),
             "--max-streams",
             str(streams),
+            "--max-streams-per-client",  # every stream comes from this one address
+            str(streams),
             "--no-vad",
             "--no-scorer",
             "--idle-timeout",

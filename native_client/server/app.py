@@ -15,11 +15,13 @@ import json
 import logging
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
+import tornado.httpserver
 import tornado.web
 import tornado.websocket
 
@@ -36,6 +38,10 @@ log = logging.getLogger(__name__)
 # WebSocket close codes (RFC 6455 7.4.1)
 NORMAL, GOING_AWAY, POLICY, TOO_BIG, TRY_LATER, UNSUPPORTED = 1000, 1001, 1008, 1009, 1013, 1003
 SHUTTING_DOWN = "the server is shutting down"
+# Frames a connection may send a second, per message of its budget (fragments and pings count).
+FRAMES_PER_MESSAGE = 8
+# Audio whose peak is at most this (about -60 dBFS) is silence, not activity (``audible``).
+SILENCE_PEAK = 32
 # A close frame's reason: 125 bytes of payload less the 2-byte code (RFC 6455); an error reply's text,
 # which may quote the client's own: bounded so that a client cannot make the server echo megabytes.
 MAX_REASON_BYTES, MAX_ERROR_BYTES = 123, 4096
@@ -46,6 +52,7 @@ class Limits:
     """What one client may ask of the server; each refusal is a JSON error on that connection only."""
 
     max_streams: int = 64  # open WebSocket connections; more are refused
+    max_streams_per_client: int = 16  # of them, from one address
     max_frame_bytes: int = 1 << 20  # one WebSocket message (32 s of 16 kHz audio)
     max_messages_per_s: float = 100.0  # per connection, in any one-second burst
     idle_timeout_s: float = 30.0  # a connection silent this long is closed
@@ -75,6 +82,28 @@ class Service:
     draining: bool = False
     sockets: set = field(default_factory=set)  # the open WebSocket handlers
     posts: set = field(default_factory=set)  # the POST /stt handlers in progress
+    per_client: Counter = field(default_factory=Counter)  # open streams by address
+
+    def take_slot(self, address: str) -> str | None:
+        """Count a stream from ``address``; what is wrong (one line) when the server or that address has
+        no slot left, else None."""
+        if self.open_streams >= self.limits.max_streams:
+            return f"too many streams: the server takes {self.limits.max_streams} at once"
+        if self.per_client[address] >= self.limits.max_streams_per_client:
+            return (
+                f"too many streams from {address}: the server takes {self.limits.max_streams_per_client} "
+                "from one address at once (--max-streams-per-client)"
+            )
+        self.open_streams += 1
+        self.per_client[address] += 1
+        return None
+
+    def free_slot(self, address: str) -> None:
+        """The stream from ``address`` that ``take_slot`` counted has ended."""
+        self.open_streams -= 1
+        self.per_client[address] -= 1
+        if self.per_client[address] <= 0:
+            del self.per_client[address]
 
 
 def origin_allowed(origin: str | None, allowed: frozenset[str]) -> bool:
@@ -97,6 +126,15 @@ def origin_allowed(origin: str | None, allowed: frozenset[str]) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def audible(message) -> bool:
+    """Whether a message counts as activity: any text message, or audio whose peak is above
+    ``SILENCE_PEAK`` (a client sending digital silence holds a slot as an idle one would)."""
+    if not isinstance(message, bytes):
+        return True
+    samples = np.frombuffer(message, "<i2", count=len(message) // 2)
+    return samples.size > 0 and int(np.abs(samples.astype(np.int32)).max()) > SILENCE_PEAK
 
 
 def host_allowed(host: str, loopback_only: bool) -> bool:
@@ -129,8 +167,34 @@ def refuse_host(handler: tornado.web.RequestHandler, service: Service) -> bool:
     return True
 
 
+class TokenBucket:
+    """A budget of ``rate`` events a second, bursts of a second's worth allowed."""
+
+    def __init__(self, rate: float):
+        self.rate = rate
+        self.tokens = rate
+        self.last = time.monotonic()
+
+    def take(self) -> bool:
+        """Spend one event of the budget; False when none is left."""
+        now = time.monotonic()
+        self.tokens = min(self.rate, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
 class _Protocol(tornado.websocket.WebSocketProtocol13):
-    """Tornado's protocol, with a JSON error sent before it closes a connection for a too-large frame."""
+    """Tornado's protocol, with a JSON error sent before it closes a connection for a too-large frame,
+    and every frame read (a fragment, a ping) charged to the connection's frame budget."""
+
+    async def _receive_frame(self) -> None:
+        if not self.handler.frame_allowed():
+            self.client_terminated = True  # read no more of it; the close frame is on its way
+            return
+        await super()._receive_frame()
 
     def close(self, code=None, reason=None):
         """See ``WebSocketProtocol13.close``."""
@@ -154,8 +218,8 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
         self.counted = False
         self.task: asyncio.Task | None = None
         self.idle_handle = None
-        self.tokens = service.limits.max_messages_per_s
-        self.last_refill = time.monotonic()
+        self.messages = TokenBucket(service.limits.max_messages_per_s)
+        self.frames = TokenBucket(FRAMES_PER_MESSAGE * service.limits.max_messages_per_s)
         self.finished = False
 
     def check_origin(self, origin):
@@ -183,10 +247,9 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
         if service.draining or not service.engine.ready:
             self.refuse(SHUTTING_DOWN if service.draining else "the server is not ready", TRY_LATER)
             return
-        if service.open_streams >= service.limits.max_streams:
-            self.refuse(f"too many streams: the server takes {service.limits.max_streams} at once", TRY_LATER)
+        if problem := service.take_slot(self.request.remote_ip):
+            self.refuse(problem, TRY_LATER)
             return
-        service.open_streams += 1
         self.counted = True
         service.sockets.add(self)
         self.session = RecognizerSession(service)
@@ -221,7 +284,10 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
         if self.task is not None and not self.task.done():
             self.touch()
             return
-        self.refuse(f"idle for {self.service.limits.idle_timeout_s:g} s: closing", POLICY)
+        self.refuse(
+            f"idle for {self.service.limits.idle_timeout_s:g} s (no message, or only silence): closing",
+            POLICY,
+        )
 
     def refuse(self, message: str, code: int) -> None:
         """Send ``{"error": message}`` and close the connection with ``code``."""
@@ -237,21 +303,27 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
         self.close(code, cut_utf8(message, MAX_REASON_BYTES))
 
     def rate_allows(self) -> bool:
-        """The per-connection message budget (a token bucket refilled at ``max_messages_per_s``)."""
-        limit = self.service.limits.max_messages_per_s
-        now = time.monotonic()
-        self.tokens = min(limit, self.tokens + (now - self.last_refill) * limit)
-        self.last_refill = now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
+        """The per-connection message budget (``max_messages_per_s``)."""
+        return self.messages.take()
+
+    def frame_allowed(self) -> bool:
+        """The per-connection frame budget (``FRAMES_PER_MESSAGE`` times the message budget): fragments of
+        one byte and pings cost the event loop as much as messages. Past it, the connection is refused."""
+        if self.frames.take():
+            return True
+        self.refuse(
+            f"more than {self.frames.rate:g} frames a second (fragments and pings count): closing", POLICY
+        )
+        return False
 
     async def on_message(self, message):
-        """Tornado awaits this before reading the next message: one reply per message, in order."""
+        """Tornado awaits this before reading the next message: one reply per message, in order. Only a
+        text message or audible audio (``audible``) counts as activity against the idle limit."""
         if self.finished or self.session is None:
             return
-        self.touch()
+        active = audible(message)
+        if active:
+            self.touch()
         if not self.rate_allows():
             self.refuse(
                 f"more than {self.service.limits.max_messages_per_s:g} messages a second "
@@ -264,7 +336,8 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
             await self.task
         except asyncio.CancelledError:
             return
-        self.touch()
+        if active:
+            self.touch()
 
     async def answer(self, message) -> None:
         """Process one message and send its reply (or refuse it)."""
@@ -299,7 +372,7 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
         if self.task is not None and not self.task.done():
             self.task.cancel()
         if self.counted:
-            self.service.open_streams -= 1
+            self.service.free_slot(self.request.remote_ip)
             self.counted = False
 
 
@@ -322,6 +395,7 @@ class SttHandler(tornado.web.RequestHandler):
         self.body = None
         self.count = 3
         self.work: asyncio.Task | None = None
+        self.body_idle: asyncio.TimerHandle | None = None
 
     def fail(self, status: int, message: str) -> None:
         """A JSON error response."""
@@ -356,9 +430,6 @@ class SttHandler(tornado.web.RequestHandler):
         if service.draining or not service.engine.ready:
             self.fail(503, SHUTTING_DOWN if service.draining else "the server is not ready")
             return
-        if service.open_streams >= service.limits.max_streams:
-            self.fail(503, f"too many streams: the server takes {service.limits.max_streams} at once")
-            return
         try:
             self.count = int(self.get_query_argument("candidates", "3"))
         except ValueError:
@@ -366,14 +437,18 @@ class SttHandler(tornado.web.RequestHandler):
         if not 1 <= self.count <= 10:
             self.fail(400, "candidates: expected a whole number from 1 to 10")
             return
-        service.open_streams += 1
+        if problem := service.take_slot(self.request.remote_ip):
+            self.fail(503, problem)
+            return
         self.counted = True
+        self.touch_body()
         self.directory = tempfile.TemporaryDirectory(prefix="stt-")
         self.body = open(Path(self.directory.name) / "audio", "wb")  # noqa: SIM115 (closed in post/on_finish)
 
     async def data_received(self, chunk: bytes):
         """A piece of the body, written on a worker thread (the event loop goes on serving)."""
         if self.body is not None and not self._finished:
+            self.touch_body()
             await asyncio.get_running_loop().run_in_executor(None, self.body.write, chunk)
 
     async def post(self):
@@ -382,6 +457,9 @@ class SttHandler(tornado.web.RequestHandler):
         and its decode never started; the request keeps its stream until then."""
         if self.body is None:
             return
+        if self.body_idle is not None:
+            self.body_idle.cancel()
+            self.body_idle = None
         started = time.perf_counter()
         self.body.close()
         path = Path(self.body.name)
@@ -478,9 +556,30 @@ class SttHandler(tornado.web.RequestHandler):
         if self.work is not None:
             self.work.cancel()
 
+    def touch_body(self) -> None:
+        """(Re)start the body's idle timer: ``idle_timeout_s`` without a byte of it closes the request."""
+        if self.body_idle is not None:
+            self.body_idle.cancel()
+        self.body_idle = asyncio.get_running_loop().call_later(
+            self.service.limits.idle_timeout_s, self._body_stalled
+        )
+
+    def _body_stalled(self) -> None:
+        log.info(
+            "dropped %s: no byte of its body for %g s",
+            self.request.remote_ip,
+            self.service.limits.idle_timeout_s,
+        )
+        self.body_idle = None
+        self.request.connection.close()
+        self._release()
+
     def _release(self) -> None:
+        if self.body_idle is not None:
+            self.body_idle.cancel()
+            self.body_idle = None
         if self.counted:
-            self.service.open_streams -= 1
+            self.service.free_slot(self.request.remote_ip)
             self.counted = False
         if self.body is not None:
             self.body.close()
@@ -605,6 +704,27 @@ class MetricsHandler(StatusHandler):
         body, content_type = exposition(self.service, is_ready(self.service))
         self.set_header("Content-Type", content_type)
         self.finish(body)
+
+
+class CappedHTTPServer(tornado.httpserver.HTTPServer):
+    """Tornado's HTTP server with a cap on open sockets, below the process's file descriptor limit: a
+    connection past it is closed as soon as it is accepted (at the limit itself Tornado's accept loop
+    would spin, logging every failed accept)."""
+
+    def initialize(self, *args, max_connections: int, service: Service, **kwargs):
+        """Tornado's hook (``HTTPServer`` is configured, not constructed): the cap and the service."""
+        super().initialize(*args, **kwargs)
+        self.max_connections = max_connections
+        self.service = service
+
+    def handle_stream(self, stream, address):
+        """Serve the connection, or close it at once past the cap."""
+        # Tornado's own set of HTTP connections, plus the WebSocket streams, which it no longer counts.
+        if len(self._connections) + len(self.service.sockets) >= self.max_connections:
+            log.info("refused %s: %d connections open (--max-connections)", address[0], self.max_connections)
+            stream.close()
+            return
+        super().handle_stream(stream, address)
 
 
 def make_app(service: Service) -> tornado.web.Application:

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import math
 import os
+import resource
 import signal
 import sys
 from urllib.parse import urlsplit
@@ -78,6 +79,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="open WebSocket connections and POST /stt requests in progress (default 64)",
     )
     limits.add_argument(
+        "--max-streams-per-client",
+        type=int,
+        help="of --max-streams, the ones one address may hold (default a quarter of --max-streams: no "
+        "client takes every slot)",
+    )
+    limits.add_argument(
+        "--max-connections",
+        type=int,
+        help="open sockets, before and after a WebSocket upgrade; more are closed as they come (default "
+        "4 x --max-streams + 256, kept 64 below the open-file limit)",
+    )
+    limits.add_argument(
         "--max-frame-bytes", type=int, default=1 << 20, help="bytes of one message (default 1 MiB)"
     )
     limits.add_argument(
@@ -90,7 +103,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--idle-timeout",
         type=float,
         default=30.0,
-        help="seconds without a message, or without bytes of a request's headers or body (default 30)",
+        help="seconds without a message (audio that is only silence does not count), or without a byte of a "
+        "request's headers or body (default 30)",
     )
     limits.add_argument(
         "--max-body-bytes", type=int, default=64 << 20, help="bytes of a POST /stt body (default 64 MiB)"
@@ -155,6 +169,19 @@ def origin_problem(origin: str) -> str | None:
     return None
 
 
+def derived_defaults(args):
+    """``args`` with the defaults that follow from others: ``--max-streams-per-client`` a quarter of
+    ``--max-streams``, ``--max-connections`` 4 x ``--max-streams`` + 256 kept 64 below the open-file
+    limit."""
+    if args.max_streams_per_client is None:
+        args.max_streams_per_client = max(1, args.max_streams // 4)
+    if args.max_connections is None:
+        files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        headroom = files - 64 if files != resource.RLIM_INFINITY else 1 << 20
+        args.max_connections = max(1, min(4 * args.max_streams + 256, headroom))
+    return args
+
+
 def settings_problem(args) -> str | None:
     """What is wrong with the server's arguments, as one line without the ``error: `` prefix, or None.
     The model options are checked as ``deepspeech-transcribe`` checks them (``model_options``)."""
@@ -162,7 +189,8 @@ def settings_problem(args) -> str | None:
         return problem
     if not 0 <= args.port <= 65535:  # Tornado would listen on the port modulo 65536
         return f"--port {args.port}: expected 0 to 65535 (0: any free port)"
-    for name in ("max_streams", "max_frame_bytes", "max_body_bytes", "max_batch"):
+    names = ("max_streams", "max_streams_per_client", "max_connections", "max_frame_bytes", "max_body_bytes")
+    for name in (*names, "max_batch"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1"
     for name in ("max_messages_per_s", "idle_timeout", "max_post_seconds", "max_utterance", "end_silence"):
@@ -190,7 +218,7 @@ async def serve(args) -> None:
 
     from native_client.__main__ import model_location
     from native_client.batching import BatchRunner, batch_runner
-    from native_client.server.app import Limits, Service, drain, make_app
+    from native_client.server.app import CappedHTTPServer, Limits, Service, drain, make_app
     from native_client.server.engine import BatchEngine
 
     model = open_model_for(args, model_location)
@@ -198,6 +226,7 @@ async def serve(args) -> None:
         raise ExportError(f"{model.metadata.directory}: the server streams; this model has no streaming form")
     limits = Limits(
         max_streams=args.max_streams,
+        max_streams_per_client=args.max_streams_per_client,
         max_frame_bytes=args.max_frame_bytes,
         max_messages_per_s=args.max_messages_per_s,
         idle_timeout_s=args.idle_timeout,
@@ -220,8 +249,10 @@ async def serve(args) -> None:
     # Tornado's defaults wait an hour for a request's headers and forever for its body. Headers (and the
     # next request on a kept connection) get the idle limit; Tornado's body timeout is for the whole
     # body, so it is the idle limit plus the largest body at MIN_UPLOAD_BYTES_PER_S.
-    server = tornado.httpserver.HTTPServer(
+    server = CappedHTTPServer(
         make_app(service),
+        max_connections=args.max_connections,
+        service=service,
         max_body_size=limits.max_body_bytes,
         idle_connection_timeout=limits.idle_timeout_s,
         body_timeout=limits.idle_timeout_s + limits.max_body_bytes / MIN_UPLOAD_BYTES_PER_S,
@@ -276,7 +307,7 @@ async def serve(args) -> None:
 
 def main(argv=None) -> int:
     """Run the server; exit 2 with one line on a model or setting that cannot be served."""
-    args = parse_args(argv)
+    args = derived_defaults(parse_args(argv))
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )

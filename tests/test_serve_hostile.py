@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import soundfile
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
-from tornado.websocket import websocket_connect
+from tornado.websocket import WebSocketClosedError, websocket_connect
 
 from tests.test_serve import CHUNK, CLIPS, Server, untrained_export
 
@@ -175,3 +175,140 @@ def test_a_second_signal_exits_at_once(server):
     code, waited = asyncio.run(main())
     assert code == 1 and waited < 10, (code, waited)
     assert "a second signal: exiting now" in running.process.stderr.read()
+
+
+async def _raw_websocket(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A WebSocket handshake by hand, so that a test can send frames no library would."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    await writer.drain()
+    assert (await reader.readline()).startswith(b"HTTP/1.1 101")
+    while (await reader.readline()) != b"\r\n":
+        pass
+    return reader, writer
+
+
+def _frame(opcode: int, payload: bytes, final: bool = True) -> bytes:
+    """One client frame (masked, as RFC 6455 wants), payload under 126 bytes."""
+    mask = b"\x01\x02\x03\x04"
+    masked = bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
+    return bytes([(0x80 if final else 0) | opcode, 0x80 | len(payload)]) + mask + masked
+
+
+async def _server_frames(reader: asyncio.StreamReader, timeout: float) -> list[tuple[int, bytes]]:
+    """The server's frames (opcode, payload) until its close frame, or until ``timeout``."""
+    frames = []
+    try:
+        while True:
+            head = await asyncio.wait_for(reader.readexactly(2), timeout)
+            length = head[1] & 0x7F
+            if length == 126:
+                length = int.from_bytes(await reader.readexactly(2), "big")
+            elif length == 127:
+                length = int.from_bytes(await reader.readexactly(8), "big")
+            frames.append((head[0] & 0x0F, await reader.readexactly(length)))
+            if frames[-1][0] == 0x8:
+                return frames
+    except (TimeoutError, asyncio.IncompleteReadError):
+        return frames
+
+
+@pytest.mark.parametrize("flood", ["fragments", "pings"])
+def test_floods_of_tiny_frames_are_refused(server, flood):
+    """One-byte continuation frames and pings kept the event loop busy without ever counting as messages
+    (issue 43, S4): now they are charged to a frame budget, and the connection is refused in one JSON
+    error and a 1008 close."""
+    running = server("--max-messages-per-s", "10")
+
+    async def main():
+        reader, writer = await _raw_websocket(running.port)
+        if flood == "fragments":
+            frames = [_frame(0x2, b"\x00", final=False)] + [_frame(0x0, b"\x00", final=False)] * 400
+        else:
+            frames = [_frame(0x9, b"p")] * 400
+        writer.write(b"".join(frames))
+        await writer.drain()
+        return await _server_frames(reader, 10)
+
+    frames = asyncio.run(main())
+    errors = [json.loads(payload)["error"] for opcode, payload in frames if opcode == 0x1]
+    assert any("frames a second" in error for error in errors), frames
+    assert frames[-1][0] == 0x8 and int.from_bytes(frames[-1][1][:2], "big") == 1008, frames[-1:]
+
+
+def test_one_address_cannot_hold_every_slot(server):
+    """64 WebSockets from one client held every slot (issue 43, S3): an address gets its share."""
+    running = server("--max-streams", "8", "--max-streams-per-client", "2")
+
+    async def main():
+        held = [await websocket_connect(running.url) for _ in range(2)]
+        third = await websocket_connect(running.url)
+        refused = json.loads(await third.read_message())
+        post = await AsyncHTTPClient().fetch(
+            running.http + "/stt", method="POST", body=b"x", raise_error=False
+        )
+        for ws in held:
+            ws.close()
+        return refused, third.close_code, post
+
+    refused, code, post = asyncio.run(main())
+    assert "too many streams from 127.0.0.1" in refused["error"] and code == 1013, refused
+    assert post.code == 503 and "--max-streams-per-client" in json.loads(post.body)["error"]
+
+
+def test_silence_counts_as_idle(server):
+    """A client sending two bytes of silence now and then kept its slot for ever (issue 43, S3)."""
+    running = server("--idle-timeout", "1")
+
+    async def main():
+        ws = await websocket_connect(running.url)
+        await ws.write_message(json.dumps({"config": {"sample_rate": 16000}}))
+        started = time.monotonic()
+        while time.monotonic() - started < 10:
+            try:
+                await ws.write_message(b"\x00\x00", binary=True)
+            except WebSocketClosedError:
+                pass  # closed while this client slept: its error reply is there to read
+            reply = await ws.read_message()
+            if reply is None or "error" in json.loads(reply):
+                return reply, time.monotonic() - started
+            await asyncio.sleep(0.2)
+        return None, None
+
+    reply, after = asyncio.run(main())
+    assert reply is not None and "only silence" in json.loads(reply)["error"], reply
+    assert after < 5
+
+
+def test_a_post_whose_body_stalls_is_dropped_at_the_idle_limit(server):
+    """The body deadline was a total of hundreds of seconds, not an idle timer (issue 43, S3)."""
+    running = server("--idle-timeout", "1")
+
+    async def main():
+        reader, writer = await asyncio.open_connection("127.0.0.1", running.port)
+        writer.write(b"POST /stt HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n" + b"x" * 10)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 30)
+        return answer, await _status(running)
+
+    answer, status = asyncio.run(main())
+    assert answer == b"" and status["streams"] == 0, (answer, status)
+
+
+def test_sockets_past_the_cap_are_closed_as_they_come(server):
+    """Connections before the upgrade were not limited: at the file descriptor limit Tornado's accept loop
+    spun (issue 43, S7)."""
+    running = server("--max-connections", "4")
+
+    async def main():
+        kept = [await asyncio.open_connection("127.0.0.1", running.port) for _ in range(4)]
+        reader, _ = await asyncio.open_connection("127.0.0.1", running.port)
+        closed = await asyncio.wait_for(reader.read(), 10)
+        for _, writer in kept:
+            writer.close()
+        return closed
+
+    assert asyncio.run(main()) == b""
