@@ -645,8 +645,10 @@ class DistributionConfig:
         0,
         "cluster slurm: the first port of a node's workers (the next ones on that node follow); 0: 20000 + "
         "8 x (SLURM_JOB_ID mod 1500), so that two jobs sharing a node (up to 8 tasks each) do not collide, "
-        "below Linux's ephemeral ports (32768-60999).",
+        "below Linux's ephemeral ports (32768-60999). A node's ports (this one and one per further task on "
+        "the node) must stay within 1-65535.",
         minimum=0,
+        maximum=65535,
         stages=(),
     )
 

@@ -215,6 +215,12 @@ class TrainRun:
         return self.root / "config.yaml"
 
     @property
+    def nonfinite_stop(self) -> Path:
+        """``nonfinite_stop.json``: the record of a stop by ``training.max_nonfinite_batches``, which keeps
+        the run stopped until that setting is raised (``pipeline.train.nonfinite_stop``)."""
+        return self.root / "nonfinite_stop.json"
+
+    @property
     def checkpoints(self) -> Path:
         """The latest checkpoints (``tf.train.CheckpointManager``)."""
         return self.root / "checkpoints"

@@ -44,12 +44,19 @@ class ConfigParameter(luigi.Parameter):
     of the same error from every task's ``complete()`` and a failed run's summary."""
 
     def parse(self, x):
-        """Check the config at ``x`` (``tasks.preflight.check_inputs``); returns ``x``."""
+        """Check the config at ``x`` (``tasks.preflight.check_inputs``, and ``check_training`` for the
+        command line's task); returns ``x``."""
+        from luigi.cmdline_parser import CmdlineParser
+
         from pipeline.config import ConfigError
-        from tasks.preflight import PreflightError, check_inputs
+        from tasks.preflight import PreflightError, check_inputs, check_training
 
         try:
-            check_inputs(load_config(x))
+            config = load_config(x)
+            check_inputs(config)
+            parser = CmdlineParser.get_instance()
+            if parser is not None:
+                check_training(config, parser.known_args.root_task)
         except (ConfigError, PreflightError) as error:
             print(f"error: {error}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None

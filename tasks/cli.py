@@ -10,6 +10,7 @@ one fails), quiet TensorFlow, and a log file of the run under
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -131,7 +132,16 @@ def main(argv=None) -> int:
     from pipeline.config import ConfigError
     from pipeline.config_loader import load_config
     from pipeline.layout import Layout
-    from tasks.preflight import PreflightError, check_inputs, check_scheduler, inherited_splits, stage_tasks
+    from tasks.preflight import (
+        PreflightError,
+        check_inputs,
+        check_resources,
+        check_scheduler,
+        check_training,
+        inherited_splits,
+        stage_tasks,
+    )
+    from tasks.resources import TOTALS_VARIABLE, remote_totals, scheduler_url
 
     if not options.config:
         print(f"error: --config is required ({USAGE})", file=sys.stderr)
@@ -141,16 +151,22 @@ def main(argv=None) -> int:
         given = {name: getattr(options, name) for name in ("task", "split", "corpus", "audio")}
         runs = stage_tasks(config, argv[0], given)
         check_inputs(config)
+        check_training(config, argv[0])
         for note in inherited_splits(config):
             print(f"note: {note}", file=sys.stderr)
+        os.environ.pop(TOTALS_VARIABLE, None)  # the local scheduler's: luigi.cfg's
         if not options.local_scheduler:
-            import luigi.configuration
-
-            settings = luigi.configuration.get_config()
-            check_scheduler(
-                options.scheduler_host or settings.get("core", "scheduler_host", "127.0.0.1"),
-                options.scheduler_port or settings.getint("core", "scheduler_port", 8082),
-            )
+            host, port = _scheduler_address(options)
+            check_scheduler(host, port)
+            # The tasks take no more than luigid grants (its [resources], not this machine's luigi.cfg).
+            totals = remote_totals(scheduler_url(host, port))
+            if totals is not None:
+                os.environ[TOTALS_VARIABLE] = json.dumps(totals)
+                lines = [
+                    ["--module", "tasks", *argv, *(["--task", t] if t and not options.task else [])]
+                    for t in runs
+                ]
+                check_resources(lines, totals, f"{host}:{port}")
     except (ConfigError, PreflightError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -199,15 +215,20 @@ def main(argv=None) -> int:
     return code
 
 
-def _re_enable(luigi_args: list[str], options) -> None:
-    """Re-enable the DAG's tasks luigid disabled (``tasks.reenable``), saying so in one line."""
+def _scheduler_address(options) -> tuple[str, int]:
+    """(host, port) of the central scheduler: the command line's, else luigi.cfg's [core]."""
     import luigi.configuration
-
-    from tasks.reenable import re_enable_disabled
 
     settings = luigi.configuration.get_config()
     host = options.scheduler_host or settings.get("core", "scheduler_host", "127.0.0.1")
-    port = options.scheduler_port or settings.getint("core", "scheduler_port", 8082)
+    return host, options.scheduler_port or settings.getint("core", "scheduler_port", 8082)
+
+
+def _re_enable(luigi_args: list[str], options) -> None:
+    """Re-enable the DAG's tasks luigid disabled (``tasks.reenable``), saying so in one line."""
+    from tasks.reenable import re_enable_disabled
+
+    host, port = _scheduler_address(options)
     try:
         enabled = re_enable_disabled(luigi_args, host, port)
     except Exception as error:  # noqa: BLE001 - bad task arguments or a scheduler gone: Luigi reports them
@@ -241,13 +262,9 @@ def _after_scheduler_trouble(code: int, luigi_args: list[str], options) -> int:
     """A run that ended with tasks the scheduler never let run (``not_run``) or with an uncaught error
     may have lost its scheduler: luigid stopped (one line saying what to do) or was restarted without
     this run's tasks (they are scheduled again, once: what finished is complete and is not redone)."""
-    import luigi.configuration
-
     from tasks.preflight import PreflightError, check_scheduler
 
-    settings = luigi.configuration.get_config()
-    host = options.scheduler_host or settings.get("core", "scheduler_host", "127.0.0.1")
-    port = options.scheduler_port or settings.getint("core", "scheduler_port", 8082)
+    host, port = _scheduler_address(options)
     try:
         check_scheduler(host, port)
     except PreflightError:

@@ -50,7 +50,8 @@ def failure_text(task, error: BaseException, traceback_text: str = "") -> str:
     log_file = os.environ.get("DEEPSPEECH_LOG_FILE") or "the output of the luigi command (no log file)"
     if is_final(error):
         retry = (
-            "not retried: a config or data error (the scheduler disabled the task); fix what it names, then "
+            "not retried: a config, data or training error a retry would repeat (the scheduler disabled the "
+            "task); fix what it names, then "
             "run the go-on command (deepspeech-train re-enables the task; with `luigi --module tasks`, "
             "re-enable it in luigid's UI first, or pass --local-scheduler)"
         )

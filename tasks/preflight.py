@@ -14,7 +14,7 @@ from pipeline.config_checks import task_source
 from pipeline.dag import STAGES, instances
 from pipeline.data.phonemes import PhonemizerError, check_voice, phoneme_voice
 from pipeline.layout import Layout
-from pipeline.train.cluster import check_shared_work_dir
+from pipeline.train.cluster import check_shared_work_dir, cluster_size
 
 
 class PreflightError(RuntimeError):
@@ -164,6 +164,113 @@ def _check_inputs(config: Config, layout: Layout) -> None:
         )
     for key in layout.corpora:
         layout.import_plan(key)  # a corpus that is not what its importer reads: one line (ConfigError)
+
+
+# The stages that run Train first when it is not done (they read its model: pipeline.dag).
+TRAIN_READERS = ("train", "tune", "evaluate", "export", "transcribe")
+
+
+def runs_train(config: Config, name: str) -> bool:
+    """Whether the command's Luigi task ``name`` would run Train: it is Train or reads its model, and the
+    Train run has no report that covers ``training.epochs`` (a damaged one: Train runs and says so)."""
+    from pipeline.reports import ReportError, TrainReport, read_report
+    from pipeline.train.epochs import training_done
+
+    stage = next((s for s in STAGES.values() if name in (s.task, s.group)), None)
+    if stage is None or stage.name not in TRAIN_READERS:
+        return False
+    report = Layout(config).train_run.report
+    try:
+        return not (
+            report.is_file() and training_done(config.training.epochs, read_report(report, TrainReport))
+        )
+    except ReportError:
+        return True
+
+
+def tensorflow_gpus(environ: dict | None = None) -> int:
+    """The GPUs TensorFlow will use, counted without starting it: none with its CPU-only build
+    (tensorflow-cpu), else the visible ones (``tasks.resources.visible_gpus``)."""
+    import importlib.metadata
+
+    from tasks.resources import visible_gpus
+
+    try:
+        importlib.metadata.distribution("tensorflow-cpu")
+        return 0
+    except importlib.metadata.PackageNotFoundError:
+        return visible_gpus(environ)
+
+
+def train_towers(config: Config, gpus: int, environ: dict | None = None) -> tuple[int, str]:
+    """(the towers Train will have, what makes them) with ``gpus`` GPUs visible, by the rule of
+    ``pipeline.train.distribute.make_strategy``: every worker's GPUs (or its CPU) with multi_worker, the
+    GPUs with mirrored (or auto with several), the ``cpu_devices`` without GPUs, else one device."""
+    distribution = config.distribution
+    devices = f"{gpus} GPU(s)" if gpus else "no GPU"
+    if distribution.strategy == "multi_worker":
+        workers = distribution.local_workers or cluster_size(config, environ)
+        each = f"{gpus} GPU(s)" if gpus else "the CPU"
+        return workers * max(gpus, 1), f"multi_worker: {workers} worker(s) x {each}"
+    if distribution.strategy == "one_device":
+        return 1, "distribution.strategy one_device"
+    if gpus and (distribution.strategy == "mirrored" or gpus > 1):
+        return gpus, f"{distribution.strategy} over {devices}"
+    if not gpus and distribution.cpu_devices > 1:
+        return (
+            distribution.cpu_devices,
+            f"{distribution.strategy} over distribution.cpu_devices {distribution.cpu_devices}",
+        )
+    return 1, f"{distribution.strategy} with {devices}: one device"
+
+
+def check_training(config: Config, name: str, gpus: int | None = None, environ: dict | None = None) -> None:
+    """When the command runs Train (``runs_train``): the settings Train would refuse only once it started,
+    each one line naming the key: ``distribution.local_workers`` without ``strategy: multi_worker``, a
+    ``training.hooks`` module that cannot be found (looked up, not imported), a
+    ``training.global_batch_size`` that does not split over the towers Train will have (``train_towers``)."""
+    from native_client.plugins import builtin_names, module_of, plugin_exists
+
+    if not runs_train(config, name):
+        return
+    src, distribution, training = config.source, config.distribution, config.training
+    if distribution.local_workers and distribution.strategy != "multi_worker":
+        raise PreflightError(
+            f"{src}: distribution.local_workers: {distribution.local_workers} worker processes need "
+            f"distribution.strategy: multi_worker (it is {distribution.strategy}); set it, or "
+            f"local_workers: 0"
+        )
+    for hook in training.hooks:
+        if not plugin_exists("pipeline.train", hook):
+            built_in = ", ".join(builtin_names("pipeline.train", "TRAIN_HOOKS")) or "none"
+            raise PreflightError(
+                f"{src}: training.hooks: no module {module_of('pipeline.train', hook)!r}; built in: "
+                f"{built_in} (or the dotted name of an importable module of your own)"
+            )
+    if training.global_batch_size:
+        towers, why = train_towers(config, tensorflow_gpus(environ) if gpus is None else gpus, environ)
+        if training.global_batch_size % towers:
+            raise PreflightError(
+                f"{src}: training.global_batch_size: {training.global_batch_size} does not split over the "
+                f"{towers} towers Train will have ({why}); use a multiple of {towers}, or set "
+                f"training.batch_size (per tower) instead"
+            )
+
+
+def check_resources(command_lines: list[list[str]], totals: dict[str, int], where: str) -> None:
+    """PreflightError when a task of the DAG a Luigi command line of ``command_lines`` (``--module tasks
+    <Task> ...``) runs asks more of a resource than the scheduler at ``where``, granting ``totals``, ever
+    can (``tasks.resources.ungrantable``): its worker would wait for it forever."""
+    from luigi.cmdline_parser import CmdlineParser
+
+    from tasks.reenable import dag
+    from tasks.resources import ungrantable
+
+    for line in command_lines:
+        with CmdlineParser.global_instance(line) as parser:
+            problem = ungrantable(dag([parser.get_task_obj()]).values(), totals, where)
+        if problem:
+            raise PreflightError(problem)
 
 
 def check_scheduler(host: str, port: int, timeout_s: float = 3.0) -> None:

@@ -11,9 +11,11 @@ each status report); it has no rule by error type. The rule is built on that:
   saves at the end of its step first) or a killed process costs nothing to
   retry: it resumes at the exact batch of its last checkpoint.
 - every other stage: 2 failures within an hour (one retry).
-- a config or data error (``FINAL_ERRORS``: the one-line errors naming a file or
-  key) is never retried: the task reports ``retry_count`` 1 with its failure, so
-  the scheduler disables it at once (its worker then stops waiting for it). The
+- a config or data error (``final_errors``: the one-line errors naming a file or
+  key, a plug-in that does not load) and a training that cannot go on
+  (``TrainingError``, e.g. ``training.max_nonfinite_batches`` reached) are never
+  retried: the task reports ``retry_count`` 1 with its failure, so the scheduler
+  disables it at once (its worker then stops waiting for it). The
   failure happens in the task's own process (luigi.cfg's ``force_multiprocessing``)
   while Luigi reads ``retry_count`` in the worker that started it: the task
   process leaves a mark (``note_failure``) that the worker's copy of the task
@@ -60,16 +62,21 @@ POLICIES = {"train": TRAIN}
 
 def final_errors() -> tuple[type, ...]:
     """The errors a retry cannot mend or must not undo: config and data errors (each one line naming the
-    file or key), a non-chief worker whose chief's report never appeared here, and a training stopped
-    on request (SIGTERM, Ctrl-C: its checkpoint is saved; running it again resumes)."""
+    file or key; a plug-in a key names that does not load), a training that cannot go on (``TrainingError``:
+    ``training.max_nonfinite_batches`` non-finite batches in a row, a checkpoint of another batch plan, no
+    intact checkpoint: the same run fails the same way, and a retry would resume past a non-finite streak),
+    a non-chief worker whose chief's report never appeared here, and a training stopped on request
+    (SIGTERM, Ctrl-C: its checkpoint is saved; running it again resumes)."""
     from native_client.alphabet import AlphabetError
     from native_client.metadata import ExportError
+    from native_client.plugins import PluginError
     from pipeline.config import ConfigError
     from pipeline.data.manifests import CorpusError
     from pipeline.features.cache import CacheError
     from pipeline.lm.files import LanguageModelDamaged
     from pipeline.model.checkpoints import CheckpointMismatchError
     from pipeline.reports import ReportError
+    from pipeline.train.checkpointing import TrainingError
     from pipeline.train.hooks import StopTraining
     from pipeline.train.multiworker import ChiefReportMissing
     from tasks.errors import StageError
@@ -77,6 +84,7 @@ def final_errors() -> tuple[type, ...]:
 
     return (
         ConfigError,
+        PluginError,
         PreflightError,
         StageError,
         ReportError,
@@ -86,6 +94,7 @@ def final_errors() -> tuple[type, ...]:
         CorpusError,
         AlphabetError,
         CheckpointMismatchError,
+        TrainingError,
         ChiefReportMissing,
         StopTraining,
     )

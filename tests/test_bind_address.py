@@ -104,3 +104,24 @@ def test_a_cached_library_is_checked_before_it_is_preloaded(tmp_path, caplog):
         path.write_bytes(path.read_bytes()[:64])  # an ELF header that the loader cannot map
 
     damaged(truncated)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
+def test_a_build_never_touches_another_nodes_build_in_a_shared_cache(tmp_path):
+    """Issue 42 G12: the shim was compiled into ``.<library>.<pid>.tmp`` of the cache directory, which a home
+    directory shared by a cluster's nodes holds once for all: another node's build with the same pid (as
+    containers start at low pids) wrote the same file, and each moved or deleted the other's. Here the
+    other node's build is a file of that name, left as it was; the library is built beside it, and this
+    build leaves no file of its own behind."""
+    import hashlib
+    import platform
+
+    from pipeline.train.bind_address import SOURCE
+
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    library = tmp_path / f"bind_address-{digest}-{platform.machine() or 'unknown'}.so"
+    other_node = tmp_path / f".{library.name}.{os.getpid()}.tmp"
+    other_node.write_bytes(b"another node's build in progress")
+    assert shim_library(tmp_path) == library and _loads(library)
+    assert other_node.read_bytes() == b"another node's build in progress"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([library.name, other_node.name])

@@ -62,6 +62,84 @@ def test_config_mistakes_are_one_line_before_anything_runs(tmp_path):
     assert not work.exists()
 
 
+def test_train_settings_train_would_refuse_are_one_line_before_anything_runs(tmp_path):
+    """Issue 42 G7: three mistakes Train found only once it ran (after the imports and features, then retried
+    six times): distribution.local_workers without strategy multi_worker, a training.hooks module that does
+    not exist, a training.global_batch_size that does not split over the towers. Each is one line naming
+    the key, exit 2, and nothing written (no work directory: nothing was imported), from deepspeech-train
+    and from `luigi --module tasks` alike. Run in the checkout, where tests.plugins.step_barrier exists."""
+    import os
+
+    work = tmp_path / "work"
+    base = f"extends: {ROOT / 'configs' / 'sample.yaml'}\npaths:\n  work_dir: {work}\n"
+    cases = {
+        "workers.yaml": (
+            "distribution:\n  local_workers: 2\n",
+            "workers.yaml: distribution.local_workers: 2 worker processes need distribution.strategy: "
+            "multi_worker (it is auto)",
+        ),
+        "hooks.yaml": (
+            "training:\n  hooks: [tests.plugins.step_barier]\n",
+            "hooks.yaml: training.hooks: no module 'tests.plugins.step_barier'",
+        ),
+        "batch.yaml": (
+            "distribution:\n  cpu_devices: 2\ntraining:\n  global_batch_size: 5\n",
+            "batch.yaml: training.global_batch_size: 5 does not split over the 2 towers Train will have "
+            "(auto over distribution.cpu_devices 2)",
+        ),
+    }
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # the towers of the CPU split, on any machine
+    for name, (text, expected) in cases.items():
+        (tmp_path / name).write_text(base + text)
+        result = _train_command(
+            "Train", "--config", str(tmp_path / name), "--local-scheduler", cwd=ROOT, env=env
+        )
+        assert result.returncode == 2, (name, result.stderr)
+        line = _one_line(result.stderr)
+        assert line.startswith("error: ") and expected in line, (name, line)
+        assert not work.exists(), name
+    plain = _plain_luigi("Export", "--config", str(tmp_path / "hooks.yaml"), "--local-scheduler")
+    assert plain.returncode == 2 and "training.hooks: no module" in _one_line(plain.stderr), plain.stderr
+    assert not work.exists()
+
+
+def test_the_towers_train_will_have_are_counted_as_its_strategy_counts_them(tmp_path):
+    """What the global-batch check of deepspeech-train divides by, without TensorFlow: make_strategy's rule;
+    and the check applies only to a command that runs Train (here: not FeaturesSplit)."""
+    import dataclasses
+
+    from pipeline.config_loader import load_config
+    from tasks.preflight import PreflightError, check_training, train_towers
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"paths:\n  work_dir: {tmp_path / 'work'}\n")
+    config = load_config(path)
+
+    def towers(gpus: int, **distribution) -> int:
+        changed = dataclasses.replace(
+            config, distribution=dataclasses.replace(config.distribution, **distribution)
+        )
+        return train_towers(changed, gpus, environ={})[0]
+
+    assert [towers(0), towers(1), towers(4)] == [1, 1, 4]  # auto: several GPUs mirrored, else one device
+    assert [towers(0, cpu_devices=3), towers(2, cpu_devices=3)] == [3, 2]
+    assert towers(4, strategy="one_device") == 1
+    assert [towers(0, strategy="mirrored"), towers(2, strategy="mirrored")] == [1, 2]
+    assert towers(0, strategy="multi_worker", local_workers=3) == 3
+    assert towers(2, strategy="multi_worker", local_workers=3) == 6
+    cluster = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"index": 0}})}
+    multi = dataclasses.replace(
+        config, distribution=dataclasses.replace(config.distribution, strategy="multi_worker")
+    )
+    assert train_towers(multi, 1, environ=cluster)[0] == 2
+
+    odd = dataclasses.replace(config, training=dataclasses.replace(config.training, global_batch_size=5))
+    check_training(odd, "Train", gpus=1)  # one device: 5 splits
+    check_training(odd, "FeaturesSplit", gpus=4)  # does not run Train
+    with pytest.raises(PreflightError, match="5 does not split over the 4 towers"):
+        check_training(odd, "Evaluate", gpus=4)  # runs Train first (not done)
+
+
 def _plain_luigi(*args, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """``luigi --module tasks ...`` as a user types it in the checkout (luigi.cfg read from there)."""
     return subprocess.run(

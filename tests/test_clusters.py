@@ -83,6 +83,34 @@ def test_slurm_tf_config_on_cpu_and_gpu_nodes():
         slurm_tf_config(distribution, {})
 
 
+def test_a_port_base_beyond_the_last_port_is_one_line_naming_the_key(tmp_path):
+    """Issue 42 G12: distribution.port_base had no maximum (70000 loaded, and TensorFlow was handed ports that
+    do not exist). Above 65535 the config is refused; a base whose node's tasks run past 65535 is refused
+    when the Slurm step's tasks per node are known (65535 with 2 tasks would give the second 65536)."""
+    from pipeline.config import DistributionConfig
+
+    config = tmp_path / "ports.yaml"
+    config.write_text("distribution:\n  strategy: multi_worker\n  cluster: slurm\n  port_base: 70000\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(config)
+    message = str(error.value)
+    assert "distribution.port_base" in message and "65535" in message and "\n" not in message, message
+
+    config.write_text("distribution:\n  strategy: multi_worker\n  cluster: slurm\n  port_base: 65534\n")
+    assert load_config(config).distribution.port_base == 65534
+    last = DistributionConfig(strategy="multi_worker", cluster="slurm", port_base=65535)
+    with pytest.raises(ConfigError) as error:
+        slurm_tf_config(last, _slurm_step(0, tasks=2))
+    message = str(error.value)
+    assert message.startswith(
+        "distribution.port_base: 65535 with 2 task(s) on a node needs ports 65535-65536"
+    )
+    assert "at most 65534" in message and "\n" not in message, message
+    fits = DistributionConfig(strategy="multi_worker", cluster="slurm", port_base=65534)
+    spec = json.loads(slurm_tf_config(fits, _slurm_step(1, tasks=2))[0])
+    assert spec["cluster"]["worker"] == ["127.0.0.1:65534", "127.0.0.1:65535"]
+
+
 @pytest.mark.slow
 def test_a_faked_two_task_slurm_step_trains_with_two_workers(small_config, tmp_path):
     """Two `deepspeech-train Train` processes, each with the Slurm variables of its task in a 2-task step on

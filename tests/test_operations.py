@@ -67,12 +67,14 @@ class Luigid:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as response:
             return response.read().decode()
 
-    def run(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        """``deepspeech-train *args`` against this luigid."""
+    def run(
+        self, *args: str, timeout: float = 600, luigi_cfg: Path | None = None
+    ) -> subprocess.CompletedProcess:
+        """``deepspeech-train *args`` against this luigid (reading ``luigi_cfg``, default luigid's)."""
         return subprocess.run(
             [sys.executable, "-m", "tasks.cli", *args, "--scheduler-port", str(self.port)],
             cwd=ROOT,
-            env=_environment(self.luigi_cfg),
+            env=_environment(luigi_cfg or self.luigi_cfg),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -171,6 +173,83 @@ def test_workers_run_independent_stages_at_once_within_the_cpu_resource(tmp_path
         assert not any(_overlap(*pair) for pair in pairs), runs
     page = scheduler.page("/history")
     assert "FeaturesSplit" in page and "Import" in page
+
+
+def test_a_stage_luigid_can_never_grant_is_one_line_and_one_it_grants_less_of_runs(tmp_path, luigid):
+    """Issue 42 G11: the tasks capped their resources at this machine's luigi.cfg, not at luigid's: against a
+    luigid with a smaller [resources] a stage asked more than it ever grants and the command waited for
+    ever. Now the cap is luigid's own (asked over its RPC): FeaturesSplit with features.workers 2 runs on a
+    luigid granting cpu 1; and a stage luigid can never grant (cpu 0) is one line naming the stage, the
+    resource, what it asks and what luigid grants, exit 2, before anything runs. Each run is bounded."""
+    client = tmp_path / "client.cfg"
+    client.write_text("[resources]\ncpu = 4\ngpu = 1\n")  # this machine's: more than luigid grants
+    work = tmp_path / "work"
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"extends: {ROOT / 'configs' / 'sample.yaml'}\npaths:\n  work_dir: {work}\n"
+        "data:\n  limit_dev: 3\nfeatures:\n  workers: 2\n"
+    )
+    command = ("FeaturesSplit", "--split", "dev", "--config", str(config))
+
+    never = luigid("[resources]\ncpu = 0\n", name="never")
+    refused = never.run(*command, luigi_cfg=client, timeout=120)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: FeaturesSplit asks cpu 1 and the scheduler at 127.0.0.1:{never.port} grants cpu 0"
+    ), refused.stderr[-3000:]
+    assert not work.exists()
+
+    one = luigid("[resources]\ncpu = 1\n", name="one")
+    done = one.run(*command, luigi_cfg=client, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [name for name, _, events in one.history() if ("DONE" in dict(events))] == ["FeaturesSplit"]
+
+
+def test_a_non_finite_stop_is_not_retried_and_stays_a_stop_until_the_limit_is_raised(small_config, tmp_path):
+    """Issue 42 G7: training.max_nonfinite_batches stopped Train with a TrainingError that Luigi retried (six
+    times, 30 s apart): the retry resumed from the checkpoint saved past the bad streak, its count at 0, and
+    training went on. Here every update would make the weights non-finite (learning rate 1e39), 2 in a row
+    stop: `deepspeech-train Train --local-scheduler` runs Train once (a retry would come 1 s after the
+    failure); the same command again stops at once with the same line, training nothing; with the limit
+    raised to 3 (no fingerprint moves: the same run) training goes on from that checkpoint and stops at the
+    third skipped update after it."""
+    settings = tmp_path / "retry.cfg"
+    settings.write_text("[scheduler]\nretry_delay = 1\n")
+    nan = (
+        "training:\n  epochs: 2\n  learning_rate: 1.0e+39\n  validation_epochs: 0\n  max_nonfinite_batches: "
+    )
+    two, three = small_config("two.yaml", extra=nan + "2\n"), small_config("three.yaml", extra=nan + "3\n")
+
+    def train(path: Path) -> tuple[subprocess.CompletedProcess, list[str], str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "tasks.cli", "Train", "--config", str(path), "--local-scheduler"],
+            cwd=ROOT,
+            env=_environment(settings),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert result.returncode == 30, result.stderr[-3000:]
+        attempts = [line for line in result.stderr.splitlines() if " running   Train(" in line]
+        errors = [line for line in result.stderr.splitlines() if line.startswith("TrainingError: ")]
+        assert len(errors) == 1, result.stderr[-3000:]
+        return result, attempts, errors[0].split(" (traceback in ")[0]
+
+    first, attempts, stop = train(two)
+    assert len(attempts) == 1, first.stderr[-3000:]
+    assert stop.startswith("TrainingError: 2 batches in a row had a non-finite loss"), stop
+    assert "stays stopped at step 2: raise training.max_nonfinite_batches above 2" in stop, stop
+
+    again, attempts, same = train(two)
+    assert len(attempts) == 1 and same == stop, again.stderr[-3000:]
+    assert "Training to epoch" not in again.stderr and "Restored " not in again.stderr
+
+    raised, attempts, later = train(three)
+    assert len(attempts) == 1, raised.stderr[-3000:]
+    assert "above the 2 that stopped this run at step 2: training goes on" in raised.stderr
+    assert ", step 2 (2 of this epoch)" in raised.stderr  # restored where the first run stopped
+    assert later.startswith("TrainingError: 3 batches in a row") and "stopped at step 5" in later, later
 
 
 class MailSink:

@@ -142,3 +142,32 @@ def test_the_policy_warns_when_validation_cannot_happen():
         "early_stop.rule is 'patience' but validation is off (training.validation_epochs: 0): "
         "no early stopping"
     ]
+
+
+def test_a_non_finite_stop_record_holds_until_the_limit_is_raised(tmp_path, caplog):
+    """Issue 42 G7: the record a training.max_nonfinite_batches stop leaves in the run: the same or a lower
+    limit raises its very line again; a higher one goes on with a warning, the chief removing the record (a
+    non-chief worker leaves it to the chief); a damaged record is one line naming the file."""
+    from pipeline.train.checkpointing import TrainingError
+    from pipeline.train.nonfinite_stop import check_not_stopped, record_stop, stop_message
+    from pipeline.workdir import TrainRun
+
+    run = TrainRun(tmp_path / "run")
+    check_not_stopped(run, 10, is_chief=True)  # no record: nothing to say
+    message = stop_message(10, ["a.wav", "b.wav"], 0.001, 420)
+    assert "\n" not in message and "raise training.max_nonfinite_batches above 10" in message
+    record_stop(run, 10, 420, message)
+    for limit in (10, 3):
+        with pytest.raises(TrainingError) as error:
+            check_not_stopped(run, limit, is_chief=True)
+        assert str(error.value) == message
+    with caplog.at_level("WARNING"):
+        check_not_stopped(run, 11, is_chief=False)
+    assert run.nonfinite_stop.is_file() and "above the 10 that stopped this run at step 420" in caplog.text
+    check_not_stopped(run, 11, is_chief=True)
+    assert not run.nonfinite_stop.exists()
+
+    run.nonfinite_stop.write_text("{not json")
+    with pytest.raises(TrainingError, match=f"^{run.nonfinite_stop}: a damaged record") as error:
+        check_not_stopped(run, 11, is_chief=True)
+    assert "\n" not in str(error.value)

@@ -17,6 +17,7 @@ from typing import Protocol
 
 import yaml
 
+from pipeline.config import ConfigError
 from pipeline.config_loader import config_to_dict
 from pipeline.files import write_text_atomic
 from pipeline.layout import Layout
@@ -95,8 +96,8 @@ def _scheduled_config(layout: Layout) -> str:
 def _run_local_workers(layout: Layout, on_message: Callable[[str], None]) -> str:
     """``distribution.local_workers`` worker processes on this machine (multi-worker all-reduce)."""
     distribution = layout.config.distribution
-    if distribution.strategy != "multi_worker":
-        raise DistributionError(
+    if distribution.strategy != "multi_worker":  # a config error (never retried); preflight refuses it first
+        raise ConfigError(
             f"{layout.config.source}: distribution.local_workers needs distribution.strategy: multi_worker"
         )
     run = layout.train_run

@@ -23,11 +23,13 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from xdg import BaseDirectory
 
+from pipeline.files import writer_tag
 from pipeline.train.distribute import DistributionError
 
 SOURCE = Path(__file__).with_name("native") / "bind_address.c"
@@ -117,7 +119,18 @@ def shim_library(cache_dir: Path | None = None) -> Path:
         log.warning("%s: not used (%s); building it again", library, problem)
     compiler = _compiler()
     cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = library.with_name(f".{library.name}.{os.getpid()}.tmp")
+    # A name of this build's own (host, pid and a random part, made with O_EXCL): the cache may be a home
+    # directory shared by every node of a cluster, where another node's build can have this pid.
+    try:
+        handle, name = tempfile.mkstemp(
+            prefix=f".{library.name}.{writer_tag()}.", suffix=".tmp", dir=cache_dir
+        )
+    except OSError as error:
+        raise DistributionError(
+            f"{cache_dir}: cannot write the bind-address library there ({error})"
+        ) from None
+    os.close(handle)
+    tmp = Path(name)
     try:
         try:
             result = subprocess.run(

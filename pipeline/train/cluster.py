@@ -39,6 +39,7 @@ SLURM_STEP_VARIABLES = (
 
 # The default ports of a Slurm job: 8 per job (the tasks of one node), 1500 jobs apart, all below 32768.
 PORT_BASE_FIRST, PORT_BASE_STRIDE, PORT_BASE_JOBS = 20000, 8, 1500
+MAX_PORT = 65535
 
 
 def slurm_port_base(distribution: DistributionConfig, environ: dict) -> int:
@@ -48,6 +49,17 @@ def slurm_port_base(distribution: DistributionConfig, environ: dict) -> int:
     if distribution.port_base:
         return distribution.port_base
     return PORT_BASE_FIRST + PORT_BASE_STRIDE * (int(environ.get("SLURM_JOB_ID", "0") or 0) % PORT_BASE_JOBS)
+
+
+def check_node_ports(base: int, per_node: int) -> None:
+    """ConfigError in one line naming ``distribution.port_base`` when the ports of a node's ``per_node``
+    tasks (``base`` and the ones after it, as the Slurm resolver gives them) do not fit in 1-65535."""
+    last = base + per_node - 1
+    if base < 1 or last > MAX_PORT:
+        raise ConfigError(
+            f"distribution.port_base: {base} with {per_node} task(s) on a node needs ports {base}-{last}, "
+            f"beyond {MAX_PORT}; set it to at most {MAX_PORT + 1 - per_node} (or 0: derived from the job id)"
+        )
 
 
 def _visible_gpu_ids(environ: dict) -> list[str]:
@@ -70,6 +82,7 @@ def slurm_tf_config(distribution: DistributionConfig, environ: dict | None = Non
     from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as slurm
 
     per_node = max(slurm.expand_tasks_per_node(environ["SLURM_STEP_TASKS_PER_NODE"]))
+    check_node_ports(slurm_port_base(distribution, environ), per_node)
     gpu_ids = _visible_gpu_ids(environ)
     changes = {}
     if not gpu_ids:  # CPU only: one pretend GPU per task, and CUDA_VISIBLE_DEVICES left alone
@@ -145,6 +158,9 @@ def apply_cluster(config: Config) -> None:
         and not distribution.local_workers
         and distribution.cluster == "slurm"
     ):
-        tf_config, changes = slurm_tf_config(distribution)
+        try:
+            tf_config, changes = slurm_tf_config(distribution)
+        except ConfigError as error:
+            raise ConfigError(f"{config.source}: {error}") from None
         os.environ.update(changes)
         os.environ["TF_CONFIG"] = tf_config

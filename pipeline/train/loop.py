@@ -52,6 +52,7 @@ from pipeline.train.hooks import (
     combine_hooks,
     configured_hooks,
 )
+from pipeline.train.nonfinite_stop import check_not_stopped, record_stop, stop_message
 from pipeline.train.policy import EpochPolicy, EpochVerdict, learning_rate
 from pipeline.train.step import StepResult
 from pipeline.workdir import TrainRun
@@ -324,11 +325,10 @@ class Trainer:
         if consecutive_bad >= training.max_nonfinite_batches:
             if self._train_step.at_end():
                 self._save()
-            raise TrainingError(
-                f"{consecutive_bad} batches in a row had a non-finite loss "
-                f"(last files: {', '.join(files)}); check these files and the learning rate "
-                f"(training.learning_rate {training.learning_rate})"
-            )
+            message = stop_message(consecutive_bad, files, training.learning_rate, step)
+            if self.role.is_chief:  # a rerun stops here again until the limit is raised
+                record_stop(self.run, training.max_nonfinite_batches, step, message)
+            raise TrainingError(message)
         return consecutive_bad
 
     def _watch_loss(self, step: int, loss: float) -> None:
@@ -431,6 +431,7 @@ class Trainer:
     def fit(self) -> TrainReport:
         """Train until the target epoch or an early stop; returns the training report."""
         started = time.monotonic()
+        check_not_stopped(self.run, self.config.training.max_nonfinite_batches, self.role.is_chief)
         self.restore()
         checkpoints = self.checkpoints
         target = epoch_target(self.config.training.epochs, checkpoints.last_run())
