@@ -312,3 +312,28 @@ def test_sockets_past_the_cap_are_closed_as_they_come(server):
         return closed
 
     assert asyncio.run(main()) == b""
+
+
+def test_audio_is_budgeted_by_its_seconds_not_its_bytes(server):
+    """A 1 MiB frame at 4000 Hz is 131 s of audio (over a second of the event loop's time); any number of
+    them came at any pace (issue 43, S5). A message holds at most 32 s, a connection sends at most 8
+    times real time after a burst of 32 s."""
+    running = server("--max-messages-per-s", "1000")
+
+    async def refused(rate: int, frame_seconds: float, frames: int) -> tuple[int, str]:
+        ws = await websocket_connect(running.url, max_message_size=2**24)
+        await ws.write_message(json.dumps({"config": {"sample_rate": rate}}))
+        noise = np.random.default_rng(0).integers(-3000, 3000, int(rate * frame_seconds), dtype=np.int16)
+        for sent in range(frames):
+            await ws.write_message(noise.tobytes(), binary=True)
+            reply = json.loads(await ws.read_message())
+            if "error" in reply:
+                return sent, reply["error"]
+        return frames, ""
+
+    async def main():
+        return await refused(4000, 131, 1), await refused(16000, 4, 20)
+
+    (huge, huge_error), (paced, paced_error) = asyncio.run(main())
+    assert huge == 0 and "131.0 s of audio at 4000 Hz: at most 32 s a message" in huge_error, huge_error
+    assert 8 <= paced < 20 and "faster than 8 times real time" in paced_error, (paced, paced_error)

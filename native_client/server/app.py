@@ -22,12 +22,14 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import tornado.httpserver
+import tornado.iostream
 import tornado.web
 import tornado.websocket
 
 from native_client.audio import AudioError, stream_for_model
 from native_client.long_audio import SegmentJoiner
 from native_client.model import Model, Transcript
+from native_client.server.budget import TokenBucket
 from native_client.server.engine import BatchEngine
 from native_client.server.session import ProtocolError, RecognizerSession
 from native_client.stream import Utterance
@@ -59,6 +61,10 @@ class Limits:
     max_body_bytes: int = 64 << 20  # a POST /stt body
     max_post_seconds: float = 600.0  # audio in a POST /stt body
     max_batch: int = 64  # streams stepped in one model call
+    # Audio a connection may send: this many seconds a second (8: eight times real time), a burst of up
+    # to ``max_message_seconds`` at once and in any one message (the frame limit at 16 kHz).
+    max_audio_rate: float = 8.0
+    max_message_seconds: float = 32.0
 
 
 @dataclass
@@ -167,25 +173,6 @@ def refuse_host(handler: tornado.web.RequestHandler, service: Service) -> bool:
     return True
 
 
-class TokenBucket:
-    """A budget of ``rate`` events a second, bursts of a second's worth allowed."""
-
-    def __init__(self, rate: float):
-        self.rate = rate
-        self.tokens = rate
-        self.last = time.monotonic()
-
-    def take(self) -> bool:
-        """Spend one event of the budget; False when none is left."""
-        now = time.monotonic()
-        self.tokens = min(self.rate, self.tokens + (now - self.last) * self.rate)
-        self.last = now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
-
-
 class _Protocol(tornado.websocket.WebSocketProtocol13):
     """Tornado's protocol, with a JSON error sent before it closes a connection for a too-large frame,
     and every frame read (a fragment, a ping) charged to the connection's frame budget."""
@@ -267,9 +254,9 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
             return
         self.finished = True
         try:
-            self.send(await self.session.eof())
+            await self.send(await self.session.eof())
         except (ProtocolError, RuntimeError) as error:
-            self.send({"error": str(error)})
+            await self.send({"error": str(error)})
         self.close(GOING_AWAY, SHUTTING_DOWN)
 
     def touch(self) -> None:
@@ -344,10 +331,10 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
         session = self.session
         try:
             if isinstance(message, bytes):
-                self.send(await session.audio(message))
+                await self.send(await session.audio(message))
                 return
             if session.text_message(message) == "eof":
-                self.send(await session.eof())
+                await self.send(await session.eof())
                 self.finished = True
                 self.close(NORMAL)
         except ProtocolError as error:
@@ -357,11 +344,19 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
         except tornado.websocket.WebSocketClosedError:
             pass
 
-    def send(self, reply: dict) -> None:
-        """Write one reply (a closed connection is ignored: its client left)."""
+    async def send(self, reply: dict) -> None:
+        """Write one reply and wait until the socket has taken it: a client that does not read its replies
+        is not read either (Tornado awaits ``on_message`` before it reads the next message), so its
+        unread replies never pile up in the server; one that has not taken a reply within the idle limit
+        is closed. A closed connection is ignored: its client left."""
         try:
-            self.write_message(json.dumps(reply, ensure_ascii=False))
-        except tornado.websocket.WebSocketClosedError:
+            written = self.write_message(json.dumps(reply, ensure_ascii=False))
+            await asyncio.wait_for(written, self.service.limits.idle_timeout_s)
+        except TimeoutError:
+            log.info("dropped %s: it does not read its results", self.request.remote_ip)
+            self.finished = True
+            self.close(POLICY, "not reading its results")
+        except (tornado.websocket.WebSocketClosedError, tornado.iostream.StreamClosedError):
             pass
 
     def on_close(self):

@@ -123,6 +123,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "sent, then closed); a second signal exits at once (default 10, at most 30)",
     )
     limits.add_argument(
+        "--max-audio-rate",
+        type=float,
+        default=8.0,
+        help="seconds of audio a connection may send a second, after a burst of 32 s (default 8: eight "
+        "times real time; at least 1)",
+    )
+    limits.add_argument(
         "--max-batch",
         type=int,
         default=64,
@@ -199,6 +206,8 @@ def settings_problem(args) -> str | None:
             return f"--{name.replace('_', '-')} {value}: expected a finite number above 0"
     if not 0 <= args.drain_seconds <= MAX_DRAIN_SECONDS:  # NaN fails both
         return f"--drain-seconds {args.drain_seconds}: expected 0 to {MAX_DRAIN_SECONDS:g}"
+    if not args.max_audio_rate >= 1:  # NaN fails too
+        return f"--max-audio-rate {args.max_audio_rate}: expected at least 1 (real time)"
     if args.max_messages_per_s < 1:  # the budget holds a second's worth: under one message, none fits
         return f"--max-messages-per-s {args.max_messages_per_s}: expected at least 1"
     for origin in args.allow_origin:
@@ -233,6 +242,7 @@ async def serve(args) -> None:
         max_body_bytes=args.max_body_bytes,
         max_post_seconds=args.max_post_seconds,
         max_batch=args.max_batch,
+        max_audio_rate=args.max_audio_rate,
     )
     runner = batch_runner(model.runner) if args.max_batch > 1 else BatchRunner(model.runner)
     engine = BatchEngine(runner, limits.max_batch)

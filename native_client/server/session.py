@@ -19,6 +19,7 @@ import numpy as np
 import soxr
 
 from native_client.audio import RESAMPLE_QUALITY, to_int16
+from native_client.server.budget import TokenBucket
 from native_client.stream import Utterance
 from native_client.vad import Audio, Cutter, End, Segmenter, Start
 
@@ -54,6 +55,8 @@ class RecognizerSession:
         self.configured = False
         self.audio_started = False
         self._resampler = None
+        limits = service.limits
+        self._audio_budget = TokenBucket(limits.max_audio_rate, burst=limits.max_message_seconds)
         # The detector, or without one (--no-vad) the whole connection as one utterance cut at the longest
         # utterance: either way an utterance's memory (and a normalised export's reruns) is bounded.
         self._segmenter = (
@@ -126,9 +129,23 @@ class RecognizerSession:
     # ---- audio
 
     def samples_of(self, data: bytes) -> np.ndarray:
-        """int16 samples at the model's rate of a binary frame (resampled from the client's rate)."""
+        """int16 samples at the model's rate of a binary frame (resampled from the client's rate), within
+        the connection's audio budget (``Limits.max_audio_rate``, ``max_message_seconds``): a frame's
+        cost is its length at the client's rate, which a low rate turns into many seconds of work."""
         if len(data) % 2:
             raise ProtocolError(f"binary frame of {len(data)} bytes: 16-bit samples take 2 bytes each")
+        seconds = len(data) / 2 / self.sample_rate
+        limits = self.service.limits
+        if seconds > limits.max_message_seconds:
+            raise ProtocolError(
+                f"binary frame of {seconds:.1f} s of audio at {self.sample_rate} Hz: at most "
+                f"{limits.max_message_seconds:g} s a message"
+            )
+        if not self._audio_budget.take(seconds):
+            raise ProtocolError(
+                f"audio faster than {limits.max_audio_rate:g} times real time (--max-audio-rate): send it "
+                "no faster than it plays, or a few times that"
+            )
         samples = np.frombuffer(data, "<i2")
         self.audio_started = True
         if self.sample_rate == self.model_rate:
