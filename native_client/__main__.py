@@ -23,6 +23,7 @@ from native_client.long_audio import add_arguments as add_long_audio_arguments
 from native_client.long_audio import render
 from native_client.metadata import FORMAT_VERSION, METADATA_NAME, ExportError
 from native_client.model_options import open_model_for, option_problem
+from native_client.quiet import quiet_exit
 from native_client.runtime import BACKENDS
 
 BACKEND_OF_SUFFIX = {".tflite": "tflite", ".pb": "frozen_graph", ".onnx": "onnx"}
@@ -252,5 +253,10 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
+def run() -> int:
+    """The ``deepspeech-transcribe`` command: ``main`` with the runtime's exit chatter kept off stderr."""
+    return quiet_exit(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -79,3 +79,17 @@ def import_tensorflow_quietly() -> None:
         return
     with filtered_stderr(NOISE):
         import tensorflow  # noqa: F401
+
+
+def quiet_exit(code: int) -> int:
+    """``code``, once stdout and stderr are flushed and file descriptor 2 points at ``/dev/null``: LiteRT's
+    runtime writes lines (``DestroyAccelerator``) from C++ destructors that run after Python has finished,
+    with no setting to turn them off. For a command's entry point, after everything it says is said."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with contextlib.suppress(OSError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+    return code

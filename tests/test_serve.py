@@ -786,3 +786,23 @@ def test_echoed_client_text_is_bounded_and_close_reasons_fit_a_frame(guarded):
         assert reply is not None and closed is None, reply
         assert len(reply.encode()) <= 4096 + 16 and json.loads(reply)["error"].startswith("config: "), reply
         assert code == 1008 and reason is not None and len(reason.encode()) <= 123, (code, reason)
+
+
+def test_a_plain_transcription_prints_the_transcript_and_nothing_else(export, tmp_path):
+    """With an ARPA scorer the client printed KenLM's loading banner and progress bar, and LiteRT's
+    ``DestroyAccelerator`` lines at exit (issue 43, S15)."""
+    from pipeline.lm.kneser_ney import estimate, write_arpa
+
+    corpus = (SAMPLE / "lm_corpus.txt").read_text().splitlines()
+    arpa = tmp_path / "lm.arpa"
+    write_arpa(estimate([line.split() for line in corpus if line.strip()], 3), arpa)
+    result = subprocess.run(
+        [sys.executable, "-m", "native_client", "--model", str(export), "--audio", str(CLIPS[0])]
+        + ["--scorer", str(arpa)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert len(result.stdout.splitlines()) == 1, result.stdout

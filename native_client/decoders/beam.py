@@ -18,6 +18,7 @@ import copy
 import dataclasses
 import itertools
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ import numpy as np
 from native_client.alphabet import Labels
 from native_client.decoders import Decoder, DecoderSpec
 from native_client.decoders.greedy import log_softmax
+from native_client.quiet import filtered_stderr
 from native_client.transcripts import Candidate, word_timings
 
 UNK_WORD = "<unk>"
@@ -80,11 +82,19 @@ def pause_segments(logits: np.ndarray, quiet: Sequence[int], max_frames: int) ->
     return segments
 
 
+# What KenLM writes to stderr while it reads an ARPA file: a hint to build a binary, the file's name, a
+# progress bar. Informational; anything else it writes (an error) passes.
+KENLM_NOISE = re.compile(
+    r"^(Loading the LM will be faster if you build a binary file\.|Reading \S|-+5-+10-+|\*+$)"
+)
+
+
 def _load_kenlm(kenlm_class, path: str, dictionary):
     """KenLM's model of ``path``; ValueError naming the file when KenLM cannot read it (its own message
     may quote the file's bytes, which need not even be UTF-8)."""
     try:
-        return kenlm_class(path, dictionary)
+        with filtered_stderr(KENLM_NOISE):  # an ARPA file's loading banner and progress bar
+            return kenlm_class(path, dictionary)
     except (RuntimeError, ValueError) as error:  # UnicodeDecodeError is a ValueError
         detail = str(error).splitlines()[0][:200] if not isinstance(error, UnicodeDecodeError) else "not text"
         raise ValueError(f"{path}: KenLM cannot read this language model ({detail})") from None
