@@ -22,6 +22,11 @@ weights do not change the speed), exported by the real Export code.
    (``make fetch-models``; its runtime has no batches) as the outside anchor.
 3. Long audio: ``deepspeech-transcribe --format srt`` of a file of test clips and
    silences (60 minutes) in a child process; its peak RSS (goal: under 500 MiB).
+4. Hostile clients: 16 well-behaved real-time streams alone, then beside four
+   clients of each hostile kind (bench/hostile_clients.py: slot hogs, one-byte
+   fragment floods, clients that never read, 1 MiB frames at 4000 Hz), each kind
+   from an address of its own: the streams' p95 partial latency both times (goal:
+   within 1.5x), streams refused (goal: none) and the server's peak RSS.
 
 The first line is the CPU; the last line one JSON object. ``--quick`` runs every
 part with tiny durations, to check that the script works (its figures mean nothing).
@@ -48,7 +53,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 LATENCY_GOAL_MS = 300.0
-PARTS = ("profile", "streams", "long_audio")
+PARTS = ("profile", "streams", "long_audio", "hostile")
 FEATURES_20MS = {"type": "deepspeech", "winlen": 0.032, "winstep": 0.02}
 
 
@@ -153,7 +158,9 @@ def speech(seconds: float) -> np.ndarray:
 class Server:
     """``deepspeech-serve`` in a child process on a free loopback port."""
 
-    def __init__(self, model: Path, max_batch: int, threads: int, streams: int):
+    def __init__(
+        self, model: Path, max_batch: int, threads: int, streams: int, per_client: int | None = None
+    ):
         command = [
             sys.executable,
             "-m",
@@ -168,8 +175,8 @@ class Server:
             str(max_batch),
             "--max-streams",
             str(streams),
-            "--max-streams-per-client",  # every stream comes from this one address
-            str(streams),
+            "--max-streams-per-client",  # every well-behaved stream comes from this one address
+            str(per_client or streams),
             "--no-vad",
             "--no-scorer",
             "--idle-timeout",
@@ -284,6 +291,71 @@ def most_streams(model: Path, max_batch: int, threads: int, seconds: float, limi
     }
 
 
+async def tolerant_trial(port: int, streams: int, audio: np.ndarray, frame: int, seconds: float) -> tuple:
+    """(p95 partial latency in ms, streams refused or closed) of ``streams`` real-time streams."""
+    latencies: list[float] = []
+    start = time.monotonic() + 0.5
+    period = frame / 16000
+    url = f"ws://127.0.0.1:{port}/"
+
+    async def one(phase: float) -> bool:
+        try:
+            await one_stream(url, audio, frame, seconds, phase, start, latencies)
+        except (RuntimeError, OSError):
+            return False
+        return True
+
+    kept = await asyncio.gather(*(one(random.random() * period) for _ in range(streams)))
+    return float(np.percentile(latencies, 95)) if latencies else None, kept.count(False)
+
+
+def peak_rss_mib(pid: int) -> float:
+    """A live process's peak resident set (``VmHWM``), in MiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return round(int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024, 1)
+
+
+def hostile(model: Path, threads: int, seconds: float, streams: int, per_kind: int) -> dict:
+    """``streams`` well-behaved real-time streams (from 127.0.0.1) alone, then beside ``per_kind`` clients of
+    each hostile kind (``hostile_clients``: slot hogs, fragment floods, non-readers, huge low-rate frames,
+    each kind from an address of its own, in a process of their own): the well-behaved streams' p95
+    partial latency and refusals both times, and the server's peak RSS."""
+    from native_client import Model
+
+    meta = Model(model).metadata
+    frame = int(round(meta.n_steps * meta.features.seconds_per_frame * 16000))
+    audio = speech(seconds)
+    server = Server(model, 64, threads, 64, per_client=streams)
+    try:
+        asyncio.run(trial(server.port, 1, audio, frame, 3 * frame / 16000))  # untimed warm-up
+        alone, refused_alone = asyncio.run(tolerant_trial(server.port, streams, audio, frame, seconds))
+        print(f"  {streams} streams alone: p95 {alone:.1f} ms, {refused_alone} refused", flush=True)
+        clients = subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "hostile_clients.py"), "--port", str(server.port)]
+            + ["--seconds", str(seconds + 3), "--per-kind", str(per_kind)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(2.0)  # the hostile clients are at it before the streams start
+        beside, refused_beside = asyncio.run(tolerant_trial(server.port, streams, audio, frame, seconds))
+        connections = json.loads(clients.communicate(timeout=seconds + 120)[0].strip().splitlines()[-1])
+        print(f"  beside hostile clients: p95 {beside:.1f} ms, {refused_beside} refused", flush=True)
+        rss = peak_rss_mib(server.process.pid)
+    finally:
+        server.close()
+    return {
+        "streams": streams,
+        "hostile_per_kind": per_kind,
+        "p95_ms_alone": round(alone, 1),
+        "p95_ms_hostile": round(beside, 1) if beside is not None else None,
+        "p95_ratio": round(beside / alone, 2) if beside is not None else None,
+        "refused_alone": refused_alone,
+        "refused_hostile": refused_beside,
+        "hostile_connections": connections,
+        "server_peak_rss_mib": rss,
+    }
+
+
 def long_audio(export: Path, minutes: float, directory: Path) -> dict:
     """``deepspeech-transcribe --format srt`` of ``minutes`` of clips and silences: its peak RSS (``wait4``:
     the child is reaped here, not by Popen), wall time and cues."""
@@ -351,6 +423,12 @@ def main(argv=None) -> int:
     parser.add_argument("--max-streams", type=int, default=256, help="the most streams tried")
     parser.add_argument("--long-minutes", type=float, default=60.0, help="length of the long-audio file")
     parser.add_argument(
+        "--hostile-streams",
+        type=int,
+        default=16,
+        help="well-behaved streams of the hostile part (default 16)",
+    )
+    parser.add_argument(
         "--parts",
         nargs="+",
         choices=PARTS,
@@ -359,7 +437,7 @@ def main(argv=None) -> int:
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.seconds, args.max_streams, args.long_minutes = 3.0, 2, 0.5
+        args.seconds, args.max_streams, args.long_minutes, args.hostile_streams = 3.0, 2, 0.5, 2
     sys.path.insert(0, str(ROOT))
     from cpu_info import cpu_line  # bench/, the folder of the script
     from infer import export_untrained
@@ -389,6 +467,9 @@ def main(argv=None) -> int:
             figures["streams_ratio"] = round(
                 figures["batched"]["streams"] / max(1, figures["batch1"]["streams"]), 2
             )
+        if "hostile" in args.parts:
+            figures["hostile"] = hostile(export, args.threads, args.seconds, args.hostile_streams, 4)
+            print(f"hostile: {json.dumps(figures['hostile'])}", flush=True)
         if "long_audio" in args.parts:
             figures["long_audio"] = long_audio(export, args.long_minutes, tmp)
             print(f"long audio: {json.dumps(figures['long_audio'])}", flush=True)
