@@ -140,7 +140,11 @@ def decoder_for_export(
     own) is loaded only when it is in ``allowed`` (the client's ``--allow-plugin``; Transcribe allows the
     config's own ``decoder.type``). A refused or unknown type is a PluginError naming the metadata file."""
     spec = decoder_spec_for_export(metadata, scorer, overrides, vocabulary_file)
-    if spec is None:
-        return None
+    return None if spec is None else decoder_from_spec(spec, metadata, allowed)
+
+
+def decoder_from_spec(spec: DecoderSpec, metadata: ExportMetadata, allowed: Iterable[str] = ()) -> Decoder:
+    """The decoder of ``spec`` (from ``decoder_spec_for_export``), its type checked as
+    ``decoder_for_export`` says; a refused or unknown type is a PluginError naming the metadata file."""
     what = f"{metadata.directory / METADATA_NAME}: decoder.type"
     return decoder_class(spec.type, what, allowed=tuple(allowed)).from_spec(spec)

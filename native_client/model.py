@@ -76,6 +76,7 @@ class Model:
             self.runner = make_runner(self.metadata, backend, threads)
         self.greedy = GreedyDecoder(self.metadata.alphabet)
         self.decoder = decoder or self.greedy
+        self.decoder_spec = None  # the DecoderSpec the decoder was built from, when known (model_options)
 
     @property
     def sample_rate(self) -> int:

@@ -38,28 +38,32 @@ def open_model_for(args, model_location):
     """The model of ``args.model`` with the decoder the options ask for (the export's own decoder unless
     ``--scorer``/``--no-scorer``/``--beam_width``/... say otherwise); ``model_location(model, backend)``
     gives the export directory and backend (``native_client.__main__.model_location``, passed in: this
-    module is below the client's entry point). Raises ``ExportError``, ``ValueError`` (a plug-in refused,
+    module is below the client's entry point). The model's ``decoder_spec`` is the spec its decoder was
+    built from (None: greedy), so another process can build the same (the server's decoding processes).
+    Raises ``ExportError``, ``ValueError`` (a plug-in refused,
     a bad scorer) or ``FileNotFoundError``, each one line."""
-    from native_client.export_decoder import decoder_for_export
+    from native_client.export_decoder import decoder_from_spec, decoder_spec_for_export
     from native_client.model import open_model
 
     overrides = {"beam_width": args.beam_width, "lm_alpha": args.lm_alpha, "lm_beta": args.lm_beta}
     if getattr(args, "hot_words", None) is not None:
         overrides["hot_words"] = args.hot_words
-    factory = (
-        None
-        if args.no_scorer
-        else (
-            lambda metadata: decoder_for_export(
-                metadata, args.scorer, overrides, args.allow_plugin, vocabulary_file=args.vocabulary
-            )
-        )
-    )
+    specs = []
+
+    def factory(metadata):
+        spec = decoder_spec_for_export(metadata, args.scorer, overrides, args.vocabulary)
+        if spec is None:
+            return None
+        specs.append(spec)
+        return decoder_from_spec(spec, metadata, args.allow_plugin)
+
     directory, backend = model_location(args.model, args.backend)
-    return open_model(
+    model = open_model(
         directory,
         backend=backend,
         threads=args.threads,
-        decoder_factory=factory,
+        decoder_factory=None if args.no_scorer else factory,
         plugins=tuple(args.allow_plugin),
     )
+    model.decoder_spec = specs[-1] if specs else None
+    return model

@@ -73,14 +73,15 @@ def one_shot(export) -> dict[Path, str]:
 
 
 class Server:
-    """``deepspeech-serve`` in a subprocess on a free loopback port."""
+    """``deepspeech-serve`` in a subprocess on a free loopback port; greedy unless given a ``scorer``."""
 
-    def __init__(self, export: Path, *args: str):
+    def __init__(self, export: Path, *args: str, scorer: Path | None = None):
         self.export = export
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "native_client.server.cli", "--model", str(export), "--port", "0"]
-            + ["--no-scorer", *args],
+            + (["--scorer", str(scorer)] if scorer else ["--no-scorer"])
+            + list(args),
             stderr=subprocess.PIPE,
             text=True,
             env=env,

@@ -3,8 +3,8 @@
 
 Tornado serves both WebSocket and HTTP from one event loop and is already installed (Luigi's scheduler
 uses it): no second server library, and its WebSocket code handles the framing, masking, fragmentation
-and the frame-size limit. The model runs on a thread of its own (``engine``), so the event loop keeps
-reading and answering sockets while it computes.
+and the frame-size limit. The model runs on a thread of its own and beam search in worker processes
+(``engine``), so the event loop keeps reading and answering sockets while they compute.
 """
 
 from __future__ import annotations
@@ -525,9 +525,7 @@ class SttHandler(tornado.web.RequestHandler):
             utterance.finish()
             await run_ready(service.engine, utterance)
             seconds = model.metadata.seconds_per_label
-            found = await service.engine.decode(
-                model.decoder.candidates, utterance.logits(), self.count, seconds
-            )
+            found = await service.engine.candidates(utterance.logits(), self.count, seconds)
             return found, samples
         await segments.handle(segmenter.finish())
         return segments.joiner, samples
@@ -640,9 +638,7 @@ class _Segments:
             await run_ready(self.handler.service.engine, self.utterance)
             if isinstance(event, End):
                 seconds = model.metadata.seconds_per_label
-                found = await self.handler.service.engine.decode(
-                    model.decoder.candidates, self.utterance.logits(), 1, seconds
-                )
+                found = await self.handler.service.engine.candidates(self.utterance.logits(), 1, seconds)
                 self.joiner.add(self.start, event, found[0])
                 self.utterance = None
 

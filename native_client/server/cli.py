@@ -3,7 +3,7 @@
     deepspeech-serve --model EXPORT [--host 127.0.0.1] [--port 2700] [--scorer ... | --no-scorer]
         [--max-streams N] [--max-frame-bytes N] [--max-messages-per-s N] [--idle-timeout S]
         [--max-post-seconds S] [--max-batch N] [--no-vad] [--end-silence S] [--max-utterance S]
-        [--allow-origin ORIGIN ...] [--drain-seconds S]
+        [--allow-origin ORIGIN ...] [--drain-seconds S] [--decode-processes N]
 
 It binds to the loopback interface unless ``--host`` says otherwise, and prints where it listens (and
 whether streams are batched) on one line once it accepts connections. On SIGTERM or SIGINT it stops
@@ -62,6 +62,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--beam-width", "--beam_width", type=int)
     parser.add_argument("--lm-alpha", "--lm_alpha", type=float)
     parser.add_argument("--lm-beta", "--lm_beta", type=float)
+    parser.add_argument(
+        "--decode-processes",
+        type=int,
+        default=1,
+        help="processes decoding results with the language model (beam search), each loading it once "
+        "(default 1)",
+    )
     parser.add_argument("--allow-plugin", "--allow_plugin", action="append", default=[], metavar="MODULE")
     parser.add_argument(
         "--allow-origin",
@@ -197,7 +204,7 @@ def settings_problem(args) -> str | None:
     if not 0 <= args.port <= 65535:  # Tornado would listen on the port modulo 65536
         return f"--port {args.port}: expected 0 to 65535 (0: any free port)"
     names = ("max_streams", "max_streams_per_client", "max_connections", "max_frame_bytes", "max_body_bytes")
-    for name in (*names, "max_batch"):
+    for name in (*names, "max_batch", "decode_processes"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1"
     for name in ("max_messages_per_s", "idle_timeout", "max_post_seconds", "max_utterance", "end_silence"):
@@ -228,6 +235,7 @@ async def serve(args) -> None:
     from native_client.__main__ import model_location
     from native_client.batching import BatchRunner, batch_runner
     from native_client.server.app import CappedHTTPServer, Limits, Service, drain, make_app
+    from native_client.server.decoding import ProcessDecoding, ThreadDecoding
     from native_client.server.engine import BatchEngine
 
     model = open_model_for(args, model_location)
@@ -245,7 +253,12 @@ async def serve(args) -> None:
         max_audio_rate=args.max_audio_rate,
     )
     runner = batch_runner(model.runner) if args.max_batch > 1 else BatchRunner(model.runner)
-    engine = BatchEngine(runner, limits.max_batch)
+    decoding = (
+        ProcessDecoding(model.decoder_spec, tuple(args.allow_plugin), args.decode_processes)
+        if model.decoder_spec is not None
+        else ThreadDecoding(model.decoder)
+    )
+    engine = BatchEngine(runner, decoding, limits.max_batch)
     service = Service(
         model,
         engine,

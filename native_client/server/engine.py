@@ -5,8 +5,12 @@ turn, the next chunk of every waiting job (up to ``max_batch``), stacks them and
 a thread of its own, so the event loop keeps reading and answering sockets meanwhile; jobs that arrive
 during a call join the next one. A job with many chunks (a whole utterance rerun, a posted file)
 advances one chunk per call like any other, so it never holds the others up for longer than a call.
-Decoding (beam search for results) runs on a second thread (``decode``), so a long beam search does not
-stall the model calls.
+Results are decoded (``candidates``) outside the scheduling loop, by the ``decoding`` it is given
+(``native_client.server.decoding``): beam search with a language model in worker processes, since
+flashlight's search holds the GIL and on a thread of this process would stall the event loop and the
+model calls alike; greedy decoding (no LM, cheap) on a thread. A decode whose caller is cancelled
+before it starts is dropped; a decoding process that dies fails the results it was decoding, and new
+processes take over.
 
 A failed model call fails the jobs of its batch, not the server. Should the scheduling loop itself end
 for any other reason, the failure is logged, every waiting job (and every later one) gets an error, and
@@ -28,7 +32,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from native_client.batching import BatchRunner
+from native_client.server.decoding import ProcessDecoding, ThreadDecoding
 from native_client.stream import Chunk
+from native_client.transcripts import Candidate
 
 log = logging.getLogger(__name__)
 
@@ -54,21 +60,23 @@ class EngineStats:
 
 
 class BatchEngine:
-    """Runs the chunks of many streams through one ``BatchRunner`` (see the module docstring)."""
+    """Runs the chunks of many streams through one ``BatchRunner`` and decodes their results with
+    ``decoding`` (see the module docstring)."""
 
-    def __init__(self, runner: BatchRunner, max_batch: int = 64):
+    def __init__(self, runner: BatchRunner, decoding: ProcessDecoding | ThreadDecoding, max_batch: int = 64):
         self.runner = runner
+        self.decoding = decoding
         self.max_batch = max(1, int(max_batch))
         self.stats = EngineStats()
         self._jobs: deque[_Job] = deque()
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
-        self._decode_thread = ThreadPoolExecutor(1, thread_name_prefix="decode")
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self.failure: BaseException | None = None
 
     def start(self) -> None:
-        """Start the loop on the running event loop."""
+        """Start the loop on the running event loop, and the decoding."""
+        self.decoding.start()
         self._wakeup = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._loop())
         self._task.add_done_callback(self._ended)
@@ -84,12 +92,13 @@ class BatchEngine:
         return len(self._jobs)
 
     async def stop(self) -> None:
-        """Stop the loop and the threads, waiting for a call under way without blocking the event loop."""
+        """Stop the loop, the model thread and the decoding, waiting for a call or decode under way without
+        blocking the event loop."""
         if self._task is not None:
             self._task.cancel()
-        for pool in (self._model_thread, self._decode_thread):
-            shutdown = functools.partial(pool.shutdown, wait=True, cancel_futures=True)
-            await asyncio.get_running_loop().run_in_executor(None, shutdown)
+        shutdown = functools.partial(self._model_thread.shutdown, wait=True, cancel_futures=True)
+        await asyncio.get_running_loop().run_in_executor(None, shutdown)
+        await self.decoding.stop()
 
     def _ended(self, task: asyncio.Task) -> None:
         """The loop's task ended: a failure is logged and given to every waiting job."""
@@ -121,12 +130,12 @@ class BatchEngine:
             if not job.future.done():
                 job.future.cancel()
 
-    async def decode(self, function, *args):
-        """``function(*args)`` on the decoding thread (one not started yet is dropped when the caller is
-        cancelled)."""
+    async def candidates(self, logits: np.ndarray, count: int, seconds_per_frame: float) -> list[Candidate]:
+        """Up to ``count`` candidate transcripts of ``logits``, decoded off the event loop (one not started
+        yet is dropped when the caller is cancelled). RuntimeError when a decoding process died."""
         started = time.perf_counter()
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._decode_thread, function, *args)
+            return await self.decoding.candidates(logits, count, seconds_per_frame)
         finally:
             self.stats.decodes += 1
             self.stats.decode_seconds += time.perf_counter() - started

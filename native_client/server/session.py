@@ -219,9 +219,7 @@ class RecognizerSession:
         count = max(1, self.alternatives)
         found = []
         for utterance in ended:
-            candidates = await self.service.engine.decode(
-                model.decoder.candidates, utterance.logits, count, seconds
-            )
+            candidates = await self.service.engine.candidates(utterance.logits, count, seconds)
             found.append((utterance.start / self.model_rate, candidates))
         if self.alternatives:
             if len(found) == 1:
