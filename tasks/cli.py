@@ -4,18 +4,22 @@ The same arguments as ``luigi --module tasks <Task> ...``, with the project's Lu
 settings (retcodes, logging) wherever it runs, a check of the config, its input
 files and the scheduler before any task starts (one line and exit status 2 when
 one fails), quiet TensorFlow, and a log file of the run under
-``<work_dir>/logs/``.
+``<work_dir>/logs/``. SIGTERM or SIGHUP while tasks run is passed on to their
+processes, and waited for (``_passing_stops_on``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import signal
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
@@ -198,21 +202,83 @@ def main(argv=None) -> int:
     if not options.task and runs != [""]:
         print(f"note: a multi-task config: {argv[0]} of each task: --task {', '.join(runs)}", file=sys.stderr)
     code = 0
-    for task in runs:  # one Luigi run per task (each finds the shared stages done by the one before)
-        task_args = luigi_args + (["--task", task] if task and not options.task else [])
-        if not options.local_scheduler:
-            _re_enable(task_args, options)
-        done = _run_luigi(task_args)
-        if not options.local_scheduler and done in (
-            _retcode("not_run", 25),
-            _retcode("unhandled_exception", 40),
-        ):
-            done = _after_scheduler_trouble(done, task_args, options)
-        code = done
-        if code:
-            break
+    with _passing_stops_on() as stopping:
+        for task in runs:  # one Luigi run per task (each finds the shared stages done by the one before)
+            task_args = luigi_args + (["--task", task] if task and not options.task else [])
+            if not options.local_scheduler:
+                _re_enable(task_args, options)
+            done = _run_luigi(task_args)
+            if not options.local_scheduler and done in (
+                _retcode("not_run", 25),
+                _retcode("unhandled_exception", 40),
+            ):
+                done = _after_scheduler_trouble(done, task_args, options)
+            code = done
+            if code or stopping:
+                break
     print(f"log of this run: {log_file}", file=sys.stderr)
     return code
+
+
+@contextlib.contextmanager
+def _passing_stops_on() -> Iterator[set]:
+    """While Luigi runs: SIGTERM or SIGHUP to this process is passed on to the task processes its worker
+    runs (luigi.cfg's ``force_multiprocessing``), which a signal to this process alone never reached (it
+    died and left them running: a training holding its run's lock), as the stop request of
+    ``pipeline.train.stop_signals``: Train stops at the end of its step, with a checkpoint (its workers
+    too, after the same step), another stage as SIGTERM would stop it. The worker starts nothing more and
+    this process waits for the tasks to end. The same signal again passes it on again (each process then
+    acts at once) and acts here at once, as it would have; without a task running it acts at once. Yields
+    the set of signals received (empty while none was)."""
+    from luigi.worker import TaskProcess
+
+    from pipeline.train.stop_signals import PASSED_ON
+
+    owner, numbers, received = os.getpid(), (signal.SIGTERM, signal.SIGHUP), set()
+    previous = {number: signal.getsignal(number) or signal.SIG_DFL for number in numbers}
+
+    def at_once(number) -> None:
+        signal.signal(number, previous[number])
+        signal.raise_signal(number)
+
+    def request(number, frame):
+        if os.getpid() != owner:  # a task process forked from this one: what the signal did before
+            at_once(number)
+            return
+        again = number in received
+        received.add(number)
+        tasks = _task_processes(TaskProcess)
+        if tasks and (again or len(received) == 1):
+            for process in tasks:
+                with contextlib.suppress(OSError):
+                    os.kill(process.pid, PASSED_ON)
+        if again or not tasks:
+            at_once(number)
+            return
+        interrupt = signal.getsignal(signal.SIGUSR1)  # Luigi's worker: start nothing more
+        if getattr(interrupt, "__name__", "") == "handle_interrupt":
+            interrupt(signal.SIGUSR1, frame)
+        name = signal.Signals(number).name
+        os.write(
+            2,
+            f"note: {name}: passed on to the running tasks (Train stops at the end of its step, with a "
+            f"checkpoint) and waiting for them; nothing more is started ({name} again: at once)\n".encode(),
+        )
+
+    for number in numbers:
+        signal.signal(number, request)
+    try:
+        yield received
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _task_processes(kind: type) -> list:
+    """The task processes (of Luigi's class ``kind``) its worker runs now: children of this process."""
+    import multiprocessing
+
+    return [child for child in multiprocessing.active_children() if isinstance(child, kind)]
 
 
 def _scheduler_address(options) -> tuple[str, int]:

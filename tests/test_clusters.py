@@ -5,11 +5,16 @@ is what the multi_worker path takes, and a missing shared work directory is refu
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
+import shlex
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,10 +23,12 @@ import yaml
 from pipeline.config import ConfigError
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
+from pipeline.locks import lock_path
 from pipeline.train.cluster import check_shared_work_dir, slurm_port_base, slurm_tf_config
 from pipeline.train.distribute import cluster_role
 from pipeline.train.multiworker import worker_result
 from tests.conftest import ROOT, build_features
+from tests.plugins.step_barrier import StepBarrier
 
 SBATCH = ROOT / "configs" / "slurm.sbatch"
 TFJOB = ROOT / "configs" / "k8s-tfjob.yaml"
@@ -175,6 +182,129 @@ training:
         report["weights_sha256"] == results[0]["weights_sha256"]
         and report["global_step"] == results[0]["global_step"]
     )
+
+
+def _sbatch_train_command(config: Path) -> list[str]:
+    """configs/slurm.sbatch's Train command line as srun runs it in each task (srun and its options off),
+    with this environment's deepspeech-train."""
+    line = next(
+        line for line in SBATCH.read_text().splitlines() if line.startswith("srun ") and " Train " in line
+    )
+    words = shlex.split(line.rstrip("& "))[1:]
+    words = words[next(i for i, word in enumerate(words) if not word.startswith("-")) :]
+    program = Path(sys.executable).with_name(words[0])
+    return [str(program), *(str(config) if word == "$CONFIG" else word for word in words[1:])]
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it now, the deepest first."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, level = [], [pid]
+    while level:
+        found.extend(level)
+        level = [child for parent in level for child in children.get(parent, [])]
+    return found[::-1]
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.long
+@pytest.mark.slow
+def test_sigterm_to_a_faked_slurm_step_stops_both_workers_after_one_step_with_its_checkpoint(
+    small_config, tmp_path
+):
+    """Issue 42 G6: configs/slurm.sbatch passes the SIGTERM of a near time limit or a preemption to srun,
+    which signals every process of the job step; Train's worker, a child process of the task, died at once
+    and the requeued job lost the training since the last checkpoint. Two tasks of a faked 2-task step on
+    127.0.0.1 run the template's Train command line, paused after step 8 (6 steps per epoch) when every
+    process of the step gets SIGTERM, deepest first: both workers stop after step 10 with its checkpoint,
+    each task fails saying so, and no process of the step is left, nor the run's lock held."""
+    port = _two_free_ports()
+    barrier = StepBarrier(tmp_path / "barrier", 8)
+    path = small_config(
+        "slurm_term.yaml",
+        limit_train=48,
+        limit_dev=4,
+        limit_test=4,
+        extra=f"""
+distribution:
+  strategy: multi_worker
+  cluster: slurm
+  port_base: {port}
+  collective_timeout_s: 60
+training:
+  epochs: 3
+  batch_size: 4
+  checkpoint_secs: 100000
+  max_to_keep: 1000
+  validation_epochs: 1000
+{barrier.config_yaml()}""",
+    )
+    config = load_config(path)
+    build_features(config, ("train", "dev"))  # the template's Features step
+    run = Layout(config).train_run
+    environment = {k: v for k, v in barrier.env().items() if not k.startswith("SLURM_") and k != "TF_CONFIG"}
+    outputs = [tmp_path / f"task-{rank}.err" for rank in (0, 1)]
+    tasks, step, logs = [], [], [run.worker_log(rank) for rank in (0, 1)]
+    try:
+        for rank in (0, 1):
+            with open(outputs[rank], "w") as stderr:
+                tasks.append(
+                    subprocess.Popen(
+                        _sbatch_train_command(path),
+                        cwd=tmp_path,
+                        env={**environment, **_slurm_step(rank), "CUDA_VISIBLE_DEVICES": ""},
+                        stdout=subprocess.DEVNULL,
+                        stderr=stderr,
+                    )
+                )
+        barrier.wait(
+            8,
+            lambda: all(t.poll() is None for t in tasks) or [o.read_text()[-2000:] for o in outputs],
+            count=2,
+        )
+        step = [pid for task in tasks for pid in _process_tree(task.pid)]
+        assert len(step) >= 6, step  # each task: deepspeech-train, its Train process, the worker
+        for pid in step:  # as Slurm signals the processes of a step
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 120
+        while not all("training stops after this step" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline, [log.read_text()[-2000:] for log in logs]
+            time.sleep(0.05)
+        barrier.release(8)
+        codes = [task.wait(timeout=300) for task in tasks]
+    finally:
+        for pid in step:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        for task in tasks:
+            task.kill()
+            task.wait()
+    texts = [output.read_text() for output in outputs]
+    assert all(code != 0 for code in codes), texts
+    for text in texts:
+        stopped = re.search(
+            r"training stopped by SIG.*? after step (\d+); a checkpoint of that step was", text
+        )
+        assert stopped and int(stopped.group(1)) == 10, text[-3000:]
+    results = [worker_result(log) for log in logs]
+    assert [(r["worker"], r["global_step"]) for r in results] == [(0, 10), (1, 10)], results
+    assert (run.checkpoints / "ckpt-10.index").is_file()
+    assert (run.worker_scratch(1).checkpoints / "ckpt-10.index").is_file()
+    assert not [pid for pid in step if _running(pid)]
+    with open(lock_path(run.root)) as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the run's lock is free
 
 
 def test_the_sbatch_template_runs_train_under_srun():

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import h5py
@@ -984,6 +985,77 @@ def test_sigterm_stops_training_with_a_checkpoint_of_its_last_step(small_config,
     assert again.returncode == 0, again.stderr[-3000:]
     assert "ckpt-21" in again.stderr  # restored from it
     assert json.loads(Layout(load_config(path)).train_run.report.read_text())["global_step"] == 6 * 16
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.long
+@pytest.mark.slow
+def test_sigterm_to_deepspeech_train_stops_its_training_and_leaves_no_process(small_config, tmp_path):
+    """Issue 42 G6: SIGTERM to deepspeech-train itself (a container stopping, a job manager, `kill`) killed it
+    alone: Luigi's worker runs each task in a process of its own, and Train trained on in it, an orphan
+    holding the run's lock. deepspeech-train now passes the signal on to its task processes and waits for
+    them: Train, paused after step 20, stops after step 21 with a checkpoint of it, deepspeech-train exits,
+    and no process of the run is left, nor its lock held."""
+    import fcntl
+    import re
+
+    from pipeline.locks import lock_path
+
+    barrier = StepBarrier(tmp_path / "barrier", 20)
+    path = small_config(
+        "cli_term.yaml",
+        limit_train=64,
+        limit_dev=4,
+        limit_test=4,
+        extra="training:\n  epochs: 6\n" + barrier.config_yaml(),
+    )
+    config = load_config(path)
+    build_features(config, ("train", "dev"))
+    run = Layout(config).train_run
+    errors = tmp_path / "stderr"
+    with open(errors, "w") as stderr:
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "tasks.cli", "Train", "--config", str(path), "--local-scheduler"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env=barrier.env(),
+        )
+    task = None
+    try:
+        (task, _), *_ = barrier.wait(20, lambda: cli.poll() is None or errors.read_text()[-3000:]).items()
+        assert task != cli.pid  # Train runs in a process of its own
+        cli.send_signal(signal.SIGTERM)
+        passed_on = "SIGUSR2 (a stop passed on by the process that started this one): training stops after"
+        deadline = time.monotonic() + 120
+        while passed_on not in errors.read_text():  # the task process has the request
+            assert time.monotonic() < deadline and cli.poll() is None, errors.read_text()[-3000:]
+            time.sleep(0.05)
+        barrier.release(20)
+        cli.wait(timeout=300)
+    finally:
+        for pid in (cli.pid, task):
+            if pid is not None and _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        cli.wait()
+    text = errors.read_text()
+    assert cli.returncode != 0, text[-3000:]
+    assert "note: SIGTERM: passed on to the running tasks" in text, text[-3000:]
+    stopped = re.search(
+        r"training stopped by SIGUSR2 .*? after step (\d+); a checkpoint of that step was", text
+    )
+    assert stopped and int(stopped.group(1)) == 21, text[-3000:]
+    assert (run.checkpoints / "ckpt-21.index").is_file()
+    assert not _running(task)  # no orphan
+    with open(lock_path(run.root)) as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the run's lock is free
 
 
 @pytest.mark.slow

@@ -495,3 +495,105 @@ def test_workers_train_the_config_the_task_was_scheduled_with(small_config, monk
     assert load_config(run.resolved_config).model.n_hidden == scheduled.model.n_hidden
     edited = Layout(load_config(path)).train_run.root
     assert edited != run.root and not edited.exists()
+
+
+def _wait_for(ready, what: str, timeout_s: float = 120) -> None:
+    """Wait until ``ready()`` (a state, not a moment): e.g. a line every worker logs on a signal."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+@pytest.mark.long
+def test_sigterm_stops_every_local_worker_after_one_step_with_its_checkpoint(
+    small_config, tmp_path, monkeypatch
+):
+    """Issue 42 G6: SIGTERM to the launcher of local workers (the Train task's process, as Luigi's worker
+    stops it) killed every worker, losing the training since the last checkpoint. The launcher now passes
+    the stop on to its workers and waits for them, and the workers agree on a step as they agree on saves
+    (the stop travels with a step's vote). Both workers are paused after step 8 of 18 (6 per epoch) when
+    the launcher gets SIGTERM; they see the request after step 9, vote for it in step 10, and all stop after
+    step 10 with its checkpoint; a rerun resumes both from it and finishes with one model."""
+    barrier = StepBarrier(tmp_path / "barrier", 8)
+    barrier.install(monkeypatch)
+    path = small_config(
+        "term.yaml",
+        limit_train=48,
+        limit_dev=4,
+        limit_test=4,
+        extra=f"""
+distribution:
+  strategy: multi_worker
+  local_workers: 2
+  collective_timeout_s: 60
+training:
+  epochs: 3
+  batch_size: 4
+  checkpoint_secs: 100000
+  max_to_keep: 1000
+  validation_epochs: 1000
+{barrier.config_yaml()}""",
+    )
+    config = load_config(path)
+    build_features(config, ("train", "dev"))
+    run = Layout(config).train_run
+    logs = [run.worker_log(0), run.worker_log(1)]
+    try:
+        launcher = subprocess.Popen(
+            [sys.executable, "-c", _LAUNCHER, str(path)], cwd=ROOT, stderr=subprocess.PIPE, text=True
+        )
+        paused = barrier.wait(8, lambda: launcher.poll() is None or "the launcher ended", count=2)
+        launcher.send_signal(signal.SIGTERM)
+        _wait_for(
+            lambda: all("training stops after this step" in log.read_text() for log in logs),
+            "the launcher did not pass the stop on to both workers",
+        )
+        barrier.release(8)
+        _, err = launcher.communicate(timeout=300)
+        assert launcher.returncode != 0
+        stopped = (
+            "training stopped by SIGTERM after step 10 on all 2 workers; a checkpoint of that step was saved"
+        )
+        assert stopped in err, err[-3000:]
+        assert not any(Path(f"/proc/{pid}").exists() for pid in paused)  # the launcher waited for them
+        results = [_result(log) for log in logs]
+        assert [(r["worker"], r["global_step"]) for r in results] == [(0, 10), (1, 10)], results
+        assert all("after step 10" in r["stopped"] for r in results), results
+        chief, other = _steps(run.checkpoints), _steps(run.worker_scratch(1).checkpoints)
+        assert chief == other == {6, 10}, (sorted(chief), sorted(other))  # epoch 1's end, and the stop
+        assert not run.report.exists()
+
+        subprocess.run([sys.executable, "-c", _LAUNCHER, str(path)], cwd=ROOT, check=True, timeout=900)
+        restored = [[line for line in log.read_text().splitlines() if " Restored " in line] for log in logs]
+        assert all(len(lines) == 1 for lines in restored), restored
+        named = [re.search(r"Restored (\S+): epoch \d+, step (\d+)", lines[0]).groups() for lines in restored]
+        assert named[0] == named[1] and int(named[0][1]) == 10, named
+        results = [_result(log) for log in logs]
+        assert results[0]["global_step"] == results[1]["global_step"] == 18  # 3 epochs x 48 / (2 x 4)
+        assert results[0]["weights_sha256"] == results[1]["weights_sha256"]
+        assert json.loads(run.report.read_text())["weights_sha256"] == results[0]["weights_sha256"]
+    finally:
+        _kill_workers(logs)
+
+
+def test_workers_do_not_import_modules_from_the_launchers_working_directory(
+    small_config, tmp_path, monkeypatch
+):
+    """Issue 42 G9: workers were started with `python -m` in the launcher's working directory, which Python
+    puts first on sys.path: a yaml.py there replaced PyYAML in every worker. They now run with `python -P`,
+    PYTHONPATH kept: from a directory holding a yaml.py that leaves a mark and fails, both train."""
+    path = _config(small_config, "cwd.yaml", epochs=1)
+    build_features(load_config(path), ("train", "dev"))
+    poisoned, marker = tmp_path / "poisoned", tmp_path / "imported"
+    poisoned.mkdir()
+    (poisoned / "yaml.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nraise ImportError('the yaml.py of the working directory')\n"
+    )
+    monkeypatch.chdir(poisoned)
+    logs = TrainRun(tmp_path / "poisoned-run").worker_log
+    wait_for_workers(multiworker.start_workers(path, 2, logs), logs, grace_s=60)
+    chief, other = _result(logs(0)), _result(logs(1))
+    assert chief["global_step"] == other["global_step"] == 2
+    assert chief["weights_sha256"] == other["weights_sha256"]
+    assert not marker.exists()

@@ -226,6 +226,34 @@ def test_a_training_hook_that_is_not_a_module_is_named_in_one_line(small_config)
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("hook", ["validation", "epoch"])
+def test_a_stop_from_an_epoch_end_hook_is_saved_and_a_rerun_goes_on_from_there(
+    small_config, monkeypatch, hook
+):
+    """Issue 42 G8: a StopTraining raised by an on_validation or on_epoch hook (a plug-in of training.hooks)
+    left the epoch unsaved: a rerun trained it again and met the same stop, for ever. It is now carried out
+    after the epoch's checkpoint, as a stop from on_step is after its step's: the rerun, with the same hook,
+    goes on from the next epoch and finishes."""
+    from pipeline.train.hooks import StopTraining
+
+    monkeypatch.setenv("EPOCH_END_STOP", f"{hook}:1")
+    extra = (
+        "training:\n  epochs: 3\n  checkpoint_secs: 100000\n  max_to_keep: 100\n"
+        "  hooks: [tests.plugins.epoch_end_stop]\n"
+    )
+    config = load_config(small_config("epoch_end.yaml", limit_train=8, extra=extra))
+    build_features(config, ("train", "dev"))
+    run = Layout(config).train_run
+    with pytest.raises(StopTraining, match=f"the {hook} hook stops training after epoch 1"):
+        train_stage(Layout(config))
+    assert sorted(p.name for p in run.checkpoints.glob("ckpt-*.index")) == ["ckpt-2.index"]  # epoch 1's end
+    assert not run.report.exists()
+    report = train_stage(Layout(config))
+    assert (report.epochs_completed, report.global_step) == (3, 6)  # 3 epochs of 2 steps, none twice
+    assert [loss["epoch"] for loss in report.train_losses] == [1, 2, 3]
+    assert [validation["epoch"] for validation in report.validations] == [1, 2, 3]
+
+
 def test_changed_geometry_names_directory_and_variables(small_config):
     config = load_config(small_config(limit_train=4, n_hidden=16, extra="training:\n  epochs: 1\n"))
     build_features(config)

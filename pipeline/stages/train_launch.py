@@ -1,5 +1,6 @@
 """Where the Train stage runs: in this process, in ``distribution.local_workers`` worker processes, or as
-this machine's worker of a cluster; and a signal's request to stop at the end of a step.
+this machine's worker of a cluster; and a signal's request to stop at the end of a step
+(``pipeline.train.stop_signals``: in this process, or passed on to the workers, which agree on the step).
 
 ``train_launch_stage`` picks one from the config and ``TF_CONFIG`` and returns the line that sums up the
 run; ``train_stage`` (``pipeline.stages.train``) is the training itself, in whichever process runs it.
@@ -7,12 +8,9 @@ run; ``train_stage`` (``pipeline.stages.train``) is the training itself, in whic
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Protocol
 
 import yaml
@@ -26,7 +24,10 @@ from pipeline.stages.train import train_stage
 from pipeline.train import multiworker
 from pipeline.train.cluster import apply_cluster
 from pipeline.train.distribute import DistributionError, cluster_role
-from pipeline.train.hooks import StepInfo, StopTraining, TrainHooks, ValidationInfo
+from pipeline.train.hooks import StepInfo, TrainHooks, ValidationInfo
+from pipeline.train.stop_signals import SignalStop, stop_on_signals
+
+__all__ = ["SignalStop", "TrainProgress", "stop_on_signals", "train_launch_stage"]
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,8 @@ def train_launch_stage(
     With ``distribution.local_workers`` the workers are processes on this machine; with
     ``distribution.strategy: multi_worker`` and ``TF_CONFIG`` (set by hand or from the Slurm step,
     ``distribution.cluster``), this machine's worker of the cluster; otherwise training runs in this
-    process, with ``progress()`` told each step and a signal asking for a stop at the end of a step.
+    process, with ``progress()`` told each step. A signal asks for a stop at the end of a step, with a
+    checkpoint: here, or passed on to the workers, which all stop after the same step (StopTraining).
     ``on_message`` gets the workers' status lines while they run.
     """
     apply_cluster(layout.config)  # distribution.cluster: slurm sets TF_CONFIG from the Slurm step
@@ -150,62 +152,3 @@ def _worker_result(log_path) -> dict:
     if result is None:
         raise DistributionError(f"{log_path}: the worker exited 0 without its result line")
     return result
-
-
-class SignalStop:
-    """A request, made by a signal, that training stop at the end of the current step: of the current
-    update window with ``training.accumulate_batches`` (``accumulate``) above 1, as checkpoints are saved
-    between windows only."""
-
-    def __init__(self, accumulate: int = 1) -> None:
-        self.requested = ""  # the signal that asked training to stop
-        self.accumulate = accumulate
-
-    def when(self) -> str:
-        """When the stop comes, as the log says it."""
-        if self.accumulate > 1:
-            more = self.accumulate - 1
-            return (
-                f"at the end of this update window (up to {more} more batch{'es' if more > 1 else ''}: "
-                f"training.accumulate_batches {self.accumulate})"
-            )
-        return "after this step"
-
-    def check(self, info: StepInfo) -> None:
-        """A step's hook: raises StopTraining (the trainer saves first) when a signal asked to stop."""
-        if self.requested:
-            raise StopTraining(
-                f"training stopped by {self.requested} after step {info.step}; a checkpoint of that "
-                f"step was saved: run Train again to resume"
-            )
-
-
-@contextlib.contextmanager
-def stop_on_signals(stop: SignalStop) -> Iterator[None]:
-    """While training: SIGTERM (Luigi's worker stopping its task processes, e.g. when it lost the
-    scheduler; a container stopping), SIGINT (Ctrl-C) and SIGHUP ask for a stop at the end of the current
-    step, where the trainer saves a checkpoint (``StopTraining``) before the task exits, instead of dying
-    with everything since the last checkpoint. The same signal again acts at once, as it would have.
-    Only in the main thread (signals cannot be set elsewhere)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    numbers = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-    def request(number, frame):
-        name = signal.Signals(number).name
-        if stop.requested == name:  # asked twice: do what the signal would have done
-            signal.signal(number, previous[number])
-            signal.raise_signal(number)
-            return
-        stop.requested = name
-        log.warning("%s: training stops %s, with a checkpoint (%s again: at once)", name, stop.when(), name)
-
-    previous = {number: signal.getsignal(number) or signal.SIG_DFL for number in numbers}
-    for number in numbers:
-        signal.signal(number, request)
-    try:
-        yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)

@@ -1,4 +1,4 @@
-"""One multi-worker training process: ``python -m pipeline.stages.train_worker --config X`` with
+"""One multi-worker training process: ``python -P -m pipeline.stages.train_worker --config X`` with
 ``TF_CONFIG`` set.
 
 Started by ``pipeline.train.multiworker.launch_local_workers`` (one machine) or by
@@ -6,6 +6,11 @@ hand / a cluster manager on each machine. Prints, as its last stdout line, one
 JSON object with this worker's index, final global step and a digest of its
 weights, so that a caller can check that every worker ended with the same model.
 Exit status 3 and a one-line error when another worker was lost.
+
+SIGTERM, SIGINT, SIGHUP or its launcher's ``SIGUSR2`` (``pipeline.train.stop_signals``)
+ask for a stop: every worker stops after the same step, with a checkpoint of it; the
+line then has ``stopped`` (the reason) instead of the digest, and the exit status is
+``STOPPED`` (4).
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ import sys
 from pipeline.config_loader import load_config
 from pipeline.train.bind_address import bound_environment, is_bound
 from pipeline.train.distribute import DistributionError, cluster_role
+from pipeline.train.hooks import StepInfo, StopTraining, TrainHooks
+from pipeline.train.multiworker import worker_command, worker_environment
+from pipeline.train.stop_signals import STOPPED, SignalStop, stop_on_signals
 
 
 def main(argv=None) -> int:
@@ -33,23 +41,44 @@ def main(argv=None) -> int:
         except (DistributionError, ValueError, KeyError, IndexError) as error:
             print(f"error: {error}", file=sys.stderr, flush=True)
             return 3
-        os.execve(sys.executable, [sys.executable, "-m", "pipeline.stages.train_worker", *sys.argv[1:]], env)
+        os.execve(sys.executable, worker_command(*sys.argv[1:]), worker_environment(env))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(process)d %(levelname)s %(message)s")
-    # TensorFlow loads here, after the re-exec above, not before it.
+    stop = SignalStop()
+    with stop_on_signals(stop):
+        return _train(args.config, stop)
+
+
+def _train(config_path: str, stop: SignalStop) -> int:
+    """Train, stopping at the end of a step when ``stop`` is requested; returns the exit status."""
     from pipeline.layout import Layout
     from pipeline.stages.train import train_stage
 
+    last_step = -1
+
+    def on_step(info: StepInfo) -> None:
+        nonlocal last_step
+        last_step = info.step
+        stop.check(info)
+
     try:
-        config = load_config(args.config)
+        config = load_config(config_path)
         if config.distribution.strategy != "multi_worker":
             raise DistributionError(
-                f"{args.config}: a cluster worker needs distribution.strategy: multi_worker "
+                f"{config_path}: a cluster worker needs distribution.strategy: multi_worker "
                 f"(it is {config.distribution.strategy})"
             )
-        report = train_stage(Layout(config))
+        stop.accumulate = config.training.accumulate_batches
+        report = train_stage(Layout(config), hooks=TrainHooks(on_step=on_step))
     except DistributionError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 3
+    except StopTraining as request:  # every worker stopped after this step, with its checkpoint
+        print(f"stopped: {request}", file=sys.stderr, flush=True)
+        print(
+            json.dumps({"worker": cluster_role().index, "global_step": last_step, "stopped": str(request)}),
+            flush=True,
+        )
+        return STOPPED
     print(
         json.dumps(
             {

@@ -7,7 +7,8 @@ the plan), so the gradients summed over the window are those of one batch N time
 averaged per utterance over the whole window, as ``step.py`` averages it over one step.
 
 The gradients stay on their tower (per-replica accumulators) and are all-reduced once per window; each
-batch all-reduces three numbers only: its loss, a non-finite flag and the save vote. A batch whose loss or
+batch all-reduces three numbers only: its loss, a non-finite flag and the vote (a save, a stop:
+``step.ballot``). A batch whose loss or
 gradients are not finite adds nothing (the loop records it as a skipped batch, as without aggregation);
 the window's update then averages the batches that were added. The update itself is ``step.py``'s:
 clipping, the non-finite guard, the revert of an update that made weights non-finite.
@@ -31,6 +32,7 @@ from pipeline.train.step import (
     StepResult,
     TrainStep,
     all_finite,
+    count_votes,
     guard_copies,
     loss_gradients,
     update_function,
@@ -78,15 +80,15 @@ def check_window_start(epoch: int, step_in_epoch: int, ends, accumulate: int) ->
         )
 
 
-def reduce_flags(losses: list, finite_here, save_vote):
+def reduce_flags(losses: list, finite_here, vote):
     """In replica context, one all-reduce of a batch's scalars: ``losses`` (this tower's), whether this
-    tower's loss and gradients were finite, its save vote. Returns (the losses summed over the towers,
-    whether every tower was finite and the sums are, whether any tower voted to save)."""
+    tower's loss and gradients were finite, its vote (``step.ballot``). Returns (the losses summed over the
+    towers, whether every tower was finite and the sums are, the votes summed: ``step.count_votes``)."""
     dtype = losses[0].dtype
-    flags = tf.stack([*losses, 1.0 - tf.cast(finite_here, dtype), tf.cast(save_vote, dtype)])
+    flags = tf.stack([*losses, 1.0 - tf.cast(finite_here, dtype), tf.cast(vote, dtype)])
     summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, flags)
     finite = tf.logical_and(tf.reduce_all(tf.math.is_finite(summed[:-2])), tf.equal(summed[-2], 0.0))
-    return tf.unstack(summed[:-2], num=len(losses)), finite, summed[-1] > 0
+    return tf.unstack(summed[:-2], num=len(losses)), finite, summed[-1]
 
 
 class GradientSums:
@@ -156,19 +158,19 @@ class AccumulatingStep:
         )
         sums = GradientSums(variables, strategy)
 
-        def replica_add(batch, save_vote, window_utterances):
+        def replica_add(batch, vote, window_utterances):
             features, lengths, labels, label_lengths, indices = batch
             scaled, grads = gradients(features, lengths, labels, label_lengths, window_utterances)
             grads = [tf.convert_to_tensor(g) for g in grads]
             # With loss scaling an overflow in the gradients is the LossScaleOptimizer's to handle at the
             # update (it skips it and lowers the scale); only the loss decides here.
             finite_here = all_finite([scaled] if scaled_loss else [scaled, *grads])
-            (summed,), finite, save = reduce_flags([scaled], finite_here, save_vote)
+            (summed,), finite, votes = reduce_flags([scaled], finite_here, vote)
             sums.add_if(finite, variables, grads)
             batch_utterances = tf.cast(tf.shape(lengths)[0] * towers, summed.dtype)
             # The batch's own mean loss (what the loop logs): its sum was divided by the window's size.
             loss = summed * tf.cast(window_utterances, summed.dtype) / batch_utterances
-            return loss, finite, indices, save
+            return loss, finite, indices, votes
 
         def replica_update(rescale):
             return sums.apply(variables, update, rescale, scaled_loss)
@@ -176,7 +178,7 @@ class AccumulatingStep:
         self._replica_add, self._replica_update = replica_add, replica_update
         self._add = self._update = None
 
-    def add(self, batch, element_spec, save_vote: bool, window_utterances: int) -> StepResult:
+    def add(self, batch, element_spec, vote: float, window_utterances: int) -> StepResult:
         """Add one batch to the window whose utterances are ``window_utterances``; the result's ``applied``
         is False (no update yet)."""
         if self._add is None:
@@ -185,17 +187,19 @@ class AccumulatingStep:
                 lambda b, vote, size: strategy.run(replica_add, args=(b, vote, size)),
                 input_signature=[element_spec, tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.float32)],
             )
-        loss, finite, indices, save = self._add(
-            batch, tf.constant(float(save_vote)), tf.constant(float(window_utterances))
+        loss, finite, indices, votes = self._add(
+            batch, tf.constant(float(vote)), tf.constant(float(window_utterances))
         )
         local = self.strategy.experimental_local_results
+        save, stop = count_votes(local(votes)[0])
         return StepResult(
             loss=float(local(loss)[0].numpy()),
             finite=bool(local(finite)[0].numpy()),
             applied=False,
             indices=tuple(local(indices)),
-            save=bool(local(save)[0].numpy()),
+            save=save,
             update=False,
+            stop=stop,
         )
 
     def update(self, rescale: float) -> bool:
@@ -246,13 +250,13 @@ class WindowedSteps:
         """Whether the position is between two windows (where the loop may save)."""
         return self.accumulate == 1 or self._position == 0 or self._position in self._windows.ends
 
-    def __call__(self, batch, element_spec, save_vote: bool = False) -> StepResult:
-        """Run the next batch (and, at its window's end, the update)."""
+    def __call__(self, batch, element_spec, vote: float = 0.0) -> StepResult:
+        """Run the next batch (and, at its window's end, the update); ``vote``: ``step.ballot``."""
         self._position += 1
         if self.accumulate == 1:
-            return self._step(batch, element_spec, save_vote=save_vote)
+            return self._step(batch, element_spec, vote=vote)
         size = self._windows.utterances[self._position - 1]
-        result = self._step.add(batch, element_spec, save_vote, size)
+        result = self._step.add(batch, element_spec, vote, size)
         if result.finite:
             self._added += len(result.indices[0]) * self._step.strategy.num_replicas_in_sync
         if not self.at_end():

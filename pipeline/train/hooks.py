@@ -5,7 +5,10 @@ plug-in is: ``native_client.plugins``) whose ``TRAIN_HOOKS`` attribute, called w
 returns a ``TrainHooks``: a notification at each validation, a lab's own progress feed, a test that
 pauses training at a chosen step. They run in every training process (local and cluster workers too),
 after the caller's hooks, and observe: a hook changes no result (the key is in no fingerprint), though it
-may stop training by raising ``StopTraining``.
+may stop training by raising ``StopTraining``: from ``on_step``, after that step's checkpoint; from
+``on_epoch`` or ``on_validation``, after the epoch's (so that a rerun goes on from the next epoch). With
+several workers, the request of one reaches them all in the next step's all-reduce, and all stop after that
+step, each with its checkpoint (``pipeline.train.loop``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ if TYPE_CHECKING:
 
 class StopTraining(Exception):  # noqa: N818 - a request, not an error
     """Raised by a hook to stop training now (a signal, a user): the trainer saves a checkpoint of the
-    position the step ended at first, so that a rerun resumes there."""
+    position the step (or the epoch) ended at first, so that a rerun resumes there."""
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ batch: no batch seen twice or skipped. What a checkpoint holds, restoring it
 
 Multi-worker runs save together: the chief's clock decides when a checkpoint is
 due and its vote reaches every worker in the step's all-reduce, so all save after
-the same step.
+the same step. A stop is agreed the same way: a worker asked to stop (a hook's
+``StopTraining``: a signal) votes for it in its next step, and every worker saves
+after that step and stops.
 
 What one step computes is ``step.py`` (``accumulate.py`` with
 ``training.accumulate_batches``, whose update windows the loop saves between, never
@@ -54,7 +56,7 @@ from pipeline.train.hooks import (
 )
 from pipeline.train.nonfinite_stop import check_not_stopped, record_stop, stop_message
 from pipeline.train.policy import EpochPolicy, EpochVerdict, learning_rate
-from pipeline.train.step import StepResult
+from pipeline.train.step import StepResult, ballot
 from pipeline.workdir import TrainRun
 
 __all__ = ["Trainer", "TrainHooks", "TrainingError", "global_batch_size"]
@@ -204,14 +206,15 @@ class Trainer:
         )
         return dataset, iter(dataset)
 
-    def _step(self, inputs, save_vote: bool) -> StepResult:
-        """Run one training step on the next batch of ``inputs`` (``_train_inputs``)."""
+    def _step(self, inputs, vote: float) -> StepResult:
+        """Run one training step on the next batch of ``inputs`` (``_train_inputs``); ``vote``: this
+        worker's ``step.ballot``."""
         dataset, batches = inputs
         try:
             batch = next(batches)
         except tf.errors.OpError as error:
             raise damage_in(error) or error from None
-        return self._train_step(batch, dataset.element_spec, save_vote=save_vote)
+        return self._train_step(batch, dataset.element_spec, vote=vote)
 
     @property
     def history(self) -> TrainHistory:
@@ -362,20 +365,28 @@ class Trainer:
         log.info("%s", format_report(f"Validation after epoch {epoch}", rates, samples))
         return DevFigures(epoch=epoch, dev_loss=rates["loss"], wer=rates["wer"], cer=rates["cer"]), samples
 
-    def _end_epoch(self, epoch: int, target: int) -> None:
+    def _end_epoch(self, epoch: int, target: int) -> StopTraining | None:
         """Close epoch ``epoch`` (0-based): record its loss, carry out the policy's verdict, advance the
         position and save (the best-dev checkpoint too when it improved). The save that ends the run
-        marks it finished in the same checkpoint, so no kill can separate the two."""
+        marks it finished in the same checkpoint, so no kill can separate the two. Returns the stop an
+        ``on_epoch`` or ``on_validation`` hook asked for (``StopTraining``), for the caller to carry out
+        after this checkpoint: a rerun then goes on from the next epoch instead of training this one again
+        and meeting the same stop."""
         history = self.history
         count = int(self.state.epoch_loss_count.numpy())
         epoch_loss = float(self.state.epoch_loss_sum.numpy()) / count if count else float("nan")
         history.epoch_losses.append(EpochLoss(epoch=epoch + 1, train_loss=epoch_loss))
         log.info("Epoch %d/%d: mean train loss %.4f", epoch + 1, target, epoch_loss)
+        stop = None
         if self.hooks.on_epoch:
-            self.hooks.on_epoch(EpochInfo(epoch=epoch + 1, target_epochs=target, train_loss=epoch_loss))
+            try:
+                self.hooks.on_epoch(EpochInfo(epoch=epoch + 1, target_epochs=target, train_loss=epoch_loss))
+            except StopTraining as request:
+                stop = request
         verdict = self.policy.after_epoch(epoch + 1, history, self.validate)
         if verdict.validation is not None:
-            self._record_validation(verdict)
+            asked = self._record_validation(verdict)
+            stop = stop or asked
         self.state.epoch.assign_add(1)
         self.state.step_in_epoch.assign(0)
         self.state.epoch_loss_sum.assign(0.0)
@@ -389,9 +400,11 @@ class Trainer:
         self._save()
         if self._epoch_ends is not None:  # after it: a kill before it loses nothing the checkpoint wants
             self._epoch_ends.prune(epoch + 1, history)
+        return stop
 
-    def _record_validation(self, verdict: EpochVerdict) -> None:
-        """Record a validation and what the policy decided on it; summaries, the WER line, hooks."""
+    def _record_validation(self, verdict: EpochVerdict) -> StopTraining | None:
+        """Record a validation and what the policy decided on it; summaries, the WER line, hooks. Returns
+        the stop an ``on_validation`` hook asked for (carried out after the epoch's checkpoint)."""
         training, history, figures = self.config.training, self.history, verdict.validation
         history.validations.append(figures)
         history.last_samples = verdict.samples
@@ -417,16 +430,20 @@ class Trainer:
                 self._learning_rate(),
             )
         if self.hooks.on_validation:
-            self.hooks.on_validation(
-                ValidationInfo(
-                    epoch=figures.epoch,
-                    dev_loss=figures.dev_loss,
-                    wer=figures.wer,
-                    cer=figures.cer,
-                    is_best=verdict.is_best,
-                    samples=verdict.samples,
+            try:
+                self.hooks.on_validation(
+                    ValidationInfo(
+                        epoch=figures.epoch,
+                        dev_loss=figures.dev_loss,
+                        wer=figures.wer,
+                        cer=figures.cer,
+                        is_best=verdict.is_best,
+                        samples=verdict.samples,
+                    )
                 )
-            )
+            except StopTraining as request:
+                return request
+        return None
 
     def fit(self) -> TrainReport:
         """Train until the target epoch or an early stop; returns the training report."""
@@ -481,6 +498,9 @@ class Trainer:
         current_lr = None
         # A save (or a stop's save) asked for inside an update window is made at the window's end.
         save_due, stop = False, None
+        # With several workers a stop is agreed: ``asked``, this worker's request (a hook's StopTraining),
+        # is its vote in every step that follows; ``agreed``, that a worker's stop vote reached every worker.
+        asked, agreed = None, False
         # One iterator for the whole run: re-creating distributed datasets every epoch stalled
         # for up to a minute at each epoch boundary (tearing down the previous iterator).
         inputs = self._train_inputs(target)
@@ -497,10 +517,11 @@ class Trainer:
                     time.monotonic() - last_save >= training.checkpoint_secs
                     or _step_save_due(int(self.state.global_step.numpy()) + 1, training.checkpoint_steps)
                 )
-                result = self._step(inputs, vote)
+                result = self._step(inputs, ballot(vote, stop=asked is not None))
                 consecutive_bad = self._after_step(result, consecutive_bad, lr)
-                save_due = save_due or result.save
-                if save_due and result.update:
+                save_due, agreed = save_due or result.save, agreed or result.stop
+                saved = save_due and result.update
+                if saved:
                     self._save()
                     last_save, save_due = time.monotonic(), False
                 if self.hooks.on_step:
@@ -517,16 +538,41 @@ class Trainer:
                         self.hooks.on_step(info)
                     except StopTraining as request:
                         # A multi-worker save is collective, so only a lone worker can save on a request of
-                        # its own.
+                        # its own; with several, the request reaches them all with the next step's vote.
                         if self.role.count > 1:
-                            raise
-                        stop = request
-                if stop is not None and result.update:
+                            asked = self._stop_vote(request, asked)
+                        else:
+                            stop = request
+                if (stop is not None or agreed) and result.update:
                     # The step's book-keeping is done and no window is open: a consistent position.
-                    self._save()
-                    raise stop
-            self._end_epoch(epoch, target)
+                    if not saved:
+                        self._save()
+                    raise stop or asked or self._stopped_with_the_others()
+            request = self._end_epoch(epoch, target)
             last_save = time.monotonic()
+            if request is not None and self._run_over(target):
+                log.info("The run is over: nothing left to stop (%s)", request)
+            elif request is not None and self.role.count == 1:
+                raise request  # after the epoch's checkpoint
+            elif request is not None:
+                asked = self._stop_vote(request, asked)
+
+    def _stop_vote(self, request: StopTraining, asked: StopTraining | None) -> StopTraining:
+        """This worker of several was asked to stop (``request``): its vote in every step from the next one
+        on, until all stop after the step the vote reached them in (``StepResult.stop``)."""
+        if asked is None:
+            log.warning(
+                "Asked to stop after step %d: every worker stops after the next step, with a checkpoint",
+                int(self.state.global_step.numpy()),
+            )
+        return request
+
+    def _stopped_with_the_others(self) -> StopTraining:
+        """The stop of a worker that was not asked to stop itself, after another one was."""
+        return StopTraining(
+            f"training stopped after step {int(self.state.global_step.numpy())} as another worker was asked "
+            f"to; a checkpoint of that step was saved: run Train again to resume"
+        )
 
     def _report(self, target: int, wall_this_run: float) -> TrainReport:
         """The whole ``train_report.json`` of this run (the only place it is built)."""

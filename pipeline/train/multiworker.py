@@ -3,6 +3,12 @@
 This is what the Train task does with ``distribution.local_workers: N``. On a
 real cluster, start ``python -m pipeline.stages.train_worker --config X`` (or the Train
 task) on each machine with that machine's ``TF_CONFIG`` instead.
+
+While its workers run, the launcher passes a signal's stop request on to them and
+waits (``pipeline.train.stop_signals``): they agree on a step, each saves and exits
+``STOPPED``, and the launcher raises ``WorkersStopped`` (a ``StopTraining``).
+A worker runs with ``python -P``: the launcher's working directory stays off its
+``sys.path`` (a ``yaml.py`` there would replace the real module in every worker).
 """
 
 from __future__ import annotations
@@ -21,12 +27,42 @@ from pathlib import Path
 from pipeline.reports import ReportError, TrainReport, read_report
 from pipeline.train.bind_address import bound_environment
 from pipeline.train.distribute import DistributionError
+from pipeline.train.hooks import StopTraining
+from pipeline.train.stop_signals import STOPPED, SignalStop, pass_stop_on, stop_on_signals
 from pipeline.workdir import TrainRun
 
 # worker index -> its log file
 LogPaths = Callable[[int], Path]
 
 PR_SET_PDEATHSIG = 1
+
+# The directory this process's code comes from (the checkout, or site-packages): the workers run the same.
+CODE_ROOT = Path(__file__).resolve().parents[2]
+
+
+class WorkersStopped(StopTraining):  # noqa: N818 - a request carried out, not an error
+    """Every worker stopped on request after the same step (``step``), with a checkpoint of it."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
+
+def worker_command(*args: str) -> list[str]:
+    """The command line of a training worker (``pipeline.stages.train_worker``) with ``args``. ``-P``: the
+    working directory is not put on its ``sys.path``, where a ``yaml.py`` (any module's name) would replace
+    the real module; ``PYTHONPATH`` still counts (``worker_environment``). Not ``-I`` or ``-E``: they would
+    drop it."""
+    return [sys.executable, "-P", "-m", "pipeline.stages.train_worker", *args]
+
+
+def worker_environment(env: dict) -> dict:
+    """``env`` with ``CODE_ROOT`` first on ``PYTHONPATH``: a worker runs this process's code, which without
+    the working directory on its path (``worker_command``) it would not find when run from a checkout, or
+    would take from another installed copy."""
+    paths = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    root = str(CODE_ROOT)
+    return {**env, "PYTHONPATH": os.pathsep.join([root, *(entry for entry in paths if entry != root)])}
 
 
 def free_ports(count: int) -> list[int]:
@@ -58,8 +94,8 @@ def _die_with_parent() -> None:
 def start_workers(
     config_path: str | Path, count: int, logs: LogPaths, env: dict | None = None
 ) -> list[subprocess.Popen]:
-    """Start ``count`` workers of ``python -m pipeline.stages.train_worker``; worker i's output goes to
-    ``logs(i)`` (``TrainRun.worker_log`` for a Train run)."""
+    """Start ``count`` workers of ``python -P -m pipeline.stages.train_worker`` (``worker_command``); worker
+    i's output goes to ``logs(i)`` (``TrainRun.worker_log`` for a Train run)."""
     addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
     processes = []
     for index in range(count):
@@ -68,8 +104,8 @@ def start_workers(
         log = open(logs(index), "w")
         processes.append(
             subprocess.Popen(
-                [sys.executable, "-m", "pipeline.stages.train_worker", "--config", str(config_path)],
-                env=worker_env,
+                worker_command("--config", str(config_path)),
+                env=worker_environment(worker_env),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
@@ -90,9 +126,12 @@ def wait_for_workers(
     logs: LogPaths,
     grace_s: float,
     on_poll: Callable[[str], None] = lambda last_line: None,
+    stopped_by: Callable[[], str] = lambda: "",
 ) -> None:
     """Wait for every worker; when one fails, give the others ``grace_s`` seconds to fail too
-    (their collective timeout), then kill them. Raises DistributionError naming the failed workers."""
+    (their collective timeout), then kill them. Raises DistributionError naming the failed workers, or
+    ``WorkersStopped`` when they stopped on request (exit ``STOPPED``; ``stopped_by()``: the signal this
+    process passed on to them, if it did)."""
     failed_at = None
     while True:
         codes = [p.poll() for p in processes]
@@ -109,10 +148,34 @@ def wait_for_workers(
         on_poll(_tail(logs(0), 1))
         time.sleep(1.0)
     codes = [p.wait() for p in processes]
-    failures = [(i, c) for i, c in enumerate(codes) if c != 0]
+    failures = [(i, c) for i, c in enumerate(codes) if c not in (0, STOPPED)]
     if failures:
         details = "; ".join(f"worker {i} exit {c}: {_tail(logs(i))}" for i, c in failures)
         raise DistributionError(f"multi-worker training failed ({details}); logs in {logs(0).parent}")
+    if STOPPED in codes:
+        raise _stopped(logs, codes, stopped_by())
+
+
+def _stopped(logs: LogPaths, codes: list[int], by: str) -> WorkersStopped:
+    """What the workers that exited ``STOPPED`` (of ``codes``) stopped at, as one StopTraining: in the
+    words of the first of them, or naming ``by``, the signal that the launcher passed on."""
+    results = {i: worker_result(logs(i)) or {} for i, code in enumerate(codes) if code == STOPPED}
+    steps = {result.get("global_step") for result in results.values()}
+    if len(steps) != 1 or None in steps:
+        found = ", ".join(f"worker {i}: {result.get('global_step', '?')}" for i, result in results.items())
+        raise DistributionError(
+            f"the workers stopped on request but not after one step ({found}); logs in {logs(0).parent}"
+        )
+    step = steps.pop()
+    if not by:
+        first = results[min(results)]
+        return WorkersStopped(first.get("stopped") or f"training stopped on request after step {step}", step)
+    every = f" on all {len(codes)} workers" if len(codes) > 1 else ""
+    return WorkersStopped(
+        f"training stopped by {by} after step {step}{every}; a checkpoint of that step was saved: run Train "
+        f"again to resume",
+        step,
+    )
 
 
 def launch_local_workers(
@@ -122,10 +185,13 @@ def launch_local_workers(
     grace_s: float,
     on_poll: Callable[[str], None] = lambda last_line: None,
 ) -> None:
-    """Run ``count`` local workers to the end (see ``start_workers`` and ``wait_for_workers``)."""
+    """Run ``count`` local workers to the end (see ``start_workers`` and ``wait_for_workers``); a signal's
+    stop request is passed on to them (``pipeline.train.stop_signals``)."""
     processes = start_workers(config_path, count, logs)
+    stop = SignalStop()
     try:
-        wait_for_workers(processes, logs, grace_s, on_poll)
+        with stop_on_signals(stop, pass_on=lambda: pass_stop_on(processes)):
+            wait_for_workers(processes, logs, grace_s, on_poll, stopped_by=lambda: stop.requested)
     finally:
         for process in processes:
             if process.poll() is None:
@@ -140,18 +206,23 @@ def run_cluster_worker(
     on_poll: Callable[[str], None] = lambda last_line: None,
 ) -> None:
     """Run this machine's worker of a cluster (``TF_CONFIG`` already set) as a child process, so that it
-    starts with the bind-address library; its output goes to ``logs(index)``."""
+    starts with the bind-address library; its output goes to ``logs(index)``. A signal's stop request is
+    passed on to it (``pipeline.train.stop_signals``); the workers of the cluster agree on the step."""
     logs(index).parent.mkdir(parents=True, exist_ok=True)
     with open(logs(index), "w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.stages.train_worker", "--config", str(config_path)],
-            env=bound_environment(os.environ["TF_CONFIG"]),
+            worker_command("--config", str(config_path)),
+            env=worker_environment(bound_environment(os.environ["TF_CONFIG"])),
             stdout=log,
             stderr=subprocess.STDOUT,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
+    stop = SignalStop()
     try:
-        wait_for_workers([process], lambda _: logs(index), grace_s, on_poll)
+        with stop_on_signals(stop, pass_on=lambda: pass_stop_on([process])):
+            wait_for_workers(
+                [process], lambda _: logs(index), grace_s, on_poll, stopped_by=lambda: stop.requested
+            )
     finally:
         if process.poll() is None:
             process.kill()

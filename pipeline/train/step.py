@@ -22,7 +22,8 @@ class StepResult:
     """What one step did: its loss (summed over towers), whether that loss and the gradients were finite,
     whether the update was applied, the per-tower tensors of the batch's utterance indices, whether
     any worker asked for a checkpoint after this step (the same answer on every worker), and whether the
-    step ended an update window (always without ``training.accumulate_batches``; ``accumulate.py``)."""
+    step ended an update window (always without ``training.accumulate_batches``; ``accumulate.py``);
+    ``stop``: whether any worker asked for training to stop (``ballot``), the same answer on every worker."""
 
     loss: float
     finite: bool
@@ -30,10 +31,29 @@ class StepResult:
     indices: tuple
     save: bool = False
     update: bool = True
+    stop: bool = False
 
     def batch_indices(self) -> list[int]:
         """The utterance indices (into the train split) of the step's batch, all towers, sorted."""
         return sorted({int(i) for part in self.indices for i in part.numpy()})
+
+
+# A worker's vote travels in each step's own all-reduce (no extra round trip) as one number: 1 asks for a
+# checkpoint after the step, STOP_VOTE for a stop with a checkpoint (a hook's StopTraining: a signal). The
+# sum over every tower tells every worker both answers after the same step: a checkpoint when it is above 0,
+# a stop from STOP_VOTE on (save votes alone, one per tower, never reach it).
+STOP_VOTE = 4096.0
+
+
+def ballot(save: bool, stop: bool = False) -> float:
+    """This worker's vote for a step (the ``vote`` argument of the step functions)."""
+    return float(save) + STOP_VOTE * float(stop)
+
+
+def count_votes(votes) -> tuple[bool, bool]:
+    """(checkpoint, stop): what the towers' votes summed (a tensor of this worker's) decided."""
+    total = float(votes.numpy())
+    return total > 0, total >= STOP_VOTE
 
 
 class TrainStep:
@@ -52,9 +72,10 @@ class TrainStep:
     what applies the update (the same object, or a ``LossScaleOptimizer`` around it
     with ``mixed_float16``).
 
-    A step also carries a save vote: each worker's vote travels in the step's own
+    A step also carries a vote (``ballot``): each worker's vote travels in the step's own
     all-reduce (no extra round trip), so that every worker of a multi-worker run
-    learns after the same step that a checkpoint is due, and saves at the same step.
+    learns after the same step that a checkpoint is due, or that training stops, and
+    saves (and stops) at the same step.
     """
 
     def __init__(
@@ -96,41 +117,43 @@ class TrainStep:
         its gradients, ``indices_of(batch)`` the batch's utterance indices, ``update`` the optimizer update
         (``update_function``); ``scaled_loss``: the gradients are of a scaled loss (``mixed_float16``)."""
 
-        def replica_step(batch, save_vote):
+        def replica_step(batch, vote):
             scaled, grads = gradients_of(batch)
             context = tf.distribute.get_replica_context()
             # The vote comes in as one tensor for every tower: made on the tower's device to be reduced.
-            vote = tf.zeros_like(scaled) + tf.cast(save_vote, scaled.dtype)
-            reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads + [scaled, vote])
+            mine = tf.zeros_like(scaled) + tf.cast(vote, scaled.dtype)
+            reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads + [scaled, mine])
             grads, loss, votes = reduced[:-2], reduced[-2], reduced[-1]
             # With loss scaling, the LossScaleOptimizer skips steps whose gradients overflowed (and lowers
             # the scale); only the loss decides here.
             checked = [loss] if scaled_loss else reduced[:-1]
             finite = all_finite(checked)
             applied = update(context, grads, finite)
-            return loss, finite, applied, indices_of(batch), votes > 0
+            return loss, finite, applied, indices_of(batch), votes
 
         return replica_step
 
-    def __call__(self, batch, element_spec, save_vote: bool = False) -> StepResult:
+    def __call__(self, batch, element_spec, vote: float = 0.0) -> StepResult:
         """Run one step on ``batch``, an element of a distributed dataset whose ``element_spec`` is given
         (one trace serves every batch shape: the signature has unknown batch and time sizes).
-        ``save_vote``: this worker asks for a checkpoint after the step (``StepResult.save`` says whether
-        any worker did)."""
+        ``vote``: this worker's ``ballot``, asking for a checkpoint or a stop after the step
+        (``StepResult.save`` and ``.stop`` say whether any worker did)."""
         if self._compiled is None:
             replica_step, strategy = self._replica_step, self.strategy
             self._compiled = tf.function(
                 lambda b, vote: strategy.run(replica_step, args=(b, vote)),
                 input_signature=[element_spec, tf.TensorSpec([], tf.float32)],
             )
-        loss, finite, applied, indices, save = self._compiled(batch, tf.constant(float(save_vote)))
+        loss, finite, applied, indices, votes = self._compiled(batch, tf.constant(float(vote)))
         local = self.strategy.experimental_local_results
+        save, stop = count_votes(local(votes)[0])
         return StepResult(
             loss=float(local(loss)[0].numpy()),
             finite=bool(local(finite)[0].numpy()),
             applied=bool(local(applied)[0].numpy()),
             indices=tuple(local(indices)),
-            save=bool(local(save)[0].numpy()),
+            save=save,
+            stop=stop,
         )
 
 

@@ -1,7 +1,7 @@
 """The training step of a multi-task run (``multitask:``): each task's loss on its head or network through
 the family's forward pass and loss head, times its weight over the mean weight, averaged over the step's
 tasks; one update of what those tasks use (a head a step did not use is not moved: no Adam momentum on
-it), with the towers, the non-finite guard and the save vote of the single-task step (``step.py``).
+it), with the towers, the non-finite guard and the vote (save, stop) of the single-task step (``step.py``).
 With ``training.accumulate_batches`` the steps add into update windows instead (``task_windows.py``).
 """
 
@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from pipeline.model.ctc import ctc_implementation
 from pipeline.model.heads import MultiTaskModel
-from pipeline.train.step import StepResult, TrainStep, guard_copies, update_function
+from pipeline.train.step import StepResult, TrainStep, count_votes, guard_copies, update_function
 
 
 @dataclass(frozen=True)
@@ -107,19 +107,19 @@ class MultiTaskStep(TrainStep):
             )
         return self._steps[tasks]
 
-    def __call__(
-        self, tasks: tuple[int, ...], batches, element_spec, save_vote: bool = False
-    ) -> TaskStepResult:
+    def __call__(self, tasks: tuple[int, ...], batches, element_spec, vote: float = 0.0) -> TaskStepResult:
         """One step on ``batches`` (a batch of each of ``tasks``, elements of their distributed datasets
-        whose ``element_spec`` is given, as a tuple)."""
+        whose ``element_spec`` is given, as a tuple); ``vote``: ``step.ballot``."""
         compiled = self._compiled_for(tasks, element_spec)
-        loss, finite, applied, indices, save = compiled(tuple(batches), tf.constant(float(save_vote)))
+        loss, finite, applied, indices, votes = compiled(tuple(batches), tf.constant(float(vote)))
         local = self.strategy.experimental_local_results
+        save, stop = count_votes(local(votes)[0])
         return TaskStepResult(
             loss=float(local(loss)[0].numpy()),
             finite=bool(local(finite)[0].numpy()),
             applied=bool(local(applied)[0].numpy()),
             indices=tuple(tuple(local(part)) for part in indices),
-            save=bool(local(save)[0].numpy()),
+            save=save,
+            stop=stop,
             tasks=tasks,
         )

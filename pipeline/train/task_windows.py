@@ -30,7 +30,7 @@ import tensorflow as tf
 from pipeline.model.ctc import ctc_implementation
 from pipeline.model.heads import MultiTaskModel
 from pipeline.train.accumulate import GradientSums, check_window_start, reduce_flags
-from pipeline.train.step import all_finite, guard_copies, update_function
+from pipeline.train.step import all_finite, count_votes, guard_copies, update_function
 from pipeline.train.task_step import TaskStepResult, task_losses
 
 
@@ -123,13 +123,13 @@ class MultiTaskAccumulatingStep:
             sums, factors, scaled_loss = self._sums, self._factors, self._scaled_loss
             towers, strategy = self.strategy.num_replicas_in_sync, self.strategy
 
-            def replica_add(batches, save_vote, coefficients):
+            def replica_add(batches, vote, coefficients):
                 losses, sizes, weighted, grads = gradients(batches, coefficients)
                 grads = [tf.convert_to_tensor(g) for g in grads]
                 # With loss scaling, an overflow in the gradients is the LossScaleOptimizer's to handle at
                 # the update; only the loss decides here.
                 finite_here = all_finite([weighted] if scaled_loss else [weighted, *grads])
-                summed, finite, save = reduce_flags(losses, finite_here, save_vote)
+                summed, finite, votes = reduce_flags(losses, finite_here, vote)
                 sums.add_if(finite, variables, grads)
                 # The step's loss as without aggregation (what the loop logs).
                 loss = tf.add_n(
@@ -138,7 +138,7 @@ class MultiTaskAccumulatingStep:
                         for t, s, size in zip(tasks, summed, sizes, strict=True)
                     ]
                 ) / len(tasks)
-                return loss, finite, tuple(batch[-1] for batch in batches), save
+                return loss, finite, tuple(batch[-1] for batch in batches), votes
 
             self._adds[tasks] = tf.function(
                 lambda b, vote, c: strategy.run(replica_add, args=(b, vote, c)),
@@ -150,23 +150,23 @@ class MultiTaskAccumulatingStep:
             )
         return self._adds[tasks]
 
-    def add(
-        self, tasks: tuple[int, ...], batches, element_spec, save_vote: bool, coefficients
-    ) -> TaskStepResult:
+    def add(self, tasks: tuple[int, ...], batches, element_spec, vote: float, coefficients) -> TaskStepResult:
         """Add one step's ``batches`` (of ``tasks``) to the window, each task's summed loss times its
         ``coefficients`` entry; the result's ``applied`` is False (no update yet)."""
         compiled = self._add_for(tasks, element_spec)
-        loss, finite, indices, save = compiled(
-            tuple(batches), tf.constant(float(save_vote)), tf.constant(coefficients, tf.float32)
+        loss, finite, indices, votes = compiled(
+            tuple(batches), tf.constant(float(vote)), tf.constant(coefficients, tf.float32)
         )
         local = self.strategy.experimental_local_results
+        save, stop = count_votes(local(votes)[0])
         return TaskStepResult(
             loss=float(local(loss)[0].numpy()),
             finite=bool(local(finite)[0].numpy()),
             applied=False,
             indices=tuple(tuple(local(part)) for part in indices),
-            save=bool(local(save)[0].numpy()),
+            save=save,
             update=False,
+            stop=stop,
             tasks=tasks,
         )
 
@@ -226,14 +226,12 @@ class TaskWindowedSteps:
         """Whether the position is between two windows (where the loop may save)."""
         return self._position == 0 or self._position in self._windows.ends
 
-    def __call__(
-        self, tasks: tuple[int, ...], batches, element_spec, save_vote: bool = False
-    ) -> TaskStepResult:
-        """Run the next step's batches (and, at its window's end, the update)."""
+    def __call__(self, tasks: tuple[int, ...], batches, element_spec, vote: float = 0.0) -> TaskStepResult:
+        """Run the next step's batches (and, at its window's end, the update); ``vote``: ``step.ballot``."""
         index = self._position
         self._position += 1
         windows = self._windows
-        result = self._step.add(tasks, batches, element_spec, save_vote, windows.coefficients[index])
+        result = self._step.add(tasks, batches, element_spec, vote, windows.coefficients[index])
         if result.finite:
             self._added += windows.shares[index]
             self._tasks.update(tasks)

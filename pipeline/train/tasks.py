@@ -252,10 +252,10 @@ class MultiTaskTrainer(Trainer):
                 f"checkpoint is of another batch plan; delete the run (make rerun STAGE=Train) to start again"
             )
 
-    def _step(self, inputs: _TaskInputs, save_vote: bool) -> TaskStepResult:
+    def _step(self, inputs: _TaskInputs, vote: float) -> TaskStepResult:
         tasks = self._epoch_tasks(int(self.state.epoch.numpy()))[int(self.state.step_in_epoch.numpy())]
         batches, specs = inputs.next_batches(tasks)
-        result = self._train_step(tasks, batches, specs, save_vote=save_vote)
+        result = self._train_step(tasks, batches, specs, vote=vote)
         drawn = np.isin(np.arange(len(self.tasks)), tasks).astype(np.int64)
         self._positions.assign_add(tf.constant(drawn))
         return result
