@@ -62,7 +62,9 @@ def test_round_robin_windows_of_two_batches_of_2_train_what_batches_of_4_do(tmp_
     big_weights = _stored(tf.train.latest_checkpoint(str(Layout(big).train_run.checkpoints)))
     assert set(small_weights) == set(big_weights) and "heads.fr.kernel" in small_weights
     for name, value in big_weights.items():
-        assert abs(small_weights[name] - value).max() < 2e-5, name
+        # float rounding differs between CPUs (AVX2 5.6e-5, AVX-512 under 2e-5); a window of the wrong
+        # batches moves a weight by about the learning rate (1e-3)
+        assert abs(small_weights[name] - value).max() < 2e-4, name
     # and the windows were not a no-op: weights moved from the start
     assert abs(small_weights["heads.fr.kernel"]).sum() > 0
     for small_epoch, big_epoch in zip(small_report.train_losses, big_report.train_losses, strict=True):
