@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from native_client.frontends import normalize_frames
+from native_client.metadata import StreamSpec
 from native_client.runtime import StepRunner
 from native_client.windows import ready_windows, window_view
 
@@ -62,10 +63,10 @@ class FrameChunks(Sequence):
     frames after the last; call ``i`` takes ``frames[i * chunk : i * chunk + lookback + chunk +
     lookahead]``. A call is cut when it is asked for."""
 
-    def __init__(self, frames: np.ndarray, streaming: dict, stride: int, count: int, real: int):
+    def __init__(self, frames: np.ndarray, streaming: StreamSpec, stride: int, count: int, real: int):
         self.frames = frames
-        self.chunk, self.stride, self.count, self.real = streaming["chunk"], stride, count, real
-        self.width = streaming["lookback"] + self.chunk + streaming["lookahead"]
+        self.chunk, self.stride, self.count, self.real = streaming.chunk, stride, count, real
+        self.width = streaming.width
 
     def __len__(self) -> int:
         return self.count
@@ -107,8 +108,8 @@ def first_frames(metadata) -> np.ndarray:
     """What an utterance starts with before its first frame: the zero frames of the look-back (chunks of
     frames) or of the context before it (context windows)."""
     streaming = metadata.streaming
-    if streaming is not None and streaming["input"] == "frames":
-        return np.zeros((streaming["lookback"], metadata.n_input), np.float32)
+    if streaming is not None and streaming.frames:
+        return np.zeros((streaming.lookback, metadata.n_input), np.float32)
     return np.zeros((metadata.n_context, metadata.n_input), np.float32)
 
 
@@ -118,7 +119,7 @@ def take_ready_frames(pending: np.ndarray, frames: np.ndarray, metadata, final: 
     rest, zero-padded), or None, and the frames still pending. One rule for the client's ``Stream`` and
     the server's ``Utterance``."""
     streaming = metadata.streaming
-    chunk, lookback, lookahead = streaming["chunk"], streaming["lookback"], streaming["lookahead"]
+    chunk, lookback, lookahead = streaming.chunk, streaming.lookback, streaming.lookahead
     pending = np.concatenate([pending, frames]).astype(np.float32, copy=False)
     todo = len(pending) - lookback  # frames whose labels are not out yet
     if final:
@@ -159,7 +160,7 @@ def run_frames(runner: StepRunner, frames: np.ndarray, state=None):
     if streaming is None:
         return runner.utterance(frames), ()
     state = state or runner.zero_state()
-    if streaming["input"] == "frames":
+    if streaming.frames:
         return run_chunks(runner, frames, state)
     return run_windows(runner, window_view(frames, runner.metadata.n_context), state)
 
@@ -204,7 +205,7 @@ class Utterance:
         self.n_steps = metadata.n_steps
         self.n_classes = metadata.n_classes
         self._context = metadata.n_context
-        self._chunked = metadata.streaming is not None and metadata.streaming["input"] == "frames"
+        self._chunked = metadata.streaming is not None and metadata.streaming.frames
         self._features = metadata.features
         self._normalize = metadata.features.per_utterance
         self._frames = metadata.features.frontend.stream()
@@ -309,7 +310,7 @@ class Stream:
         self._features = metadata.features
         self._whole = metadata.features.per_utterance or metadata.streaming is None
         self._normalize = metadata.features.per_utterance
-        self._chunked = metadata.streaming is not None and metadata.streaming["input"] == "frames"
+        self._chunked = metadata.streaming is not None and metadata.streaming.frames
         self._frames = metadata.features.frontend.stream()
         self._n_context = metadata.n_context
         # frames still needed as context or look-back (the next call's), starting with the zero frames
