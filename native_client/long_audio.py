@@ -1,11 +1,12 @@
 """Long recordings: the client's ``--vad`` and ``--format text|json|srt|vtt``.
 
 With ``--vad`` (implied by the subtitle formats) a file is read block by block through the voice
-activity detector (``native_client.vad``): silence is skipped, each utterance is transcribed on its own
-(a fresh stream, the model's state from zero) and forgotten but for its words, so memory is bounded by
-the longest utterance (``max_utterance_s``), whatever the file's length. The utterances' words are joined
-into one transcript with times from the start of the file; an utterance the length limit cut (not a
-pause) continues in the next one, and a subtitle cue may span the cut.
+activity detector (``native_client.vad``; ``native_client.utterances``, the loop the server uses too):
+silence is skipped, each utterance is transcribed on its own (a fresh ``Utterance``, the model's state
+from zero) and forgotten but for its words, so memory is bounded by the longest utterance
+(``max_utterance_s``), whatever the file's length. The utterances' words are joined into one transcript
+with times from the start of the file; an utterance the length limit cut (not a pause) continues in the
+next one, and a subtitle cue may span the cut.
 
 Without ``--vad`` a file is one stream, as it always was, so today's transcripts do not change.
 """

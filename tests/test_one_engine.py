@@ -24,8 +24,9 @@ from tests.conftest import ROOT, SAMPLE
 CLIP = SAMPLE / "test" / "00000.flac"
 
 
-def _conformer_export(out):
-    """An untrained tiny Conformer (chunks of 3 labels of 4 frames, look-back frames), TFLite."""
+def _untrained_export(out, features: dict, model: dict):
+    """An untrained export of the sample geometry with these ``features`` and ``model`` settings (random
+    weights: any difference in the logits shows), TFLite with the batched signature."""
     import tensorflow as tf
 
     from pipeline.config_loader import load_config
@@ -34,33 +35,36 @@ def _conformer_export(out):
     from pipeline.model import build_model
     from pipeline.model.weights import named_weights
     from pipeline.stages.export import export_stage
-    from tests.test_conformer_stream import TINY
 
     config = load_config(
         ROOT / "configs" / "sample.yaml",
         {
             "paths": {"work_dir": str(out / "work"), "export_dir": str(out / "export")},
-            "features": {"type": "mfcc", "normalize": False},
-            "model": {
-                "architecture": "conformer",
-                "conformer": {**TINY, "subsampling": 4, "chunk_frames": 3, "left_chunks": 2},
-            },
+            "features": features,
+            "model": model,
         },
     )
-    model = build_model(config.model, feature_pipeline(config.features).feature_size, 29)
-    prefix = tf.train.Checkpoint(weights=named_weights(model)).write(str(out / "ckpt" / "untrained"))
+    built = build_model(config.model, feature_pipeline(config.features).feature_size, 29)
+    prefix = tf.train.Checkpoint(weights=named_weights(built)).write(str(out / "ckpt" / "untrained"))
     return export_stage(Layout(config), checkpoint=prefix, with_lm=False).root
 
 
-@pytest.fixture(scope="module", params=["deepspeech", "conformer"])
+@pytest.fixture(scope="module", params=["deepspeech", "conformer", "normalised"])
 def export(request, tmp_path_factory):
-    """A small untrained export of each streaming kind."""
-    out = tmp_path_factory.mktemp(request.param)
-    if request.param == "deepspeech":
-        from tests.test_serve import untrained_export
+    """A small untrained export of each streaming kind (windows, frames), and one normalised per utterance
+    (nothing runs before the end; partials rerun the audio so far)."""
+    from tests.test_conformer_stream import TINY
 
-        return untrained_export(out, 64), StreamInput.WINDOWS
-    return _conformer_export(out), StreamInput.FRAMES
+    out = tmp_path_factory.mktemp(request.param)
+    if request.param == "conformer":
+        conformer = {**TINY, "subsampling": 4, "chunk_frames": 3, "left_chunks": 2}
+        features, model = (
+            {"type": "mfcc", "normalize": False},
+            {"architecture": "conformer", "conformer": conformer},
+        )
+        return _untrained_export(out, features, model), StreamInput.FRAMES
+    normalize = request.param == "normalised"
+    return _untrained_export(out, {"normalize": normalize}, {"n_hidden": 64}), StreamInput.WINDOWS
 
 
 def _server_side(model: Model, pieces: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
@@ -80,8 +84,12 @@ def _server_side(model: Model, pieces: list[np.ndarray]) -> tuple[list[np.ndarra
                         step.accept(logits, state)
                     else:
                         ended.append(step)
-                if loop.utterance is not None:
-                    partial.append(loop.utterance.logits().copy())
+                utterance = loop.utterance
+                if utterance is not None and utterance.incremental:
+                    partial.append(utterance.logits().copy())
+                elif utterance is not None:  # the session's partial: a rerun of the audio so far
+                    logits, _ = await engine.run(utterance.rerun(), utterance.zero_state)
+                    partial.append(logits)
         finally:
             await engine.stop()
         assert len(ended) == 1
@@ -135,5 +143,53 @@ def test_an_utterance_hands_out_the_encoder_output_chunk_by_chunk(export):
     utterance.finish()
     run_ready(model.runner, utterance)
     taken.append(utterance.take_logits())
-    assert sum(1 for part in taken if len(part)) > 2
+    # as the chunks run when the export streams; all at the end for one normalised per utterance
+    parts = sum(1 for part in taken if len(part))
+    assert parts > 2 if utterance.incremental else parts == 1
     np.testing.assert_array_equal(np.concatenate(taken), utterance.logits())
+
+
+class _WholeOnly:
+    """``runner``'s model as one without a streaming form: its metadata says none, and its ``utterance``
+    runs the whole frames (here through the real streaming calls, which give the same logits)."""
+
+    def __init__(self, runner):
+        import dataclasses
+
+        self.real = runner
+        self.metadata = dataclasses.replace(runner.metadata, streaming=None)
+
+    def zero_state(self):
+        """No state: the model runs whole utterances."""
+        return ()
+
+    def step(self, inputs, state):
+        """Never called for a model without a streaming form."""
+        raise AssertionError("a streaming call on a model without a streaming form")
+
+    def utterance(self, frames):
+        """The whole utterance's logits."""
+        from native_client.stream import run_frames
+
+        return run_frames(self.real, frames)[0]
+
+
+def test_a_model_without_a_streaming_form_runs_once_through_the_same_engine(export):
+    """The client's ``Stream`` of such a model (``--vad``, ``transcribe_file``) is an ``Utterance`` that
+    keeps its frames and runs them whole at the end; its partials rerun what came so far."""
+    from native_client.decoders.greedy import GreedyDecoder
+    from native_client.stream import Stream
+
+    root, _ = export
+    model = Model(root)
+    runner = _WholeOnly(model.runner)
+    samples = load_for_model(CLIP, 16000)
+    stream = Stream(runner, GreedyDecoder(model.metadata.alphabet))
+    assert not stream.utterance.incremental
+    half = len(samples) // 2
+    stream.feed_audio(samples[:999])
+    stream.feed_audio(samples[999:half])
+    partial = stream.logits()  # a rerun of the frames so far
+    assert 0 < len(partial) <= len(model.logits(samples[:half]))
+    stream.feed_audio(samples[half:])
+    np.testing.assert_allclose(stream.flush(), model.logits(samples), atol=1e-5)
