@@ -132,7 +132,7 @@ def stream_figures(config: Path, work: Path, chunk_frames: int, clips: int, call
     )
     model = Model(export_untrained(override, work, quantize=True), backend="tflite", threads=1)
     metadata, streaming = model.metadata, model.metadata.streaming
-    width = streaming["lookback"] + streaming["chunk"] + streaming["lookahead"]
+    width = streaming.width
     inputs = np.random.default_rng(0).standard_normal((1, width, metadata.n_input)).astype(np.float32)
     state, times = model.runner.zero_state(), []
     for index in range(calls + 5):
@@ -155,7 +155,7 @@ def stream_figures(config: Path, work: Path, chunk_frames: int, clips: int, call
         "call_p50_ms": round(float(np.percentile(times, 50)), 2),
         "call_p95_ms": round(float(np.percentile(times, 95)), 2),
         "stream_rtf": round(stream_s / (sum(len(a) for a in audio) / 16000), 4),
-        "algorithmic_latency_ms": round((streaming["chunk"] + streaming["lookahead"]) * frame_ms),
+        "algorithmic_latency_ms": round((streaming.chunk + streaming.lookahead) * frame_ms),
     }
 
 

@@ -32,7 +32,7 @@ from native_client.alphabet import Alphabet, AlphabetError
 from native_client.frontends import FeaturePipeline
 from native_client.frontends.deepspeech import DeepSpeechFrontEnd, DeepSpeechSettings
 from native_client.litert import tflite_interpreter
-from native_client.metadata import ExportError, ExportMetadata
+from native_client.metadata import ExportError, ExportMetadata, StreamInput, StreamSpec
 from native_client.runtime import StepRunner
 
 FORMAT = "deepspeech-tflite"
@@ -178,13 +178,7 @@ class DeepSpeechTFLiteRunner(StepRunner):
             fingerprint="",
             features=FeaturePipeline(frontend, normalize=False, type_name=frontend.name),
             n_context=(window - 1) // 2,
-            streaming={
-                "input": "windows",
-                "chunk": n_steps,
-                "context": (window - 1) // 2,
-                "lookahead": 0,
-                "lookback": 0,
-            },
+            streaming=StreamSpec(StreamInput.WINDOWS, chunk=n_steps, context=(window - 1) // 2),
             n_input=n_input,
             n_steps=n_steps,
             n_classes=n_classes,

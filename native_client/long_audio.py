@@ -1,11 +1,12 @@
 """Long recordings: the client's ``--vad`` and ``--format text|json|srt|vtt``.
 
 With ``--vad`` (implied by the subtitle formats) a file is read block by block through the voice
-activity detector (``native_client.vad``): silence is skipped, each utterance is transcribed on its own
-(a fresh stream, the model's state from zero) and forgotten but for its words, so memory is bounded by
-the longest utterance (``max_utterance_s``), whatever the file's length. The utterances' words are joined
-into one transcript with times from the start of the file; an utterance the length limit cut (not a
-pause) continues in the next one, and a subtitle cue may span the cut.
+activity detector (``native_client.vad``; ``native_client.utterances``, the loop the server uses too):
+silence is skipped, each utterance is transcribed on its own (a fresh ``Utterance``, the model's state
+from zero) and forgotten but for its words, so memory is bounded by the longest utterance
+(``max_utterance_s``), whatever the file's length. The utterances' words are joined into one transcript
+with times from the start of the file; an utterance the length limit cut (not a pause) continues in the
+next one, and a subtitle cue may span the cut.
 
 Without ``--vad`` a file is one stream, as it always was, so today's transcripts do not change.
 """
@@ -17,10 +18,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from native_client.subtitles import Utterance as Spoken
 from native_client.subtitles import cues, to_srt, to_vtt
 from native_client.transcripts import Candidate
-from native_client.vad import Audio, End, Segmenter, Start, VadSettings
+from native_client.utterances import UtteranceLoop, run_steps
+from native_client.vad import End, Segmenter, VadSettings
 
 FORMATS = ("text", "json", "srt", "vtt")
 
@@ -127,26 +131,19 @@ def transcribe_segmented(
 
     started = time.perf_counter()
     rate = model.sample_rate
-    segmenter = Segmenter(rate, settings)
+    loop = UtteranceLoop(model.runner, Segmenter(rate, settings))
     seconds = model.metadata.seconds_per_label
     joiner = SegmentJoiner(rate)
-    stream, start, samples = None, 0, 0
+    samples = 0
 
-    def handle(events) -> None:
-        nonlocal stream, start
-        for event in events:
-            if isinstance(event, Start):
-                stream, start = model.create_stream(whole_utterance=True), event.at
-            elif isinstance(event, Audio):
-                stream.feed_audio(event.samples)
-            elif isinstance(event, End):
-                joiner.add(start, event, model.decoder.candidates(stream.flush(), 1, seconds)[0])
-                stream = None
+    def add(steps) -> None:
+        for ended in run_steps(steps, model.runner):
+            joiner.add(ended.start, ended.end, model.decoder.candidates(ended.logits, 1, seconds)[0])
 
     for block in stream_for_model(path, rate, convert_rate, on_resample=on_resample):
         samples += len(block)
-        handle(segmenter.feed(block))
-    handle(segmenter.finish())
+        add(loop.feed(block))
+    add(loop.feed(np.zeros(0, np.int16), final=True))
     return joiner.result(str(path), samples, time.perf_counter() - started)
 
 

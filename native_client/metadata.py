@@ -8,6 +8,7 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path, PurePosixPath
 
 from native_client.alphabet import OUTPUTS, AlphabetError, Labels, make_alphabet
@@ -29,7 +30,6 @@ FORMAT = "luigi-deepspeech-export"
 # (characters, no text settings before 3; one label per frame and context windows before 4). 5:
 # ``features.normalize`` may be ``"global"``, with the training set's ``mean`` and ``std`` beside it.
 FORMAT_VERSION = 5
-STREAM_INPUTS = ("windows", "frames")
 # The most feature frames one output label may stand for (a stride read from a file someone else made).
 MAX_STRIDE = 64
 REQUIRED_KEYS = (
@@ -75,6 +75,37 @@ class ExportError(ValueError):
     """An export directory that a client cannot use; the message says which file and why."""
 
 
+class StreamInput(StrEnum):
+    """What one streaming call takes: ``n_steps`` context windows of frames (DeepSpeech), or a chunk of
+    frames with its look-back and look-ahead frames (Conformer)."""
+
+    WINDOWS = "windows"
+    FRAMES = "frames"
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """The export's streaming form (metadata.json's ``streaming`` entry, checked): ``input``, ``chunk``
+    (time steps or frames a call), ``context`` (frames each side of a window), ``lookahead`` and
+    ``lookback`` (frames after and before a chunk of frames)."""
+
+    input: StreamInput
+    chunk: int
+    context: int = 0
+    lookahead: int = 0
+    lookback: int = 0
+
+    @property
+    def frames(self) -> bool:
+        """Whether a call takes a chunk of frames (else context windows)."""
+        return self.input is StreamInput.FRAMES
+
+    @property
+    def width(self) -> int:
+        """Frames one call over chunks of frames takes: look-back, chunk and look-ahead."""
+        return self.lookback + self.chunk + self.lookahead
+
+
 @dataclass(frozen=True)
 class ExportMetadata:
     """Parsed ``metadata.json``; ``directory`` is the export it came from."""
@@ -97,10 +128,9 @@ class ExportMetadata:
     text: TextSettings | None = None
     # Feature frames per output label (the model family's stride; 1 before format 4).
     stride: int = 1
-    # What one streaming call takes: ``input`` (windows or frames), ``chunk``, ``context``, ``lookahead``,
-    # ``lookback`` (frames before the chunk; 0 in exports that do not say);
-    # None when the model has no streaming form (it runs whole utterances only).
-    streaming: dict | None = None
+    # What one streaming call takes (``StreamSpec``); None when the model has no streaming form (it runs
+    # whole utterances only).
+    streaming: StreamSpec | None = None
 
     @property
     def seconds_per_label(self) -> float:
@@ -344,17 +374,11 @@ def _check_file_name(name, where: str, directory: Path, source: Path) -> None:
         raise ExportError(f"{source}: {where}: {name!r} is not a file inside the export directory")
 
 
-def _streaming(raw: dict, source: Path) -> dict | None:
-    """The ``streaming`` entry checked (before format 4: context windows of ``n_context``, ``n_steps`` a
-    call); None for a model without a streaming form."""
+def _streaming(raw: dict, source: Path) -> StreamSpec | None:
+    """The ``streaming`` entry checked and typed (before format 4: context windows of ``n_context``,
+    ``n_steps`` a call); None for a model without a streaming form."""
     if "streaming" not in raw:
-        return {
-            "input": "windows",
-            "chunk": int(raw["n_steps"]),
-            "context": int(raw["n_context"]),
-            "lookahead": 0,
-            "lookback": 0,
-        }
+        return StreamSpec(StreamInput.WINDOWS, chunk=int(raw["n_steps"]), context=int(raw["n_context"]))
     entry = raw["streaming"]
     if entry is None:
         if raw["tensors"].get("state"):
@@ -362,17 +386,17 @@ def _streaming(raw: dict, source: Path) -> dict | None:
                 f"{source}: streaming: null (no streaming form) but tensors.state lists a state"
             )
         return None
-    if entry.get("input") not in STREAM_INPUTS:
+    kinds = [kind.value for kind in StreamInput]
+    if entry.get("input") not in kinds:
         raise ExportError(
-            f"{source}: streaming.input: expected one of {', '.join(STREAM_INPUTS)}, "
-            f"got {entry.get('input')!r}"
+            f"{source}: streaming.input: expected one of {', '.join(kinds)}, got {entry.get('input')!r}"
         )
     entry = {"lookback": 0, **entry}  # format 4 exports before look-back frames have none
     for key, low in (("chunk", 1), ("context", 0), ("lookahead", 0), ("lookback", 0)):
         if problem := value_problem(entry.get(key), Range(int, low, 1 << 16)):
             raise ExportError(f"{source}: streaming.{key}: {problem}")
     if entry["chunk"] != raw["n_steps"] or (
-        entry["input"] == "windows" and entry["context"] != raw["n_context"]
+        entry["input"] == StreamInput.WINDOWS and entry["context"] != raw["n_context"]
     ):
         raise ExportError(
             f"{source}: streaming: chunk and context must be n_steps and n_context, got {entry}"
@@ -382,7 +406,13 @@ def _streaming(raw: dict, source: Path) -> dict | None:
         raise ExportError(
             f"{source}: streaming.chunk: {entry['chunk']} is not a multiple of the stride {stride}"
         )
-    return dict(entry)
+    return StreamSpec(
+        StreamInput(entry["input"]),
+        chunk=entry["chunk"],
+        context=entry["context"],
+        lookahead=entry["lookahead"],
+        lookback=entry["lookback"],
+    )
 
 
 def _tensors(raw: dict, source: Path) -> dict:

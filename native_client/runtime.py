@@ -55,7 +55,7 @@ class TFLiteRunner(StepRunner):
             raise ExportError(f"{path}: TFLite model missing from the export")
         # The weight cache only for the context-window step it was checked on (native_client/litert.py);
         # a whole utterance changes the input's length at every call: the Interpreter resizes for it.
-        windows = metadata.streaming is not None and metadata.streaming["input"] == "windows"
+        windows = metadata.streaming is not None and not metadata.streaming.frames
         try:
             self.model = open_tflite(str(path), threads, shared_weights=windows)
         except (ValueError, RuntimeError) as error:  # LiteRT's message names no file
@@ -88,9 +88,8 @@ def _check_shapes(metadata: ExportMetadata, inputs: dict[str, list[int]], output
     streaming = metadata.streaming
     if streaming is None:  # a whole utterance: [1, any time, n_input]
         expected = {names.get("input"): [1, -1, metadata.n_input]}
-    elif streaming["input"] == "frames":
-        frames = streaming["lookback"] + streaming["chunk"] + streaming["lookahead"]
-        expected = {names.get("input"): [1, frames, metadata.n_input]}
+    elif streaming.frames:
+        expected = {names.get("input"): [1, streaming.width, metadata.n_input]}
     else:
         expected = {names.get("input"): [1, metadata.n_steps, 2 * metadata.n_context + 1, metadata.n_input]}
     expected.update({spec["input"]: list(spec["shape"]) for spec in metadata.state})

@@ -1,11 +1,23 @@
 """Streaming recognition: feed audio in chunks of any size, ask for a transcript at any time.
 
-``Utterance`` is the one definition of how an utterance's audio becomes model calls (features block by
-block, then context windows, ``n_steps`` windows per call, or chunks of frames with their look-back and
-look-ahead frames; the last call zero-padded); it does not run the model but hands out its ready chunks
-and takes their logits back. ``Stream`` runs them at once on one
-runner (the client); the server's scheduler (``native_client.server.engine``) puts the chunks of many
-utterances into one call. So the two are equal chunk for chunk, by construction.
+``Utterance`` is the one engine: the one definition of how an utterance's audio becomes model calls
+(features block by block, then context windows, ``n_steps`` windows per call, or chunks of frames with
+their look-back and look-ahead frames; the last call zero-padded; exports with per-utterance normalisation
+rerun from the start, models without a streaming form run once over the whole). It does not run the model:
+it hands out its ready chunks and takes their logits back. Its drivers only run chunks:
+
+- ``run_ready`` runs them in order on one runner (the client's ``Stream``, ``Model``'s one-shot and
+  ``--vad`` paths);
+- the server's scheduler (``native_client.server.engine``) puts the ready chunks of many utterances into
+  one batched call.
+
+Voice activity (utterances cut at pauses) is ``native_client.utterances``, over this same engine.
+
+A decoder that calls parts of the model between encoder chunks (a transducer's predictor and joiner)
+needs no engine of its own: the encoder's output comes out chunk by chunk, ``Utterance.accept`` taking
+each run's logits, and ``Utterance.take_logits`` hands out the ones accepted since its last call. Such a
+decoder consumes them after each ``run_ready`` (or each ``await`` of the server's engine) and runs its own
+networks on them; the encoder's calls, batching and state stay here.
 """
 
 from __future__ import annotations
@@ -16,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from native_client.frontends import normalize_frames
+from native_client.metadata import StreamSpec
 from native_client.runtime import StepRunner
 from native_client.windows import ready_windows, window_view
 
@@ -23,10 +36,13 @@ from native_client.windows import ready_windows, window_view
 @dataclass
 class Chunk:
     """One streaming call's input: ``n_steps`` windows ``[n_steps, window, n_input]``, or frames ``[lookback
-    + chunk + lookahead, n_input]``; of its labels, the first ``real`` are not padding."""
+    + chunk + lookahead, n_input]``; of its labels, the first ``real`` are not padding. ``whole``: the
+    frames ``[time, n_input]`` of a whole utterance for a model without a streaming form (its one-shot
+    ``utterance`` signature; never batched, the server refuses such models)."""
 
     inputs: np.ndarray
     real: int
+    whole: bool = False
 
 
 class Chunks(Sequence):
@@ -62,10 +78,10 @@ class FrameChunks(Sequence):
     frames after the last; call ``i`` takes ``frames[i * chunk : i * chunk + lookback + chunk +
     lookahead]``. A call is cut when it is asked for."""
 
-    def __init__(self, frames: np.ndarray, streaming: dict, stride: int, count: int, real: int):
+    def __init__(self, frames: np.ndarray, streaming: StreamSpec, stride: int, count: int, real: int):
         self.frames = frames
-        self.chunk, self.stride, self.count, self.real = streaming["chunk"], stride, count, real
-        self.width = streaming["lookback"] + self.chunk + streaming["lookahead"]
+        self.chunk, self.stride, self.count, self.real = streaming.chunk, stride, count, real
+        self.width = streaming.width
 
     def __len__(self) -> int:
         return self.count
@@ -107,8 +123,8 @@ def first_frames(metadata) -> np.ndarray:
     """What an utterance starts with before its first frame: the zero frames of the look-back (chunks of
     frames) or of the context before it (context windows)."""
     streaming = metadata.streaming
-    if streaming is not None and streaming["input"] == "frames":
-        return np.zeros((streaming["lookback"], metadata.n_input), np.float32)
+    if streaming is not None and streaming.frames:
+        return np.zeros((streaming.lookback, metadata.n_input), np.float32)
     return np.zeros((metadata.n_context, metadata.n_input), np.float32)
 
 
@@ -118,7 +134,7 @@ def take_ready_frames(pending: np.ndarray, frames: np.ndarray, metadata, final: 
     rest, zero-padded), or None, and the frames still pending. One rule for the client's ``Stream`` and
     the server's ``Utterance``."""
     streaming = metadata.streaming
-    chunk, lookback, lookahead = streaming["chunk"], streaming["lookback"], streaming["lookahead"]
+    chunk, lookback, lookahead = streaming.chunk, streaming.lookback, streaming.lookahead
     pending = np.concatenate([pending, frames]).astype(np.float32, copy=False)
     todo = len(pending) - lookback  # frames whose labels are not out yet
     if final:
@@ -138,6 +154,9 @@ def run_calls(runner: StepRunner, chunks: Sequence[Chunk], state):
     the state after them."""
     outputs = []
     for chunk in chunks:
+        if chunk.whole:
+            outputs.append(runner.utterance(chunk.inputs))
+            continue
         logits, state = runner.step(chunk.inputs[None], state)
         outputs.append(logits[: chunk.real])
     empty = np.zeros((0, runner.metadata.n_classes), np.float32)
@@ -159,7 +178,7 @@ def run_frames(runner: StepRunner, frames: np.ndarray, state=None):
     if streaming is None:
         return runner.utterance(frames), ()
     state = state or runner.zero_state()
-    if streaming["input"] == "frames":
+    if streaming.frames:
         return run_chunks(runner, frames, state)
     return run_windows(runner, window_view(frames, runner.metadata.n_context), state)
 
@@ -192,8 +211,9 @@ class Utterance:
     """One utterance's audio turned into model chunks; the caller runs them and hands back the logits.
 
     ``feed_audio`` int16 samples, take the ``ready()`` chunks, run them in order from ``state`` and call
-    ``accept`` with their logits and the new state. ``finish`` makes the rest ready (zero-padded).
-    Exports with per-utterance normalisation need the whole utterance's statistics: nothing is ready before
+    ``accept`` with their logits and the new state (``run_ready`` does it on one runner). ``finish`` makes
+    the rest ready (zero-padded). Exports with per-utterance normalisation need the whole utterance's
+    statistics, and a model without a streaming form runs once over all of it: nothing is ready before
     ``finish`` (``rerun`` gives the chunks of the audio so far, for a partial result from a zero state).
     Global normalisation (``normalize: global``) is applied to each frame as it comes: incremental.
     """
@@ -204,16 +224,20 @@ class Utterance:
         self.n_steps = metadata.n_steps
         self.n_classes = metadata.n_classes
         self._context = metadata.n_context
-        self._chunked = metadata.streaming is not None and metadata.streaming["input"] == "frames"
+        self._streaming = metadata.streaming
         self._features = metadata.features
         self._normalize = metadata.features.per_utterance
+        # the frames are kept and run at the end (or rerun for a partial)
+        self._whole = self._normalize or self._streaming is None
         self._frames = metadata.features.frontend.stream()
         # frames still needed as context or look-back, starting with the zero frames before the utterance
         self._pending = first_frames(metadata)
         self._all_frames: list[np.ndarray] = []
         self._ready: list[Sequence[Chunk]] = []  # chunks ready to run, in order
         self._logits: list[np.ndarray] = []
-        self.state = runner.zero_state()
+        self._taken = 0  # time steps of logits handed out by take_logits
+        self.zero_state = runner.zero_state()
+        self.state = self.zero_state
         self.samples = 0
         self.finished = False
 
@@ -233,13 +257,14 @@ class Utterance:
         self.finished = True
 
     def _add_frames(self, frames: np.ndarray, final: bool) -> None:
-        if self._normalize:
+        if not self._normalize:
+            frames = self._features.normalise(frames)  # global statistics, frame by frame (or none)
+        if self._whole:
             self._all_frames.append(frames)
             if final:
                 self._ready.append(self.rerun())
             return
-        frames = self._features.normalise(frames)
-        if self._chunked:
+        if self._streaming.frames:
             chunks, self._pending = take_ready_frames(self._pending, frames, self.metadata, final)
         else:
             windows, self._pending = take_ready_windows(
@@ -251,29 +276,41 @@ class Utterance:
 
     @property
     def incremental(self) -> bool:
-        """Whether chunks are ready as audio arrives (no per-utterance normalisation; global is)."""
-        return not self._normalize
+        """Whether chunks are ready as audio arrives (a streaming form, no per-utterance normalisation;
+        global normalisation is)."""
+        return not self._whole
 
     def rerun(self) -> Sequence[Chunk]:
-        """All chunks of the audio so far, normalised with its statistics so far, to run from a zero
-        state (exports with normalisation: a partial transcript)."""
+        """All chunks of the audio so far, normalised with its statistics so far (per-utterance
+        normalisation), to run from ``zero_state``: a partial transcript of a non-incremental utterance."""
         frames = [f for f in self._all_frames if len(f)]
         if not frames:
             return ()
-        normalised = normalize_frames(np.concatenate(frames))
-        if self._chunked:
-            chunks, _ = take_ready_frames(first_frames(self.metadata), normalised, self.metadata, final=True)
+        frames = np.concatenate(frames)
+        if self._normalize:
+            frames = normalize_frames(frames)
+        if self._streaming is None:
+            return (
+                Chunk(frames.astype(np.float32, copy=False), self.metadata.output_length(len(frames)), True),
+            )
+        if self._streaming.frames:
+            chunks, _ = take_ready_frames(first_frames(self.metadata), frames, self.metadata, final=True)
             return chunks or ()
-        return Chunks(window_view(normalised, self._context), self.n_steps)
+        return Chunks(window_view(frames, self._context), self.n_steps)
 
     def ready(self) -> Sequence[Chunk]:
         """The chunks ready to run, in order (handed out once)."""
         ready, self._ready = self._ready, []
         return ready[0] if len(ready) == 1 else ChunkList(ready)
 
+    @property
+    def has_ready(self) -> bool:
+        """Whether ``ready`` would hand out a chunk."""
+        return any(len(chunks) for chunks in self._ready)
+
     def accept(self, logits: np.ndarray, state: tuple) -> None:
         """The logits ``[time, n_classes]`` (padding steps dropped) and the state after the chunks handed
-        out by ``ready``."""
+        out by ``ready`` (all of them, or the first ones of them: a driver may accept chunk by chunk)."""
         self._logits.append(np.asarray(logits))
         self.state = state
 
@@ -285,10 +322,25 @@ class Utterance:
             self._logits = [np.concatenate(self._logits)]
         return self._logits[0]
 
+    def take_logits(self) -> np.ndarray:
+        """The logits accepted since the last call (the encoder's output as it comes: the hook of a
+        decoder that runs parts of the model between chunks, see the module docstring)."""
+        logits = self.logits()
+        new, self._taken = logits[self._taken :], len(logits)
+        return new
+
+
+def run_ready(runner: StepRunner, utterance: Utterance) -> None:
+    """Run ``utterance``'s ready chunks in order on ``runner``, accepting each one's logits and state as it
+    comes (the synchronous driver: the client's)."""
+    for chunk in utterance.ready():
+        logits, state = run_calls(runner, (chunk,), utterance.state)
+        utterance.accept(logits, state)
+
 
 class Stream:
     """One utterance being recognised. ``feed_audio`` int16 chunks, ``intermediate_decode`` any time,
-    ``finish`` once.
+    ``finish`` once: an ``Utterance`` whose chunks run on one runner as they are ready, and decoders.
 
     Without per-utterance normalisation the model runs as audio arrives, ``n_steps`` time
     steps at a time, carrying the recurrent state (``normalize: global`` normalises each frame with the
@@ -305,74 +357,25 @@ class Stream:
         self.runner = runner
         self.decoder = decoder
         self.intermediate_decoder = intermediate_decoder or decoder
-        metadata = runner.metadata
-        self._features = metadata.features
-        self._whole = metadata.features.per_utterance or metadata.streaming is None
-        self._normalize = metadata.features.per_utterance
-        self._chunked = metadata.streaming is not None and metadata.streaming["input"] == "frames"
-        self._frames = metadata.features.frontend.stream()
-        self._n_context = metadata.n_context
-        # frames still needed as context or look-back (the next call's), starting with the zero frames
-        # before the utterance
-        self._pending = first_frames(metadata)
-        self._all_frames = []
-        self._logits = []
-        self._state = runner.zero_state()
-        self._finished = False
-        self.samples = 0
+        self.utterance = Utterance(runner)
+
+    @property
+    def samples(self) -> int:
+        """Samples fed so far."""
+        return self.utterance.samples
 
     def feed_audio(self, chunk: np.ndarray) -> None:
         """Add int16 mono samples at the model's sample rate."""
-        if self._finished:
-            raise RuntimeError("feed_audio after finish")
-        chunk = np.asarray(chunk).reshape(-1)
-        self.samples += chunk.size
-        self._add_frames(self._frames.feed(chunk), final=False)
-
-    def _add_frames(self, frames: np.ndarray, final: bool) -> None:
-        if not self._normalize:
-            frames = self._features.normalise(frames)  # global statistics, frame by frame (or none)
-        if self._whole:
-            self._all_frames.append(frames)
-            return
-        if self._chunked:
-            self._add_chunks(frames, final)
-            return
-        n_steps = self.runner.metadata.n_steps
-        windows, self._pending = take_ready_windows(self._pending, frames, self._n_context, n_steps, final)
-        if windows is None:
-            return
-        logits, self._state = run_windows(self.runner, np.ascontiguousarray(windows), self._state)
-        self._logits.append(logits)
-
-    def _add_chunks(self, frames: np.ndarray, final: bool) -> None:
-        """Frames for a streaming form over chunks of frames: each chunk with its look-ahead runs as soon
-        as it is there; at the end, the rest (``take_ready_frames``)."""
-        chunks, self._pending = take_ready_frames(self._pending, frames, self.runner.metadata, final)
-        if chunks is not None:
-            logits, self._state = run_calls(self.runner, chunks, self._state)
-            self._logits.append(logits)
-
-    def _normalised_logits(self) -> np.ndarray:
-        frames = (
-            np.concatenate(self._all_frames)
-            if self._all_frames
-            else np.zeros((0, self.runner.metadata.n_input), np.float32)
-        )
-        if len(frames) == 0:
-            return np.zeros((0, self.runner.metadata.n_classes), np.float32)
-        logits, _ = run_frames(self.runner, normalize_frames(frames) if self._normalize else frames)
-        return logits
+        self.utterance.feed_audio(chunk)
+        run_ready(self.runner, self.utterance)
 
     def logits(self) -> np.ndarray:
         """Logits ``[time, n_classes]`` of the audio so far."""
-        if self._whole:
-            return self._normalised_logits()
-        return (
-            np.concatenate(self._logits)
-            if self._logits
-            else np.zeros((0, self.runner.metadata.n_classes), np.float32)
-        )
+        utterance = self.utterance
+        if utterance.incremental or utterance.finished:
+            return utterance.logits()
+        logits, _ = run_calls(self.runner, utterance.rerun(), utterance.zero_state)
+        return logits
 
     def intermediate_decode(self) -> str:
         """Transcript of the audio so far (the intermediate decoder; greedy unless configured)."""
@@ -380,11 +383,11 @@ class Stream:
 
     def flush(self) -> np.ndarray:
         """End the utterance: run the last (zero-padded) frames; returns the logits of the whole of it."""
-        if self._finished:
+        if self.utterance.finished:
             raise RuntimeError("the stream is already finished")
-        self._add_frames(self._frames.finish(), final=True)
-        self._finished = True
-        return self.logits()
+        self.utterance.finish()
+        run_ready(self.runner, self.utterance)
+        return self.utterance.logits()
 
     def finish(self) -> str:
         """Flush the last (zero-padded) frames and return the final transcript."""

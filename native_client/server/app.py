@@ -33,7 +33,8 @@ from native_client.server.budget import TokenBucket
 from native_client.server.engine import BatchEngine
 from native_client.server.session import ProtocolError, RecognizerSession
 from native_client.stream import Utterance
-from native_client.vad import Audio, Cutter, End, Segmenter, Start, VadSettings
+from native_client.utterances import UtteranceLoop, detector
+from native_client.vad import VadSettings
 
 log = logging.getLogger(__name__)
 
@@ -500,7 +501,7 @@ class SttHandler(tornado.web.RequestHandler):
         loop = asyncio.get_running_loop()
         blocks = stream_for_model(path, rate, convert_rate=True, block_seconds=5.0)
         kept: list[np.ndarray] | None = []  # the audio until it is longer than one utterance
-        segmenter, segments, samples = None, None, 0
+        segments, samples = None, 0
         while (block := await loop.run_in_executor(None, next, blocks, None)) is not None:
             samples += len(block)
             if samples > cap * rate:
@@ -514,11 +515,11 @@ class SttHandler(tornado.web.RequestHandler):
                 if samples <= longest:
                     continue
                 # Longer than one utterance: cut it into utterances from its start.
-                segmenter = Segmenter(rate, service.vad) if service.vad is not None else Cutter(longest)
-                segments = _Segments(self, SegmentJoiner(rate))
+                utterances = UtteranceLoop(model.runner, detector(rate, service.vad, longest))
+                segments = _Segments(self, SegmentJoiner(rate), utterances)
                 block, kept = np.concatenate(kept), None
-            await segments.handle(segmenter.feed(block))
-        if segmenter is None:  # one utterance, as the client transcribes a file
+            await segments.handle(block)
+        if segments is None:  # one utterance, as the client transcribes a file
             utterance = Utterance(model.runner)
             for block in kept:
                 utterance.feed_audio(block)
@@ -527,7 +528,7 @@ class SttHandler(tornado.web.RequestHandler):
             seconds = model.metadata.seconds_per_label
             found = await service.engine.candidates(utterance.logits(), self.count, seconds)
             return found, samples
-        await segments.handle(segmenter.finish())
+        await segments.handle(np.zeros(0, np.int16), final=True)
         return segments.joiner, samples
 
     def on_finish(self):
@@ -617,30 +618,22 @@ async def run_ready(engine: BatchEngine, utterance: Utterance) -> None:
 class _Segments:
     """The utterances of a long ``POST /stt`` body run through the engine one by one and joined."""
 
-    def __init__(self, handler: SttHandler, joiner: SegmentJoiner):
+    def __init__(self, handler: SttHandler, joiner: SegmentJoiner, utterances: UtteranceLoop):
         self.handler = handler
         self.joiner = joiner
-        self.utterance: Utterance | None = None
-        self.start = 0
+        self.utterances = utterances
 
-    async def handle(self, events: list) -> None:
-        """Feed the detector's events: each ended utterance is decoded (its best candidate) and dropped."""
-        model = self.handler.service.model
-        for event in events:
-            if isinstance(event, Start):
-                self.utterance, self.start = Utterance(model.runner), event.at
-            elif isinstance(event, Audio) and self.utterance is not None:
-                self.utterance.feed_audio(event.samples)
-            elif isinstance(event, End) and self.utterance is not None:
-                self.utterance.finish()
-            else:
+    async def handle(self, samples: np.ndarray, final: bool = False) -> None:
+        """Feed ``samples`` to the detector: each ended utterance is decoded (its best candidate) and
+        dropped."""
+        model, engine = self.handler.service.model, self.handler.service.engine
+        for step in self.utterances.feed(samples, final):
+            if isinstance(step, Utterance):
+                await run_ready(engine, step)
                 continue
-            await run_ready(self.handler.service.engine, self.utterance)
-            if isinstance(event, End):
-                seconds = model.metadata.seconds_per_label
-                found = await self.handler.service.engine.candidates(self.utterance.logits(), 1, seconds)
-                self.joiner.add(self.start, event, found[0])
-                self.utterance = None
+            seconds = model.metadata.seconds_per_label
+            found = await engine.candidates(step.logits, 1, seconds)
+            self.joiner.add(step.start, step.end, found[0])
 
 
 class StatusHandler(tornado.web.RequestHandler):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import soxr
@@ -21,7 +20,7 @@ import soxr
 from native_client.audio import RESAMPLE_QUALITY, to_int16
 from native_client.server.budget import TokenBucket
 from native_client.stream import Utterance
-from native_client.vad import Audio, Cutter, End, Segmenter, Start
+from native_client.utterances import Ended, UtteranceLoop, detector
 
 CONFIG_KEYS = ("sample_rate", "words", "max_alternatives")
 MAX_ALTERNATIVES = 10
@@ -30,15 +29,6 @@ SAMPLE_RATES = (4000, 192000)  # the rates a client may stream at (resampled to 
 
 class ProtocolError(ValueError):
     """A message the server refuses: sent to the client as ``{"error": str(error)}``, then it closes."""
-
-
-@dataclass
-class _Ended:
-    """An utterance that ended: where it started (samples since the connection's first one) and its
-    logits."""
-
-    start: int
-    logits: np.ndarray
 
 
 class RecognizerSession:
@@ -59,13 +49,9 @@ class RecognizerSession:
         self._audio_budget = TokenBucket(limits.max_audio_rate, burst=limits.max_message_seconds)
         # The detector, or without one (--no-vad) the whole connection as one utterance cut at the longest
         # utterance: either way an utterance's memory (and a normalised export's reruns) is bounded.
-        self._segmenter = (
-            Segmenter(self.model_rate, service.vad)
-            if service.vad is not None
-            else Cutter(round(service.max_utterance_s * self.model_rate))
-        )
-        self._utterance: Utterance | None = None
-        self._start = 0
+        segmenter = detector(self.model_rate, service.vad, round(service.max_utterance_s * self.model_rate))
+        self._utterances = UtteranceLoop(service.model.runner, segmenter)
+        self._partial_of: Utterance | None = None  # the utterance _partial and _rerun_at are of
         self._partial = ""
         self._rerun_at = 0  # normalised exports: samples of the utterance at the last partial rerun
 
@@ -171,47 +157,34 @@ class RecognizerSession:
         ended = await self._feed(samples, final=True)
         return await self._result(ended)
 
-    async def _feed(self, samples: np.ndarray, final: bool = False) -> list[_Ended]:
+    async def _feed(self, samples: np.ndarray, final: bool = False) -> list[Ended]:
         """Run ``samples`` through the detector and the utterances; the utterances that ended."""
-        events = self._segmenter.feed(samples)
-        if final:
-            events += self._segmenter.finish()
         ended = []
-        for event in events:
-            if isinstance(event, Start):
-                self._utterance = Utterance(self.service.model.runner)
-                self._start, self._partial, self._rerun_at = event.at, "", 0
-            elif isinstance(event, Audio) and self._utterance is not None:
-                self._utterance.feed_audio(event.samples)
-            elif isinstance(event, End) and self._utterance is not None:
-                self._utterance.finish()
-                await self._run_ready()
-                ended.append(_Ended(self._start, self._utterance.logits()))
-                self._utterance = None
-        if self._utterance is not None and self._utterance.incremental:
-            await self._run_ready()
+        for step in self._utterances.feed(samples, final):
+            if isinstance(step, Utterance):
+                logits, state = await self.service.engine.run(step.ready(), step.state)
+                step.accept(logits, state)
+            else:
+                ended.append(step)
         return ended
-
-    async def _run_ready(self) -> None:
-        utterance = self._utterance
-        logits, state = await self.service.engine.run(utterance.ready(), utterance.state)
-        utterance.accept(logits, state)
 
     async def _partial_text(self) -> str:
         """The current utterance's transcript so far (greedy), ``""`` between utterances. An export with
         normalisation reruns the utterance from its start at most every ``partial_interval_s`` of audio."""
-        utterance, greedy = self._utterance, self.service.model.greedy
+        utterance, greedy = self._utterances.utterance, self.service.model.greedy
         if utterance is None:
             return ""
         if utterance.incremental:
             return greedy.decode(utterance.logits())
+        if utterance is not self._partial_of:
+            self._partial_of, self._partial, self._rerun_at = utterance, "", 0
         if utterance.samples - self._rerun_at >= self.service.partial_interval_s * self.model_rate:
             self._rerun_at = utterance.samples
-            logits, _ = await self.service.engine.run(utterance.rerun(), utterance.state)
+            logits, _ = await self.service.engine.run(utterance.rerun(), utterance.zero_state)
             self._partial = greedy.decode(logits)
         return self._partial
 
-    async def _result(self, ended: list[_Ended]) -> dict:
+    async def _result(self, ended: list[Ended]) -> dict:
         """vosk-server's result object of the utterances that ended (normally one; several ended in one
         frame are joined into one result)."""
         model = self.service.model
