@@ -15,6 +15,7 @@ from native_client.audio import load_for_model
 from native_client.batching import BatchRunner
 from native_client.metadata import StreamInput, StreamSpec
 from native_client.model import Model
+from native_client.server.decoding import ThreadDecoding
 from native_client.server.engine import BatchEngine
 from native_client.stream import Utterance
 from native_client.utterances import UtteranceLoop
@@ -72,7 +73,7 @@ def _server_side(model: Model, pieces: list[np.ndarray]) -> tuple[list[np.ndarra
     batching engine on the client's runner; the logits after each piece and those of the ended utterance."""
 
     async def main():
-        engine = BatchEngine(BatchRunner(model.runner))
+        engine = BatchEngine(BatchRunner(model.runner), ThreadDecoding(model.decoder))
         engine.start()
         loop = UtteranceLoop(model.runner, Cutter(sum(len(p) for p in pieces) + 1))
         partial, ended = [], []
