@@ -5,7 +5,9 @@ Started by ``pipeline.train.multiworker.launch_local_workers`` (one machine) or 
 hand / a cluster manager on each machine. Prints, as its last stdout line, one
 JSON object with this worker's index, final global step and a digest of its
 weights, so that a caller can check that every worker ended with the same model.
-Exit status 3 and a one-line error when another worker was lost.
+Exit status 3 and a one-line error when another worker was lost. The Train task
+that starts it adds ``--init-digest D`` with ``training.init_from``: the digest its
+run's fingerprint holds, which the worker's fingerprint and warm start then use.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ def main(argv=None) -> int:
     """Train as the worker that ``TF_CONFIG`` names."""
     parser = argparse.ArgumentParser(prog="python -m pipeline.stages.train_worker")
     parser.add_argument("--config", required=True)
+    # The digest of training.init_from the scheduled run's Train fingerprint holds (train_launch gives it).
+    parser.add_argument("--init-digest")
     args = parser.parse_args(argv)
     if sys.platform.startswith("linux") and os.environ.get("TF_CONFIG") and not is_bound():
         # Start again with the library that keeps TensorFlow's server on this worker's own address.
@@ -46,7 +50,7 @@ def main(argv=None) -> int:
                 f"{args.config}: a cluster worker needs distribution.strategy: multi_worker "
                 f"(it is {config.distribution.strategy})"
             )
-        report = train_stage(Layout(config))
+        report = train_stage(Layout(config, init_from_digest=args.init_digest))
     except DistributionError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 3

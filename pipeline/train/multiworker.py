@@ -56,10 +56,14 @@ def _die_with_parent() -> None:
 
 
 def start_workers(
-    config_path: str | Path, count: int, logs: LogPaths, env: dict | None = None
+    config_path: str | Path,
+    count: int,
+    logs: LogPaths,
+    env: dict | None = None,
+    worker_args: tuple[str, ...] = (),
 ) -> list[subprocess.Popen]:
-    """Start ``count`` workers of ``python -m pipeline.stages.train_worker``; worker i's output goes to
-    ``logs(i)`` (``TrainRun.worker_log`` for a Train run)."""
+    """Start ``count`` workers of ``python -m pipeline.stages.train_worker`` (with ``worker_args`` after
+    ``--config``); worker i's output goes to ``logs(i)`` (``TrainRun.worker_log`` for a Train run)."""
     addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
     processes = []
     for index in range(count):
@@ -68,7 +72,14 @@ def start_workers(
         log = open(logs(index), "w")
         processes.append(
             subprocess.Popen(
-                [sys.executable, "-m", "pipeline.stages.train_worker", "--config", str(config_path)],
+                [
+                    sys.executable,
+                    "-m",
+                    "pipeline.stages.train_worker",
+                    "--config",
+                    str(config_path),
+                    *worker_args,
+                ],
                 env=worker_env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -121,9 +132,10 @@ def launch_local_workers(
     logs: LogPaths,
     grace_s: float,
     on_poll: Callable[[str], None] = lambda last_line: None,
+    worker_args: tuple[str, ...] = (),
 ) -> None:
     """Run ``count`` local workers to the end (see ``start_workers`` and ``wait_for_workers``)."""
-    processes = start_workers(config_path, count, logs)
+    processes = start_workers(config_path, count, logs, worker_args=worker_args)
     try:
         wait_for_workers(processes, logs, grace_s, on_poll)
     finally:
@@ -138,13 +150,22 @@ def run_cluster_worker(
     logs: LogPaths,
     grace_s: float,
     on_poll: Callable[[str], None] = lambda last_line: None,
+    worker_args: tuple[str, ...] = (),
 ) -> None:
     """Run this machine's worker of a cluster (``TF_CONFIG`` already set) as a child process, so that it
-    starts with the bind-address library; its output goes to ``logs(index)``."""
+    starts with the bind-address library; its output goes to ``logs(index)``; ``worker_args`` as for
+    ``start_workers``."""
     logs(index).parent.mkdir(parents=True, exist_ok=True)
     with open(logs(index), "w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.stages.train_worker", "--config", str(config_path)],
+            [
+                sys.executable,
+                "-m",
+                "pipeline.stages.train_worker",
+                "--config",
+                str(config_path),
+                *worker_args,
+            ],
             env=bound_environment(os.environ["TF_CONFIG"]),
             stdout=log,
             stderr=subprocess.STDOUT,
