@@ -799,8 +799,9 @@ class DecoderConfig:
     )
     lm_builder: Literal["auto", "kenlm", "python"] = _opt(
         "auto",
-        "Who estimates the LM: kenlm (KenLM's lmplz + build_binary, see make kenlm), "
-        "python (the built-in estimator, for small corpora), auto (kenlm when its tools are installed).",
+        "Who estimates the LM: kenlm (KenLM's lmplz + build_binary, see make kenlm; refused where they are "
+        "not installed), python (the built-in estimator, for small corpora), auto (kenlm when its tools are "
+        "installed, else python; the LM's report says which, and the fingerprint is the same either way).",
     )
     lm_memory: str = _opt(
         "2G",

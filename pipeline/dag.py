@@ -3,10 +3,12 @@
 A stage's fingerprint (``pipeline.layout.Layout.fingerprint``) hashes the config
 keys whose ``stages`` tag names it (``pipeline.config``: ``_opt(..., stages=...)``),
 the digests of the input files among them, the few values the layout resolves
-for it (``Layout._derived``: the LM builder ``auto`` stands for), and the
-fingerprints of the stages ``upstream`` lists; the Luigi tasks' ``requires()``
-come from the same ``upstream`` (``tasks.base``). So a stage's dependencies are
-written in one place, and neither the tasks nor the layout repeat them.
+for it from the config and the data (``Layout._derived``: a corpus's files, a
+family's output stride; never what the machine has: tools on PATH, their
+versions, the clock), and the fingerprints of the stages ``upstream`` lists;
+the Luigi tasks' ``requires()`` come from the same ``upstream``
+(``tasks.base``). So a stage's dependencies are written in one place, and
+neither the tasks nor the layout repeat them.
 
 To add a stage: a function in ``pipeline/stages/<name>.py``, an entry here, the
 ``stages`` tag on the keys it reads, a thin task in ``tasks/`` naming it.

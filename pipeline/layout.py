@@ -31,9 +31,7 @@ from pipeline.data.importing import (
     import_fingerprint,
     plan_import,
 )
-from pipeline.data.phonemes import espeak_version
-from pipeline.digests import file_digest, path_digest
-from pipeline.lm.kenlm_tools import find_tools
+from pipeline.digests import path_digest
 from pipeline.model import model_family
 from pipeline.workdir import (
     ALPHABET_DIR,
@@ -55,26 +53,14 @@ from pipeline.workdir import (
     PhonemesFiles,
     TrainRun,
     TuneFiles,
-    checkpoint_prefix,
     export_root,
+    init_digest,
     logits_scratch,
     run_log,
     task_dir_name,
     task_export_root,
     work_directory,
 )
-
-
-def init_digest(path: str | Path) -> str:
-    """The digest of what ``training.init_from`` loads: a model file's own, or the files of the checkpoint
-    it resolves to (a run directory's other files, such as new summaries, do not count)."""
-    prefix = checkpoint_prefix(path)
-    if prefix is None:
-        return path_digest(path)
-    digest = hashlib.sha256()
-    for item in sorted(prefix.parent.glob(f"{prefix.name}.*")):
-        digest.update(f"{item.name}\n{file_digest(item)}\n".encode())
-    return digest.hexdigest()
 
 
 @functools.cache
@@ -132,8 +118,13 @@ class Layout:
     computed on first use and kept, and file digests are shared process-wide.
     """
 
-    def __init__(self, config: Config, root: Layout | None = None):
+    def __init__(self, config: Config, root: Layout | None = None, init_from_digest: str | None = None):
+        """``init_from_digest``: the digest of ``training.init_from`` the Train fingerprint was computed
+        from when the run was scheduled, for a process that trains for a run scheduled elsewhere (a
+        multi-worker run's worker: ``pipeline.stages.train_worker --init-digest``); by default it is
+        computed here, on first use."""
         self.config = config
+        self._scheduled_init = init_from_digest
         # A task's layout (``for_task``) has the pipeline's as its root, which computes every fingerprint.
         self._root = root
         self._tasks: dict[str, Layout] = {}
@@ -282,7 +273,7 @@ class Layout:
                 elif (section_field.name, f.name) == ("multitask", "tasks"):
                     value = [task.train_key() for task in value]  # their data reaches Train by its inputs
                 elif (section_field.name, f.name) == ("training", "init_from") and value is not None:
-                    value = init_digest(value)
+                    value = self.init_from_digest
                 elif f.metadata.get("path") and value is not None:
 
                     def content(path, located=f.metadata.get("located")):
@@ -292,6 +283,17 @@ class Layout:
                     value = [content(p) for p in value] if isinstance(value, tuple) else content(value)
                 found[f"{section_field.name}.{f.name}"] = _plain(value)
         return found
+
+    @functools.cached_property
+    def init_from_digest(self) -> str | None:
+        """The digest of what ``training.init_from`` loads (``workdir.init_digest``) as the Train fingerprint
+        holds it: computed once per layout, when the run is scheduled (or given to the layout); None when
+        the key is unset. The warm start checks the checkpoint against it when Train reads it."""
+        if self._root is not None:
+            return self._root.init_from_digest
+        if not self.config.training.init_from:
+            return None
+        return self._scheduled_init or init_digest(self.config.training.init_from)
 
     def _input_digest(self, path: str) -> str:
         """``path_digest`` of an input file, remembered as the digest this layout's fingerprints used."""
@@ -305,11 +307,14 @@ class Layout:
         return [path for path, digest in read.items() if self._digests_used.get(str(path), digest) != digest]
 
     def _derived(self, stage: str, params: dict) -> dict:
-        """What a stage's result depends on beyond the config's keys: the LM's builder as resolved here
-        (``decoder.lm_builder: auto`` is KenLM's tools when they are installed); an Import's corpus as
-        resolved (its root, parts and options) and its files' names, sizes and modification times."""
+        """What a stage's result depends on beyond the config's keys: an Import's corpus as resolved (its
+        root, parts and options) and its files' names, sizes and modification times; a phonemes task's
+        inputs; a family's output stride. Never the machine's: which tools are on PATH, their versions, the
+        clock. The builder that made an LM and espeak-ng's version are in the stages' reports instead."""
         if stage == "lm":
-            return {"lm_builder": self.lm_builder}
+            # decoder.lm_builder as written: auto stays auto whichever builder it finds (lm_report.json says
+            # which); kenlm and python keep the fingerprints they had when auto was resolved here.
+            return {"lm_builder": self.config.decoder.lm_builder}
         if stage == "import":
             return {"corpus": self.import_fingerprint(params["corpus"])}
         if stage == "phonemes":
@@ -324,7 +329,8 @@ class Layout:
     def _phonemes_inputs(self) -> dict:
         """What a phonemes task's IPA manifests depend on beyond its upstream imports: its ``of`` task's
         manifest files (by content) and text settings (its language is the voice), the limits (only the
-        rows they take are spoken) and espeak-ng's version."""
+        rows they take are spoken). Not espeak-ng's version, which is the machine's: the stage's report
+        records it (``phonemes_report.json``)."""
         source = self.for_task(self.config.phonemes_of)
         return {
             "of": self.config.phonemes_of,
@@ -333,13 +339,7 @@ class Layout:
                 for split in ("train", "dev", "test")
             },
             "text": source.config.data.text.to_dict(),
-            "espeak": self.espeak_version,
         }
-
-    @functools.cached_property
-    def espeak_version(self) -> str:
-        """espeak-ng's version, asked once per layout (the phonemes it gives may change with it)."""
-        return espeak_version()
 
     @functools.cached_property
     def phonemes_files(self) -> PhonemesFiles:
@@ -356,15 +356,6 @@ class Layout:
     def train_fingerprint(self) -> str:
         """The Train fingerprint (``training.epochs`` is not in it: raising it continues the run)."""
         return self.fingerprint("train")
-
-    @functools.cached_property
-    def lm_builder(self) -> str:
-        """``kenlm`` or ``python``: ``decoder.lm_builder``, with ``auto`` resolved by whether KenLM's tools
-        are installed (beside this Python or on PATH)."""
-        wanted = self.config.decoder.lm_builder
-        if wanted != "auto":
-            return wanted
-        return "kenlm" if find_tools() is not None else "python"
 
     @property
     def lm_fingerprint(self) -> str:

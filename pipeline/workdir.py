@@ -22,7 +22,7 @@ from xdg import BaseDirectory
 from native_client.metadata import MANIFEST_NAME, METADATA_NAME
 from pipeline.config import APP_NAME
 from pipeline.data.importing import REJECTS_NAME, REPORT_NAME, manifest_name
-from pipeline.digests import file_digest
+from pipeline.digests import file_digest, path_digest
 from pipeline.files import writer_tag
 
 # English letters, space and apostrophe; package data (the checkout's data/alphabet.txt links to it).
@@ -125,6 +125,19 @@ def checkpoint_prefix(path: str | Path) -> Path | None:
             if Path(f"{prefix}.index").is_file():
                 return prefix
     return None
+
+
+def init_digest(path: str | Path) -> str:
+    """The digest of what ``training.init_from`` loads: a model file's own, or the files of the checkpoint
+    it resolves to (a run directory's other files, such as new summaries, do not count). The Train
+    fingerprint holds it, and the warm start checks it again when it reads the checkpoint."""
+    prefix = checkpoint_prefix(path)
+    if prefix is None:
+        return path_digest(path)
+    digest = hashlib.sha256()
+    for item in sorted(prefix.parent.glob(f"{prefix.name}.*")):
+        digest.update(f"{item.name}\n{file_digest(item)}\n".encode())
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

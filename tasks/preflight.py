@@ -14,6 +14,7 @@ from pipeline.config_checks import task_source
 from pipeline.dag import STAGES, instances
 from pipeline.data.phonemes import PhonemizerError, check_voice, phoneme_voice
 from pipeline.layout import Layout
+from pipeline.lm.kenlm_tools import TOOLS_MISSING, find_tools
 from pipeline.train.cluster import check_shared_work_dir, cluster_size
 
 
@@ -164,6 +165,8 @@ def _check_inputs(config: Config, layout: Layout) -> None:
         )
     for key in layout.corpora:
         layout.import_plan(key)  # a corpus that is not what its importer reads: one line (ConfigError)
+    if config.decoder.lm_builder == "kenlm" and not config.decoder.lm_path and find_tools() is None:
+        raise PreflightError(f"{config.source}: {TOOLS_MISSING}")
 
 
 # The stages that run Train first when it is not done (they read its model: pipeline.dag).

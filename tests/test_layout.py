@@ -88,8 +88,8 @@ def test_fingerprints_of_existing_work_directories_are_kept():
     # default) and issue 24 (training.init_from's digest, export.coqui_tflite). And with issue 37:
     # features.resample and features.downmix became true by default (Features, and all that follows
     # it; a config that set both to true keeps its values).
-    # lm_builder python: what auto means where KenLM's tools are not installed (where they are, the LM
-    # fingerprint also carries the KenLM settings, so such LMs get their own directory).
+    # lm_builder python kept its values when auto stopped being resolved by the tools on PATH (issue 42,
+    # G3); auto, the default, moved then (LanguageModel and what follows it) and is pinned below.
     config = config_from_dict(
         {
             "model": {"n_hidden": 100},
@@ -110,6 +110,21 @@ def test_fingerprints_of_existing_work_directories_are_kept():
         layout.evaluate_fingerprint,
         layout.export_fingerprint,
     ) == ("ec93e0b8cf59", "f6942e09389a", "8dd7f14b13b4", "44644b2b7f06", "3c1429e14d1f")
+    auto = Layout(
+        config_from_dict(
+            {
+                "model": {"n_hidden": 100},
+                "decoder": {"tune": True, "lm_order": 4},
+                "export": {"quantize": True},
+            }
+        )
+    )
+    assert (auto.train_fingerprint, auto.lm_fingerprint, auto.tune_fingerprint) == (
+        "ec93e0b8cf59",
+        "c727ab1db0a2",
+        "bb9cc7dd6a23",
+    )
+    assert (auto.evaluate_fingerprint, auto.export_fingerprint) == ("e72557d7484f", "47774879667e")
 
 
 def test_an_lm_built_with_kenlm_has_its_own_fingerprint():

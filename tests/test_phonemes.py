@@ -9,7 +9,14 @@ import textwrap
 import pytest
 
 from pipeline.config_loader import load_config
-from pipeline.data.phonemes import PhonemizerError, check_voice, phoneme_voice, phonemes, phonemize
+from pipeline.data.phonemes import (
+    PhonemizerError,
+    check_voice,
+    espeak_version,
+    phoneme_voice,
+    phonemes,
+    phonemize,
+)
 from pipeline.layout import Layout
 from pipeline.reports import PhonemesReport, read_report
 from pipeline.stages.phonemes import phonemes_intact, phonemes_stage
@@ -55,6 +62,8 @@ def test_the_phonemes_stage_keeps_every_row_of_the_of_task_in_order(tmp_path):
     report = phonemes_stage(layout)
     assert isinstance(report, PhonemesReport) and phonemes_intact(layout.phonemes_files)
     assert (report.of, report.voice, report.rows, report.empty) == ("en", "en-us", {"train": 4}, {"train": 2})
+    # espeak-ng's version is recorded here, not in the fingerprint (tests/test_machine_independence.py)
+    assert report.espeak == espeak_version() and report.espeak.startswith("eSpeak NG text-to-speech: ")
     with open(layout.phonemes_files.manifest("train"), newline="", encoding="utf-8") as handle:
         written = list(csv.DictReader(handle))
     assert [row["transcript"] for row in written[:3]] == ["ðə kæt sæt", "", ""]

@@ -406,6 +406,64 @@ def test_warm_start_copies_weights_and_can_drop_the_last_layers(small_config):
     assert int(trainer.optimizer.iterations.numpy()) == 0
 
 
+def test_a_warm_start_from_a_checkpoint_changed_since_the_run_was_scheduled_is_one_line(
+    small_config, monkeypatch
+):
+    """training.init_from is fingerprinted when the run is scheduled and checked again when Train reads it
+    (issue 42, G10): a source run that trained on meanwhile is one line naming it, never its newer weights
+    under the old fingerprint; scheduled again, the run starts from the checkpoint as it is now."""
+    import pipeline.train.checkpointing as checkpointing
+    from pipeline.model.checkpoints import InitFromChanged
+    from pipeline.stages.train_launch import _worker_args
+
+    # without validation every epoch's end is the run's best checkpoint, the one a warm start reads
+    train = "training:\n  validation_epochs: 0\n  epochs: "
+    source = load_config(small_config(limit_train=4, n_hidden=16, extra=train + "1\n"))
+    build_features(source)
+    train_stage(Layout(source))
+    root = Layout(source).train_run.root
+    warm_yaml = small_config(
+        "warm.yaml", limit_train=4, n_hidden=16, extra=f"training:\n  epochs: 1\n  init_from: {root}\n"
+    )
+    scheduled = Layout(load_config(warm_yaml))
+    fingerprint = scheduled.train_fingerprint  # scheduled: it holds the digest of the source's checkpoint now
+    assert _worker_args(scheduled) == ("--init-digest", scheduled.init_from_digest)  # a worker is told it
+
+    # the source run trains on (a higher epochs continues it in its directory) and saves new checkpoints
+    more = load_config(small_config(limit_train=4, n_hidden=16, extra=train + "2\n"))
+    assert Layout(more).train_run.root == root
+    train_stage(Layout(more))
+    with pytest.raises(InitFromChanged) as raised:
+        train_stage(scheduled)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(
+        f"training.init_from: {root} changed since this run was scheduled"
+    )
+    assert "run Train again" in message
+    assert not list(scheduled.train_run.checkpoints.glob("ckpt-*"))  # nothing trained from the new weights
+    # A worker given the scheduled digest trains under the scheduled fingerprint and refuses the same way.
+    pinned = Layout(load_config(warm_yaml), init_from_digest=scheduled.init_from_digest)
+    assert pinned.train_fingerprint == fingerprint
+
+    again = Layout(load_config(warm_yaml))  # scheduled again: the checkpoint as it is now
+    assert again.train_fingerprint != fingerprint
+    real = checkpointing.warm_start
+    index = next(root.glob("best/*.index"))
+    saved = index.read_bytes()
+
+    def read_then_changed(*args, **kwargs):  # the source's checkpoint changes while the warm start reads it
+        copied = real(*args, **kwargs)
+        index.write_bytes(saved + b"\0")
+        return copied
+
+    monkeypatch.setattr(checkpointing, "warm_start", read_then_changed)
+    with pytest.raises(InitFromChanged, match="changed since this run was scheduled"):
+        train_stage(again)
+    monkeypatch.setattr(checkpointing, "warm_start", real)
+    index.write_bytes(saved)
+    assert train_stage(Layout(load_config(warm_yaml))).epochs_completed == 1
+
+
 # Phases of a run moved between one tower and two (distribution.cpu_devices 1, then 2) in one process:
 # argv: mode, then config paths. A run is "killed" mid-epoch by a hook after step 6; its configs save
 # after step 5 (training.checkpoint_steps), never by the clock.

@@ -16,6 +16,11 @@ from collections.abc import Iterable
 from pathlib import Path
 
 TOOLS = ("lmplz", "build_binary", "filter")
+# What a run that must use them (``decoder.lm_builder: kenlm``) says where they are not found.
+TOOLS_MISSING = (
+    "decoder.lm_builder is kenlm but KenLM's lmplz, build_binary and filter are not installed (beside "
+    "this Python or on PATH): run `make kenlm`, or set decoder.lm_builder: auto or python"
+)
 
 
 class KenLMToolError(RuntimeError):

@@ -13,13 +13,30 @@ from pipeline.config import Config
 from pipeline.model import build_model, model_family
 from pipeline.model.heads import task_weight_names
 from pipeline.model.weights import named_weights
-from pipeline.workdir import TrainRun
+from pipeline.workdir import TrainRun, init_digest
 
 log = logging.getLogger(__name__)
 
 
 class CheckpointMismatchError(RuntimeError):
     """A checkpoint's weights do not fit the model built from the config."""
+
+
+class InitFromChanged(CheckpointMismatchError):
+    """``training.init_from`` is not what the run's fingerprint holds: it changed after the run was
+    scheduled (a warm start from a run that is still training)."""
+
+
+def check_init_from(source: str | Path, scheduled: str) -> None:
+    """InitFromChanged, one line naming ``source``, unless what a warm start from it loads still has the
+    digest ``scheduled`` (``workdir.init_digest``: the Train fingerprint's)."""
+    if init_digest(source) != scheduled:
+        raise InitFromChanged(
+            f"training.init_from: {source} changed since this run was scheduled (its Train fingerprint holds "
+            f"the checkpoint that was there then; a run still training saves new ones): run Train again to "
+            f"start from it as it is now, once it no longer changes (a finished run, or a copy of its "
+            f"checkpoint)"
+        )
 
 
 def checkpoint_key(name: str) -> str:

@@ -21,7 +21,7 @@ from native_client.arpa import arpa_counts, arpa_unigrams, is_arpa
 from pipeline.files import fsync_path, fsync_tree, write_text_atomic
 from pipeline.layout import Layout
 from pipeline.lm.files import LanguageModelDamaged, lm_file_records, verify_lm_files
-from pipeline.lm.kenlm_tools import build_binary, filter_vocabulary, find_tools, run_lmplz
+from pipeline.lm.kenlm_tools import TOOLS_MISSING, build_binary, filter_vocabulary, find_tools, run_lmplz
 from pipeline.lm.kneser_ney import LanguageModelError, estimate, write_arpa
 from pipeline.lm.text import HeldOutCheck, char_tokens, lm_sentences
 from pipeline.locks import stage_lock
@@ -70,6 +70,16 @@ def lm_intact(layout: Layout) -> bool:
     return True
 
 
+def lm_builder(wanted: str) -> str:
+    """``kenlm`` or ``python``: ``decoder.lm_builder`` (``wanted``), with ``auto`` resolved on this machine
+    when the stage runs: KenLM's tools when they are installed (beside this Python or on PATH), else the
+    built-in estimator. The LM's report records which (its fingerprint holds ``auto``, never the
+    machine's answer)."""
+    if wanted != "auto":
+        return wanted
+    return "kenlm" if find_tools() is not None else "python"
+
+
 def _build(layout: Layout, staging: LMFiles, on_status: Callable[[str, float], None]) -> LMReport:
     config = layout.config
     alphabet = model_alphabet(layout.config, layout.alphabet)
@@ -88,9 +98,10 @@ def _build(layout: Layout, staging: LMFiles, on_status: Callable[[str, float], N
                 held_out.see(sentence)
                 yield sentence
 
-    if decoder.lm_path:
+    builder = "lm_path" if decoder.lm_path else lm_builder(decoder.lm_builder)
+    if builder == "lm_path":
         built = _adopt(Path(decoder.lm_path), text())
-    elif layout.lm_builder == "kenlm":
+    elif builder == "kenlm":
         built = _build_with_kenlm(decoder, staging, text, on_status, alphabet)
     else:
         built = _build_with_python(decoder, staging, text, on_status, alphabet)
@@ -107,7 +118,7 @@ def _build(layout: Layout, staging: LMFiles, on_status: Callable[[str, float], N
         order=decoder.lm_order,
         held_out_overlap=held_out.overlap,
         wall_time_s=round(time.time() - started, 1),
-        builder="lm_path" if decoder.lm_path else layout.lm_builder,
+        builder=builder,
         vocabulary=len(words),
         files=lm_file_records(staging.root, written),
         **stats,
@@ -180,10 +191,7 @@ def _build_with_kenlm(
     """KenLM's lmplz on the streamed text, filter to the top-k words when asked, then build_binary."""
     tools = find_tools()
     if tools is None:
-        raise LanguageModelError(
-            "decoder.lm_builder is kenlm but KenLM's lmplz, build_binary and filter are not "
-            "installed: run `make kenlm` (or set decoder.lm_builder: python)"
-        )
+        raise LanguageModelError(TOOLS_MISSING)
     counts: Counter = Counter()
 
     def counted() -> Iterator[str]:

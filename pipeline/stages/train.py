@@ -72,6 +72,7 @@ def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks |
                 hooks,
                 fingerprint=layout.train_fingerprint,
                 started=started,
+                init_digest=layout.init_from_digest,
             )
         else:
             trainer = Trainer(
@@ -85,6 +86,7 @@ def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks |
                 hooks,
                 fingerprint=layout.train_fingerprint,
                 started=started,
+                init_digest=layout.init_from_digest,
             )
         try:
             report = trainer.fit()

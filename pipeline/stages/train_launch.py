@@ -95,6 +95,14 @@ def _scheduled_config(layout: Layout) -> str:
     return str(snapshot)
 
 
+def _worker_args(layout: Layout) -> tuple[str, ...]:
+    """What a worker is told besides the scheduled config: the digest of ``training.init_from`` the Train
+    fingerprint holds, so that the worker trains under this run's fingerprint and its warm start checks the
+    checkpoint against it (a worker computing its own would take whatever checkpoint is there later)."""
+    digest = layout.init_from_digest
+    return ("--init-digest", digest) if digest else ()
+
+
 def _run_local_workers(layout: Layout, on_message: Callable[[str], None]) -> str:
     """``distribution.local_workers`` worker processes on this machine (multi-worker all-reduce)."""
     distribution = layout.config.distribution
@@ -113,6 +121,7 @@ def _run_local_workers(layout: Layout, on_message: Callable[[str], None]) -> str
         run.worker_log,
         grace_s=distribution.collective_timeout_s + 30,
         on_poll=poll,
+        worker_args=_worker_args(layout),
     )
     report = read_report(run.report, TrainReport)
     return (
@@ -133,6 +142,7 @@ def _run_cluster_worker(layout: Layout, on_message: Callable[[str], None]) -> st
         run.worker_log,
         grace_s=layout.config.distribution.collective_timeout_s + 30,
         on_poll=lambda line: on_message(f"worker {role.index}: {line[-200:]}"),
+        worker_args=_worker_args(layout),
     )
     if role.is_chief:
         report = read_report(run.report, TrainReport)

@@ -5,7 +5,9 @@ Started by ``pipeline.train.multiworker.launch_local_workers`` (one machine) or 
 hand / a cluster manager on each machine. Prints, as its last stdout line, one
 JSON object with this worker's index, final global step and a digest of its
 weights, so that a caller can check that every worker ended with the same model.
-Exit status 3 and a one-line error when another worker was lost.
+Exit status 3 and a one-line error when another worker was lost. The Train task
+that starts it adds ``--init-digest D`` with ``training.init_from``: the digest its
+run's fingerprint holds, which the worker's fingerprint and warm start then use.
 
 SIGTERM, SIGINT, SIGHUP or its launcher's ``SIGUSR2`` (``pipeline.train.stop_signals``)
 ask for a stop: every worker stops after the same step, with a checkpoint of it; the
@@ -33,6 +35,8 @@ def main(argv=None) -> int:
     """Train as the worker that ``TF_CONFIG`` names."""
     parser = argparse.ArgumentParser(prog="python -m pipeline.stages.train_worker")
     parser.add_argument("--config", required=True)
+    # The digest of training.init_from the scheduled run's Train fingerprint holds (train_launch gives it).
+    parser.add_argument("--init-digest")
     args = parser.parse_args(argv)
     if sys.platform.startswith("linux") and os.environ.get("TF_CONFIG") and not is_bound():
         # Start again with the library that keeps TensorFlow's server on this worker's own address.
@@ -45,10 +49,10 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(process)d %(levelname)s %(message)s")
     stop = SignalStop()
     with stop_on_signals(stop):
-        return _train(args.config, stop)
+        return _train(args.config, args.init_digest, stop)
 
 
-def _train(config_path: str, stop: SignalStop) -> int:
+def _train(config_path: str, init_digest: str | None, stop: SignalStop) -> int:
     """Train, stopping at the end of a step when ``stop`` is requested; returns the exit status."""
     from pipeline.layout import Layout
     from pipeline.stages.train import train_stage
@@ -68,7 +72,7 @@ def _train(config_path: str, stop: SignalStop) -> int:
                 f"(it is {config.distribution.strategy})"
             )
         stop.accumulate = config.training.accumulate_batches
-        report = train_stage(Layout(config), hooks=TrainHooks(on_step=on_step))
+        report = train_stage(Layout(config, init_from_digest=init_digest), hooks=TrainHooks(on_step=on_step))
     except DistributionError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 3

@@ -27,7 +27,7 @@ import tensorflow as tf
 from native_client.alphabet import Labels
 from pipeline.config import Config
 from pipeline.files import remove_leftovers
-from pipeline.model.checkpoints import check_geometry, warm_start
+from pipeline.model.checkpoints import check_geometry, check_init_from, warm_start
 from pipeline.model.weights import named_weights, rng_states
 from pipeline.train.distribute import ClusterRole
 from pipeline.train.epochs import RunRecord
@@ -125,7 +125,8 @@ class RunCheckpoints:
     its scratch copy (``TrainRun.worker_scratch``), as MultiWorkerMirroredStrategy
     makes every worker save. ``tracked`` holds what a checkpoint saves besides the
     model's weights and RNG state, the position and the history (the optimizer,
-    the loss scale).
+    the loss scale). ``init_digest``: what ``training.init_from`` held when the run
+    was scheduled (``Layout.init_from_digest``), checked when the warm start reads it.
     """
 
     def __init__(
@@ -137,8 +138,10 @@ class RunCheckpoints:
         strategy: tf.distribute.Strategy,
         role: ClusterRole,
         tracked: dict,
+        init_digest: str | None = None,
     ):
         self.config = config
+        self.init_digest = init_digest
         self.run = run
         self.model = model
         self.alphabet = alphabet
@@ -257,13 +260,19 @@ class RunCheckpoints:
         return self._warm_start()
 
     def _warm_start(self) -> str | None:
-        """Copy the weights of ``training.init_from`` when it is set; returns it (None when unset)."""
+        """Copy the weights of ``training.init_from`` when it is set; returns it (None when unset). Its
+        files are checked against ``init_digest`` before and after they are read: the run's fingerprint
+        holds that digest, and a run still training there may have saved since (InitFromChanged)."""
         training = self.config.training
         if not training.init_from:
             return None
+        if self.init_digest is not None:
+            check_init_from(training.init_from, self.init_digest)
         copied = warm_start(
             self.model, training.init_from, training.drop_source_layers, self.config, self.alphabet
         )
+        if self.init_digest is not None:
+            check_init_from(training.init_from, self.init_digest)
         log.info(
             "Warm start from %s: %d weights copied, %d last layers fresh",
             training.init_from,

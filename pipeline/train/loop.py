@@ -85,7 +85,9 @@ class Trainer:
     chief (``role.is_chief``) writes there; other workers save into a scratch
     directory, as MultiWorkerMirroredStrategy requires every worker to save.
     ``fingerprint`` (the Train stage's) and ``started`` (the ``time.time()`` the stage
-    began, default: now) go into the report ``fit`` returns.
+    began, default: now) go into the report ``fit`` returns. ``init_digest``: the digest
+    of ``training.init_from`` the fingerprint holds, which a warm start checks the
+    checkpoint against when it reads it (None: not checked).
     """
 
     def __init__(
@@ -101,6 +103,7 @@ class Trainer:
         *,
         fingerprint: str = "",
         started: float | None = None,
+        init_digest: str | None = None,
     ):
         self.config = config
         self.run_dir = Path(run_dir)
@@ -149,6 +152,7 @@ class Trainer:
             strategy,
             role,
             tracked={"optimizer": self.optimizer, "loss_scale": loss_scale, **self._extra_state()},
+            init_digest=init_digest,
         )
         self.state = self.checkpoints.state
         self._epoch_ends = EpochEnds(config, self.run, self.model) if role.is_chief else None

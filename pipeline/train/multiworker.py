@@ -92,10 +92,15 @@ def _die_with_parent() -> None:
 
 
 def start_workers(
-    config_path: str | Path, count: int, logs: LogPaths, env: dict | None = None
+    config_path: str | Path,
+    count: int,
+    logs: LogPaths,
+    env: dict | None = None,
+    worker_args: tuple[str, ...] = (),
 ) -> list[subprocess.Popen]:
-    """Start ``count`` workers of ``python -P -m pipeline.stages.train_worker`` (``worker_command``); worker
-    i's output goes to ``logs(i)`` (``TrainRun.worker_log`` for a Train run)."""
+    """Start ``count`` workers of ``python -P -m pipeline.stages.train_worker`` (``worker_command``, with
+    ``worker_args`` after ``--config``); worker i's output goes to ``logs(i)`` (``TrainRun.worker_log`` for
+    a Train run)."""
     addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
     processes = []
     for index in range(count):
@@ -104,7 +109,7 @@ def start_workers(
         log = open(logs(index), "w")
         processes.append(
             subprocess.Popen(
-                worker_command("--config", str(config_path)),
+                worker_command("--config", str(config_path), *worker_args),
                 env=worker_environment(worker_env),
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -184,10 +189,11 @@ def launch_local_workers(
     logs: LogPaths,
     grace_s: float,
     on_poll: Callable[[str], None] = lambda last_line: None,
+    worker_args: tuple[str, ...] = (),
 ) -> None:
     """Run ``count`` local workers to the end (see ``start_workers`` and ``wait_for_workers``); a signal's
     stop request is passed on to them (``pipeline.train.stop_signals``)."""
-    processes = start_workers(config_path, count, logs)
+    processes = start_workers(config_path, count, logs, worker_args=worker_args)
     stop = SignalStop()
     try:
         with stop_on_signals(stop, pass_on=lambda: pass_stop_on(processes)):
@@ -204,14 +210,16 @@ def run_cluster_worker(
     logs: LogPaths,
     grace_s: float,
     on_poll: Callable[[str], None] = lambda last_line: None,
+    worker_args: tuple[str, ...] = (),
 ) -> None:
     """Run this machine's worker of a cluster (``TF_CONFIG`` already set) as a child process, so that it
-    starts with the bind-address library; its output goes to ``logs(index)``. A signal's stop request is
-    passed on to it (``pipeline.train.stop_signals``); the workers of the cluster agree on the step."""
+    starts with the bind-address library; its output goes to ``logs(index)``; ``worker_args`` as for
+    ``start_workers``. A signal's stop request is passed on to it (``pipeline.train.stop_signals``); the
+    workers of the cluster agree on the step."""
     logs(index).parent.mkdir(parents=True, exist_ok=True)
     with open(logs(index), "w") as log:
         process = subprocess.Popen(
-            worker_command("--config", str(config_path)),
+            worker_command("--config", str(config_path), *worker_args),
             env=worker_environment(bound_environment(os.environ["TF_CONFIG"])),
             stdout=log,
             stderr=subprocess.STDOUT,

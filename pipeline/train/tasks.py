@@ -99,8 +99,8 @@ class _TaskInputs:
 
 class MultiTaskTrainer(Trainer):
     """``Trainer`` over the ``tasks`` of a multi-task config (``multitask.tasks`` order); see the module
-    docstring. ``run_dir``, ``strategy``, ``role``, ``hooks``, ``fingerprint`` and ``started`` as for
-    ``Trainer``."""
+    docstring. ``run_dir``, ``strategy``, ``role``, ``hooks``, ``fingerprint``, ``started`` and
+    ``init_digest`` as for ``Trainer``."""
 
     def __init__(
         self,
@@ -113,6 +113,7 @@ class MultiTaskTrainer(Trainer):
         *,
         fingerprint: str = "",
         started: float | None = None,
+        init_digest: str | None = None,
     ):
         self.tasks = list(tasks)
         self.sampling = config.multitask.sampling
@@ -122,7 +123,7 @@ class MultiTaskTrainer(Trainer):
         first = self.tasks[0]
         super().__init__(
             config, run_dir, first.train, None, first.alphabet, strategy, role, hooks,
-            fingerprint=fingerprint, started=started,
+            fingerprint=fingerprint, started=started, init_digest=init_digest,
         )  # fmt: skip
         self._readers = [self._train_reader] + [SplitReader(task.train) for task in self.tasks[1:]]
         self._dev_readers = [SplitReader(task.dev) if task.dev is not None else None for task in self.tasks]
