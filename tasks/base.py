@@ -6,6 +6,7 @@ import contextlib
 import functools
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -165,6 +166,8 @@ class ConfigTask(luigi.Task):
         self._status_reporter = getattr(self.set_tracking_url, "__self__", None)
         if getattr(self, "_unusable", None):
             raise StageError(self._unusable)
+        if self.stage != "train":  # Train stops at the end of a step (pipeline.train.stop_signals)
+            _stop_on_passed_on_signal(self.task_family)
         if self.needs_tensorflow:
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             import_tensorflow_quietly()
@@ -243,6 +246,20 @@ class ConfigTask(luigi.Task):
                     type(error).__name__,
                     str(error).splitlines()[0] if str(error) else "",
                 )
+
+
+def _stop_on_passed_on_signal(name: str) -> None:
+    """In a task's process: the stop ``deepspeech-train`` passes on (``stop_signals.PASSED_ON``) ends a
+    stage other than Train with a one-line error raised where it runs, so its ``with`` blocks release its
+    locks and stop its pools (by default the signal killed it at once, leaving a pool's children behind
+    holding its locks)."""
+    from pipeline.train.stop_signals import PASSED_ON
+
+    def stop(number, frame):
+        raise StageError(f"{name}: stopped by a signal (deepspeech-train was asked to stop); run it again")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(PASSED_ON, stop)
 
 
 class _SchedulerMessenger:

@@ -170,7 +170,12 @@ def main(argv=None) -> int:
                     ["--module", "tasks", *argv, *(["--task", t] if t and not options.task else [])]
                     for t in runs
                 ]
-                check_resources(lines, totals, f"{host}:{port}")
+                import luigi.parameter
+
+                try:
+                    check_resources(lines, totals, f"{host}:{port}")
+                except (luigi.parameter.ParameterException, ValueError):
+                    pass  # a task argument missing or bad: Luigi names it in its own words below
     except (ConfigError, PreflightError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -208,6 +213,9 @@ def main(argv=None) -> int:
             if not options.local_scheduler:
                 _re_enable(task_args, options)
             done = _run_luigi(task_args)
+            if stopping:  # asked to stop: what Luigi did not start stays unstarted
+                code = done
+                break
             if not options.local_scheduler and done in (
                 _retcode("not_run", 25),
                 _retcode("unhandled_exception", 40),

@@ -78,7 +78,7 @@ def final_errors() -> tuple[type, ...]:
     from pipeline.reports import ReportError
     from pipeline.train.checkpointing import TrainingError
     from pipeline.train.hooks import StopTraining
-    from pipeline.train.multiworker import ChiefReportMissing
+    from pipeline.train.multiworker import ChiefReportMissing, WorkerFinalError
     from tasks.errors import StageError
     from tasks.preflight import PreflightError
 
@@ -96,6 +96,7 @@ def final_errors() -> tuple[type, ...]:
         CheckpointMismatchError,
         TrainingError,
         ChiefReportMissing,
+        WorkerFinalError,
         StopTraining,
     )
 

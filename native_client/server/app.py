@@ -209,6 +209,7 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
         self.messages = TokenBucket(service.limits.max_messages_per_s)
         self.frames = TokenBucket(FRAMES_PER_MESSAGE * service.limits.max_messages_per_s)
         self.finished = False
+        self.draining = False
 
     def check_origin(self, origin):
         """Tornado's hook, for a handshake with an Origin header: see ``origin_allowed`` (vosk's clients
@@ -249,6 +250,7 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
         with 1001. The message being answered is finished first."""
         if self.finished or self.session is None:
             return
+        self.draining = True  # no message read from now on starts an answer beside the eof below
         if self.task is not None and not self.task.done():
             await asyncio.wait([self.task])
         if self.finished:
@@ -307,7 +309,7 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
     async def on_message(self, message):
         """Tornado awaits this before reading the next message: one reply per message, in order. Only a
         text message or audible audio (``audible``) counts as activity against the idle limit."""
-        if self.finished or self.session is None:
+        if self.finished or self.draining or self.session is None:
             return
         active = audible(message)
         if active:
@@ -474,7 +476,7 @@ class SttHandler(tornado.web.RequestHandler):
         finally:
             self.service.posts.discard(self)
             self._release()
-        if found is None:
+        if found is None or self._finished:  # refused for its length, or answered by the drain meanwhile
             return
         result, samples = found
         if not isinstance(result, SegmentJoiner):
@@ -537,7 +539,8 @@ class SttHandler(tornado.web.RequestHandler):
 
     def on_connection_close(self):
         """The client left mid-request: its work is cancelled (``post`` then releases the stream), or,
-        before its body was whole, the stream is released now."""
+        before its body was whole, the stream is released now (and Tornado's wait for the body ends)."""
+        super().on_connection_close()
         if self.work is not None and not self.work.done():
             self.work.cancel()
         else:

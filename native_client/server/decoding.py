@@ -13,10 +13,13 @@ This module imports no TensorFlow, Tornado or model runtime: it is what a spawne
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import functools
 import logging
 import multiprocessing
 import signal
+import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
 
@@ -33,12 +36,25 @@ _worker: dict = {}  # in a worker process only: its decoder, or the error buildi
 def _start_worker(spec: DecoderSpec, allowed: tuple[str, ...]) -> None:
     """A worker's initializer: build its decoder once. A failure is kept and raised by every task, so
     the request sees the error instead of a pool that breaks and is rebuilt for ever."""
-    # Ctrl-C reaches the whole process group: the server drains and stops its workers itself.
+    # Ctrl-C (and a service manager's SIGTERM) reaches the whole process group: the server drains and
+    # stops its workers itself; and a server that dies (SIGKILL, a second signal's os._exit) takes them
+    # along, instead of leaving them blocked on their queue with the LM loaded.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
     try:
         _worker["decoder"] = decoder_class(spec.type, "decoder.type", allowed).from_spec(spec)
     except Exception as error:
         _worker["error"] = error
+
+
+def _die_with_parent() -> None:
+    """Linux: ask for SIGKILL when the parent process dies (``prctl(PR_SET_PDEATHSIG)``); elsewhere
+    nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
 
 
 def _worker_candidates(logits: np.ndarray, count: int, seconds_per_frame: float) -> list[Candidate]:

@@ -9,6 +9,9 @@ Exit status 3 and a one-line error when another worker was lost. The Train task
 that starts it adds ``--init-digest D`` with ``training.init_from``: the digest its
 run's fingerprint holds, which the worker's fingerprint and warm start then use.
 
+An error no retry mends (a config error, a changed ``training.init_from``, a non-finite
+stop) is its one line and exit status ``FINAL`` (5), which the launcher raises as final.
+
 SIGTERM, SIGINT, SIGHUP or its launcher's ``SIGUSR2`` (``pipeline.train.stop_signals``)
 ask for a stop: every worker stops after the same step, with a checkpoint of it; the
 line then has ``stopped`` (the reason) instead of the digest, and the exit status is
@@ -23,12 +26,19 @@ import logging
 import os
 import sys
 
+from native_client.plugins import PluginError
+from pipeline.config import ConfigError
 from pipeline.config_loader import load_config
+from pipeline.model.checkpoints import CheckpointMismatchError
 from pipeline.train.bind_address import bound_environment, is_bound
+from pipeline.train.checkpointing import TrainingError
 from pipeline.train.distribute import DistributionError, cluster_role
 from pipeline.train.hooks import StepInfo, StopTraining, TrainHooks
-from pipeline.train.multiworker import worker_command, worker_environment
+from pipeline.train.multiworker import FINAL, worker_command, worker_environment
 from pipeline.train.stop_signals import STOPPED, SignalStop, stop_on_signals
+
+# Errors the same run meets again on a retry (``tasks.retries.final_errors``, as far as a worker meets them).
+FINAL_ERRORS = (ConfigError, PluginError, TrainingError, CheckpointMismatchError)
 
 
 def main(argv=None) -> int:
@@ -76,6 +86,9 @@ def _train(config_path: str, init_digest: str | None, stop: SignalStop) -> int:
     except DistributionError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 3
+    except FINAL_ERRORS as error:  # the launcher makes it a final error: retrying it would fail again
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return FINAL
     except StopTraining as request:  # every worker stopped after this step, with its checkpoint
         print(f"stopped: {request}", file=sys.stderr, flush=True)
         print(

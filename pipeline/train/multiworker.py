@@ -31,6 +31,9 @@ from pipeline.train.hooks import StopTraining
 from pipeline.train.stop_signals import STOPPED, SignalStop, pass_stop_on, stop_on_signals
 from pipeline.workdir import TrainRun
 
+# A worker's exit status for an error no retry mends (``train_worker``): its last line says which.
+FINAL = 5
+
 # worker index -> its log file
 LogPaths = Callable[[int], Path]
 
@@ -154,6 +157,9 @@ def wait_for_workers(
         time.sleep(1.0)
     codes = [p.wait() for p in processes]
     failures = [(i, c) for i, c in enumerate(codes) if c not in (0, STOPPED)]
+    final = [i for i, c in failures if c == FINAL]
+    if final:  # a worker's one line (a config error, a changed init_from, a non-finite stop): never retried
+        raise WorkerFinalError(f"worker {final[0]}: {_tail(logs(final[0]), 1).removeprefix('error: ')}")
     if failures:
         details = "; ".join(f"worker {i} exit {c}: {_tail(logs(i))}" for i, c in failures)
         raise DistributionError(f"multi-worker training failed ({details}); logs in {logs(0).parent}")
@@ -249,6 +255,11 @@ def worker_result(log: Path) -> dict | None:
         return json.loads(lines[-1]) if lines else None
     except ValueError:
         return None
+
+
+class WorkerFinalError(DistributionError):
+    """A worker ended on an error no retry mends (its exit status ``FINAL``); its one line. A final error
+    (``tasks.retries``)."""
 
 
 class ChiefReportMissing(DistributionError):
