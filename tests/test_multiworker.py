@@ -577,6 +577,7 @@ training:
         _kill_workers(logs)
 
 
+@pytest.mark.long
 def test_workers_do_not_import_modules_from_the_launchers_working_directory(
     small_config, tmp_path, monkeypatch
 ):

@@ -206,6 +206,7 @@ def test_a_stage_luigid_can_never_grant_is_one_line_and_one_it_grants_less_of_ru
     assert [name for name, _, events in one.history() if ("DONE" in dict(events))] == ["FeaturesSplit"]
 
 
+@pytest.mark.long
 def test_a_non_finite_stop_is_not_retried_and_stays_a_stop_until_the_limit_is_raised(small_config, tmp_path):
     """Issue 42 G7: training.max_nonfinite_batches stopped Train with a TrainingError that Luigi retried (six
     times, 30 s apart): the retry resumed from the checkpoint saved past the bad streak, its count at 0, and

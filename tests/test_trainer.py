@@ -108,7 +108,9 @@ def test_global_batch_must_split_over_towers(small_config):
     assert global_batch_size(config, 2) == (3, 6)
 
 
-@pytest.mark.parametrize("family, weights", [("deepspeech", 13), ("conformer", 66)])
+@pytest.mark.parametrize(
+    "family, weights", [("deepspeech", 13), pytest.param("conformer", 66, marks=pytest.mark.long)]
+)
 def test_two_towers_give_the_same_update_as_one_device(small_config, tmp_path, family, weights):
     # Two steps: the Conformer's first chunk draw is full context, its second a chunk (which the towers
     # drew from their own longest utterances). Adam's epsilon 1e-3: its first update, g / (|g| + eps), made
@@ -144,7 +146,9 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("family", FAMILY_MODELS)
+@pytest.mark.parametrize(
+    "family", [pytest.param(f, marks=pytest.mark.long) if f == "conformer" else f for f in FAMILY_MODELS]
+)
 def test_sigkill_mid_epoch_resumes_from_checkpoint(small_config, tmp_path, family):
     """Killed (SIGKILL) while paused after step 7 of 20, two steps after the save after step 5: the
     rerun restores step 5 and ends with the weights of a run never interrupted."""
@@ -226,6 +230,7 @@ def test_a_training_hook_that_is_not_a_module_is_named_in_one_line(small_config)
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("hook", ["validation", "epoch"])
 def test_a_stop_from_an_epoch_end_hook_is_saved_and_a_rerun_goes_on_from_there(
     small_config, monkeypatch, hook
