@@ -140,6 +140,7 @@ def test_two_workers_end_with_identical_weights(small_config, tmp_path):
     )
 
 
+@pytest.mark.long
 def test_two_workers_accumulating_two_batches_make_the_update_of_one_process(small_config, tmp_path):
     """training.accumulate_batches across workers: 2 workers x 4 utterances, 2 batches per update, end
     with the weights of one process at batch 16 (to float rounding); the saves the clock asks for after

@@ -109,7 +109,11 @@ def test_global_batch_must_split_over_towers(small_config):
 
 
 @pytest.mark.parametrize(
-    "family, weights", [("deepspeech", 13), pytest.param("conformer", 66, marks=pytest.mark.long)]
+    "family, weights",
+    [
+        pytest.param("deepspeech", 13, marks=pytest.mark.long),
+        pytest.param("conformer", 66, marks=pytest.mark.long),
+    ],
 )
 def test_two_towers_give_the_same_update_as_one_device(small_config, tmp_path, family, weights):
     # Two steps: the Conformer's first chunk draw is full context, its second a chunk (which the towers
@@ -558,6 +562,7 @@ def test_a_run_moved_to_other_towers_mid_epoch_is_refused_and_continues_from_an_
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_run_moved_to_other_towers_with_the_same_global_batch_resumes_exactly(small_config, tmp_path):
     """Issue 26 M4: with training.global_batch_size fixed the plan is the same on one tower and two, so a
     run killed mid-epoch on one resumes on two at the very next batch: it ends with the weights of a run
