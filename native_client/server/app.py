@@ -125,8 +125,12 @@ def origin_allowed(origin: str | None, allowed: frozenset[str]) -> bool:
         host = parts.hostname
     except ValueError:
         return False
-    if parts.scheme not in ("http", "https") or not host:
-        return False
+    return parts.scheme in ("http", "https") and bool(host) and names_this_machine(host)
+
+
+def names_this_machine(host: str) -> bool:
+    """Whether a host name (lower case, no port or brackets) is this machine's only: ``localhost``, a
+    ``.localhost`` name, or a loopback address."""
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
@@ -155,12 +159,7 @@ def host_allowed(host: str, loopback_only: bool) -> bool:
         name = name[1:].split("]", 1)[0]
     elif name.count(":") == 1:
         name = name.split(":", 1)[0]
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
+    return names_this_machine(name)
 
 
 def refuse_host(handler: tornado.web.RequestHandler, service: Service) -> bool:
