@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile
+import soxr
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.websocket import WebSocketClosedError, websocket_connect
 
@@ -192,10 +194,15 @@ async def _raw_websocket(port: int) -> tuple[asyncio.StreamReader, asyncio.Strea
 
 
 def _frame(opcode: int, payload: bytes, final: bool = True) -> bytes:
-    """One client frame (masked, as RFC 6455 wants), payload under 126 bytes."""
+    """One client frame (masked, as RFC 6455 wants), payload under 64 KiB."""
     mask = b"\x01\x02\x03\x04"
-    masked = bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
-    return bytes([(0x80 if final else 0) | opcode, 0x80 | len(payload)]) + mask + masked
+    masked = (
+        np.frombuffer(payload, np.uint8) ^ np.resize(np.frombuffer(mask, np.uint8), len(payload))
+    ).tobytes()
+    first = bytes([(0x80 if final else 0) | opcode])
+    if len(payload) < 126:
+        return first + bytes([0x80 | len(payload)]) + mask + masked
+    return first + bytes([0x80 | 126]) + len(payload).to_bytes(2, "big") + mask + masked
 
 
 async def _server_frames(reader: asyncio.StreamReader, timeout: float) -> list[tuple[int, bytes]]:
@@ -337,3 +344,152 @@ def test_audio_is_budgeted_by_its_seconds_not_its_bytes(server):
     (huge, huge_error), (paced, paced_error) = asyncio.run(main())
     assert huge == 0 and "131.0 s of audio at 4000 Hz: at most 32 s a message" in huge_error, huge_error
     assert 8 <= paced < 20 and "faster than 8 times real time" in paced_error, (paced, paced_error)
+
+
+def test_a_connections_audio_is_turned_into_model_input_off_the_event_loop(export, monkeypatch):
+    """Resampling, the detector, features and partial transcripts of a message ran on the event loop's
+    thread, stalling every other socket while they ran (issue 43, S5). They run on the audio threads now.
+    In process, the real session, model and engine, each of those calls recording the thread it ran on."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from native_client.batching import batch_runner
+    from native_client.model import open_model
+    from native_client.server.app import Limits, Service
+    from native_client.server.decoding import ThreadDecoding
+    from native_client.server.engine import BatchEngine
+    from native_client.server.session import RecognizerSession
+    from native_client.stream import Utterance
+    from native_client.vad import VadSettings
+
+    ran_on: dict[str, set[int]] = {}
+
+    def recorded(name, function):
+        def call(*args, **kwargs):
+            ran_on.setdefault(name, set()).add(threading.get_ident())
+            return function(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(Utterance, "feed_audio", recorded("features", Utterance.feed_audio))
+    clips = np.concatenate([soundfile.read(clip, dtype="int16")[0] for clip in CLIPS])
+    rate = 11025  # resampled to the model's 16 kHz
+    frame = (soxr.resample(clips.astype(np.float32) / 32768, 16000, rate)[: 30 * rate] * 32767).astype("<i2")
+
+    async def main():
+        model = open_model(export)
+        engine = BatchEngine(batch_runner(model.runner), ThreadDecoding(model.decoder), 8)
+        engine.start()
+        service = Service(model, engine, Limits(), VadSettings(), audio_threads=ThreadPoolExecutor(2))
+        session = RecognizerSession(service)
+        session.configure({"sample_rate": rate})
+        session.samples_of = recorded("resampling", session.samples_of)
+        segmenter = session._utterances.segmenter
+        segmenter.feed = recorded("detector", segmenter.feed)
+        greedy = model.greedy
+        monkeypatch.setattr(greedy, "decode", recorded("partials", greedy.decode))
+        replies = [await session.audio(frame[i : i + rate].tobytes()) for i in range(0, len(frame), rate)]
+        replies.append(await session.eof())
+        await engine.stop()
+        service.audio_threads.shutdown()
+        return replies, threading.get_ident()
+
+    replies, loop_thread = asyncio.run(main())
+    assert any(reply.get("partial") for reply in replies) and replies[-1]["text"], replies[-1]
+    assert set(ran_on) == {"resampling", "detector", "features", "partials"}, ran_on
+    on_the_loop = sorted(name for name, threads in ran_on.items() if loop_thread in threads)
+    assert not on_the_loop, f"{', '.join(on_the_loop)} ran on the event loop's thread"
+
+
+def test_the_engines_death_fails_every_waiting_stream_and_turns_ready_off(export):
+    """Should the engine's scheduling loop end (here: a chunk whose length cannot be read, outside the model
+    call's own ``try``), every stream waiting on it gets an error at once, the ones of the batch under way
+    included (they waited for ever: only the queue's were failed), later calls are refused, and the
+    server reports itself not ready (issue 43, S8). In process: a real model and engine."""
+    from native_client.batching import batch_runner
+    from native_client.model import open_model
+    from native_client.server.app import Limits, Service, is_ready
+    from native_client.server.decoding import ThreadDecoding
+    from native_client.server.engine import BatchEngine
+    from native_client.stream import Chunk, Utterance
+
+    class Unreadable(Chunk):
+        @property
+        def real(self):
+            raise OverflowError("a chunk whose length cannot be read")
+
+        @real.setter
+        def real(self, value):
+            pass
+
+    async def main():
+        model = open_model(export)
+        engine = BatchEngine(batch_runner(model.runner), ThreadDecoding(model.decoder), 8)
+        engine.start()
+        service = Service(model, engine, Limits(), None)
+        ready_before = is_ready(service)
+        utterance = Utterance(model.runner)
+        utterance.feed_audio(soundfile.read(CLIPS[0], dtype="int16")[0])
+        utterance.finish()
+        good = list(utterance.ready())
+        bad = [Unreadable(good[0].inputs, 0)]
+        jobs = [asyncio.create_task(engine.run(chunks, utterance.zero_state)) for chunks in (bad, good, good)]
+        done, pending = await asyncio.wait(jobs, timeout=30)
+        errors = [str(job.exception()) for job in done]
+        with pytest.raises(RuntimeError, match="engine stopped"):
+            await engine.run(good, utterance.zero_state)
+        ready_after = is_ready(service)
+        for job in pending:
+            job.cancel()
+        await engine.stop()
+        return ready_before, len(pending), errors, ready_after
+
+    ready_before, pending, errors, ready_after = asyncio.run(main())
+    assert pending == 0, f"{pending} streams still wait on an engine that stopped"
+    assert len(errors) == 3 and all("engine stopped" in error for error in errors), errors
+    assert ready_before and not ready_after
+
+
+@pytest.mark.long  # half a minute of filling socket buffers
+def test_a_client_that_never_reads_its_results_is_not_read_and_is_closed(server):
+    """A client that sends audio and never reads its replies grew the server's memory without bound: the
+    replies piled up in its write buffer (issue 43, S6). Now each reply is awaited: once the socket's
+    buffers are full the server reads no more from that client, and it is closed at the idle limit, its
+    slot freed, though the client goes on sending audible audio within its budgets (which kept it open
+    for ever). A raw socket with a small receive buffer that never calls recv."""
+    running = server("--idle-timeout", "2", "--no-vad", "--max-utterance", "0.5")
+    noise = np.random.default_rng(0).integers(-3000, 3000, 1280, dtype=np.int16).tobytes()  # 0.08 s
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, ("127.0.0.1", running.port))
+        await loop.sock_sendall(
+            sock,
+            b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        )
+        head = b""
+        while b"\r\n\r\n" not in head:  # the handshake's answer is all this client ever reads
+            head += await loop.sock_recv(sock, 1)
+        await loop.sock_sendall(sock, _frame(0x1, b'{"config": {"words": true}}'))
+        started, sending, freed_at, polls = time.monotonic(), True, None, 0
+        while time.monotonic() - started < 90 and freed_at is None:
+            if sending:  # audible audio within the budgets: never idle, never refused
+                try:
+                    await asyncio.wait_for(loop.sock_sendall(sock, _frame(0x2, noise)), 1.0)
+                except TimeoutError:
+                    sending = False  # every buffer on the way is full: the server reads no more of it
+                except ConnectionResetError:
+                    sending = False  # the server closed it
+            polls += 1
+            if polls % 10 == 0 and (await _status(running))["streams"] == 0:
+                freed_at = time.monotonic() - started
+            await asyncio.sleep(0.02)
+        sock.close()
+        return freed_at
+
+    freed_at = asyncio.run(main())
+    assert freed_at is not None, "the server kept a client that never read its replies for 90 s"

@@ -10,12 +10,16 @@ and the frame-size limit. The model runs on a thread of its own and beam search 
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 import logging
+import socket
 import tempfile
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -45,6 +49,9 @@ SHUTTING_DOWN = "the server is shutting down"
 FRAMES_PER_MESSAGE = 8
 # Audio whose peak is at most this (about -60 dBFS) is silence, not activity (``audible``).
 SILENCE_PEAK = 32
+# The kernel's send buffer of a WebSocket (it doubles it): replies are small, and a client that does not
+# read them then holds this much of the kernel's memory, not the 4 MiB that autotuning grows it to.
+SEND_BUFFER_BYTES = 16 << 10
 # A close frame's reason: 125 bytes of payload less the 2-byte code (RFC 6455); an error reply's text,
 # which may quote the client's own: bounded so that a client cannot make the server echo megabytes.
 MAX_REASON_BYTES, MAX_ERROR_BYTES = 123, 4096
@@ -90,6 +97,23 @@ class Service:
     sockets: set = field(default_factory=set)  # the open WebSocket handlers
     posts: set = field(default_factory=set)  # the POST /stt handlers in progress
     per_client: Counter = field(default_factory=Counter)  # open streams by address
+    # The threads that turn a connection's audio into model chunks (``off_loop``); None: the loop's own.
+    audio_threads: ThreadPoolExecutor | None = None
+
+    async def off_loop(self, function, *args):
+        """``function(*args)`` on the audio threads. Resampling, the detector, features and greedy partials
+        hold the GIL in bursts of tens of milliseconds a message; on a thread of their own they leave it to
+        the event loop at every switch interval (5 ms), so that sockets are read and answered meanwhile.
+        A connection awaits each call before its next, so its state is never touched by two threads."""
+        call = functools.partial(function, *args)
+        if self.audio_threads is None:
+            return call()
+        return await asyncio.get_running_loop().run_in_executor(self.audio_threads, call)
+
+    async def steps_off_loop(self, steps: Iterator) -> AsyncIterator:
+        """The steps of a generator (``UtteranceLoop.feed``'s), each one computed by ``off_loop``."""
+        while (step := await self.off_loop(next, steps, None)) is not None:
+            yield step
 
     def take_slot(self, address: str) -> str | None:
         """Count a stream from ``address``; what is wrong (one line) when the server or that address has
@@ -242,6 +266,7 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
         service.sockets.add(self)
         self.session = RecognizerSession(service)
         self.set_nodelay(True)
+        self.ws_connection.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         self.touch()
 
     async def drain(self) -> None:
@@ -522,9 +547,7 @@ class SttHandler(tornado.web.RequestHandler):
             await segments.handle(block)
         if segments is None:  # one utterance, as the client transcribes a file
             utterance = Utterance(model.runner)
-            for block in kept:
-                utterance.feed_audio(block)
-            utterance.finish()
+            await service.off_loop(_feed_whole, utterance, kept)
             await run_ready(service.engine, utterance)
             seconds = model.metadata.seconds_per_label
             found = await service.engine.candidates(utterance.logits(), self.count, seconds)
@@ -611,6 +634,13 @@ def cut_utf8(text: str, limit: int) -> str:
     return encoded[: limit - 3].decode("utf-8", "ignore") + "..."
 
 
+def _feed_whole(utterance: Utterance, blocks: list[np.ndarray]) -> None:
+    """All of a short body's audio into its one utterance, finished."""
+    for block in blocks:
+        utterance.feed_audio(block)
+    utterance.finish()
+
+
 async def run_ready(engine: BatchEngine, utterance: Utterance) -> None:
     """Run the utterance's ready chunks through the engine."""
     logits, state = await engine.run(utterance.ready(), utterance.state)
@@ -628,8 +658,9 @@ class _Segments:
     async def handle(self, samples: np.ndarray, final: bool = False) -> None:
         """Feed ``samples`` to the detector: each ended utterance is decoded (its best candidate) and
         dropped."""
-        model, engine = self.handler.service.model, self.handler.service.engine
-        for step in self.utterances.feed(samples, final):
+        service = self.handler.service
+        model, engine = service.model, service.engine
+        async for step in service.steps_off_loop(self.utterances.feed(samples, final)):
             if isinstance(step, Utterance):
                 await run_ready(engine, step)
                 continue

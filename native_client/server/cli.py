@@ -4,6 +4,7 @@
         [--max-streams N] [--max-frame-bytes N] [--max-messages-per-s N] [--idle-timeout S]
         [--max-post-seconds S] [--max-batch N] [--no-vad] [--end-silence S] [--max-utterance S]
         [--allow-origin ORIGIN ...] [--drain-seconds S] [--decode-processes N]
+        [--audio-threads N]
 
 It binds to the loopback interface unless ``--host`` says otherwise, and prints where it listens (and
 whether streams are batched) on one line once it accepts connections. On SIGTERM or SIGINT it stops
@@ -22,6 +23,7 @@ import os
 import resource
 import signal
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 from native_client.metadata import ExportError
@@ -68,6 +70,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=1,
         help="processes decoding results with the language model (beam search), each loading it once "
         "(default 1)",
+    )
+    parser.add_argument(
+        "--audio-threads",
+        type=int,
+        default=2,
+        help="threads turning the connections' audio into model input (resampling, voice activity, "
+        "features, partial transcripts), off the event loop's (default 2)",
     )
     parser.add_argument("--allow-plugin", "--allow_plugin", action="append", default=[], metavar="MODULE")
     parser.add_argument(
@@ -204,7 +213,7 @@ def settings_problem(args) -> str | None:
     if not 0 <= args.port <= 65535:  # Tornado would listen on the port modulo 65536
         return f"--port {args.port}: expected 0 to 65535 (0: any free port)"
     names = ("max_streams", "max_streams_per_client", "max_connections", "max_frame_bytes", "max_body_bytes")
-    for name in (*names, "max_batch", "decode_processes"):
+    for name in (*names, "max_batch", "decode_processes", "audio_threads"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1"
     for name in ("max_messages_per_s", "idle_timeout", "max_post_seconds", "max_utterance", "end_silence"):
@@ -267,6 +276,7 @@ async def serve(args) -> None:
         max_utterance_s=args.max_utterance,
         origins=frozenset(origin.rstrip("/").lower() for origin in args.allow_origin),
         loopback_only=args.host in LOOPBACK_HOSTS,
+        audio_threads=ThreadPoolExecutor(args.audio_threads, thread_name_prefix="audio"),
     )
     engine.start()
     # Tornado's defaults wait an hour for a request's headers and forever for its body. Headers (and the
@@ -326,6 +336,7 @@ async def serve(args) -> None:
     except TimeoutError:
         pass
     await engine.stop()
+    service.audio_threads.shutdown(wait=False, cancel_futures=True)
 
 
 def main(argv=None) -> int:

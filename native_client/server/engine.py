@@ -69,6 +69,7 @@ class BatchEngine:
         self.max_batch = max(1, int(max_batch))
         self.stats = EngineStats()
         self._jobs: deque[_Job] = deque()
+        self._batch: list[_Job] = []  # the jobs taken from the queue for the call under way
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -108,8 +109,9 @@ class BatchEngine:
             error = task.exception() or RuntimeError("the engine's loop returned")
             log.error("the engine stopped: %s", error, exc_info=error)
         self.failure = error
-        while self._jobs:
-            job = self._jobs.popleft()
+        waiting, self._batch = [*self._batch, *self._jobs], []
+        self._jobs.clear()
+        for job in waiting:
             if not job.future.done():
                 job.future.set_exception(RuntimeError(f"the server's engine stopped: {error}"))
 
@@ -146,7 +148,7 @@ class BatchEngine:
             await self._wakeup.wait()
             self._wakeup.clear()
             while self._jobs:
-                batch = self._next_batch()
+                batch = self._batch = self._next_batch()
                 if not batch:
                     continue
                 try:
@@ -175,6 +177,7 @@ class BatchEngine:
                             job.future.set_result((np.concatenate(job.logits), job.state))
                     elif not job.future.done():
                         self._jobs.append(job)
+                self._batch = []
 
     def _next_batch(self) -> list[_Job]:
         """Up to ``max_batch`` live jobs from the front of the queue (each re-queued after its chunk)."""

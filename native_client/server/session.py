@@ -144,23 +144,28 @@ class RecognizerSession:
 
     async def audio(self, data: bytes) -> dict:
         """The reply to one binary frame: the result of utterances that ended in it, else a partial."""
-        ended = await self._feed(self.samples_of(data))
+        ended = await self._feed(await self.service.off_loop(self.samples_of, data))
         if ended:
             return await self._result(ended)
         return {"partial": await self._partial_text()}
 
     async def eof(self) -> dict:
         """The reply to ``eof``: the last utterance's result (``{"text": ""}`` when there was none)."""
-        samples = np.zeros(0, np.int16)
-        if self._resampler is not None:
-            samples = to_int16(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
+        samples = await self.service.off_loop(self._flush_resampler)
         ended = await self._feed(samples, final=True)
         return await self._result(ended)
 
+    def _flush_resampler(self) -> np.ndarray:
+        """The resampler's last samples (none without one)."""
+        if self._resampler is None:
+            return np.zeros(0, np.int16)
+        return to_int16(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
+
     async def _feed(self, samples: np.ndarray, final: bool = False) -> list[Ended]:
-        """Run ``samples`` through the detector and the utterances; the utterances that ended."""
+        """Run ``samples`` through the detector and the utterances (off the event loop); the utterances
+        that ended."""
         ended = []
-        for step in self._utterances.feed(samples, final):
+        async for step in self.service.steps_off_loop(self._utterances.feed(samples, final)):
             if isinstance(step, Utterance):
                 logits, state = await self.service.engine.run(step.ready(), step.state)
                 step.accept(logits, state)
@@ -175,13 +180,14 @@ class RecognizerSession:
         if utterance is None:
             return ""
         if utterance.incremental:
-            return greedy.decode(utterance.logits())
+            return await self.service.off_loop(lambda: greedy.decode(utterance.logits()))
         if utterance is not self._partial_of:
             self._partial_of, self._partial, self._rerun_at = utterance, "", 0
         if utterance.samples - self._rerun_at >= self.service.partial_interval_s * self.model_rate:
             self._rerun_at = utterance.samples
-            logits, _ = await self.service.engine.run(utterance.rerun(), utterance.zero_state)
-            self._partial = greedy.decode(logits)
+            chunks = await self.service.off_loop(utterance.rerun)
+            logits, _ = await self.service.engine.run(chunks, utterance.zero_state)
+            self._partial = await self.service.off_loop(greedy.decode, logits)
         return self._partial
 
     async def _result(self, ended: list[Ended]) -> dict:
