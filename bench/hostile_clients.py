@@ -57,8 +57,11 @@ async def _connect(port: int, address: str):
 
 
 async def _drain_replies(reader: asyncio.StreamReader) -> None:
-    """Read and drop whatever the server sends, until it closes."""
-    while await reader.read(65536):
+    """Read and drop whatever the server sends, until it closes (or resets the connection)."""
+    try:
+        while await reader.read(65536):
+            pass
+    except OSError:
         pass
 
 
