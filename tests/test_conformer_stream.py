@@ -292,6 +292,8 @@ def test_the_server_serves_a_conformer_batched(export):
         assert text == one_shot[clip], clip
 
 
+@pytest.mark.long
+@pytest.mark.slow
 def test_a_resumed_run_draws_the_same_chunks_as_an_uninterrupted_one(small_config, tmp_path):
     """The chunk sizes come from a random state kept in the checkpoint: one epoch, then a second in another
     process's run, ends with the weights of two epochs at once."""

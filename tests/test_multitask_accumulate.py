@@ -80,6 +80,8 @@ def _stop_at(step: int, seen: list) -> TrainHooks:
     return TrainHooks(on_step=on_step)
 
 
+@pytest.mark.long
+@pytest.mark.slow
 def test_a_stop_inside_a_window_saves_at_its_end_and_resumes_every_task_exactly(tmp_path):
     """proportional, batch 2, windows of 2 steps (en 4 batches, fr 2: 6 steps, 3 updates an epoch): a hook
     stops training after step 3, inside the window of steps 3 and 4; the trainer runs step 4 and saves

@@ -279,6 +279,8 @@ def test_a_phoneme_head_trains_beside_the_characters_and_is_not_exported(tmp_pat
     assert load_metadata(tmp_path / "export" / "en").raw["task"] == "en"
 
 
+@pytest.mark.long
+@pytest.mark.slow
 def test_a_conformer_with_heads_tunes_each_task_s_decoder_and_exports_it(tmp_path):
     """The Conformer family through the multi-task DAG with one head per language, ``decoder.tune`` on: each
     task's TuneDecoder searches its own dev split with its own LM and settings (fr overrides the beam, the
