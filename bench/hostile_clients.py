@@ -110,12 +110,12 @@ async def hostile_client(kind: str, port: int, address: str, deadline: float, co
         await asyncio.sleep(0.05)
 
 
-async def _run_all(port: int, seconds: float, per_kind: int) -> dict:
+async def _run_all(port: int, seconds: float, per_kind: int, kinds: tuple[str, ...]) -> dict:
     deadline = time.monotonic() + seconds
     counts: dict = {}
     clients = [
-        hostile_client(kind, port, f"127.0.0.{2 + k}", deadline, counts)
-        for k, kind in enumerate(KINDS)
+        hostile_client(kind, port, f"127.0.0.{2 + KINDS.index(kind)}", deadline, counts)
+        for kind in kinds
         for _ in range(per_kind)
     ]
     await asyncio.gather(*clients)
@@ -123,14 +123,16 @@ async def _run_all(port: int, seconds: float, per_kind: int) -> dict:
 
 
 def main(argv=None) -> int:
-    """Run ``--per-kind`` clients of every kind against the server on ``--port`` for ``--seconds``; print
-    how many connections each kind opened, as JSON."""
+    """Run ``--per-kind`` clients of each of ``--kinds`` (default: every kind) against the server on
+    ``--port`` for ``--seconds``; print how many connections each kind opened, as JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--per-kind", type=int, default=4)
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     args = parser.parse_args(argv)
-    print(json.dumps(asyncio.run(_run_all(args.port, args.seconds, args.per_kind))), flush=True)
+    counts = asyncio.run(_run_all(args.port, args.seconds, args.per_kind, tuple(args.kinds)))
+    print(json.dumps(counts), flush=True)
     return 0
 
 

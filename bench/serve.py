@@ -23,10 +23,11 @@ weights do not change the speed), exported by the real Export code.
 3. Long audio: ``deepspeech-transcribe --format srt`` of a file of test clips and
    silences (60 minutes) in a child process; its peak RSS (goal: under 500 MiB).
 4. Hostile clients: 16 well-behaved real-time streams alone, then beside four
-   clients of each hostile kind (bench/hostile_clients.py: slot hogs, one-byte
-   fragment floods, clients that never read, 1 MiB frames at 4000 Hz), each kind
-   from an address of its own: the streams' p95 partial latency both times (goal:
-   within 1.5x), streams refused (goal: none) and the server's peak RSS.
+   clients of one hostile kind at a time and of all kinds at once
+   (bench/hostile_clients.py: slot hogs, one-byte fragment floods, clients that
+   never read, 1 MiB frames at 4000 Hz), each kind from an address of its own: the
+   streams' p95 partial latency each time (goal: within 1.5x beside all of them),
+   streams refused (goal: none) and the server's peak RSS.
 
 The first line is the CPU; the last line one JSON object. ``--quick`` runs every
 part with tiny durations, to check that the script works (its figures mean nothing).
@@ -315,31 +316,50 @@ def peak_rss_mib(pid: int) -> float:
     return round(int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024, 1)
 
 
+HOSTILE_KINDS = ("slot_hog", "fragment_flood", "non_reader", "huge_frames")
+
+
+def beside_hostile(port: int, streams: int, audio, frame: int, seconds: float, per_kind: int, kinds) -> dict:
+    """One trial of ``streams`` well-behaved streams beside ``per_kind`` clients of each of ``kinds`` (in a
+    process of their own): the streams' p95 and refusals, and the connections each kind opened."""
+    clients = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "hostile_clients.py"), "--port", str(port)]
+        + ["--seconds", str(seconds + 3), "--per-kind", str(per_kind), "--kinds", *kinds],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(2.0)  # the hostile clients are at it before the streams start
+    p95, refused = asyncio.run(tolerant_trial(port, streams, audio, frame, seconds))
+    connections = json.loads(clients.communicate(timeout=seconds + 120)[0].strip().splitlines()[-1])
+    return {
+        "p95_ms": round(p95, 1) if p95 is not None else None,
+        "refused": refused,
+        "connections": connections,
+    }
+
+
 def hostile(model: Path, threads: int, seconds: float, streams: int, per_kind: int) -> dict:
     """``streams`` well-behaved real-time streams (from 127.0.0.1) alone, then beside ``per_kind`` clients of
-    each hostile kind (``hostile_clients``: slot hogs, fragment floods, non-readers, huge low-rate frames,
-    each kind from an address of its own, in a process of their own): the well-behaved streams' p95
-    partial latency and refusals both times, and the server's peak RSS."""
+    each hostile kind alone and of all kinds at once (``hostile_clients``: slot hogs, fragment floods,
+    non-readers, huge low-rate frames, each kind from an address of its own, in a process of their own):
+    the well-behaved streams' p95 partial latency and refusals each time, and the server's peak RSS."""
     from native_client import Model
 
     meta = Model(model).metadata
     frame = int(round(meta.n_steps * meta.features.seconds_per_frame * 16000))
     audio = speech(seconds)
     server = Server(model, 64, threads, 64, per_client=streams)
+    beside: dict = {}
     try:
         asyncio.run(trial(server.port, 1, audio, frame, 3 * frame / 16000))  # untimed warm-up
         alone, refused_alone = asyncio.run(tolerant_trial(server.port, streams, audio, frame, seconds))
         print(f"  {streams} streams alone: p95 {alone:.1f} ms, {refused_alone} refused", flush=True)
-        clients = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "hostile_clients.py"), "--port", str(server.port)]
-            + ["--seconds", str(seconds + 3), "--per-kind", str(per_kind)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        time.sleep(2.0)  # the hostile clients are at it before the streams start
-        beside, refused_beside = asyncio.run(tolerant_trial(server.port, streams, audio, frame, seconds))
-        connections = json.loads(clients.communicate(timeout=seconds + 120)[0].strip().splitlines()[-1])
-        print(f"  beside hostile clients: p95 {beside:.1f} ms, {refused_beside} refused", flush=True)
+        for kinds in [(kind,) for kind in HOSTILE_KINDS] + [HOSTILE_KINDS]:
+            name = kinds[0] if len(kinds) == 1 else "all"
+            beside[name] = beside_hostile(server.port, streams, audio, frame, seconds, per_kind, kinds)
+            if beside[name]["p95_ms"] is not None:
+                beside[name]["p95_ratio"] = round(beside[name]["p95_ms"] / alone, 2)
+            print(f"  beside {name}: {json.dumps(beside[name])}", flush=True)
         rss = peak_rss_mib(server.process.pid)
     finally:
         server.close()
@@ -347,11 +367,9 @@ def hostile(model: Path, threads: int, seconds: float, streams: int, per_kind: i
         "streams": streams,
         "hostile_per_kind": per_kind,
         "p95_ms_alone": round(alone, 1),
-        "p95_ms_hostile": round(beside, 1) if beside is not None else None,
-        "p95_ratio": round(beside / alone, 2) if beside is not None else None,
         "refused_alone": refused_alone,
-        "refused_hostile": refused_beside,
-        "hostile_connections": connections,
+        "beside": beside,
+        "p95_ratio": beside["all"].get("p95_ratio"),
         "server_peak_rss_mib": rss,
     }
 
