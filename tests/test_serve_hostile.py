@@ -8,6 +8,7 @@ import asyncio
 import json
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -448,6 +449,77 @@ def test_the_engines_death_fails_every_waiting_stream_and_turns_ready_off(export
     assert pending == 0, f"{pending} streams still wait on an engine that stopped"
     assert len(errors) == 3 and all("engine stopped" in error for error in errors), errors
     assert ready_before and not ready_after
+
+
+def test_a_cancelled_connections_audio_work_ends_before_its_task_does():
+    """A call on an audio thread cannot be stopped. When a client left mid-message, its task was cancelled
+    at once while its call ran on: the slot was freed with work still running (any number of leaving
+    clients kept the threads busy while holding no slot), and a drain could start the connection's
+    ``eof`` on the other thread beside it. Now the cancelled task ends when its call does."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from native_client.server.app import to_the_end
+
+    async def main():
+        executor = ThreadPoolExecutor(1)
+        gate, ran = threading.Event(), []
+
+        def work():
+            gate.wait(10)
+            ran.append("done")
+
+        task = asyncio.create_task(to_the_end(asyncio.get_running_loop().run_in_executor(executor, work)))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.sleep(0.2)
+        ended_before_its_work = task.done()
+        gate.set()
+        await asyncio.wait([task])
+        executor.shutdown()
+        return ended_before_its_work, ran, task.cancelled()
+
+    ended_before_its_work, ran, cancelled = asyncio.run(main())
+    assert not ended_before_its_work, "the cancelled task ended while its call still ran"
+    assert ran == ["done"] and cancelled
+
+
+def test_audio_sent_ahead_of_real_time_waits_while_a_real_time_streams_audio_is_due(export):
+    """A client may send audio faster than it plays (up to ``--max-audio-rate``), and four such clients
+    were four times the model work of a real-time stream: served first come, first served, they held the
+    real-time streams' partials back (the hostile benchmark's non-readers, 4.5x their p95). Now each job
+    says when its audio is due, and one due far ahead runs only when nothing is due sooner. In process: a
+    real model and engine, one chunk a call; the job sent ahead is queued first, with as many chunks."""
+    from native_client.batching import batch_runner
+    from native_client.model import open_model
+    from native_client.server.decoding import ThreadDecoding
+    from native_client.server.engine import BatchEngine
+    from native_client.stream import Utterance
+
+    async def main():
+        model = open_model(export)
+        engine = BatchEngine(batch_runner(model.runner), ThreadDecoding(model.decoder), 1)
+        engine.start()
+        utterance = Utterance(model.runner)
+        utterance.feed_audio(soundfile.read(CLIPS[0], dtype="int16")[0])
+        utterance.finish()
+        chunks = list(utterance.ready())
+        finished = []
+
+        async def job(name, due):
+            await engine.run(chunks, utterance.zero_state, due)
+            finished.append(name)
+
+        now = time.monotonic()
+        ahead = asyncio.create_task(job("ahead", now + 3600))
+        await asyncio.sleep(0)  # queued first
+        real_time = asyncio.create_task(job("real time", now))
+        await asyncio.wait_for(asyncio.gather(ahead, real_time), 60)
+        await engine.stop()
+        return len(chunks), finished
+
+    count, finished = asyncio.run(main())
+    assert count > 2, count
+    assert finished == ["real time", "ahead"], finished
 
 
 @pytest.mark.long  # half a minute of filling socket buffers

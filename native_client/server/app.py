@@ -34,7 +34,7 @@ from native_client.audio import AudioError, stream_for_model
 from native_client.long_audio import SegmentJoiner
 from native_client.model import Model, Transcript
 from native_client.server.budget import TokenBucket
-from native_client.server.engine import BatchEngine
+from native_client.server.engine import BatchEngine, RealTimeClock
 from native_client.server.session import ProtocolError, RecognizerSession
 from native_client.stream import Utterance
 from native_client.utterances import UtteranceLoop, detector
@@ -104,11 +104,12 @@ class Service:
         """``function(*args)`` on the audio threads. Resampling, the detector, features and greedy partials
         hold the GIL in bursts of tens of milliseconds a message; on a thread of their own they leave it to
         the event loop at every switch interval (5 ms), so that sockets are read and answered meanwhile.
-        A connection awaits each call before its next, so its state is never touched by two threads."""
+        A connection awaits each call before its next, so its state is never touched by two threads, and a
+        cancelled caller ends only when its call has (``to_the_end``)."""
         call = functools.partial(function, *args)
         if self.audio_threads is None:
             return call()
-        return await asyncio.get_running_loop().run_in_executor(self.audio_threads, call)
+        return await to_the_end(asyncio.get_running_loop().run_in_executor(self.audio_threads, call))
 
     async def steps_off_loop(self, steps: Iterator) -> AsyncIterator:
         """The steps of a generator (``UtteranceLoop.feed``'s), each one computed by ``off_loop``."""
@@ -135,6 +136,21 @@ class Service:
         self.per_client[address] -= 1
         if self.per_client[address] <= 0:
             del self.per_client[address]
+
+
+async def to_the_end(future: asyncio.Future):
+    """``future``'s result. A call on a thread cannot be stopped: when the caller is cancelled, the
+    cancellation waits for the call to end, so that a cancelled connection's work is over (and its state
+    free) by the time its task is, and its slot is freed when the work is."""
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        while not future.done():
+            try:
+                await asyncio.wait([future])
+            except asyncio.CancelledError:
+                continue
+        raise
 
 
 def origin_allowed(origin: str | None, allowed: frozenset[str]) -> bool:
@@ -266,8 +282,20 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
         service.sockets.add(self)
         self.session = RecognizerSession(service)
         self.set_nodelay(True)
-        self.ws_connection.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+        self._cap_send_buffer()
         self.touch()
+
+    def _cap_send_buffer(self) -> None:
+        """Cap the kernel's send buffer (``SEND_BUFFER_BYTES``), so a client that does not read is found
+        out before megabytes of replies wait for it. A client that reset the connection during the
+        handshake leaves no socket (Tornado closes the stream and ``on_close`` follows): nothing to cap."""
+        sock = self.ws_connection.stream.socket if self.ws_connection is not None else None
+        if sock is None:
+            return
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+        except OSError:  # reset between the check and the call: the same as no socket
+            pass
 
     async def drain(self) -> None:
         """The server is stopping: end the stream as ``eof`` would (its last result is sent), then close
@@ -277,7 +305,7 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
         self.draining = True  # no message read from now on starts an answer beside the eof below
         if self.task is not None and not self.task.done():
             await asyncio.wait([self.task])
-        if self.finished:
+        if self.finished or self.ws_connection is None:  # answered, or closed meanwhile
             return
         self.finished = True
         try:
@@ -387,12 +415,18 @@ class RecognizeHandler(tornado.websocket.WebSocketHandler):
             pass
 
     def on_close(self):
-        """Release the stream: its pending chunks are dropped from the engine."""
+        """Release the stream: its pending chunks are dropped from the engine, and its slot is freed once
+        the message being answered has stopped (a call on an audio thread runs to its end)."""
         self.service.sockets.discard(self)
         if self.idle_handle is not None:
             self.idle_handle.cancel()
         if self.task is not None and not self.task.done():
             self.task.cancel()
+            self.task.add_done_callback(lambda _: self._free_slot())
+        else:
+            self._free_slot()
+
+    def _free_slot(self) -> None:
         if self.counted:
             self.service.free_slot(self.request.remote_ip)
             self.counted = False
@@ -528,7 +562,7 @@ class SttHandler(tornado.web.RequestHandler):
         blocks = stream_for_model(path, rate, convert_rate=True, block_seconds=5.0)
         kept: list[np.ndarray] | None = []  # the audio until it is longer than one utterance
         segments, samples = None, 0
-        while (block := await loop.run_in_executor(None, next, blocks, None)) is not None:
+        while (block := await to_the_end(loop.run_in_executor(None, next, blocks, None))) is not None:
             samples += len(block)
             if samples > cap * rate:
                 blocks.close()
@@ -548,7 +582,7 @@ class SttHandler(tornado.web.RequestHandler):
         if segments is None:  # one utterance, as the client transcribes a file
             utterance = Utterance(model.runner)
             await service.off_loop(_feed_whole, utterance, kept)
-            await run_ready(service.engine, utterance)
+            await run_ready(service.engine, utterance)  # due from now on, as if it played
             seconds = model.metadata.seconds_per_label
             found = await service.engine.candidates(utterance.logits(), self.count, seconds)
             return found, samples
@@ -641,9 +675,9 @@ def _feed_whole(utterance: Utterance, blocks: list[np.ndarray]) -> None:
     utterance.finish()
 
 
-async def run_ready(engine: BatchEngine, utterance: Utterance) -> None:
-    """Run the utterance's ready chunks through the engine."""
-    logits, state = await engine.run(utterance.ready(), utterance.state)
+async def run_ready(engine: BatchEngine, utterance: Utterance, due: float | None = None) -> None:
+    """Run the utterance's ready chunks through the engine (``due``: see ``BatchEngine.run``)."""
+    logits, state = await engine.run(utterance.ready(), utterance.state, due)
     utterance.accept(logits, state)
 
 
@@ -654,15 +688,17 @@ class _Segments:
         self.handler = handler
         self.joiner = joiner
         self.utterances = utterances
+        self.clock = RealTimeClock()  # a posted file's audio is due as if it played: streams go first
 
     async def handle(self, samples: np.ndarray, final: bool = False) -> None:
         """Feed ``samples`` to the detector: each ended utterance is decoded (its best candidate) and
         dropped."""
         service = self.handler.service
         model, engine = service.model, service.engine
+        due = self.clock.advance(len(samples) / model.sample_rate)
         async for step in service.steps_off_loop(self.utterances.feed(samples, final)):
             if isinstance(step, Utterance):
-                await run_ready(engine, step)
+                await run_ready(engine, step, due)
                 continue
             seconds = model.metadata.seconds_per_label
             found = await engine.candidates(step.logits, 1, seconds)

@@ -5,6 +5,12 @@ turn, the next chunk of every waiting job (up to ``max_batch``), stacks them and
 a thread of its own, so the event loop keeps reading and answering sockets meanwhile; jobs that arrive
 during a call join the next one. A job with many chunks (a whole utterance rerun, a posted file)
 advances one chunk per call like any other, so it never holds the others up for longer than a call.
+
+Real time first: each job says when its audio is due (``RealTimeClock``: a stream's audio is due when
+the audio before it has played), and a job due more than ``AHEAD_SLACK_S`` from now (its client sends
+faster than real time, or a long posted file's later parts) joins a call only when no job is due: it
+fills the time the model would otherwise idle, so that a stream speaking in real time waits at most for
+the call under way (one job ahead at a time when the model has no batched form).
 Results are decoded (``candidates``) outside the scheduling loop, by the ``decoding`` it is given
 (``native_client.server.decoding``): beam search with a language model in worker processes, since
 flashlight's search holds the GIL and on a thread of this process would stall the event loop and the
@@ -38,12 +44,31 @@ from native_client.transcripts import Candidate
 
 log = logging.getLogger(__name__)
 
+# How far ahead of now a chunk may be due and still count as real-time work: covers clients that send
+# a second of audio at a time and the jitter of their sending.
+AHEAD_SLACK_S = 1.0
 
-@dataclass
+
+class RealTimeClock:
+    """When a stream's audio is due if it plays in real time: each piece is due once the audio before it
+    has played, or now if that moment is past (a client that paused banks no time)."""
+
+    def __init__(self):
+        self._next = 0.0
+
+    def advance(self, seconds: float) -> float:
+        """The moment the next ``seconds`` of audio are due; the clock moves past them."""
+        due = max(self._next, time.monotonic())
+        self._next = due + seconds
+        return due
+
+
+@dataclass(eq=False)
 class _Job:
     chunks: Sequence[Chunk]
     state: tuple
     future: asyncio.Future
+    due: float  # when the job's audio is due (``time.monotonic``)
     done: int = 0
     logits: list = field(default_factory=list)
 
@@ -115,15 +140,19 @@ class BatchEngine:
             if not job.future.done():
                 job.future.set_exception(RuntimeError(f"the server's engine stopped: {error}"))
 
-    async def run(self, chunks: Sequence[Chunk], state: tuple) -> tuple[np.ndarray, tuple]:
+    async def run(
+        self, chunks: Sequence[Chunk], state: tuple, due: float | None = None
+    ) -> tuple[np.ndarray, tuple]:
         """Logits ``[time, n_classes]`` of ``chunks`` (padding steps dropped) run in order from
-        ``state``, and the state after them. Cancelling the caller drops the job's remaining chunks.
-        RuntimeError when the engine has stopped."""
+        ``state``, and the state after them. ``due``: when their audio is due (``RealTimeClock``; default
+        now). Cancelling the caller drops the job's remaining chunks. RuntimeError when the engine has
+        stopped."""
         if not chunks:
             return np.zeros((0, self.runner.metadata.n_classes), np.float32), state
         if not self.ready:
             raise RuntimeError(f"the server's engine stopped: {self.failure or 'not started'}")
-        job = _Job(chunks, state, asyncio.get_running_loop().create_future())
+        due = time.monotonic() if due is None else due
+        job = _Job(chunks, state, asyncio.get_running_loop().create_future(), due)
         self._jobs.append(job)
         self._wakeup.set()
         try:
@@ -180,10 +209,13 @@ class BatchEngine:
                 self._batch = []
 
     def _next_batch(self) -> list[_Job]:
-        """Up to ``max_batch`` live jobs from the front of the queue (each re-queued after its chunk)."""
-        batch = []
-        while self._jobs and len(batch) < self.max_batch:
-            job = self._jobs.popleft()
-            if not job.future.done():  # cancelled: its connection is gone
-                batch.append(job)
+        """Up to ``max_batch`` live jobs, the earliest due first; jobs due more than ``AHEAD_SLACK_S`` from
+        now only when none is due sooner, and then one only if the model has no batched form (each job is
+        re-queued after its chunk)."""
+        live = sorted((job for job in self._jobs if not job.future.done()), key=lambda job: job.due)
+        horizon = time.monotonic() + AHEAD_SLACK_S
+        due_now = sum(1 for job in live if job.due <= horizon)  # a prefix of ``live``
+        ahead = len(live) if self.runner.batched else 1
+        batch = live[: min(due_now or ahead, self.max_batch)]
+        self._jobs = deque(live[len(batch) :])
         return batch

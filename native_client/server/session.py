@@ -19,6 +19,7 @@ import soxr
 
 from native_client.audio import RESAMPLE_QUALITY, to_int16
 from native_client.server.budget import TokenBucket
+from native_client.server.engine import RealTimeClock
 from native_client.stream import Utterance
 from native_client.utterances import Ended, UtteranceLoop, detector
 
@@ -47,6 +48,7 @@ class RecognizerSession:
         self._resampler = None
         limits = service.limits
         self._audio_budget = TokenBucket(limits.max_audio_rate, burst=limits.max_message_seconds)
+        self._clock = RealTimeClock()  # when this stream's audio is due: the engine serves real time first
         # The detector, or without one (--no-vad) the whole connection as one utterance cut at the longest
         # utterance: either way an utterance's memory (and a normalised export's reruns) is bounded.
         segmenter = detector(self.model_rate, service.vad, round(service.max_utterance_s * self.model_rate))
@@ -144,15 +146,17 @@ class RecognizerSession:
 
     async def audio(self, data: bytes) -> dict:
         """The reply to one binary frame: the result of utterances that ended in it, else a partial."""
-        ended = await self._feed(await self.service.off_loop(self.samples_of, data))
+        samples = await self.service.off_loop(self.samples_of, data)
+        due = self._clock.advance(len(samples) / self.model_rate)
+        ended = await self._feed(samples, due)
         if ended:
             return await self._result(ended)
-        return {"partial": await self._partial_text()}
+        return {"partial": await self._partial_text(due)}
 
     async def eof(self) -> dict:
         """The reply to ``eof``: the last utterance's result (``{"text": ""}`` when there was none)."""
         samples = await self.service.off_loop(self._flush_resampler)
-        ended = await self._feed(samples, final=True)
+        ended = await self._feed(samples, self._clock.advance(len(samples) / self.model_rate), final=True)
         return await self._result(ended)
 
     def _flush_resampler(self) -> np.ndarray:
@@ -161,21 +165,22 @@ class RecognizerSession:
             return np.zeros(0, np.int16)
         return to_int16(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
 
-    async def _feed(self, samples: np.ndarray, final: bool = False) -> list[Ended]:
-        """Run ``samples`` through the detector and the utterances (off the event loop); the utterances
-        that ended."""
+    async def _feed(self, samples: np.ndarray, due: float, final: bool = False) -> list[Ended]:
+        """Run ``samples`` (due at ``due``) through the detector and the utterances (off the event loop);
+        the utterances that ended."""
         ended = []
         async for step in self.service.steps_off_loop(self._utterances.feed(samples, final)):
             if isinstance(step, Utterance):
-                logits, state = await self.service.engine.run(step.ready(), step.state)
+                logits, state = await self.service.engine.run(step.ready(), step.state, due)
                 step.accept(logits, state)
             else:
                 ended.append(step)
         return ended
 
-    async def _partial_text(self) -> str:
+    async def _partial_text(self, due: float) -> str:
         """The current utterance's transcript so far (greedy), ``""`` between utterances. An export with
-        normalisation reruns the utterance from its start at most every ``partial_interval_s`` of audio."""
+        normalisation reruns the utterance from its start at most every ``partial_interval_s`` of audio (due
+        when the message's audio is)."""
         utterance, greedy = self._utterances.utterance, self.service.model.greedy
         if utterance is None:
             return ""
@@ -186,7 +191,7 @@ class RecognizerSession:
         if utterance.samples - self._rerun_at >= self.service.partial_interval_s * self.model_rate:
             self._rerun_at = utterance.samples
             chunks = await self.service.off_loop(utterance.rerun)
-            logits, _ = await self.service.engine.run(chunks, utterance.zero_state)
+            logits, _ = await self.service.engine.run(chunks, utterance.zero_state, due)
             self._partial = await self.service.off_loop(greedy.decode, logits)
         return self._partial
 
