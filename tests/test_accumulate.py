@@ -25,10 +25,10 @@ from pipeline.reports import TrainReport, read_report
 from pipeline.stages.features import global_stats
 from pipeline.stages.train import train_stage
 from pipeline.stages.train_launch import SignalStop, stop_on_signals
-from pipeline.train.accumulate import windows_of_epoch
 from pipeline.train.distribute import make_strategy
 from pipeline.train.hooks import StopTraining, TrainHooks
 from pipeline.train.loop import Trainer
+from pipeline.train.windows import plan_windows
 from tests.conftest import ROOT, build_features
 from tests.plugins.step_barrier import StepBarrier
 from tests.towers import compare_runs
@@ -45,11 +45,32 @@ def test_windows_keep_consecutive_plan_steps_together_and_one_step_windows_are_t
     assert all(list(w) == list(range(w.start, w.stop)) for w in windows)
     ordered = epoch_batches(plan, 3, 7, 4)
     assert [list(b) for b in ordered] == [list(plan[i]) for w in windows for i in w]
-    layout = windows_of_epoch(plan, 3, 7, 4)
+    layout = plan_windows(plan, 3, 7, 4)
     sizes = [len(w) * 4 for w in windows]
     assert layout.ends == frozenset(np.cumsum([len(w) for w in windows]).tolist())
-    assert layout.utterances == tuple(size for w, size in zip(windows, sizes, strict=True) for _ in w)
+    # each batch weighs 1 over its window's utterances (the window's shorter last one included)
+    assert layout.coefficients == tuple(
+        (1 / size,) for w, size in zip(windows, sizes, strict=True) for _ in w
+    )
     assert plan_digest(plan) != plan_digest(plan, 2) and plan_digest(plan, 1) == plan_digest(plan)
+
+
+def test_plan_windows_weigh_each_batch_by_its_own_windows_utterances_wherever_the_short_one_falls():
+    """Batches of unequal sizes, windows of 2 over 5 steps (the short window shuffled anywhere): each step's
+    coefficient is 1 over its own window's utterances, its share its batch's part of them, and the ends
+    fall after each window as the epoch orders them."""
+    plan = [np.arange(size) for size in (3, 4, 2, 5, 1)]
+    short_in_the_middle = 0
+    for epoch in range(6):
+        windows = epoch_windows(len(plan), epoch, 7, 2)
+        short_in_the_middle += len(windows[1]) == 1
+        got = plan_windows(plan, epoch, 7, 2)
+        totals = [sum(len(plan[i]) for i in w) for w in windows]
+        assert got.coefficients == tuple((1 / t,) for w, t in zip(windows, totals, strict=True) for _ in w)
+        shares = [len(plan[i]) / t for w, t in zip(windows, totals, strict=True) for i in w]
+        assert got.shares == pytest.approx(shares)
+        assert got.ends == frozenset(np.cumsum([len(w) for w in windows]).tolist())
+    assert short_in_the_middle, "no epoch put the short window in the middle: pick other epochs"
 
 
 def _weights(model) -> dict[str, np.ndarray]:

@@ -164,14 +164,14 @@ def test_the_training_step_with_drawn_chunks_compiles_with_xla():
     import keras
 
     from pipeline.config import TrainingConfig
-    from pipeline.train.step import loss_gradients
+    from pipeline.train.step import OneTask, task_gradients
 
     config = _config(dropout=0.0, attention_dropout=0.0)
-    model = build_model(config.model, 26, 29)
-    step = loss_gradients(model, keras.optimizers.Adam(), TrainingConfig(jit_compile=True), 28)
+    model = OneTask(build_model(config.model, 26, 29))
+    step = task_gradients(model, (0,), [28], keras.optimizers.Adam(), TrainingConfig(jit_compile=True))
     features = tf.constant(np.random.default_rng(4).standard_normal((2, 90, 26)).astype(np.float32))
-    batch = (features, tf.constant([90, 61]), tf.constant([[1, 2, 3], [4, 5, 0]]), tf.constant([3, 2]))
-    losses = [float(step(*batch, tf.constant(2.0))[0]) for _ in range(8)]
+    batch = (features, tf.constant([90, 61]), tf.constant([[1, 2, 3], [4, 5, 0]]), tf.constant([3, 2]), None)
+    losses = [float(step((batch,), tf.constant([0.5]))[2]) for _ in range(8)]
     assert np.isfinite(losses).all() and len(set(losses)) > 2, losses  # chunks and full context drawn
 
 

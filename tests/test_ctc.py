@@ -223,7 +223,7 @@ def test_a_jit_compiled_training_step_gives_the_exact_loss_of_a_long_utterance()
     from pipeline.config import ModelConfig, TrainingConfig
     from pipeline.model import build_model
     from pipeline.model.weights import named_weights
-    from pipeline.train.step import TrainStep
+    from pipeline.train.step import OneTask, TrainingStep
 
     rng = np.random.default_rng(5)
     element = (
@@ -242,9 +242,10 @@ def test_a_jit_compiled_training_step_gives_the_exact_loss_of_a_long_utterance()
             optimizer.build(model.trainable_variables)
         bias = named_weights(model)["layer_6.bias"]
         bias.assign(bias + tf.one_hot(BLANK, 29) * 8.0)
-        step = TrainStep(model, optimizer, optimizer, strategy, TrainingConfig(jit_compile=jit), BLANK)
+        training = TrainingConfig(jit_compile=jit)
+        step = TrainingStep(OneTask(model), [1.0], [BLANK], optimizer, optimizer, strategy, training, 1)
         dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(element))
-        result = step(next(iter(dataset)), dataset.element_spec)
+        result = step((0,), (next(iter(dataset)),), (dataset.element_spec,))
         assert result.finite and result.applied
         losses[jit] = result.loss
     assert losses[False] > 1000, losses  # the kernel: far above dense CTC's ceiling near 706.9

@@ -11,7 +11,7 @@ from pipeline.layout import Layout
 from pipeline.stages.features import global_stats
 from pipeline.stages.train import train_stage
 from pipeline.train.hooks import StepInfo, StopTraining, TrainHooks
-from pipeline.train.task_windows import task_windows
+from pipeline.train.windows import schedule_lengths, task_windows
 from tests.test_multitask_train import _stored, two_tasks
 
 
@@ -20,8 +20,9 @@ def _sizes(table):
 
 
 def test_one_task_windows_are_the_single_task_windows():
-    """One task: each batch's coefficient is 1 over its window's utterances, as accumulate.py divides."""
-    windows = task_windows([(0,)] * 5, [0], _sizes({0: [4, 4, 3, 4, 2]}), [1.0], 2)
+    """One task: each batch's coefficient is 1 over its window's utterances, as a single-task run's
+    windows weigh them (``plan_windows``: test_accumulate)."""
+    windows = task_windows([(0,)] * 5, [0], _sizes({0: [4, 4, 3, 4, 2]}), [1.0], schedule_lengths(5, 2))
     assert windows.coefficients == ((1 / 8,),) * 2 + ((1 / 7,),) * 2 + ((1 / 2,),)
     assert windows.ends == frozenset({2, 4, 5})
     assert windows.shares == pytest.approx([0.5, 0.5, 3 / 7, 4 / 7, 1.0])
@@ -33,14 +34,14 @@ def test_a_window_pools_each_tasks_utterances_and_weighs_the_task_by_its_steps()
     6 utterances, fr's 0.5 x 1/3 over its 3; the draws go on from where each task was."""
     schedule = [(0,), (1,), (0,), (1,)]
     sizes = {0: [9, 9, 4, 2], 1: [3, 5]}
-    windows = task_windows(schedule, [2, 0], _sizes(sizes), [1.5, 0.5], 3)
+    windows = task_windows(schedule, [2, 0], _sizes(sizes), [1.5, 0.5], schedule_lengths(4, 3))
     en, fr = 1.5 * 2 / (3 * 6), 0.5 * 1 / (3 * 3)
     assert [c for (c,) in windows.coefficients[:3]] == pytest.approx([en, fr, en])
     assert windows.coefficients[3] == (0.5 / 5,)  # a window of one step: fr's second batch alone
     mass = [en * 4, fr * 3, en * 2]
     assert windows.shares[:3] == pytest.approx([m / sum(mass) for m in mass])
     # round_robin: every step draws both tasks; a window of 2 steps is one step of twice the batch
-    windows = task_windows([(0, 1)] * 2, [0, 0], _sizes({0: [4, 4], 1: [2, 2]}), [1.0, 1.0], 2)
+    windows = task_windows([(0, 1)] * 2, [0, 0], _sizes({0: [4, 4], 1: [2, 2]}), [1.0, 1.0], [2])
     assert windows.coefficients == ((1 / 16, 1 / 8),) * 2
 
 

@@ -12,10 +12,10 @@ the same step. A stop is agreed the same way: a worker asked to stop (a hook's
 ``StopTraining``: a signal) votes for it in its next step, and every worker saves
 after that step and stops.
 
-What one step computes is ``step.py`` (``accumulate.py`` with
-``training.accumulate_batches``, whose update windows the loop saves between, never
-inside); what happens after an epoch (validation, best-dev, plateau halving, early
-stop) is ``policy.py``.
+What one step computes is ``step.py`` (with ``training.accumulate_batches``, the
+update windows of ``windows.py``, which the loop saves between, never inside); what
+happens after an epoch (validation, best-dev, plateau halving, early stop) is
+``policy.py``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from pipeline.features.cache import CacheIndex, damage_in
 from pipeline.model import build_model
 from pipeline.model.weights import named_weights, weights_digest
 from pipeline.reports import DevFigures, StopRecord, TrainReport, report_to_dict
-from pipeline.train.accumulate import WindowedSteps, WindowRecord
 from pipeline.train.checkpointing import BatchPlan, RunCheckpoints, TrainingError
 from pipeline.train.distribute import ClusterRole
 from pipeline.train.epoch_ends import EpochEnds
@@ -56,7 +55,8 @@ from pipeline.train.hooks import (
 )
 from pipeline.train.nonfinite_stop import check_not_stopped, record_stop, stop_message
 from pipeline.train.policy import EpochPolicy, EpochVerdict, learning_rate
-from pipeline.train.step import StepResult, ballot
+from pipeline.train.step import OneTask, StepResult, TrainingStep, ballot
+from pipeline.train.windows import Windows, plan_windows
 from pipeline.workdir import TrainRun
 
 __all__ = ["Trainer", "TrainHooks", "TrainingError", "global_batch_size"]
@@ -75,6 +75,15 @@ def global_batch_size(config: Config, towers: int) -> tuple[int, int]:
             )
         return wanted // towers, wanted
     return config.training.batch_size, config.training.batch_size * towers
+
+
+@dataclasses.dataclass
+class WindowRecord:
+    """The finite batches of the loop's current update window: their losses and files (what the epoch's
+    mean loss and the warning of an update that was not applied need)."""
+
+    losses: list = dataclasses.field(default_factory=list)
+    files: set = dataclasses.field(default_factory=set)
 
 
 class Trainer:
@@ -187,12 +196,16 @@ class Trainer:
         """What a checkpoint holds besides the model, the optimizer and the position."""
         return {}
 
-    def _make_step(self) -> WindowedSteps:
+    def _make_step(self) -> TrainingStep:
         """The compiled training step (update windows of ``training.accumulate_batches`` steps)."""
         training, blank = self.config.training, self.alphabet.blank_index
-        return WindowedSteps(
-            self.model, self.optimizer, self.step_optimizer, self.strategy, training, blank, self.plan
-        )
+        args = (self.optimizer, self.step_optimizer, self.strategy, training, self.steps_per_epoch)
+        return TrainingStep(OneTask(self.model), [1.0], [blank], *args, self._windows_of)
+
+    def _windows_of(self, epoch: int) -> Windows:
+        """The update windows of ``epoch`` (``training.accumulate_batches``), from the plan."""
+        training = self.config.training
+        return plan_windows(self.plan, epoch, training.shuffle_seed, training.accumulate_batches)
 
     def _has_dev(self) -> bool:
         """Whether the run validates on a dev split."""
@@ -200,7 +213,8 @@ class Trainer:
 
     def _batch_files(self, result: StepResult) -> list[str]:
         """The audio files of a step's batch (named when it is skipped)."""
-        return sorted({self.train_data.paths[i] for i in result.batch_indices()})
+        (per_tower,) = result.indices
+        return sorted({self.train_data.paths[int(i)] for part in per_tower for i in part.numpy()})
 
     def _train_inputs(self, target: int):
         """The training input from the restored position to epoch ``target``: (dataset, its iterator)."""
@@ -218,7 +232,7 @@ class Trainer:
             batch = next(batches)
         except tf.errors.OpError as error:
             raise damage_in(error) or error from None
-        return self._train_step(batch, dataset.element_spec, vote=vote)
+        return self._train_step((0,), (batch,), (dataset.element_spec,), vote=vote)
 
     @property
     def history(self) -> TrainHistory:

@@ -8,9 +8,9 @@ what differs with several tasks:
 - the input: a batch plan and a tf.data pipeline per task, and the steps' tasks from
   ``pipeline.batches.tasks`` (``multitask.sampling``); each task's position (the batches it has drawn since
   the run began) is in every checkpoint, so a resumed run draws the very next batch of each task;
-- the step: ``task_step.MultiTaskStep`` (each task's weighted loss on its head or network, one update of
-  what the step's tasks use), or with ``training.accumulate_batches`` the update windows of
-  ``task_windows.py``;
+- the step: ``step.TrainingStep`` over the step's tasks (each task's weighted loss on its head or network,
+  one update of what the step's tasks use), with ``training.accumulate_batches`` in the update windows
+  of ``windows.py``;
 - validation: every task's dev split on its head (its loss, WER and CER in the history, the report and
   TensorBoard under ``dev_<task>``), and the figures the policy reads (early stop, plateau halving,
   ``training.best_by``) as the tasks' weighted mean.
@@ -41,14 +41,8 @@ from pipeline.train.checkpointing import TrainingError
 from pipeline.train.distribute import ClusterRole
 from pipeline.train.hooks import TrainHooks
 from pipeline.train.loop import Trainer
-from pipeline.train.step import StepResult
-from pipeline.train.task_step import MultiTaskStep, TaskStepResult, loss_factors
-from pipeline.train.task_windows import (
-    MultiTaskAccumulatingStep,
-    TaskWindowedSteps,
-    TaskWindows,
-    task_windows,
-)
+from pipeline.train.step import StepResult, TrainingStep
+from pipeline.train.windows import Windows, loss_factors, schedule_lengths, task_windows
 
 log = logging.getLogger(__name__)
 
@@ -165,16 +159,18 @@ class MultiTaskTrainer(Trainer):
         self._positions = tf.Variable(tf.zeros([len(self.tasks)], tf.int64), trainable=False, name="tasks")
         return {"task_batches": self._positions}
 
-    def _make_step(self) -> MultiTaskStep | TaskWindowedSteps:
+    def _make_step(self) -> TrainingStep:
         blanks = [task.alphabet.blank_index for task in self.tasks]
-        args = (self.optimizer, self.step_optimizer, self.strategy, self.config.training)
-        accumulate = self.config.training.accumulate_batches
-        if accumulate == 1:
-            return MultiTaskStep(self.model, self.factors, blanks, *args)
-        step = MultiTaskAccumulatingStep(self.model, self.factors, blanks, *args)
-        return TaskWindowedSteps(step, self._windows_of, accumulate, self.steps_per_epoch)
+        args = (
+            self.optimizer,
+            self.step_optimizer,
+            self.strategy,
+            self.config.training,
+            self.steps_per_epoch,
+        )
+        return TrainingStep(self.model, self.factors, blanks, *args, self._windows_of)
 
-    def _windows_of(self, epoch: int) -> TaskWindows:
+    def _windows_of(self, epoch: int) -> Windows:
         """The update windows of ``epoch`` (``training.accumulate_batches``), from the tasks' plans."""
         sizes = [len(plan) for plan in self.plan]
         accumulate = self.config.training.accumulate_batches
@@ -189,7 +185,9 @@ class MultiTaskTrainer(Trainer):
             return rounds[key][draw % len(plan)]
 
         first = [epoch * task_batches_per_epoch(self.sampling, sizes, t) for t in range(len(sizes))]
-        return task_windows(self._epoch_tasks(epoch), first, batch_utterances, self.factors, accumulate)
+        schedule = self._epoch_tasks(epoch)
+        lengths = schedule_lengths(len(schedule), accumulate)
+        return task_windows(schedule, first, batch_utterances, self.factors, lengths)
 
     def _has_dev(self) -> bool:
         return any(task.dev is not None for task in self.tasks)
@@ -253,7 +251,7 @@ class MultiTaskTrainer(Trainer):
                 f"checkpoint is of another batch plan; delete the run (make rerun STAGE=Train) to start again"
             )
 
-    def _step(self, inputs: _TaskInputs, vote: float) -> TaskStepResult:
+    def _step(self, inputs: _TaskInputs, vote: float) -> StepResult:
         tasks = self._epoch_tasks(int(self.state.epoch.numpy()))[int(self.state.step_in_epoch.numpy())]
         batches, specs = inputs.next_batches(tasks)
         result = self._train_step(tasks, batches, specs, vote=vote)
