@@ -146,36 +146,63 @@ class RecognizerSession:
 
     async def audio(self, data: bytes) -> dict:
         """The reply to one binary frame: the result of utterances that ended in it, else a partial."""
-        samples = await self.service.off_loop(self.samples_of, data)
-        due = self._clock.advance(len(samples) / self.model_rate)
-        ended = await self._feed(samples, due)
+        count, steps, step, text = await self.service.off_loop(self._first_step, self.samples_of, data, False)
+        due = self._clock.advance(count / self.model_rate)
+        ended, text = await self._run(steps, step, text, due)
         if ended:
             return await self._result(ended)
-        return {"partial": await self._partial_text(due)}
+        return {"partial": text if text is not None else await self._partial_text(due)}
 
     async def eof(self) -> dict:
         """The reply to ``eof``: the last utterance's result (``{"text": ""}`` when there was none)."""
-        samples = await self.service.off_loop(self._flush_resampler)
-        ended = await self._feed(samples, self._clock.advance(len(samples) / self.model_rate), final=True)
+        count, steps, step, _ = await self.service.off_loop(
+            self._first_step, self._flush_resampler, None, True
+        )
+        ended, _ = await self._run(steps, step, None, self._clock.advance(count / self.model_rate))
         return await self._result(ended)
 
-    def _flush_resampler(self) -> np.ndarray:
+    def _flush_resampler(self, _=None) -> np.ndarray:
         """The resampler's last samples (none without one)."""
         if self._resampler is None:
             return np.zeros(0, np.int16)
         return to_int16(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
 
-    async def _feed(self, samples: np.ndarray, due: float, final: bool = False) -> list[Ended]:
-        """Run ``samples`` (due at ``due``) through the detector and the utterances (off the event loop);
-        the utterances that ended."""
+    # Each trip to the audio threads costs a wake-up of a thread and of the event loop, so a message takes
+    # two: its samples and first step, then (after the model) its next step with the greedy partial.
+    def _first_step(self, samples_of, data, final: bool) -> tuple:
+        """On an audio thread: the samples of ``data`` (``samples_of``) into the detector and utterances;
+        (their count, the steps, the first step or None, the partial when there is no step)."""
+        samples = samples_of(data)
+        steps = self._utterances.feed(samples, final)
+        step = next(steps, None)
+        return len(samples), steps, step, self._greedy_partial() if step is None and not final else None
+
+    def _next_step(self, steps, partial: bool) -> tuple:
+        """On an audio thread: (the next step or None, and when there is none and ``partial``, the greedy
+        partial)."""
+        step = next(steps, None)
+        return step, self._greedy_partial() if step is None and partial else None
+
+    def _greedy_partial(self) -> str | None:
+        """The partial of an incremental utterance (``""`` between utterances); None for a normalised
+        export's, which reruns the utterance through the engine (``_partial_text``)."""
+        utterance = self._utterances.utterance
+        if utterance is None:
+            return ""
+        return self.service.model.greedy.decode(utterance.logits()) if utterance.incremental else None
+
+    async def _run(self, steps, step, text: str | None, due: float) -> tuple[list[Ended], str | None]:
+        """Run the steps from ``step`` (their chunks due at ``due``) through the engine; (the utterances
+        that ended, the greedy partial when none did and it could be made on the way)."""
         ended = []
-        async for step in self.service.steps_off_loop(self._utterances.feed(samples, final)):
+        while step is not None:
             if isinstance(step, Utterance):
                 logits, state = await self.service.engine.run(step.ready(), step.state, due)
                 step.accept(logits, state)
             else:
                 ended.append(step)
-        return ended
+            step, text = await self.service.off_loop(self._next_step, steps, not ended)
+        return ended, text
 
     async def _partial_text(self, due: float) -> str:
         """The current utterance's transcript so far (greedy), ``""`` between utterances. An export with
