@@ -316,9 +316,6 @@ def peak_rss_mib(pid: int) -> float:
     return round(int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024, 1)
 
 
-HOSTILE_KINDS = ("slot_hog", "fragment_flood", "non_reader", "huge_frames")
-
-
 def beside_hostile(port: int, streams: int, audio, frame: int, seconds: float, per_kind: int, kinds) -> dict:
     """One trial of ``streams`` well-behaved streams beside ``per_kind`` clients of each of ``kinds`` (in a
     process of their own): the streams' p95 and refusals, and the connections each kind opened."""
@@ -343,6 +340,8 @@ def hostile(model: Path, threads: int, seconds: float, streams: int, per_kind: i
     each hostile kind alone and of all kinds at once (``hostile_clients``: slot hogs, fragment floods,
     non-readers, huge low-rate frames, each kind from an address of its own, in a process of their own):
     the well-behaved streams' p95 partial latency and refusals each time, and the server's peak RSS."""
+    from hostile_clients import KINDS  # bench/, the folder of the script
+
     from native_client import Model
 
     meta = Model(model).metadata
@@ -354,7 +353,7 @@ def hostile(model: Path, threads: int, seconds: float, streams: int, per_kind: i
         asyncio.run(trial(server.port, 1, audio, frame, 3 * frame / 16000))  # untimed warm-up
         alone, refused_alone = asyncio.run(tolerant_trial(server.port, streams, audio, frame, seconds))
         print(f"  {streams} streams alone: p95 {alone:.1f} ms, {refused_alone} refused", flush=True)
-        for kinds in [(kind,) for kind in HOSTILE_KINDS] + [HOSTILE_KINDS]:
+        for kinds in [(kind,) for kind in KINDS] + [KINDS]:
             name = kinds[0] if len(kinds) == 1 else "all"
             beside[name] = beside_hostile(server.port, streams, audio, frame, seconds, per_kind, kinds)
             if beside[name]["p95_ms"] is not None:
