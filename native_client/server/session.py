@@ -151,7 +151,7 @@ class RecognizerSession:
         ended, text = await self._run(steps, step, text, due)
         if ended:
             return await self._result(ended)
-        return {"partial": text if text is not None else await self._partial_text(due)}
+        return {"partial": text if text is not None else await self._rerun_partial(due)}
 
     async def eof(self) -> dict:
         """The reply to ``eof``: the last utterance's result (``{"text": ""}`` when there was none)."""
@@ -185,7 +185,7 @@ class RecognizerSession:
 
     def _greedy_partial(self) -> str | None:
         """The partial of an incremental utterance (``""`` between utterances); None for a normalised
-        export's, which reruns the utterance through the engine (``_partial_text``)."""
+        export's, which reruns the utterance through the engine (``_rerun_partial``)."""
         utterance = self._utterances.utterance
         if utterance is None:
             return ""
@@ -204,15 +204,11 @@ class RecognizerSession:
             step, text = await self.service.off_loop(self._next_step, steps, not ended)
         return ended, text
 
-    async def _partial_text(self, due: float) -> str:
-        """The current utterance's transcript so far (greedy), ``""`` between utterances. An export with
-        normalisation reruns the utterance from its start at most every ``partial_interval_s`` of audio (due
-        when the message's audio is)."""
+    async def _rerun_partial(self, due: float) -> str:
+        """The partial of a normalised export's utterance in progress (``_greedy_partial`` makes every other
+        one): the utterance is rerun from its start at most every ``partial_interval_s`` of audio (due when
+        the message's audio is), and the last rerun's text stands in between."""
         utterance, greedy = self._utterances.utterance, self.service.model.greedy
-        if utterance is None:
-            return ""
-        if utterance.incremental:
-            return await self.service.off_loop(lambda: greedy.decode(utterance.logits()))
         if utterance is not self._partial_of:
             self._partial_of, self._partial, self._rerun_at = utterance, "", 0
         if utterance.samples - self._rerun_at >= self.service.partial_interval_s * self.model_rate:
