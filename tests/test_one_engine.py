@@ -194,3 +194,44 @@ def test_a_model_without_a_streaming_form_runs_once_through_the_same_engine(expo
     assert 0 < len(partial) <= len(model.logits(samples[:half]))
     stream.feed_audio(samples[half:])
     np.testing.assert_allclose(stream.flush(), model.logits(samples), atol=1e-5)
+
+
+def test_the_sessions_partials_are_the_greedy_text_of_the_server_paths_logits(export):
+    """The WebSocket session itself (``RecognizerSession`` on audio threads, over the engine) answers each
+    piece with the greedy text of the logits the server's path has after it: an incremental export's from
+    the utterance so far, made on the audio thread with the message's last step; a normalised one's from a
+    rerun of the audio so far through the engine (every message here: ``partial_interval_s`` 0)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from native_client.model import open_model
+    from native_client.server.app import Limits, Service
+    from native_client.server.session import RecognizerSession
+
+    model = open_model(export[0])
+    samples = load_for_model(CLIP, 16000)
+    pieces = np.array_split(samples, 7)
+    expected, _ = _server_side(model, pieces)
+
+    async def main():
+        engine = BatchEngine(BatchRunner(model.runner), ThreadDecoding(model.decoder))
+        engine.start()
+        threads = ThreadPoolExecutor(2)
+        service = Service(
+            model,
+            engine,
+            Limits(),
+            None,
+            max_utterance_s=600.0,
+            partial_interval_s=0.0,
+            audio_threads=threads,
+        )
+        session = RecognizerSession(service)
+        try:
+            return [await session.audio(piece.astype("<i2").tobytes()) for piece in pieces[:-1]]
+        finally:
+            await engine.stop()
+            threads.shutdown()
+
+    replies = asyncio.run(main())
+    assert replies == [{"partial": model.greedy.decode(logits)} for logits in expected]
+    assert any(reply["partial"] for reply in replies)  # random weights still emit some labels
