@@ -154,6 +154,7 @@ def stage_train(manifest: Path, work: Path, steps: int) -> dict:
     from pipeline.train.distribute import make_strategy
     from pipeline.train.hooks import StepInfo, TrainHooks
     from pipeline.train.loop import Trainer
+    from pipeline.train.tasks import TaskData
 
     config = _config(manifest, work)
     layout = Layout(config)
@@ -168,9 +169,7 @@ def stage_train(manifest: Path, work: Path, steps: int) -> dict:
     trainer = Trainer(
         config,
         work / "run",
-        data,
-        None,
-        load_alphabet(layout.alphabet),
+        [TaskData.only(data, None, load_alphabet(layout.alphabet))],
         make_strategy(config.distribution),
         hooks=TrainHooks(on_step=on_step),
     )
@@ -180,7 +179,7 @@ def stage_train(manifest: Path, work: Path, steps: int) -> dict:
         pass
     seen, epoch = [], 0  # the batches of the steps taken, across epochs on a small corpus
     while len(seen) < steps:
-        seen.extend(epoch_batches(trainer.plan, epoch, config.training.shuffle_seed))
+        seen.extend(epoch_batches(trainer.inputs.plans[0], epoch, config.training.shuffle_seed))
         epoch += 1
     audio = float(sum(data.durations[b].sum() for b in seen[5:steps]))
     tf.train.Checkpoint(weights=named_weights(trainer.model)).write(str(work / "weights" / "ckpt"))

@@ -46,6 +46,7 @@ from pipeline.stages.features import features_stage
 from pipeline.train.distribute import make_strategy
 from pipeline.train.hooks import TrainHooks
 from pipeline.train.loop import Trainer
+from pipeline.train.tasks import TaskData
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,9 +62,7 @@ def trainer_rate(config, data, alphabet, run_dir) -> float:
     trainer = Trainer(
         config,
         run_dir,
-        data,
-        None,
-        alphabet,
+        [TaskData.only(data, None, alphabet)],
         make_strategy(config.distribution),
         hooks=TrainHooks(on_epoch=lambda info: marks.append(time.perf_counter())),
     )

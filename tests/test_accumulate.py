@@ -28,6 +28,7 @@ from pipeline.stages.train_launch import SignalStop, stop_on_signals
 from pipeline.train.distribute import make_strategy
 from pipeline.train.hooks import StopTraining, TrainHooks
 from pipeline.train.loop import Trainer
+from pipeline.train.tasks import TaskData
 from pipeline.train.windows import plan_windows
 from tests.conftest import ROOT, build_features
 from tests.plugins.step_barrier import StepBarrier
@@ -81,7 +82,13 @@ def _fit(config, run_dir, hooks=None):
     layout = Layout(config)
     train = read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config)))
     alphabet = load_alphabet(layout.alphabet)
-    trainer = Trainer(config, run_dir, train, None, alphabet, make_strategy(config.distribution), hooks=hooks)
+    trainer = Trainer(
+        config,
+        run_dir,
+        [TaskData.only(train, None, alphabet)],
+        make_strategy(config.distribution),
+        hooks=hooks,
+    )
     return trainer, trainer.fit()
 
 
@@ -288,9 +295,7 @@ def test_a_non_finite_batch_inside_a_window_is_skipped_and_the_window_still_upda
     trainer = Trainer(
         config,
         tmp_path / "run",
-        train,
-        None,
-        load_alphabet(Layout(config).alphabet),
+        [TaskData.only(train, None, load_alphabet(Layout(config).alphabet))],
         make_strategy(config.distribution),
     )
     report = trainer.fit()

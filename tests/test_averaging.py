@@ -31,6 +31,7 @@ from pipeline.stages.train import train_stage
 from pipeline.train.distribute import make_strategy
 from pipeline.train.history import TrainHistory
 from pipeline.train.loop import Trainer
+from pipeline.train.tasks import TaskData
 from tests.conftest import SAMPLE, build_features
 
 
@@ -250,7 +251,10 @@ def test_a_kill_before_an_epochs_checkpoint_loses_no_weights_the_last_checkpoint
     train = read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config)))
     alphabet = load_alphabet(layout.alphabet)
     trainer = Trainer(
-        config, layout.train_run.root, train, None, alphabet, make_strategy(config.distribution)
+        config,
+        layout.train_run.root,
+        [TaskData.only(train, None, alphabet)],
+        make_strategy(config.distribution),
     )
     save = trainer.checkpoints.save
 

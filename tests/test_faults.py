@@ -239,6 +239,7 @@ def test_damaged_feature_cache_is_refused_naming_it(finished, tmp_path):
     from pipeline.features.cache import CacheError, read_cache
     from pipeline.train.distribute import make_strategy
     from pipeline.train.loop import Trainer
+    from pipeline.train.tasks import TaskData
 
     _, config = finished
     layout = Layout(config)
@@ -256,9 +257,7 @@ def test_damaged_feature_cache_is_refused_naming_it(finished, tmp_path):
     trainer = Trainer(
         config,
         tmp_path / "run",
-        index,
-        None,
-        load_alphabet(layout.alphabet),
+        [TaskData.only(index, None, load_alphabet(layout.alphabet))],
         make_strategy(config.distribution),
     )
     with pytest.raises(CacheError, match=f"^{cache}: feature cache is damaged"):
@@ -567,6 +566,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_one_before(finished, tmp_pa
     from pipeline.features.cache import read_cache
     from pipeline.train.distribute import make_strategy
     from pipeline.train.loop import Trainer
+    from pipeline.train.tasks import TaskData
 
     _, config = finished
     layout = Layout(config)
@@ -580,9 +580,13 @@ def test_damaged_latest_checkpoint_falls_back_to_the_one_before(finished, tmp_pa
     trainer = Trainer(
         config,
         run,
-        read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config))),
-        None,
-        load_alphabet(layout.alphabet),
+        [
+            TaskData.only(
+                read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config))),
+                None,
+                load_alphabet(layout.alphabet),
+            )
+        ],
         make_strategy(config.distribution),
     )
     with caplog.at_level(logging.WARNING):
@@ -614,6 +618,7 @@ def test_an_update_that_would_make_weights_non_finite_is_not_applied(finished, t
     from pipeline.features.cache import read_cache
     from pipeline.train.distribute import make_strategy
     from pipeline.train.loop import Trainer, TrainingError
+    from pipeline.train.tasks import TaskData
 
     _, config = finished
     layout = Layout(config)
@@ -623,9 +628,13 @@ def test_an_update_that_would_make_weights_non_finite_is_not_applied(finished, t
     trainer = Trainer(
         overflow,
         tmp_path / "run",
-        read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config))),
-        None,
-        load_alphabet(layout.alphabet),
+        [
+            TaskData.only(
+                read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config))),
+                None,
+                load_alphabet(layout.alphabet),
+            )
+        ],
         make_strategy(config.distribution),
     )
     before = [v.numpy().copy() for v in trainer.model.trainable_variables]
@@ -672,6 +681,7 @@ def test_leftovers_of_killed_runs_are_removed_by_the_next_run(finished, tmp_path
     from pipeline.stages.features import features_stage
     from pipeline.train.distribute import make_strategy
     from pipeline.train.loop import Trainer
+    from pipeline.train.tasks import TaskData
 
     _, config = finished
     layout = Layout(config)
@@ -690,9 +700,13 @@ def test_leftovers_of_killed_runs_are_removed_by_the_next_run(finished, tmp_path
     Trainer(
         config,
         layout.train_run.root,
-        read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config))),
-        None,
-        load_alphabet(layout.alphabet),
+        [
+            TaskData.only(
+                read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config))),
+                None,
+                load_alphabet(layout.alphabet),
+            )
+        ],
         make_strategy(config.distribution),
     )
     assert not temp_checkpoint.exists() and not report_tmp.exists()
@@ -756,6 +770,7 @@ def test_lost_checkpoint_state_file_still_resumes(finished, tmp_path, caplog):
     from pipeline.features.cache import read_cache
     from pipeline.train.distribute import make_strategy
     from pipeline.train.loop import Trainer
+    from pipeline.train.tasks import TaskData
 
     _, config = finished
     layout = Layout(config)
@@ -766,9 +781,13 @@ def test_lost_checkpoint_state_file_still_resumes(finished, tmp_path, caplog):
     trainer = Trainer(
         config,
         run,
-        read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config))),
-        None,
-        load_alphabet(layout.alphabet),
+        [
+            TaskData.only(
+                read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config))),
+                None,
+                load_alphabet(layout.alphabet),
+            )
+        ],
         make_strategy(config.distribution),
     )
     with caplog.at_level(logging.WARNING):
@@ -818,13 +837,12 @@ def test_a_diverging_loss_warns_once(caplog):
     """Deliverable 6: a loss 100x its first value warns once."""
     import logging
 
-    from pipeline.train.loop import Trainer
+    from pipeline.train.summaries import LossWatch
 
-    trainer = Trainer.__new__(Trainer)
-    trainer._first_loss, trainer._warned_growth = None, False
+    watch = LossWatch()
     with caplog.at_level(logging.WARNING):
         for step, loss in enumerate([2.0, 50.0, 201.0, 500.0, 900.0], 1):
-            trainer._watch_loss(step, loss)
+            watch(step, loss)
     warnings = [r.message for r in caplog.records if "over 100x the first loss" in r.message]
     assert len(warnings) == 1 and warnings[0].startswith("Step 3: loss 201")
 

@@ -123,7 +123,7 @@ def test_a_non_finite_batch_of_a_task_is_skipped_and_named(tmp_path, accumulate)
     from pipeline.stages.train import task_data
     from pipeline.train.checkpointing import TrainingError
     from pipeline.train.distribute import make_strategy
-    from pipeline.train.tasks import MultiTaskTrainer
+    from pipeline.train.loop import Trainer
 
     extra = (
         f"training: {{epochs: 1, batch_size: 1, accumulate_batches: {accumulate}, validation_epochs: 0, "
@@ -143,7 +143,7 @@ def test_a_non_finite_batch_of_a_task_is_skipped_and_named(tmp_path, accumulate)
     )
     file = tasks[0].train.paths[poisoned]
     strategy = make_strategy(config.distribution)
-    trainer = MultiTaskTrainer(config, tmp_path / "run", tasks, strategy)
+    trainer = Trainer(config, tmp_path / "run", tasks, strategy)
     report = trainer.fit()
     assert [b["files"] for b in report.skipped_batches] == [[file]]
     assert (report.global_step, report.updates) == (12, 12 // accumulate)
@@ -154,7 +154,7 @@ def test_a_non_finite_batch_of_a_task_is_skipped_and_named(tmp_path, accumulate)
         config, training=dataclasses.replace(config.training, max_nonfinite_batches=1)
     )
     with pytest.raises(TrainingError) as error:
-        MultiTaskTrainer(strict, tmp_path / "strict", tasks, strategy).fit()
+        Trainer(strict, tmp_path / "strict", tasks, strategy).fit()
     assert file in str(error.value) and "\n" not in str(error.value)
 
 
@@ -172,7 +172,7 @@ def test_a_task_drawn_only_in_a_skipped_step_of_a_window_is_not_moved(tmp_path):
     from pipeline.features.cache import read_cache
     from pipeline.stages.train import task_data
     from pipeline.train.distribute import make_strategy
-    from pipeline.train.tasks import MultiTaskTrainer
+    from pipeline.train.loop import Trainer
 
     extra = (
         "training: {epochs: 1, batch_size: 1, accumulate_batches: 2, validation_epochs: 0, "
@@ -181,8 +181,8 @@ def test_a_task_drawn_only_in_a_skipped_step_of_a_window_is_not_moved(tmp_path):
     config = two_tasks(tmp_path, extra=extra)
     tasks = task_data(Layout(config))
     strategy = make_strategy(config.distribution)
-    probe = MultiTaskTrainer(config, tmp_path / "probe", tasks, strategy)
-    schedule = probe._epoch_tasks(0)
+    probe = Trainer(config, tmp_path / "probe", tasks, strategy)
+    schedule = probe.inputs.epoch_tasks(0)
     windows = [schedule[start : start + 2] for start in range(0, len(schedule), 2)]
     # the first window of one fr step and one en step after a window that trained fr
     trained_fr, chosen = False, None
@@ -193,7 +193,7 @@ def test_a_task_drawn_only_in_a_skipped_step_of_a_window_is_not_moved(tmp_path):
         trained_fr = trained_fr or (1,) in window
     assert chosen is not None, schedule
     draw = sum(tasks == (1,) for tasks in schedule[: 2 * chosen + windows[chosen].index((1,))])
-    order = epoch_batches(probe.plan[1], 0, probe._task_seed(1), 2)
+    order = epoch_batches(probe.inputs.plans[1], 0, probe.inputs.seed(1), 2)
     (poisoned,) = order[draw]
     copy = tmp_path / "poisoned.h5"
     shutil.copyfile(Layout(config).for_task("fr").features_cache("train"), copy)
@@ -213,7 +213,7 @@ def test_a_task_drawn_only_in_a_skipped_step_of_a_window_is_not_moved(tmp_path):
             "en": [w.numpy().copy() for w in model.head(0).weights],
         }
 
-    trainer = MultiTaskTrainer(config, tmp_path / "run", tasks, strategy, hooks=TrainHooks(on_step=on_step))
+    trainer = Trainer(config, tmp_path / "run", tasks, strategy, hooks=TrainHooks(on_step=on_step))
     held.append(trainer)
     report = trainer.fit()
     assert [b["files"] for b in report.skipped_batches] == [[fr.paths[poisoned]]]

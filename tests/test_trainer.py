@@ -28,7 +28,8 @@ from pipeline.stages.evaluate import evaluate_stage
 from pipeline.stages.features import global_stats
 from pipeline.stages.train import train_stage
 from pipeline.train.distribute import make_strategy
-from pipeline.train.loop import Trainer, TrainingError, global_batch_size
+from pipeline.train.loop import Trainer, TrainingError
+from pipeline.train.tasks import TaskData, global_batch_size
 from tests.conftest import ROOT, build_features
 from tests.plugins.step_barrier import StepBarrier
 from tests.towers import compare_runs
@@ -49,7 +50,7 @@ def _trainer(config, run_dir, train=None):
         Layout(config).features_cache("train"), config.features, global_stats(Layout(config))
     )
     dev = read_cache(Layout(config).features_cache("dev"), config.features, global_stats(Layout(config)))
-    return Trainer(config, run_dir, train, dev, alphabet, make_strategy(config.distribution))
+    return Trainer(config, run_dir, [TaskData.only(train, dev, alphabet)], make_strategy(config.distribution))
 
 
 def test_loss_falls_and_report_is_complete(small_config, tmp_path):
@@ -336,12 +337,12 @@ def test_a_nan_validation_never_becomes_the_best(small_config, tmp_path):
     train = read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config)))
     alphabet, strategy = load_alphabet(layout.alphabet), make_strategy(config.distribution)
     run_dir = tmp_path / "run"
-    first = Trainer(config, run_dir, train, nan_dev, alphabet, strategy).fit()
+    first = Trainer(config, run_dir, [TaskData.only(train, nan_dev, alphabet)], strategy).fit()
     assert math.isnan(first.validations[0]["dev_loss"])
     assert first.best_dev is None
     assert first.best_checkpoint.endswith(f"best-{first.global_step}")  # the last stands in for the best
     two = dataclasses.replace(config, training=dataclasses.replace(config.training, epochs=2))
-    second = Trainer(two, run_dir, train, dev, alphabet, strategy).fit()
+    second = Trainer(two, run_dir, [TaskData.only(train, dev, alphabet)], strategy).fit()
     assert [math.isnan(v["dev_loss"]) for v in second.validations] == [True, False]
     assert second.best_dev is not None and second.best_dev.epoch == 2
     assert second.best_checkpoint.endswith(f"best-{second.global_step}")

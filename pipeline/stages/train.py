@@ -18,7 +18,7 @@ from pipeline.stages.features import global_stats, keep_global_stats, split_cach
 from pipeline.train.distribute import DistributionError, configure_devices, make_strategy, training_role
 from pipeline.train.hooks import TrainHooks
 from pipeline.train.loop import Trainer
-from pipeline.train.tasks import MultiTaskTrainer, TaskData
+from pipeline.train.tasks import TaskData
 from pipeline.workdir import TrainRun
 
 # What a collective operation raises when a peer worker died or stopped answering.
@@ -53,8 +53,7 @@ def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks |
     if config.tasks:
         tasks = task_data(layout, run)
     else:
-        alphabet = model_alphabet(layout.config, layout.alphabet)
-        train_data, dev_data = _splits(layout, run)
+        tasks = [TaskData.only(*_splits(layout, run), model_alphabet(layout.config, layout.alphabet))]
     if role.is_chief:
         run.root.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run.resolved_config, yaml.safe_dump(config_to_dict(config), sort_keys=False))
@@ -62,32 +61,17 @@ def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks |
     # Two pipelines whose configs share this Train fingerprint take turns on its directory;
     # the second resumes from the first one's checkpoints (and finds the run finished).
     with stage_lock(run.root) if role.is_chief else contextlib.nullcontext():
-        if config.tasks:
-            trainer = MultiTaskTrainer(
-                config,
-                run.root,
-                tasks,
-                strategy,
-                role,
-                hooks,
-                fingerprint=layout.train_fingerprint,
-                started=started,
-                init_digest=layout.init_from_digest,
-            )
-        else:
-            trainer = Trainer(
-                config,
-                run.root,
-                train_data,
-                dev_data,
-                alphabet,
-                strategy,
-                role,
-                hooks,
-                fingerprint=layout.train_fingerprint,
-                started=started,
-                init_digest=layout.init_from_digest,
-            )
+        trainer = Trainer(
+            config,
+            run.root,
+            tasks,
+            strategy,
+            role,
+            hooks,
+            fingerprint=layout.train_fingerprint,
+            started=started,
+            init_digest=layout.init_from_digest,
+        )
         try:
             report = trainer.fit()
         except LOST_WORKER_ERRORS as error:

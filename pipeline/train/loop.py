@@ -1,4 +1,4 @@
-"""The training loop: the input iterator, steps and epochs, when to save, summaries and hooks.
+"""The training loop: steps and epochs, when to save, the policy's verdicts and hooks.
 
 The batch order of an epoch is a pure function of its seed and number, and the
 position is in every checkpoint, so a restarted run continues at the very next
@@ -12,10 +12,11 @@ the same step. A stop is agreed the same way: a worker asked to stop (a hook's
 ``StopTraining``: a signal) votes for it in its next step, and every worker saves
 after that step and stops.
 
-What one step computes is ``step.py`` (with ``training.accumulate_batches``, the
-update windows of ``windows.py``, which the loop saves between, never inside); what
-happens after an epoch (validation, best-dev, plateau halving, early stop) is
-``policy.py``.
+The tasks it trains (one, or several over one model) and their input are
+``tasks.py``; what one step computes is ``step.py`` (with ``training.accumulate_batches``,
+the update windows of ``windows.py``, which the loop saves between, never inside);
+what happens after an epoch (validation: ``validation.py``; best-dev, plateau halving,
+early stop) is ``policy.py``; summaries ``summaries.py``; the report ``report.py``.
 """
 
 from __future__ import annotations
@@ -27,18 +28,10 @@ import time
 from pathlib import Path
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from native_client.alphabet import Labels
-from pipeline.batches.dataset import SplitReader, batch_plan, plan_digest, train_dataset
 from pipeline.config import Config
-from pipeline.evaluation.metrics import best_and_worst, corpus_rates, format_report, headline_metric
-from pipeline.evaluation.run import make_forward, run_split
-from pipeline.features.cache import CacheIndex, damage_in
-from pipeline.model import build_model
-from pipeline.model.weights import named_weights, weights_digest
-from pipeline.reports import DevFigures, StopRecord, TrainReport, report_to_dict
+from pipeline.reports import TrainReport
 from pipeline.train.checkpointing import BatchPlan, RunCheckpoints, TrainingError
 from pipeline.train.distribute import ClusterRole
 from pipeline.train.epoch_ends import EpochEnds
@@ -55,26 +48,18 @@ from pipeline.train.hooks import (
 )
 from pipeline.train.nonfinite_stop import check_not_stopped, record_stop, stop_message
 from pipeline.train.policy import EpochPolicy, EpochVerdict, learning_rate
-from pipeline.train.step import OneTask, StepResult, TrainingStep, ballot
-from pipeline.train.windows import Windows, plan_windows
+from pipeline.train.report import train_report
+from pipeline.train.step import StepResult, TrainingStep, ballot
+from pipeline.train.stop_signals import stop_vote, stopped_with_the_others
+from pipeline.train.summaries import LossWatch, Summaries
+from pipeline.train.tasks import TaskData, TaskInputs, global_batch_size, task_model
+from pipeline.train.validation import TaskValidation
+from pipeline.train.windows import loss_factors
 from pipeline.workdir import TrainRun
 
-__all__ = ["Trainer", "TrainHooks", "TrainingError", "global_batch_size"]
+__all__ = ["TaskData", "Trainer", "TrainHooks", "TrainingError"]
 
 log = logging.getLogger(__name__)
-
-
-def global_batch_size(config: Config, towers: int) -> tuple[int, int]:
-    """(per-tower batch, global batch) for ``towers`` replicas; a ``global_batch_size`` must split evenly."""
-    wanted = config.training.global_batch_size
-    if wanted:
-        if wanted % towers:
-            raise TrainingError(
-                f"training.global_batch_size {wanted} does not split over {towers} towers; "
-                f"use a multiple of {towers}, or set training.batch_size (per tower) instead"
-            )
-        return wanted // towers, wanted
-    return config.training.batch_size, config.training.batch_size * towers
 
 
 @dataclasses.dataclass
@@ -87,8 +72,9 @@ class WindowRecord:
 
 
 class Trainer:
-    """Trains the acoustic model of ``config`` on ``train_data``; validates on ``dev_data`` (None: no
-    validation, the last checkpoint stands in for the best-dev one).
+    """Trains the acoustic model of ``config`` on ``tasks`` (``tasks.TaskData``: one, or several over one
+    model as ``multitask:`` says); validates on their dev splits (none: the last checkpoint stands in for
+    the best-dev one).
 
     ``run_dir`` receives ``checkpoints/``, ``best/``, ``summaries/``. Only the
     chief (``role.is_chief``) writes there; other workers save into a scratch
@@ -103,9 +89,7 @@ class Trainer:
         self,
         config: Config,
         run_dir: Path,
-        train_data: CacheIndex,
-        dev_data: CacheIndex | None,
-        alphabet: Labels,
+        tasks: list[TaskData],
         strategy: tf.distribute.Strategy,
         role: ClusterRole = ClusterRole(0, 1),
         hooks: TrainHooks | None = None,
@@ -117,9 +101,7 @@ class Trainer:
         self.config = config
         self.run_dir = Path(run_dir)
         self.run = TrainRun(self.run_dir)
-        self.train_data = train_data
-        self.dev_data = dev_data
-        self.alphabet = alphabet
+        self.tasks = list(tasks)
         self.strategy = strategy
         self.role = role
         self.hooks = combine_hooks([hooks or TrainHooks(), *configured_hooks(config)])
@@ -127,10 +109,11 @@ class Trainer:
         self.started = time.time() if started is None else started
         self.towers = strategy.num_replicas_in_sync
         self.per_tower_batch, self.global_batch = global_batch_size(config, self.towers)
-        self.plan, self.steps_per_epoch, self.plan_digest = self._batch_plan()
+        self.inputs = TaskInputs(config, self.tasks, strategy, self.global_batch)
+        self.steps_per_epoch, self.plan_digest = self.inputs.steps_per_epoch, self.inputs.digest
         training = config.training
         with strategy.scope():
-            self.model = self._build_model()
+            self.model, view = task_model(config, self.tasks)
             self.optimizer = keras.optimizers.Adam(
                 learning_rate=training.learning_rate,
                 beta_1=training.beta1,
@@ -157,82 +140,38 @@ class Trainer:
             config,
             self.run,
             self.model,
-            alphabet,
+            self.tasks[0].alphabet,
             strategy,
             role,
-            tracked={"optimizer": self.optimizer, "loss_scale": loss_scale, **self._extra_state()},
+            tracked={"optimizer": self.optimizer, "loss_scale": loss_scale, **self.inputs.checkpointed()},
             init_digest=init_digest,
         )
         self.state = self.checkpoints.state
         self._epoch_ends = EpochEnds(config, self.run, self.model) if role.is_chief else None
-        self._train_step = self._make_step()
+        self.factors = loss_factors([task.weight for task in self.tasks])
+        self._train_step = TrainingStep(
+            view,
+            self.factors,
+            [task.alphabet.blank_index for task in self.tasks],
+            self.optimizer,
+            self.step_optimizer,
+            strategy,
+            training,
+            self.steps_per_epoch,
+            self.inputs.windows_of,
+        )
         self._window = WindowRecord()
-        self.policy = EpochPolicy(config, has_dev=self._has_dev())
-        self._forward = make_forward(self.model, alphabet.blank_index)
-        self._train_reader = SplitReader(train_data)
-        self._dev_reader = SplitReader(dev_data) if dev_data is not None else None
-        # The validation log's headline figure: CER where the dev references' language has no word spaces.
-        self._dev_headline = headline_metric(dev_data.transcripts) if dev_data is not None else "wer"
-        self._writers = None
-        self._last_histogram = 0.0
+        self.summaries = Summaries(self.run.summaries, role.is_chief, training.summary_secs)
+        self.validate = TaskValidation(config, self.tasks, view, self.summaries.writer)
+        self.policy = EpochPolicy(config, has_dev=self.validate.has_dev)
+        self._watch_loss = LossWatch()
         self._last_loss = float("nan")
-        self._first_loss = None
-        self._warned_growth = False
 
-    # -- what a multi-task trainer (pipeline.train.tasks) does its own way ----------------------------
-    def _batch_plan(self) -> tuple[list, int, int]:
-        """(the run's batch plan, steps per epoch, the plan's digest)."""
-        plan = batch_plan(
-            self.train_data.lengths, self.global_batch, self.towers, self.config.training.max_batch_frames
-        )
-        return plan, len(plan), plan_digest(plan, self.config.training.accumulate_batches)
-
-    def _build_model(self):
-        """The model, built in the strategy's scope."""
-        n_input, n_classes = self.train_data.n_input, self.alphabet.n_classes
-        return build_model(self.config.model, n_input, n_classes, self.config.training.precision)
-
-    def _extra_state(self) -> dict:
-        """What a checkpoint holds besides the model, the optimizer and the position."""
-        return {}
-
-    def _make_step(self) -> TrainingStep:
-        """The compiled training step (update windows of ``training.accumulate_batches`` steps)."""
-        training, blank = self.config.training, self.alphabet.blank_index
-        args = (self.optimizer, self.step_optimizer, self.strategy, training, self.steps_per_epoch)
-        return TrainingStep(OneTask(self.model), [1.0], [blank], *args, self._windows_of)
-
-    def _windows_of(self, epoch: int) -> Windows:
-        """The update windows of ``epoch`` (``training.accumulate_batches``), from the plan."""
-        training = self.config.training
-        return plan_windows(self.plan, epoch, training.shuffle_seed, training.accumulate_batches)
-
-    def _has_dev(self) -> bool:
-        """Whether the run validates on a dev split."""
-        return self.dev_data is not None
-
-    def _batch_files(self, result: StepResult) -> list[str]:
-        """The audio files of a step's batch (named when it is skipped)."""
-        (per_tower,) = result.indices
-        return sorted({self.train_data.paths[int(i)] for part in per_tower for i in part.numpy()})
-
-    def _train_inputs(self, target: int):
-        """The training input from the restored position to epoch ``target``: (dataset, its iterator)."""
-        state = self.state
-        dataset = self._distributed_batches(
-            int(state.epoch.numpy()), int(state.step_in_epoch.numpy()), target
-        )
-        return dataset, iter(dataset)
-
-    def _step(self, inputs, vote: float) -> StepResult:
-        """Run one training step on the next batch of ``inputs`` (``_train_inputs``); ``vote``: this
-        worker's ``step.ballot``."""
-        dataset, batches = inputs
-        try:
-            batch = next(batches)
-        except tf.errors.OpError as error:
-            raise damage_in(error) or error from None
-        return self._train_step((0,), (batch,), (dataset.element_spec,), vote=vote)
+    def _step(self, vote: float) -> StepResult:
+        """Run one training step on the next batches of the step's tasks; ``vote``: this worker's
+        ``step.ballot``."""
+        epoch, step = int(self.state.epoch.numpy()), int(self.state.step_in_epoch.numpy())
+        return self._train_step(*self.inputs.next_batches(epoch, step), vote=vote)
 
     @property
     def history(self) -> TrainHistory:
@@ -251,50 +190,15 @@ class Trainer:
     def _run_over(self, target: int) -> bool:
         return int(self.state.epoch.numpy()) >= target or self.history.stop is not None
 
-    # -- summaries -----------------------------------------------------------------------------
-    def _writer(self, name: str):
-        if not self.role.is_chief:
-            return tf.summary.create_noop_writer()
-        if self._writers is None:
-            self._writers = {}
-        if name not in self._writers:
-            self._writers[name] = tf.summary.create_file_writer(str(self.run.summaries / name))
-        return self._writers[name]
-
     def _learning_rate(self) -> float:
         return learning_rate(
             self.config.training, float(self.state.lr_factor.numpy()), int(self.state.updates.numpy())
         )
 
     # -- the loop ------------------------------------------------------------------------------
-    def _distributed_batches(self, epoch: int, start_step: int, end_epoch: int):
-        reader, plan, towers = self._train_reader, self.plan, self.towers
-        seed = self.config.training.shuffle_seed
-        augment = self.config.augment if self.config.augment.features_on else None
-        accumulate = self.config.training.accumulate_batches
-
-        def dataset_fn(context: tf.distribute.InputContext):
-            local = context.num_replicas_in_sync // context.num_input_pipelines
-            return train_dataset(
-                reader,
-                plan,
-                towers,
-                context.input_pipeline_id * local,
-                local,
-                epoch,
-                start_step,
-                end_epoch,
-                seed,
-                augment,
-                accumulate,
-            )
-
-        return self.strategy.distribute_datasets_from_function(dataset_fn)
-
     def _after_step(self, result: StepResult, consecutive_bad: int, lr: float) -> int:
         """Book-keeping of one step: counters, skipped-batch record, summaries; returns the non-finite
         streak (batches skipped and updates not applied since the last applied update)."""
-        training = self.config.training
         loss, finite = result.loss, result.finite
         self._last_loss = loss
         self.state.global_step.assign_add(1)
@@ -306,9 +210,9 @@ class Trainer:
         if finite:
             self._watch_loss(step, loss)
             window.losses.append(loss)
-            window.files.update(self._batch_files(result))
+            window.files.update(self.inputs.batch_files(result))
         else:
-            files = self._batch_files(result)
+            files = self.inputs.batch_files(result)
             log.warning("Step %d: non-finite loss, batch skipped; its files: %s", step, ", ".join(files))
             consecutive_bad = self._skipped(step, files, consecutive_bad)
         if result.update:
@@ -327,14 +231,7 @@ class Trainer:
                     ", ".join(files),
                 )
                 consecutive_bad = self._skipped(step, files, consecutive_bad)
-        with self._writer("train").as_default(step=step):
-            if finite:
-                tf.summary.scalar("loss", loss)
-            tf.summary.scalar("learning_rate", min(lr, float(np.finfo(np.float32).max)))
-            if time.monotonic() - self._last_histogram >= training.summary_secs:
-                self._last_histogram = time.monotonic()
-                for name, variable in named_weights(self.model).items():
-                    tf.summary.histogram(name, variable)
+        self.summaries.step(step, loss if finite else None, lr, self.model)
         return consecutive_bad
 
     def _skipped(self, step: int, files: list[str], consecutive_bad: int) -> int:
@@ -351,37 +248,6 @@ class Trainer:
                 record_stop(self.run, training.max_nonfinite_batches, step, message)
             raise TrainingError(message)
         return consecutive_bad
-
-    def _watch_loss(self, step: int, loss: float) -> None:
-        """Warn once when the loss has grown 100x over the first loss of this run (diverging training)."""
-        if self._first_loss is None:
-            self._first_loss = loss
-        elif self._first_loss > 0 and loss > 100 * self._first_loss and not self._warned_growth:
-            self._warned_growth = True
-            log.warning(
-                "Step %d: loss %.4g is over 100x the first loss %.4g; training is diverging "
-                "(lower training.learning_rate or set training.clip_grad_norm)",
-                step,
-                loss,
-                self._first_loss,
-            )
-
-    def validate(self, epoch: int) -> tuple[DevFigures, dict]:
-        """Dev figures (loss, greedy WER/CER) of the current weights, as after epoch ``epoch``, and the
-        best/worst samples."""
-        results = run_split(
-            self.model,
-            self.dev_data,
-            self.alphabet,
-            self.config.training.dev_batch_size,
-            self._forward,
-            reader=self._dev_reader,
-            max_batch_frames=self.config.training.max_batch_frames,
-        )
-        rates = corpus_rates(results, self._dev_headline)
-        samples = best_and_worst(results, self.config.training.report_count, rates["headline"])
-        log.info("%s", format_report(f"Validation after epoch {epoch}", rates, samples))
-        return DevFigures(epoch=epoch, dev_loss=rates["loss"], wer=rates["wer"], cer=rates["cer"]), samples
 
     def _end_epoch(self, epoch: int, target: int) -> StopTraining | None:
         """Close epoch ``epoch`` (0-based): record its loss, carry out the policy's verdict, advance the
@@ -401,7 +267,8 @@ class Trainer:
                 self.hooks.on_epoch(EpochInfo(epoch=epoch + 1, target_epochs=target, train_loss=epoch_loss))
             except StopTraining as request:
                 stop = request
-        verdict = self.policy.after_epoch(epoch + 1, history, self.validate)
+        step = int(self.state.global_step.numpy())
+        verdict = self.policy.after_epoch(epoch + 1, history, lambda at: self.validate(at, step))
         if verdict.validation is not None:
             asked = self._record_validation(verdict)
             stop = stop or asked
@@ -428,10 +295,7 @@ class Trainer:
         history.last_samples = verdict.samples
         if verdict.stop is not None:
             history.stop = verdict.stop
-        with self._writer("dev").as_default(step=int(self.state.global_step.numpy())):
-            tf.summary.scalar("loss", figures.dev_loss)
-            tf.summary.scalar("wer", figures.wer)
-            tf.summary.scalar("cer", figures.cer)
+        self.summaries.validation(int(self.state.global_step.numpy()), figures)
         if training.wer_log_pattern:
             print(
                 training.wer_log_pattern.format(
@@ -491,11 +355,10 @@ class Trainer:
         else:
             self._train(target, started)
         checkpoints.ensure_best()
-        for writer in (self._writers or {}).values():
-            writer.flush()
+        self.summaries.flush()
         if checkpoints.scratch is not None:
             shutil.rmtree(checkpoints.scratch, ignore_errors=True)
-        return self._report(target, time.monotonic() - started)
+        return train_report(self, target, time.monotonic() - started)
 
     def _train(self, target: int, started: float) -> None:
         """Run steps and epochs from the restored position to ``target`` or an early stop."""
@@ -521,7 +384,8 @@ class Trainer:
         asked, agreed = None, False
         # One iterator for the whole run: re-creating distributed datasets every epoch stalled
         # for up to a minute at each epoch boundary (tearing down the previous iterator).
-        inputs = self._train_inputs(target)
+        where = str(self.run.checkpoints)
+        self.inputs.start(int(self.state.epoch.numpy()), int(self.state.step_in_epoch.numpy()), target, where)
         while not self._run_over(target):
             epoch = int(self.state.epoch.numpy())
             self._train_step.start(epoch, int(self.state.step_in_epoch.numpy()))
@@ -535,7 +399,7 @@ class Trainer:
                     time.monotonic() - last_save >= training.checkpoint_secs
                     or _step_save_due(int(self.state.global_step.numpy()) + 1, training.checkpoint_steps)
                 )
-                result = self._step(inputs, ballot(vote, stop=asked is not None))
+                result = self._step(ballot(vote, stop=asked is not None))
                 consecutive_bad = self._after_step(result, consecutive_bad, lr)
                 save_due, agreed = save_due or result.save, agreed or result.stop
                 saved = save_due and result.update
@@ -558,14 +422,14 @@ class Trainer:
                         # A multi-worker save is collective, so only a lone worker can save on a request of
                         # its own; with several, the request reaches them all with the next step's vote.
                         if self.role.count > 1:
-                            asked = self._stop_vote(request, asked)
+                            asked = stop_vote(request, asked, int(self.state.global_step.numpy()))
                         else:
                             stop = request
                 if (stop is not None or agreed) and result.update:
                     # The step's book-keeping is done and no window is open: a consistent position.
                     if not saved:
                         self._save()
-                    raise stop or asked or self._stopped_with_the_others()
+                    raise stop or asked or stopped_with_the_others(int(self.state.global_step.numpy()))
             request = self._end_epoch(epoch, target)
             last_save = time.monotonic()
             if request is not None and self._run_over(target):
@@ -573,57 +437,7 @@ class Trainer:
             elif request is not None and self.role.count == 1:
                 raise request  # after the epoch's checkpoint
             elif request is not None:
-                asked = self._stop_vote(request, asked)
-
-    def _stop_vote(self, request: StopTraining, asked: StopTraining | None) -> StopTraining:
-        """This worker of several was asked to stop (``request``): its vote in every step from the next one
-        on, until all stop after the step the vote reached them in (``StepResult.stop``)."""
-        if asked is None:
-            log.warning(
-                "Asked to stop after step %d: every worker stops after the next step, with a checkpoint",
-                int(self.state.global_step.numpy()),
-            )
-        return request
-
-    def _stopped_with_the_others(self) -> StopTraining:
-        """The stop of a worker that was not asked to stop itself, after another one was."""
-        return StopTraining(
-            f"training stopped after step {int(self.state.global_step.numpy())} as another worker was asked "
-            f"to; a checkpoint of that step was saved: run Train again to resume"
-        )
-
-    def _report(self, target: int, wall_this_run: float) -> TrainReport:
-        """The whole ``train_report.json`` of this run (the only place it is built)."""
-        history = self.history
-        stop = history.stop or StopRecord(rule=None, reason=f"reached the target of {target} epochs")
-        return TrainReport(
-            epochs_completed=int(self.state.epoch.numpy()),
-            target_epochs=target,
-            global_step=int(self.state.global_step.numpy()),
-            updates=int(self.state.updates.numpy()),
-            accumulate_batches=self.config.training.accumulate_batches,
-            steps_per_epoch=self.steps_per_epoch,
-            towers=self.towers,
-            batch_size_per_tower=self.per_tower_batch,
-            global_batch_size=self.global_batch,
-            train_losses=[dataclasses.asdict(e) for e in history.epoch_losses],
-            validations=[report_to_dict(v) for v in history.validations],
-            best_dev=history.best(self.config.training.best_by),
-            last_samples=history.last_samples,
-            stop=stop,
-            skipped_batches=[dataclasses.asdict(b) for b in history.skipped_batches],
-            best_checkpoint=self.checkpoints.best_manager.latest_checkpoint,
-            latest_checkpoint=self.checkpoints.manager.latest_checkpoint,
-            wall_time_s_this_run=wall_this_run,
-            epochs_setting=self.config.training.epochs,
-            weights_sha256=weights_digest(self.model),
-            fingerprint=self.fingerprint,
-            config=self.config.source,
-            train_samples=len(self.train_data),
-            train_audio_hours=float(self.train_data.durations.sum()) / 3600,
-            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
-            wall_time_s=time.time() - self.started,
-        )
+                asked = stop_vote(request, asked, int(self.state.global_step.numpy()))
 
 
 def _step_save_due(step: int, every: int) -> bool:

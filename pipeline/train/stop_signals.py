@@ -119,3 +119,22 @@ def pass_stop_on(processes: Iterable[subprocess.Popen]) -> None:
         if process.returncode is None:
             with contextlib.suppress(OSError):
                 os.kill(process.pid, PASSED_ON)
+
+
+def stop_vote(request: StopTraining, asked: StopTraining | None, step: int) -> StopTraining:
+    """A worker of several was asked to stop (``request``) after global step ``step``: its vote in every
+    step from the next one on (``asked``: the request it votes for already, None), until all stop after
+    the step the vote reached them in (``pipeline.train.step.StepResult.stop``)."""
+    if asked is None:
+        log.warning(
+            "Asked to stop after step %d: every worker stops after the next step, with a checkpoint", step
+        )
+    return request
+
+
+def stopped_with_the_others(step: int) -> StopTraining:
+    """The stop of a worker that was not asked to stop itself, after another one was, after ``step``."""
+    return StopTraining(
+        f"training stopped after step {step} as another worker was asked to; a checkpoint of that step "
+        "was saved: run Train again to resume"
+    )

@@ -1,29 +1,27 @@
-"""Multi-task training (``multitask:``): several tasks over one model, as nabu's trainers do it.
+"""The tasks a run trains, and their input: one task, or several over one model (``multitask:``, as nabu's
+trainers do it). The ``Trainer`` of ``loop.py`` trains a list of tasks; a single-task config is the list
+of one.
 
-The ``Trainer`` of ``loop.py`` runs the steps, epochs, checkpoints, policy and hooks; this module gives it
-what differs with several tasks:
+- The model: ``task_model``, the family's model for one task, ``pipeline.model.heads.MultiTaskModel``
+  for several (one network and a head per task, one network shared whole, or a network per task, as
+  ``multitask.sharing`` says).
+- The input (``TaskInputs``): a batch plan and a tf.data pipeline per task, and the steps' tasks from
+  ``pipeline.batches.tasks`` (``multitask.sampling``). Each task's position (the batches it has drawn
+  since the run began) is in every checkpoint of several tasks, so a resumed run draws the very next batch
+  of each; with one task it is the run's own position (epoch, step).
+- The update windows of ``training.accumulate_batches`` (``windows.py``): one task's are its plan's
+  windows, several tasks' are cut from the epoch's task schedule.
 
-- the model: ``pipeline.model.heads.MultiTaskModel`` (one network and a head per task, one network shared
-  whole, or a network per task, as ``multitask.sharing`` says);
-- the input: a batch plan and a tf.data pipeline per task, and the steps' tasks from
-  ``pipeline.batches.tasks`` (``multitask.sampling``); each task's position (the batches it has drawn since
-  the run began) is in every checkpoint, so a resumed run draws the very next batch of each task;
-- the step: ``step.TrainingStep`` over the step's tasks (each task's weighted loss on its head or network,
-  one update of what the step's tasks use), with ``training.accumulate_batches`` in the update windows
-  of ``windows.py``;
-- validation: every task's dev split on its head (its loss, WER and CER in the history, the report and
-  TensorBoard under ``dev_<task>``), and the figures the policy reads (early stop, plateau halving,
-  ``training.best_by``) as the tasks' weighted mean.
+One task keeps what it had before there were several (the family's model without heads, its plan's
+windows, no positions in the checkpoint), so its checkpoints, batch order and figures are unchanged.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -31,20 +29,12 @@ from native_client.alphabet import Labels
 from pipeline.batches.dataset import SplitReader, batch_plan, epoch_batches, plan_digest, train_dataset
 from pipeline.batches.tasks import epoch_tasks, steps_per_epoch, task_batches_per_epoch, tasks_digest
 from pipeline.config import Config
-from pipeline.evaluation.metrics import best_and_worst, corpus_rates, format_report, headline_metric
-from pipeline.evaluation.run import run_split
 from pipeline.features.cache import CacheIndex, damage_in
-from pipeline.model.ctc import ctc_implementation
+from pipeline.model import build_model
 from pipeline.model.heads import MultiTaskModel
-from pipeline.reports import DevFigures, TrainReport
 from pipeline.train.checkpointing import TrainingError
-from pipeline.train.distribute import ClusterRole
-from pipeline.train.hooks import TrainHooks
-from pipeline.train.loop import Trainer
-from pipeline.train.step import StepResult, TrainingStep
-from pipeline.train.windows import Windows, loss_factors, schedule_lengths, task_windows
-
-log = logging.getLogger(__name__)
+from pipeline.train.step import OneTask, StepResult
+from pipeline.train.windows import Windows, loss_factors, plan_windows, schedule_lengths, task_windows
 
 # Seeds of the tasks' batch orders: task i goes round its plan in the order of shuffle_seed + i * this.
 TASK_SEED_STRIDE = 1_000_003
@@ -61,155 +51,127 @@ class TaskData:
     dev: CacheIndex | None
     alphabet: Labels
 
-
-def make_task_forward(model: MultiTaskModel, index: int, blank_index: int):
-    """``make_forward`` (``pipeline.evaluation.run``) for task ``index`` of a multi-task model."""
-    ctc = ctc_implementation(jit_compile=False)
-
-    @tf.function(reduce_retracing=True)
-    def forward(features, lengths, labels, label_lengths):
-        logits, output_lengths = model.forward(index, features, lengths, training=False)
-        loss = model.family.loss(labels, label_lengths, logits, output_lengths, blank_index, ctc)
-        return logits, loss, output_lengths
-
-    return forward
+    @classmethod
+    def only(cls, train: CacheIndex, dev: CacheIndex | None, alphabet: Labels) -> TaskData:
+        """The task of a single-task run."""
+        return cls("", 1.0, train, dev, alphabet)
 
 
-class _TaskInputs:
-    """Each task's distributed dataset and iterator, from its checkpointed position."""
-
-    def __init__(self, datasets: list):
-        self.datasets = datasets
-        self.iterators = [iter(dataset) for dataset in datasets]
-
-    def next_batches(self, tasks: tuple[int, ...]) -> tuple[tuple, tuple]:
-        """(the next batch of each of ``tasks``, their element specs)."""
-        try:
-            batches = tuple(next(self.iterators[index]) for index in tasks)
-        except tf.errors.OpError as error:
-            raise damage_in(error) or error from None
-        return batches, tuple(self.datasets[index].element_spec for index in tasks)
+def task_model(config: Config, tasks: list[TaskData]) -> tuple[keras.Model, object]:
+    """(the Keras model of ``tasks``, built in the caller's strategy scope; its view for the step and the
+    dev forward passes: ``forward(index, ...)``, ``task_variables``, ``family``)."""
+    precision, n_input = config.training.precision, tasks[0].train.n_input
+    if len(tasks) == 1:
+        model = build_model(config.model, n_input, tasks[0].alphabet.n_classes, precision)
+        return model, OneTask(model)
+    names, classes = tuple(t.name for t in tasks), tuple(t.alphabet.n_classes for t in tasks)
+    model = MultiTaskModel(config.model, config.multitask.sharing, names, n_input, classes, precision)
+    return model, model
 
 
-class MultiTaskTrainer(Trainer):
-    """``Trainer`` over the ``tasks`` of a multi-task config (``multitask.tasks`` order); see the module
-    docstring. ``run_dir``, ``strategy``, ``role``, ``hooks``, ``fingerprint``, ``started`` and
-    ``init_digest`` as for ``Trainer``."""
+def global_batch_size(config: Config, towers: int) -> tuple[int, int]:
+    """(per-tower batch, global batch) for ``towers`` replicas; a ``global_batch_size`` must split evenly."""
+    wanted = config.training.global_batch_size
+    if wanted:
+        if wanted % towers:
+            raise TrainingError(
+                f"training.global_batch_size {wanted} does not split over {towers} towers; "
+                f"use a multiple of {towers}, or set training.batch_size (per tower) instead"
+            )
+        return wanted // towers, wanted
+    return config.training.batch_size, config.training.batch_size * towers
+
+
+class TaskInputs:
+    """The batch plans, update windows and distributed batches of ``tasks`` (see the module docstring),
+    for ``towers`` replicas of ``strategy`` at a global batch of ``global_batch``."""
 
     def __init__(
-        self,
-        config: Config,
-        run_dir: Path,
-        tasks: list[TaskData],
-        strategy: tf.distribute.Strategy,
-        role: ClusterRole = ClusterRole(0, 1),
-        hooks: TrainHooks | None = None,
-        *,
-        fingerprint: str = "",
-        started: float | None = None,
-        init_digest: str | None = None,
+        self, config: Config, tasks: list[TaskData], strategy: tf.distribute.Strategy, global_batch: int
     ):
-        self.tasks = list(tasks)
+        self.config, self.tasks, self.strategy = config, tasks, strategy
+        self.towers = strategy.num_replicas_in_sync
         self.sampling = config.multitask.sampling
-        self.factors = loss_factors([task.weight for task in self.tasks])
-        self._positions = None
+        training = config.training
+        self.plans = [
+            batch_plan(t.train.lengths, global_batch, self.towers, training.max_batch_frames) for t in tasks
+        ]
+        self.sizes = [len(plan) for plan in self.plans]
+        self.steps_per_epoch = steps_per_epoch(self.sampling, self.sizes)
+        digests = [plan_digest(plan, training.accumulate_batches) for plan in self.plans]
+        self.digest = digests[0] if len(tasks) == 1 else tasks_digest(self.sampling, digests)
+        self.readers = [SplitReader(task.train) for task in tasks]
+        self.positions = tf.Variable(tf.zeros([len(tasks)], tf.int64), trainable=False, name="tasks")
         self._schedule: tuple[int | None, list] = (None, [])
-        first = self.tasks[0]
-        super().__init__(
-            config, run_dir, first.train, None, first.alphabet, strategy, role, hooks,
-            fingerprint=fingerprint, started=started, init_digest=init_digest,
-        )  # fmt: skip
-        self._readers = [self._train_reader] + [SplitReader(task.train) for task in self.tasks[1:]]
-        self._dev_readers = [SplitReader(task.dev) if task.dev is not None else None for task in self.tasks]
-        self._dev_headlines = [
-            headline_metric(t.dev.transcripts) if t.dev is not None else "wer" for t in tasks
-        ]
-        self._task_forwards = [
-            make_task_forward(self.model, index, task.alphabet.blank_index)
-            for index, task in enumerate(tasks)
-        ]
+        self._datasets: list = []
+        self._iterators: list = []
 
-    # -- the seams of Trainer ------------------------------------------------------------------------
-    def _batch_plan(self) -> tuple[list, int, int]:
-        """Each task's batch plan; steps per epoch by ``multitask.sampling``; a digest of them all."""
-        max_frames = self.config.training.max_batch_frames
-        plans = [batch_plan(t.train.lengths, self.global_batch, self.towers, max_frames) for t in self.tasks]
-        sizes = [len(plan) for plan in plans]
-        return (
-            plans,
-            steps_per_epoch(self.sampling, sizes),
-            tasks_digest(
-                self.sampling, [plan_digest(plan, self.config.training.accumulate_batches) for plan in plans]
-            ),
-        )
+    def checkpointed(self) -> dict:
+        """What a checkpoint keeps of the input: several tasks' positions (one task's is the run's)."""
+        return {"task_batches": self.positions} if len(self.tasks) > 1 else {}
 
-    def _build_model(self) -> MultiTaskModel:
-        multitask = self.config.multitask
-        return MultiTaskModel(
-            self.config.model,
-            multitask.sharing,
-            tuple(task.name for task in self.tasks),
-            self.tasks[0].train.n_input,
-            tuple(task.alphabet.n_classes for task in self.tasks),
-            self.config.training.precision,
-        )
+    def seed(self, index: int) -> int:
+        """The shuffle seed of task ``index``'s batch order."""
+        return self.config.training.shuffle_seed + TASK_SEED_STRIDE * index
 
-    def _extra_state(self) -> dict:
-        """The tasks' positions: the batches each has drawn since the run began."""
-        self._positions = tf.Variable(tf.zeros([len(self.tasks)], tf.int64), trainable=False, name="tasks")
-        return {"task_batches": self._positions}
+    def epoch_tasks(self, epoch: int) -> list[tuple[int, ...]]:
+        """The tasks of each step of ``epoch``."""
+        if self._schedule[0] != epoch:
+            tasks = epoch_tasks(self.sampling, self.sizes, epoch, self.config.training.shuffle_seed)
+            self._schedule = (epoch, tasks)
+        return self._schedule[1]
 
-    def _make_step(self) -> TrainingStep:
-        blanks = [task.alphabet.blank_index for task in self.tasks]
-        args = (
-            self.optimizer,
-            self.step_optimizer,
-            self.strategy,
-            self.config.training,
-            self.steps_per_epoch,
-        )
-        return TrainingStep(self.model, self.factors, blanks, *args, self._windows_of)
-
-    def _windows_of(self, epoch: int) -> Windows:
-        """The update windows of ``epoch`` (``training.accumulate_batches``), from the tasks' plans."""
-        sizes = [len(plan) for plan in self.plan]
-        accumulate = self.config.training.accumulate_batches
+    def windows_of(self, epoch: int) -> Windows:
+        """The update windows of ``epoch`` (``training.accumulate_batches``)."""
+        training = self.config.training
+        accumulate = training.accumulate_batches
+        if len(self.tasks) == 1:
+            return plan_windows(self.plans[0], epoch, training.shuffle_seed, accumulate)
         rounds: dict[tuple[int, int], list[int]] = {}
 
         def batch_utterances(task: int, draw: int) -> int:
-            plan = self.plan[task]
+            plan = self.plans[task]
             key = (task, draw // len(plan))
             if key not in rounds:
-                order = epoch_batches(plan, key[1], self._task_seed(task), accumulate)
+                order = epoch_batches(plan, key[1], self.seed(task), accumulate)
                 rounds[key] = [len(batch) for batch in order]
             return rounds[key][draw % len(plan)]
 
-        first = [epoch * task_batches_per_epoch(self.sampling, sizes, t) for t in range(len(sizes))]
-        schedule = self._epoch_tasks(epoch)
+        first = [epoch * self._per_epoch(t) for t in range(len(self.tasks))]
+        schedule = self.epoch_tasks(epoch)
+        factors = loss_factors([task.weight for task in self.tasks])
         lengths = schedule_lengths(len(schedule), accumulate)
-        return task_windows(schedule, first, batch_utterances, self.factors, lengths)
+        return task_windows(schedule, first, batch_utterances, factors, lengths)
 
-    def _has_dev(self) -> bool:
-        return any(task.dev is not None for task in self.tasks)
+    def _per_epoch(self, index: int) -> int:
+        return task_batches_per_epoch(self.sampling, self.sizes, index)
 
-    def _batch_files(self, result: StepResult) -> list[str]:
-        files = set()
-        for index, per_tower in zip(result.tasks, result.indices, strict=True):
-            files |= {self.tasks[index].train.paths[int(i)] for part in per_tower for i in part.numpy()}
-        return sorted(files)
+    def start(self, epoch: int, step: int, target: int, where: str) -> None:
+        """Open every task's batches from the run's position (``step`` of ``epoch``) to as far as epoch
+        ``target`` reaches. Several tasks' checkpointed positions must be where that position puts them,
+        else the checkpoint (``where``) is of another plan (TrainingError)."""
+        expected = np.array([epoch * self._per_epoch(i) for i in range(len(self.tasks))])
+        for tasks in self.epoch_tasks(epoch)[:step]:
+            expected[list(tasks)] += 1
+        if len(self.tasks) == 1:
+            self.positions.assign(expected)
+        stored = self.positions.numpy()
+        if not np.array_equal(stored, expected):
+            raise TrainingError(
+                f"{where}: the tasks' positions in the checkpoint ({stored.tolist()} batches) are not where "
+                f"epoch {epoch + 1}, step {step} puts them ({expected.tolist()}): the checkpoint is of "
+                f"another batch plan; delete the run (make rerun STAGE=Train) to start again"
+            )
+        self._datasets = [self._dataset(index, target) for index in range(len(self.tasks))]
+        self._iterators = [iter(dataset) for dataset in self._datasets]
 
-    def _task_seed(self, index: int) -> int:
-        return self.config.training.shuffle_seed + TASK_SEED_STRIDE * index
-
-    def _task_dataset(self, index: int, target: int):
+    def _dataset(self, index: int, target: int):
         """Task ``index``'s distributed batches from its position to as far as epoch ``target`` reaches."""
-        reader, plan, towers = self._readers[index], self.plan[index], self.towers
-        rounds, start = divmod(int(self._positions[index].numpy()), len(plan))
-        sizes = [len(p) for p in self.plan]
-        needed = target * task_batches_per_epoch(self.sampling, sizes, index)
-        end = max(rounds + 1, math.ceil(needed / len(plan)))
+        reader, plan, towers = self.readers[index], self.plans[index], self.towers
+        rounds, start = divmod(int(self.positions[index].numpy()), len(plan))
+        end = max(rounds + 1, math.ceil(target * self._per_epoch(index) / len(plan)))
         augment = self.config.augment if self.config.augment.features_on else None
-        seed, accumulate = self._task_seed(index), self.config.training.accumulate_batches
+        seed, accumulate = self.seed(index), self.config.training.accumulate_batches
 
         def dataset_fn(context: tf.distribute.InputContext):
             local = context.num_replicas_in_sync // context.num_input_pipelines
@@ -220,111 +182,21 @@ class MultiTaskTrainer(Trainer):
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
-    def _train_inputs(self, target: int) -> _TaskInputs:
-        self._check_positions()
-        return _TaskInputs([self._task_dataset(index, target) for index in range(len(self.tasks))])
-
-    def _epoch_tasks(self, epoch: int) -> list[tuple[int, ...]]:
-        sizes = [len(plan) for plan in self.plan]
-        if self._schedule[0] != epoch:
-            self._schedule = (
-                epoch,
-                epoch_tasks(self.sampling, sizes, epoch, self.config.training.shuffle_seed),
-            )
-        return self._schedule[1]
-
-    def _check_positions(self) -> None:
-        """The tasks' checkpointed positions must be where the run's position (epoch, step) puts them: else
-        the checkpoint is not of this run's plan (TrainingError)."""
-        epoch, step = int(self.state.epoch.numpy()), int(self.state.step_in_epoch.numpy())
-        sizes = [len(plan) for plan in self.plan]
-        expected = np.array(
-            [epoch * task_batches_per_epoch(self.sampling, sizes, i) for i in range(len(sizes))]
-        )
-        for tasks in self._epoch_tasks(epoch)[:step]:
-            expected[list(tasks)] += 1
-        stored = self._positions.numpy()
-        if not np.array_equal(stored, expected):
-            raise TrainingError(
-                f"{self.run.checkpoints}: the tasks' positions in the checkpoint ({stored.tolist()} batches) "
-                f"are not where epoch {epoch + 1}, step {step} puts them ({expected.tolist()}): the "
-                f"checkpoint is of another batch plan; delete the run (make rerun STAGE=Train) to start again"
-            )
-
-    def _step(self, inputs: _TaskInputs, vote: float) -> StepResult:
-        tasks = self._epoch_tasks(int(self.state.epoch.numpy()))[int(self.state.step_in_epoch.numpy())]
-        batches, specs = inputs.next_batches(tasks)
-        result = self._train_step(tasks, batches, specs, vote=vote)
+    def next_batches(self, epoch: int, step: int) -> tuple[tuple[int, ...], tuple, tuple]:
+        """(the tasks of ``step`` of ``epoch``, the next batch of each, their element specs); their
+        positions move on."""
+        tasks = self.epoch_tasks(epoch)[step]
+        try:
+            batches = tuple(next(self._iterators[index]) for index in tasks)
+        except tf.errors.OpError as error:
+            raise damage_in(error) or error from None
         drawn = np.isin(np.arange(len(self.tasks)), tasks).astype(np.int64)
-        self._positions.assign_add(tf.constant(drawn))
-        return result
+        self.positions.assign_add(tf.constant(drawn))
+        return tasks, batches, tuple(self._datasets[index].element_spec for index in tasks)
 
-    # -- validation and the report ---------------------------------------------------------------------
-    def validate(self, epoch: int) -> tuple[DevFigures, dict]:
-        """Every task's dev figures on its head (logged, and under ``dev_<task>`` in TensorBoard) and the
-        run's: their weighted mean (tasks without a dev split left out); the samples by task."""
-        figures, samples, weights = {}, {}, []
-        step = int(self.state.global_step.numpy())
-        for index, task in enumerate(self.tasks):
-            if task.dev is None:
-                continue
-            results = run_split(
-                None,
-                task.dev,
-                task.alphabet,
-                self.config.training.dev_batch_size,
-                self._task_forwards[index],
-                reader=self._dev_readers[index],
-                max_batch_frames=self.config.training.max_batch_frames,
-            )
-            rates = corpus_rates(results, self._dev_headlines[index])
-            samples[task.name] = best_and_worst(results, self.config.training.report_count, rates["headline"])
-            log.info(
-                "%s",
-                format_report(
-                    f"Validation of task {task.name} after epoch {epoch}", rates, samples[task.name]
-                ),
-            )
-            figures[task.name] = {"dev_loss": rates["loss"], "wer": rates["wer"], "cer": rates["cer"]}
-            weights.append(task.weight)
-            with self._writer(f"dev_{task.name}").as_default(step=step):
-                for key, value in figures[task.name].items():
-                    tf.summary.scalar("loss" if key == "dev_loss" else key, value)
-        total = sum(weights)
-
-        def mean(key: str) -> float:
-            return sum(w * f[key] for w, f in zip(weights, figures.values(), strict=True)) / total
-
-        combined = DevFigures(
-            epoch=epoch, dev_loss=mean("dev_loss"), wer=mean("wer"), cer=mean("cer"), tasks=figures
-        )
-        log.info(
-            "Validation after epoch %d, the tasks' weighted mean: loss %.4f, WER %.4f, CER %.4f",
-            epoch,
-            combined.dev_loss,
-            combined.wer,
-            combined.cer,
-        )
-        return combined, samples
-
-    def _report(self, target: int, wall_this_run: float) -> TrainReport:
-        report = super()._report(target, wall_this_run)
-        positions = self._positions.numpy()
-        tasks = [
-            {
-                "name": task.name,
-                "weight": task.weight,
-                "loss_factor": self.factors[index],
-                "train_samples": len(task.train),
-                "train_audio_hours": float(task.train.durations.sum()) / 3600,
-                "batches_per_round": len(self.plan[index]),
-                "batches_drawn": int(positions[index]),
-            }
-            for index, task in enumerate(self.tasks)
-        ]
-        return dataclasses.replace(
-            report,
-            train_samples=sum(t["train_samples"] for t in tasks),
-            train_audio_hours=sum(t["train_audio_hours"] for t in tasks),
-            tasks=tasks,
-        )
+    def batch_files(self, result: StepResult) -> list[str]:
+        """The audio files of a step's batches (named when they are skipped)."""
+        files = set()
+        for index, per_tower in zip(result.tasks, result.indices, strict=True):
+            files |= {self.tasks[index].train.paths[int(i)] for part in per_tower for i in part.numpy()}
+        return sorted(files)
