@@ -247,3 +247,26 @@ def test_two_local_workers_train_the_tasks_to_identical_weights(tmp_path, accumu
         for i in (0, 1)
     ]
     assert results[0]["weights_sha256"] == results[1]["weights_sha256"] == report["weights_sha256"]
+
+
+@pytest.mark.long
+def test_a_multitask_config_of_one_task_stays_a_multitask_run(tmp_path):
+    """Issue 44's one trainer: a multi-task config that lists one task keeps what a multi-task run has (the
+    multi-task model with its heads' names, the task's position in the checkpoint, the task in the
+    report), which its Evaluate and Export read; it does not become a single-task run."""
+    import dataclasses
+
+    from pipeline.train.distribute import make_strategy
+    from pipeline.train.loop import Trainer
+
+    config = two_tasks(tmp_path, extra="training: {epochs: 1}\n")
+    one = dataclasses.replace(
+        config, multitask=dataclasses.replace(config.multitask, tasks=config.multitask.tasks[:1])
+    )
+    trainer = Trainer(one, tmp_path / "run", task_data(Layout(config))[:1], make_strategy(one.distribution))
+    report = trainer.fit()
+    assert isinstance(trainer.model, MultiTaskModel)
+    assert [task["name"] for task in report.tasks] == ["en"]
+    assert report.validations[0]["tasks"].keys() == {"en"}
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path / "run" / "checkpoints")))
+    assert reader.get_tensor("task_batches/.ATTRIBUTES/VARIABLE_VALUE").tolist() == [report.global_step]

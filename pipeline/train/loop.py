@@ -54,7 +54,6 @@ from pipeline.train.stop_signals import stop_vote, stopped_with_the_others
 from pipeline.train.summaries import LossWatch, Summaries
 from pipeline.train.tasks import TaskData, TaskInputs, global_batch_size, task_model
 from pipeline.train.validation import TaskValidation
-from pipeline.train.windows import loss_factors
 from pipeline.workdir import TrainRun
 
 __all__ = ["TaskData", "Trainer", "TrainHooks", "TrainingError"]
@@ -148,10 +147,9 @@ class Trainer:
         )
         self.state = self.checkpoints.state
         self._epoch_ends = EpochEnds(config, self.run, self.model) if role.is_chief else None
-        self.factors = loss_factors([task.weight for task in self.tasks])
         self._train_step = TrainingStep(
             view,
-            self.factors,
+            self.inputs.factors,
             [task.alphabet.blank_index for task in self.tasks],
             self.optimizer,
             self.step_optimizer,
@@ -171,7 +169,10 @@ class Trainer:
         """Run one training step on the next batches of the step's tasks; ``vote``: this worker's
         ``step.ballot``."""
         epoch, step = int(self.state.epoch.numpy()), int(self.state.step_in_epoch.numpy())
-        return self._train_step(*self.inputs.next_batches(epoch, step), vote=vote)
+        tasks, batches, specs = self.inputs.next_batches(epoch, step)
+        result = self._train_step(tasks, batches, specs, vote=vote)
+        self.inputs.drawn(tasks)
+        return result
 
     @property
     def history(self) -> TrainHistory:

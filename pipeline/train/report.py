@@ -27,7 +27,7 @@ def train_report(trainer, target: int, wall_this_run: float) -> TrainReport:
             "batches_drawn": int(drawn),
         }
         for task, factor, size, drawn in zip(
-            trainer.tasks, trainer.factors, trainer.inputs.sizes, positions, strict=True
+            trainer.tasks, trainer.inputs.factors, trainer.inputs.sizes, positions, strict=True
         )
     ]
     return TrainReport(
@@ -55,7 +55,7 @@ def train_report(trainer, target: int, wall_this_run: float) -> TrainReport:
         config=trainer.config.source,
         train_samples=sum(task["train_samples"] for task in tasks),
         train_audio_hours=sum(task["train_audio_hours"] for task in tasks),
-        tasks=tasks if len(tasks) > 1 else None,
+        tasks=tasks if trainer.inputs.several else None,
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
         wall_time_s=time.time() - trainer.started,
     )

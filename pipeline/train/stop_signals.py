@@ -13,6 +13,9 @@ signal itself too (Slurm signals every process of a job step; Ctrl-C reaches the
 group), and twice the same signal would mean "at once". ``PASSED_ON`` is the same request: received with
 the original signal it is still one request; received a second time (its sender got its own signal twice),
 it too acts at once.
+
+With several workers a stop is a vote (``stop_vote``): every worker stops after the step the vote reached
+them all in, those that were not asked too (``stopped_with_the_others``).
 """
 
 from __future__ import annotations

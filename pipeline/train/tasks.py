@@ -1,6 +1,6 @@
 """The tasks a run trains, and their input: one task, or several over one model (``multitask:``, as nabu's
 trainers do it). The ``Trainer`` of ``loop.py`` trains a list of tasks; a single-task config is the list
-of one.
+of one (a multi-task config of one task stays multi-task: heads, positions and all).
 
 - The model: ``task_model``, the family's model for one task, ``pipeline.model.heads.MultiTaskModel``
   for several (one network and a head per task, one network shared whole, or a network per task, as
@@ -12,8 +12,9 @@ of one.
 - The update windows of ``training.accumulate_batches`` (``windows.py``): one task's are its plan's
   windows, several tasks' are cut from the epoch's task schedule.
 
-One task keeps what it had before there were several (the family's model without heads, its plan's
-windows, no positions in the checkpoint), so its checkpoints, batch order and figures are unchanged.
+A single-task config keeps what it had before there were several tasks (the family's model without
+heads, its plan's windows, no positions in the checkpoint), so its checkpoints, batch order and figures
+are unchanged.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def task_model(config: Config, tasks: list[TaskData]) -> tuple[keras.Model, obje
     """(the Keras model of ``tasks``, built in the caller's strategy scope; its view for the step and the
     dev forward passes: ``forward(index, ...)``, ``task_variables``, ``family``)."""
     precision, n_input = config.training.precision, tasks[0].train.n_input
-    if len(tasks) == 1:
+    if not config.tasks:
         model = build_model(config.model, n_input, tasks[0].alphabet.n_classes, precision)
         return model, OneTask(model)
     names, classes = tuple(t.name for t in tasks), tuple(t.alphabet.n_classes for t in tasks)
@@ -83,13 +84,16 @@ def global_batch_size(config: Config, towers: int) -> tuple[int, int]:
 
 
 class TaskInputs:
-    """The batch plans, update windows and distributed batches of ``tasks`` (see the module docstring),
-    for ``towers`` replicas of ``strategy`` at a global batch of ``global_batch``."""
+    """The batch plans, update windows and distributed batches of ``tasks`` (see the module docstring), for
+    the replicas of ``strategy`` at a global batch of ``global_batch``; ``factors``, the tasks' loss
+    factors."""
 
     def __init__(
         self, config: Config, tasks: list[TaskData], strategy: tf.distribute.Strategy, global_batch: int
     ):
         self.config, self.tasks, self.strategy = config, tasks, strategy
+        self.several = bool(config.tasks)
+        self.factors = loss_factors([task.weight for task in tasks])
         self.towers = strategy.num_replicas_in_sync
         self.sampling = config.multitask.sampling
         training = config.training
@@ -99,7 +103,7 @@ class TaskInputs:
         self.sizes = [len(plan) for plan in self.plans]
         self.steps_per_epoch = steps_per_epoch(self.sampling, self.sizes)
         digests = [plan_digest(plan, training.accumulate_batches) for plan in self.plans]
-        self.digest = digests[0] if len(tasks) == 1 else tasks_digest(self.sampling, digests)
+        self.digest = tasks_digest(self.sampling, digests) if self.several else digests[0]
         self.readers = [SplitReader(task.train) for task in tasks]
         self.positions = tf.Variable(tf.zeros([len(tasks)], tf.int64), trainable=False, name="tasks")
         self._schedule: tuple[int | None, list] = (None, [])
@@ -108,7 +112,7 @@ class TaskInputs:
 
     def checkpointed(self) -> dict:
         """What a checkpoint keeps of the input: several tasks' positions (one task's is the run's)."""
-        return {"task_batches": self.positions} if len(self.tasks) > 1 else {}
+        return {"task_batches": self.positions} if self.several else {}
 
     def seed(self, index: int) -> int:
         """The shuffle seed of task ``index``'s batch order."""
@@ -125,7 +129,7 @@ class TaskInputs:
         """The update windows of ``epoch`` (``training.accumulate_batches``)."""
         training = self.config.training
         accumulate = training.accumulate_batches
-        if len(self.tasks) == 1:
+        if not self.several:
             return plan_windows(self.plans[0], epoch, training.shuffle_seed, accumulate)
         rounds: dict[tuple[int, int], list[int]] = {}
 
@@ -139,9 +143,8 @@ class TaskInputs:
 
         first = [epoch * self._per_epoch(t) for t in range(len(self.tasks))]
         schedule = self.epoch_tasks(epoch)
-        factors = loss_factors([task.weight for task in self.tasks])
         lengths = schedule_lengths(len(schedule), accumulate)
-        return task_windows(schedule, first, batch_utterances, factors, lengths)
+        return task_windows(schedule, first, batch_utterances, self.factors, lengths)
 
     def _per_epoch(self, index: int) -> int:
         return task_batches_per_epoch(self.sampling, self.sizes, index)
@@ -153,10 +156,10 @@ class TaskInputs:
         expected = np.array([epoch * self._per_epoch(i) for i in range(len(self.tasks))])
         for tasks in self.epoch_tasks(epoch)[:step]:
             expected[list(tasks)] += 1
-        if len(self.tasks) == 1:
-            self.positions.assign(expected)
         stored = self.positions.numpy()
-        if not np.array_equal(stored, expected):
+        if not self.several:  # one task's position is the run's
+            self.positions.assign(expected)
+        elif not np.array_equal(stored, expected):
             raise TrainingError(
                 f"{where}: the tasks' positions in the checkpoint ({stored.tolist()} batches) are not where "
                 f"epoch {epoch + 1}, step {step} puts them ({expected.tolist()}): the checkpoint is of "
@@ -169,7 +172,8 @@ class TaskInputs:
         """Task ``index``'s distributed batches from its position to as far as epoch ``target`` reaches."""
         reader, plan, towers = self.readers[index], self.plans[index], self.towers
         rounds, start = divmod(int(self.positions[index].numpy()), len(plan))
-        end = max(rounds + 1, math.ceil(target * self._per_epoch(index) / len(plan)))
+        # Through the round that holds draw target * per-epoch - 1; nothing when none is left to draw.
+        end = max(rounds + (start > 0), math.ceil(target * self._per_epoch(index) / len(plan)))
         augment = self.config.augment if self.config.augment.features_on else None
         seed, accumulate = self.seed(index), self.config.training.accumulate_batches
 
@@ -183,16 +187,17 @@ class TaskInputs:
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
     def next_batches(self, epoch: int, step: int) -> tuple[tuple[int, ...], tuple, tuple]:
-        """(the tasks of ``step`` of ``epoch``, the next batch of each, their element specs); their
-        positions move on."""
+        """(the tasks of ``step`` of ``epoch``, the next batch of each, their element specs)."""
         tasks = self.epoch_tasks(epoch)[step]
         try:
             batches = tuple(next(self._iterators[index]) for index in tasks)
         except tf.errors.OpError as error:
             raise damage_in(error) or error from None
-        drawn = np.isin(np.arange(len(self.tasks)), tasks).astype(np.int64)
-        self.positions.assign_add(tf.constant(drawn))
         return tasks, batches, tuple(self._datasets[index].element_spec for index in tasks)
+
+    def drawn(self, tasks: tuple[int, ...]) -> None:
+        """A step over ``tasks`` is done: their positions move on."""
+        self.positions.assign_add(tf.constant(np.isin(np.arange(len(self.tasks)), tasks).astype(np.int64)))
 
     def batch_files(self, result: StepResult) -> list[str]:
         """The audio files of a step's batches (named when they are skipped)."""

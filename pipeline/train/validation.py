@@ -1,8 +1,8 @@
-"""Validation during training: every task's dev split on its head, as after an epoch.
+"""Validation during training: every task's dev split through its part of the model, as after an epoch.
 
-The figures the policy reads (early stop, plateau halving, ``training.best_by``) are the tasks' weighted
-mean (tasks without a dev split left out); with several tasks each one's loss, WER and CER is also in the
-history, the report and TensorBoard (under ``dev_<task>``). With one task they are that task's.
+The figures the policy reads (early stop, plateau halving, ``training.best_by``) are a single-task run's
+own, or a multi-task run's tasks' weighted mean (tasks without a dev split left out), each task's loss,
+WER and CER also in the history, the report and TensorBoard (under ``dev_<task>``).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class TaskValidation:
     def __call__(self, epoch: int, step: int) -> tuple[DevFigures, dict]:
         """The dev figures of the current weights, as after epoch ``epoch`` (global step ``step``), and the
         best and worst samples (by task with several)."""
-        if len(self.tasks) == 1:
+        if not self.config.tasks:
             rates, samples = self._task(0, f"Validation after epoch {epoch}")
             return DevFigures(
                 epoch=epoch, dev_loss=rates["loss"], wer=rates["wer"], cer=rates["cer"]
