@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import sys
 import time
 
@@ -65,8 +66,9 @@ async def _drain_replies(reader: asyncio.StreamReader) -> None:
         pass
 
 
-async def _session(kind: str, reader, writer, deadline: float) -> None:
-    """One connection of a hostile client, until the server closes it or the deadline."""
+async def _session(kind: str, reader, writer, deadline: float, sent: dict) -> None:
+    """One connection of a hostile client, until the server closes it or the deadline; ``sent[kind]``
+    counts the frames' bytes it wrote (what the attack amounted to)."""
     silence = b"\x00\x00"
     noise = np.random.default_rng(0).integers(-3000, 3000, 5120, dtype=np.int16).tobytes()  # 0.32 s
     if kind != "fragment_flood":
@@ -76,24 +78,27 @@ async def _session(kind: str, reader, writer, deadline: float) -> None:
         asyncio.ensure_future(_drain_replies(reader))
     started = True
     while time.monotonic() < deadline and not writer.is_closing() and not reader.at_eof():
+        pause = 0.0
         if kind == "slot_hog":
-            writer.write(frame(0x2, silence))
-            await asyncio.sleep(1.0)
-        elif kind == "fragment_flood":
-            writer.write(frame(0x2, b"\x00", final=False) if started else frame(0x0, b"\x00", final=False))
+            data, pause = frame(0x2, silence), 1.0
+        elif kind == "fragment_flood":  # as fast as the socket takes them, without starving this process
+            data = frame(0x2, b"\x00", final=False) if started else frame(0x0, b"\x00", final=False)
             started = False
-            await asyncio.sleep(0)  # as fast as the socket takes them, without starving this process
         elif kind == "non_reader":
-            writer.write(frame(0x2, noise))
-            await asyncio.sleep(0.04)
+            data, pause = frame(0x2, noise), 0.04
         else:
-            writer.write(frame(0x2, bytes(1 << 20)))
+            data = frame(0x2, bytes(1 << 20))
+        writer.write(data)
         await asyncio.wait_for(writer.drain(), max(0.1, deadline - time.monotonic()))
+        sent[kind] = sent.get(kind, 0) + len(data)
+        await asyncio.sleep(pause)
 
 
-async def hostile_client(kind: str, port: int, address: str, deadline: float, counts: dict) -> None:
+async def hostile_client(
+    kind: str, port: int, address: str, deadline: float, counts: dict, sent: dict
+) -> None:
     """Run one hostile client of ``kind`` from ``address`` until ``deadline``, reconnecting whenever it is
-    closed or refused; ``counts[kind]`` counts its connections."""
+    closed or refused; ``counts[kind]`` counts its connections, ``sent[kind]`` the bytes of its frames."""
     while time.monotonic() < deadline:
         opened = await _connect(port, address)
         counts[kind] = counts.get(kind, 0) + 1
@@ -102,7 +107,7 @@ async def hostile_client(kind: str, port: int, address: str, deadline: float, co
             continue
         reader, writer = opened
         try:
-            await _session(kind, reader, writer, deadline)
+            await _session(kind, reader, writer, deadline, sent)
         except (OSError, TimeoutError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -110,29 +115,37 @@ async def hostile_client(kind: str, port: int, address: str, deadline: float, co
         await asyncio.sleep(0.05)
 
 
-async def _run_all(port: int, seconds: float, per_kind: int, kinds: tuple[str, ...]) -> dict:
+async def _run_all(port: int, seconds: float, per_kind: int, kinds: tuple[str, ...]) -> tuple[dict, dict]:
     deadline = time.monotonic() + seconds
     counts: dict = {}
+    sent: dict = {}
     clients = [
-        hostile_client(kind, port, f"127.0.0.{2 + KINDS.index(kind)}", deadline, counts)
+        hostile_client(kind, port, f"127.0.0.{2 + KINDS.index(kind)}", deadline, counts, sent)
         for kind in kinds
         for _ in range(per_kind)
     ]
     await asyncio.gather(*clients)
-    return counts
+    return counts, sent
 
 
 def main(argv=None) -> int:
     """Run ``--per-kind`` clients of each of ``--kinds`` (default: every kind) against the server on
-    ``--port`` for ``--seconds``; print how many connections each kind opened, as JSON."""
+    ``--port`` for ``--seconds``; print, as JSON, how many connections each kind opened, the MiB of frames
+    each sent and the CPU seconds this process used (on a machine the server shares, taken from it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--per-kind", type=int, default=4)
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     args = parser.parse_args(argv)
-    counts = asyncio.run(_run_all(args.port, args.seconds, args.per_kind, tuple(args.kinds)))
-    print(json.dumps(counts), flush=True)
+    counts, sent = asyncio.run(_run_all(args.port, args.seconds, args.per_kind, tuple(args.kinds)))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    report = {
+        "connections": counts,
+        "sent_mib": {kind: round(size / (1 << 20), 2) for kind, size in sent.items()},
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+    }
+    print(json.dumps(report), flush=True)
     return 0
 
 

@@ -22,18 +22,20 @@ weights do not change the speed), exported by the real Export code.
    (``make fetch-models``; its runtime has no batches) as the outside anchor.
 3. Long audio: ``deepspeech-transcribe --format srt`` of a file of test clips and
    silences (60 minutes) in a child process; its peak RSS (goal: under 500 MiB).
-4. Hostile clients: 16 well-behaved real-time streams alone, then beside four
-   clients of one hostile kind at a time and of all kinds at once
-   (bench/hostile_clients.py: slot hogs, one-byte fragment floods, clients that
-   never read, 1 MiB frames at 4000 Hz), each kind from an address of its own: the
-   streams' p95 partial latency each time (goal: within 1.5x beside all of them),
-   streams refused (goal: none) and the server's peak RSS.
+4. Hostile clients: 16 well-behaved real-time streams beside four clients of one
+   hostile kind at a time and of all kinds at once (bench/hostile_clients.py: slot
+   hogs, one-byte fragment floods, clients that never read, 1 MiB frames at 4000
+   Hz), each kind from an address of its own, in a process of their own (at
+   ``--hostile-nice``), and alone before, between and after: the streams' p95
+   partial latency each time over the median alone (goal: within 1.5x beside all of
+   them), streams refused (goal: none), the hostile process's CPU and the server's
+   peak RSS.
 
 The first line is the CPU; the last line one JSON object. ``--quick`` runs every
 part with tiny durations, to check that the script works (its figures mean nothing).
 
     python bench/serve.py [--quick] [--seconds 30] [--threads 1] [--long-minutes 60]
-        [--parts profile streams long_audio]
+        [--hostile-streams 16] [--hostile-nice 0] [--parts profile streams long_audio hostile]
 """
 
 from __future__ import annotations
@@ -316,30 +318,38 @@ def peak_rss_mib(pid: int) -> float:
     return round(int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024, 1)
 
 
-def beside_hostile(port: int, streams: int, audio, frame: int, seconds: float, per_kind: int, kinds) -> dict:
+def beside_hostile(
+    port: int, streams: int, audio, frame: int, seconds: float, per_kind: int, kinds, nice: int
+) -> dict:
     """One trial of ``streams`` well-behaved streams beside ``per_kind`` clients of each of ``kinds`` (in a
-    process of their own): the streams' p95 and refusals, and the connections each kind opened."""
+    process of their own, at niceness ``nice``): the streams' p95 and refusals, the connections each kind
+    opened and the share of one core the hostile process used."""
     clients = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "hostile_clients.py"), "--port", str(port)]
-        + ["--seconds", str(seconds + 3), "--per-kind", str(per_kind), "--kinds", *kinds],
+        ["nice", "-n", str(nice), sys.executable, str(ROOT / "bench" / "hostile_clients.py")]
+        + ["--port", str(port), "--seconds", str(seconds + 3), "--per-kind", str(per_kind)]
+        + ["--kinds", *kinds],
         stdout=subprocess.PIPE,
         text=True,
     )
     time.sleep(2.0)  # the hostile clients are at it before the streams start
     p95, refused = asyncio.run(tolerant_trial(port, streams, audio, frame, seconds))
-    connections = json.loads(clients.communicate(timeout=seconds + 120)[0].strip().splitlines()[-1])
+    report = json.loads(clients.communicate(timeout=seconds + 120)[0].strip().splitlines()[-1])
     return {
         "p95_ms": round(p95, 1) if p95 is not None else None,
         "refused": refused,
-        "connections": connections,
+        "connections": report["connections"],
+        "sent_mib": report["sent_mib"],
+        "hostile_cpu_share": round(report["cpu_s"] / (seconds + 3), 2),
     }
 
 
-def hostile(model: Path, threads: int, seconds: float, streams: int, per_kind: int) -> dict:
-    """``streams`` well-behaved real-time streams (from 127.0.0.1) alone, then beside ``per_kind`` clients of
-    each hostile kind alone and of all kinds at once (``hostile_clients``: slot hogs, fragment floods,
-    non-readers, huge low-rate frames, each kind from an address of its own, in a process of their own):
-    the well-behaved streams' p95 partial latency and refusals each time, and the server's peak RSS."""
+def hostile(model: Path, threads: int, seconds: float, streams: int, per_kind: int, nice: int) -> dict:
+    """``streams`` well-behaved real-time streams (from 127.0.0.1) beside ``per_kind`` clients of each
+    hostile kind alone and of all kinds at once (``hostile_clients``: slot hogs, fragment floods,
+    non-readers, huge low-rate frames, each kind from an address of its own, in a process of their own at
+    niceness ``nice``), and alone before, between and after those trials: the well-behaved streams' p95
+    partial latency and refusals each time, each hostile trial's p95 over the median of the trials alone
+    (one trial's p95 alone varies by 2x from run to run on a 2-core machine), and the server's peak RSS."""
     from hostile_clients import KINDS  # bench/, the folder of the script
 
     from native_client import Model
@@ -349,23 +359,39 @@ def hostile(model: Path, threads: int, seconds: float, streams: int, per_kind: i
     audio = speech(seconds)
     server = Server(model, 64, threads, 64, per_client=streams)
     beside: dict = {}
+    alone: list[float] = []
+    refused_alone = 0
+
+    def trial_alone() -> None:
+        nonlocal refused_alone
+        p95, refused = asyncio.run(tolerant_trial(server.port, streams, audio, frame, seconds))
+        if p95 is None:
+            raise SystemExit(f"every one of {streams} streams alone was refused: the server is not serving")
+        alone.append(round(p95, 1))
+        refused_alone += refused
+        print(f"  {streams} streams alone: p95 {p95:.1f} ms, {refused} refused", flush=True)
+
     try:
         asyncio.run(trial(server.port, 1, audio, frame, 3 * frame / 16000))  # untimed warm-up
-        alone, refused_alone = asyncio.run(tolerant_trial(server.port, streams, audio, frame, seconds))
-        print(f"  {streams} streams alone: p95 {alone:.1f} ms, {refused_alone} refused", flush=True)
+        trial_alone()
         for kinds in [(kind,) for kind in KINDS] + [KINDS]:
             name = kinds[0] if len(kinds) == 1 else "all"
-            beside[name] = beside_hostile(server.port, streams, audio, frame, seconds, per_kind, kinds)
-            if beside[name]["p95_ms"] is not None:
-                beside[name]["p95_ratio"] = round(beside[name]["p95_ms"] / alone, 2)
+            beside[name] = beside_hostile(server.port, streams, audio, frame, seconds, per_kind, kinds, nice)
             print(f"  beside {name}: {json.dumps(beside[name])}", flush=True)
+            trial_alone()
         rss = peak_rss_mib(server.process.pid)
     finally:
         server.close()
+    baseline = float(np.median(alone))
+    for figures in beside.values():
+        if figures["p95_ms"] is not None:
+            figures["p95_ratio"] = round(figures["p95_ms"] / baseline, 2)
     return {
         "streams": streams,
         "hostile_per_kind": per_kind,
-        "p95_ms_alone": round(alone, 1),
+        "hostile_nice": nice,
+        "p95_ms_alone": alone,
+        "p95_ms_alone_median": round(baseline, 1),
         "refused_alone": refused_alone,
         "beside": beside,
         "p95_ratio": beside["all"].get("p95_ratio"),
@@ -446,6 +472,13 @@ def main(argv=None) -> int:
         help="well-behaved streams of the hostile part (default 16)",
     )
     parser.add_argument(
+        "--hostile-nice",
+        type=int,
+        default=0,
+        help="niceness of the hostile clients' process (default 0: they compete with the server for the "
+        "CPU; 19: they take what it leaves idle, so a busy server also slows the attack)",
+    )
+    parser.add_argument(
         "--parts",
         nargs="+",
         choices=PARTS,
@@ -485,7 +518,9 @@ def main(argv=None) -> int:
                 figures["batched"]["streams"] / max(1, figures["batch1"]["streams"]), 2
             )
         if "hostile" in args.parts:
-            figures["hostile"] = hostile(export, args.threads, args.seconds, args.hostile_streams, 4)
+            figures["hostile"] = hostile(
+                export, args.threads, args.seconds, args.hostile_streams, 4, args.hostile_nice
+            )
             print(f"hostile: {json.dumps(figures['hostile'])}", flush=True)
         if "long_audio" in args.parts:
             figures["long_audio"] = long_audio(export, args.long_minutes, tmp)
