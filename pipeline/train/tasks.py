@@ -196,8 +196,12 @@ class TaskInputs:
         return tasks, batches, tuple(self._datasets[index].element_spec for index in tasks)
 
     def drawn(self, tasks: tuple[int, ...]) -> None:
-        """A step over ``tasks`` is done: their positions move on."""
-        self.positions.assign_add(tf.constant(np.isin(np.arange(len(self.tasks)), tasks).astype(np.int64)))
+        """A step over ``tasks`` is done: their positions move on (one task's is the run's own step count,
+        which the loop keeps: nothing to add on every step)."""
+        if self.several:
+            self.positions.assign_add(
+                tf.constant(np.isin(np.arange(len(self.tasks)), tasks).astype(np.int64))
+            )
 
     def batch_files(self, result: StepResult) -> list[str]:
         """The audio files of a step's batches (named when they are skipped)."""
