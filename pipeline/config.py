@@ -388,6 +388,11 @@ def _deepspeech_family(config: Config) -> bool:
 _DEEPSPEECH = {"train": _deepspeech_family}
 
 
+def _own_objective(config: Config) -> bool:
+    """with a model.objective other than ctc"""
+    return config.model.objective != "ctc"
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The acoustic model: its family, the keys every family shares, and DeepSpeech's own settings (the keys
@@ -402,6 +407,13 @@ class ModelConfig:
         "The model family: a module of pipeline/model/ (deepspeech, conformer) or the "
         "dotted name of a module of your own defining FAMILY. A family that emits a label per several "
         "frames also re-runs FeaturesSplit: its too-short check counts the family's labels.",
+    )
+    objective: str = _opt(
+        "ctc",
+        "What the model is trained to minimise: a module of pipeline/model/objectives/ (ctc) or the dotted "
+        "name of a module of your own defining OBJECTIVE. One whose too-short rule is not CTC's also "
+        "re-runs FeaturesSplit.",
+        when={"train": _own_objective},
     )
 
     n_hidden: int = _opt(2048, "Width of the dense layers and the LSTM.", minimum=1, when=_DEEPSPEECH)

@@ -8,11 +8,13 @@ import os
 import re
 from pathlib import Path
 
-from native_client.plugins import plugin_exists
+from native_client.plugins import PluginError, plugin_exists
 from pipeline.config import Config, ConfigError
 from pipeline.export.coqui_tflite import check_exportable
 from pipeline.features.frontend import feature_pipeline
 from pipeline.model import model_family
+from pipeline.model.objective import CTC_OUTPUT
+from pipeline.model.objectives import model_objective
 from pipeline.workdir import export_root, task_export_root
 
 
@@ -40,6 +42,7 @@ def validate_config(config: Config) -> None:
             f"{src}: model.architecture: no model family {config.model.architecture!r} "
             f"(a module of pipeline/model/ such as deepspeech, or the dotted name of your own)"
         )
+    _check_objective(config.model.objective, src)
 
     if config.export.coqui_tflite:
         if config.model.output != "characters":
@@ -221,3 +224,21 @@ def _check_export_dirs(config: Config) -> None:
 def _labels_text(labels: tuple) -> str:
     output, alphabet = labels
     return "bytes" if output == "bytes" else f"the alphabet {alphabet or 'data/alphabet.txt (default)'}"
+
+
+def _check_objective(name: str, src: str) -> None:
+    """``model.objective`` names an objective whose output the decoders, the export and the client read."""
+    if not plugin_exists("pipeline.model.objectives", name):
+        raise ConfigError(
+            f"{src}: model.objective: no objective {name!r} "
+            f"(a module of pipeline/model/objectives/ such as ctc, or the dotted name of your own)"
+        )
+    try:
+        objective = model_objective(name)
+    except (PluginError, TypeError) as error:
+        raise ConfigError(f"{src}: {error}") from None
+    if objective.emits != CTC_OUTPUT:
+        raise ConfigError(
+            f"{src}: model.objective: {name!r} emits {objective.emits!r}; the decoders, the export and the "
+            f"client read {CTC_OUTPUT!r} output only"
+        )

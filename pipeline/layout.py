@@ -33,6 +33,7 @@ from pipeline.data.importing import (
 )
 from pipeline.digests import path_digest
 from pipeline.model import model_family
+from pipeline.model.objectives import model_objective
 from pipeline.workdir import (
     ALPHABET_DIR,
     CONVERTED_DIR,
@@ -323,7 +324,11 @@ class Layout:
             # The too-short check counts the family's output labels: a family that subsamples time keeps
             # other utterances (nothing is added for one label per frame, so those caches keep their names).
             stride = model_family(self.config.model.architecture).stride(self.config.model)
-            return {"output_stride": stride} if stride != 1 else {}
+            rule = model_objective(self.config.model.objective).data_rule
+            return {
+                **({"output_stride": stride} if stride != 1 else {}),
+                **({"too_short_rule": rule} if rule != "ctc" else {}),
+            }
         return {}
 
     def _phonemes_inputs(self) -> dict:

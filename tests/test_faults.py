@@ -800,8 +800,8 @@ def test_a_damaged_feature_shard_part_is_recomputed(write_config, tmp_path, capl
     with a warning naming it and computed again."""
     import logging
 
-    from pipeline.features.frontend import ctc_min_frames
     from pipeline.features.shards import process_shard, shard_key
+    from pipeline.model.objectives.ctc import ctc_min_frames
     from pipeline.stages.features import features_stage
     from tests.conftest import ALPHABET, SAMPLE
 

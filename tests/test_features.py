@@ -21,9 +21,9 @@ from pipeline.data.manifests import CorpusError, read_manifests
 from pipeline.data.text import TextSettings
 from pipeline.features.cache import CacheError, check_settings, read_cache
 from pipeline.features.extract import FeaturesError
-from pipeline.features.frontend import ctc_min_frames
 from pipeline.features.shards import too_short_for_transcript
 from pipeline.layout import Layout
+from pipeline.model.objectives.ctc import ctc_min_frames
 from pipeline.stages.features import features_stage, global_stats
 from tests.conftest import ALPHABET, ROOT, SAMPLE, run_with_peak_rss
 from tests.corpus_factory import bad_corpus, sample_rows, write_manifest

@@ -16,6 +16,7 @@ from native_client.audio import load_for_model
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
 from pipeline.model.checkpoints import load_trained_model
+from pipeline.model.objectives import model_objective
 from tasks import Evaluate, Export
 from tests.conftest import SAMPLE
 
@@ -284,3 +285,86 @@ def test_a_warm_start_fingerprint_follows_its_weights_not_the_rest_of_the_folder
     assert train_fp() == first
     (run / "best-3.data-00000-of-00001").write_bytes(b"other weights")
     assert train_fp() != first
+
+
+def test_an_objective_of_ones_own_trains_evaluates_and_exports_through_the_dag(small_config):
+    """``model.objective`` names a module of one's own (tests/plugins/smoothed_ctc_objective.py): Train
+    minimises its loss, validation and Evaluate report it, the export and the client run the model; it
+    needs of the data what CTC needs, so the feature caches are CTC's own, and only Train re-runs."""
+    from pipeline.config import ConfigError
+    from pipeline.evaluation.run import run_split
+    from pipeline.model.labels import model_alphabet
+    from pipeline.stages.features import split_cache
+    from tests.plugins.smoothed_ctc_objective import OBJECTIVE
+
+    limits = {"limit_train": 12, "limit_dev": 4, "limit_test": 4}
+    own = "model:\n  objective: tests.plugins.smoothed_ctc_objective\ntraining:\n  epochs: 1\n"
+    path = small_config(extra=own, **limits)
+    ctc = Layout(load_config(small_config("ctc.yaml", extra="training:\n  epochs: 1\n", **limits)))
+    config = load_config(path)
+    layout = Layout(config)
+    assert layout.features_cache("train") == ctc.features_cache("train")
+    assert layout.train_fingerprint != ctc.train_fingerprint
+    named = Layout(load_config(small_config("named.yaml", extra="model:\n  objective: ctc\n", **limits)))
+    assert (
+        named.train_fingerprint == Layout(load_config(small_config("plain.yaml", **limits))).train_fingerprint
+    )
+    assert luigi.build([Evaluate(config=str(path)), Export(config=str(path))], local_scheduler=True)
+
+    test = split_cache(layout, "test")
+    model = load_trained_model(config, layout.train_run.best, test.n_input, 29)
+    alphabet = model_alphabet(config, layout.alphabet)
+    smoothed = run_split(model, test, alphabet, 4)
+    plain = run_split(model, test, alphabet, 4, forward=_plain_ctc_forward(model, alphabet.blank_index))
+    evaluation = json.loads((layout.evaluate_dir / "evaluation.json").read_text())
+    mean = float(np.mean([r.loss for r in smoothed]))
+    assert evaluation["loss"] == pytest.approx(mean, rel=1e-4)
+    assert abs(mean - float(np.mean([r.loss for r in plain]))) > 0.01 * mean  # not CTC's loss
+    dev = run_split(model, split_cache(layout, "dev"), alphabet, 4)
+    validated = json.loads(layout.train_run.report.read_text())["best_dev"]["dev_loss"]
+    assert validated == pytest.approx(float(np.mean([r.loss for r in dev])), rel=1e-4)
+    assert OBJECTIVE.min_outputs([1, 1, 2]) == 4
+    exported = Model(layout.find_export().root)
+    assert isinstance(exported.transcribe_file(CLIP).text, str)
+    with pytest.raises(ConfigError, match=r"model\.objective: no objective 'transducr' \(a module of"):
+        load_config(small_config("typo.yaml", extra="model:\n  objective: transducr\n"))
+
+
+def _plain_ctc_forward(model, blank_index: int):
+    """The model's forward pass scored by plain CTC."""
+    from pipeline.evaluation.run import make_forward
+    from pipeline.model.objectives import model_objective
+
+    def run(features, lengths):
+        return model(features, training=False), lengths
+
+    return make_forward(run, model_objective("ctc"), blank_index)
+
+
+def test_the_training_step_minimises_the_configs_objective(small_config):
+    """The step's loss and gradients are the objective's (``model.objective``), not CTC's."""
+    import keras
+    import tensorflow as tf
+
+    from pipeline.model import build_model
+    from pipeline.train.step import OneTask, task_gradients
+    from tests.plugins.smoothed_ctc_objective import OBJECTIVE
+
+    config = load_config(small_config(extra="model:\n  objective: tests.plugins.smoothed_ctc_objective\n"))
+    view = OneTask(build_model(config.model, 26, 29))
+    assert view.objective is OBJECTIVE
+    features = tf.constant(np.random.default_rng(5).standard_normal((2, 40, 26)).astype(np.float32))
+    lengths, labels, label_lengths = (
+        tf.constant([40, 31]),
+        tf.constant([[1, 2, 3], [4, 5, 0]]),
+        tf.constant([3, 2]),
+    )
+    step = task_gradients(view, (0,), [28], keras.optimizers.Adam(), config.training)
+    sums = step(((features, lengths, labels, label_lengths, None),), tf.constant([1.0]))[0]
+    logits, output_lengths = view.forward(0, features, lengths, training=False)
+    scored = {
+        name: float(tf.reduce_sum(objective.loss(labels, label_lengths, logits, output_lengths, 28, False)))
+        for name, objective in (("own", OBJECTIVE), ("ctc", model_objective("ctc")))
+    }
+    assert float(sums[0]) == pytest.approx(scored["own"], rel=1e-5)
+    assert abs(scored["own"] - scored["ctc"]) > 0.01 * scored["ctc"]

@@ -1,5 +1,5 @@
-"""Running a model over a cached split: per-sample CTC loss and greedy transcripts, logits handed on
-as they come."""
+"""Running a model over a cached split: per-sample loss (the model's objective) and greedy transcripts,
+logits handed on as they come."""
 
 from __future__ import annotations
 
@@ -13,28 +13,37 @@ from pipeline.batches.dataset import SplitReader, checked, eval_dataset
 from pipeline.evaluation.metrics import SampleResult, greedy_decode, score_sample
 from pipeline.features.cache import CacheIndex
 from pipeline.model import model_family
-from pipeline.model.ctc import ctc_implementation
+from pipeline.model.objectives import model_objective
 
 # on_logits(sample index, logits [time, classes])
 LogitsSink = Callable[[int, np.ndarray], None]
 
 
-def make_forward(model, blank_index: int, full_context: bool = False):
+def make_forward(run, objective, blank_index: int):
     """A compiled function: features, lengths, labels, label lengths -> (logits ``[b, t, classes]``,
-    per-sample loss, output lengths), by the model's family (its forward pass and loss head): the
-    computation the export runs, or with ``full_context`` (a family that ``limits_context``) the one where
-    every label sees the whole utterance."""
-    ctc = ctc_implementation(jit_compile=False)
-    family = model_family(model.model_config.architecture)
-    context = {"full_context": True} if full_context else {}
+    per-sample loss, output lengths): ``run(features, lengths)`` gives the logits and output lengths, the
+    ``objective`` (``pipeline.model.objective``) scores them."""
 
     @tf.function(reduce_retracing=True)
     def forward(features, lengths, labels, label_lengths):
-        logits, output_lengths = family.forward(model, features, lengths, training=False, **context)
-        loss = family.loss(labels, label_lengths, logits, output_lengths, blank_index, ctc)
+        logits, output_lengths = run(features, lengths)
+        loss = objective.loss(labels, label_lengths, logits, output_lengths, blank_index, jit_compile=False)
         return logits, loss, output_lengths
 
     return forward
+
+
+def model_forward(model, blank_index: int, full_context: bool = False):
+    """``make_forward`` of a trained model (its config's family and objective): the computation the export
+    runs, or with ``full_context`` (a family that ``limits_context``) the one where every label sees the
+    whole utterance."""
+    family = model_family(model.model_config.architecture)
+    context = {"full_context": True} if full_context else {}
+
+    def run(features, lengths):
+        return family.forward(model, features, lengths, training=False, **context)
+
+    return make_forward(run, model_objective(model.model_config.objective), blank_index)
 
 
 def run_split(
@@ -55,7 +64,7 @@ def run_split(
     ``on_result(index, result)``, when given, receives each sample's result instead of the returned list
     (None then), so no caller has to hold a split's results either.
     """
-    forward = forward or make_forward(model, alphabet.blank_index)
+    forward = forward or model_forward(model, alphabet.blank_index)
     results: list[SampleResult | None] = [None] * len(data) if on_result is None else []
     reader = reader or SplitReader(data)
     for features, lengths, labels, label_lengths, indices in checked(

@@ -1,4 +1,4 @@
-"""The training side of the feature front ends: the config's front end, and what CTC needs of frames."""
+"""The training side of the feature front ends: the config's front end."""
 
 from __future__ import annotations
 
@@ -13,9 +13,3 @@ def feature_pipeline(features: FeaturesConfig, stats: GlobalStats | None = None)
     given); the export records its ``to_dict()``."""
     frontend = frontend_class(features.type)(features.frontend, features.sample_rate)
     return FeaturePipeline(frontend, features.normalize, features.type, stats)
-
-
-def ctc_min_frames(labels) -> int:
-    """Fewest time steps CTC needs for ``labels``: one per label plus a blank between repeats."""
-    repeats = sum(1 for a, b in zip(labels, labels[1:], strict=False) if a == b)
-    return len(labels) + repeats

@@ -39,7 +39,7 @@ AUDIO_BLOCK_S = 20.0
 
 def too_short_for_transcript(frames: int, min_frames: int, duration: float) -> str:
     """The reject detail when ``frames`` feature frames (``duration`` seconds) are too few for a transcript
-    that needs ``min_frames`` CTC time steps (``frontend.ctc_min_frames``); "" when they are enough."""
+    that needs ``min_frames`` (the objective's ``min_outputs`` at the family's rate); "" when enough."""
     if frames < min_frames:
         return f"transcript needs at least {min_frames} time steps, audio gives {frames} ({duration:.2f} s)"
     return ""

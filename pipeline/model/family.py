@@ -7,13 +7,13 @@ A family declares, in its one module:
   docs/CONFIGURATION.md and range-checked when the config loads (DeepSpeech's are the ``model`` section's
   own top-level keys, its family having no ``Settings``);
 - its output rate: ``stride`` feature frames per output label and ``output_lengths(feature_lengths)``,
-  which the CTC loss, the Features stage's too-short check, the export's metadata and the client's word
-  timings all use;
-- its forward pass and loss head (``forward``, ``loss``): CTC over its output lengths by default; a family
-  whose inference restricts each label's context (chunked attention) says so (``limits_context``) and
-  gives the full-context computation too, whose figures Evaluate reports beside; and, optionally, its
-  encoder and output layer apart (``encode``, ``output_layer``), for one head per task in multi-task
-  training;
+  which the objective's loss, the Features stage's too-short check, the export's metadata and the
+  client's word timings all use;
+- its forward pass (``forward``), whose output the objective (``model.objective``, ``objective.py``)
+  scores: a family knows no loss; a family whose inference restricts each label's context (chunked
+  attention) says so (``limits_context``) and gives the full-context computation too, whose figures
+  Evaluate reports beside; and, optionally, its encoder and output layer apart (``encode``,
+  ``output_layer``), for one head per task in multi-task training;
 - its inference forms: ``utterance`` (a whole utterance, what every export carries) and, when it has one,
   ``streaming`` with ``stream_input`` (what one streaming call takes: context windows, or a chunk of
   frames with a look-ahead) and ``state`` (named tensors of any shape, carried between calls).
@@ -160,13 +160,6 @@ class ModelFamily(abc.ABC):
         """Whether inference restricts each label's context (a chunked attention): Evaluate then reports
         ``forward(..., full_context=True)``'s figures beside the headline ones. Default: no."""
         return False
-
-    def loss(self, labels, label_lengths, logits, logit_lengths, blank_index: int, implementation: str):
-        """The loss head: per-utterance loss ``[batch]``; CTC over the output lengths (the blank is the
-        last class; ``implementation`` from ``pipeline.model.ctc.ctc_implementation``)."""
-        from pipeline.model.ctc import ctc_loss
-
-        return ctc_loss(labels, label_lengths, logits, logit_lengths, blank_index, implementation)
 
     # -- heads (multi-task training with multitask.sharing: heads) ------------------------------------
     def encode(self, model, features, lengths, training: bool):

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from pipeline.config import ModelConfig
 from pipeline.model import model_family
+from pipeline.model.objectives import model_objective
 from pipeline.model.weights import named_weights, rng_states, weight_name
 
 SHARINGS = ("shared", "heads", "separate")
@@ -60,6 +61,7 @@ class MultiTaskModel(keras.Model):
         self.model_config, self.sharing, self.tasks = config, sharing, tuple(tasks)
         self.n_input, self.n_classes = n_input, tuple(n_classes)
         self.family = model_family(config.architecture)
+        self.objective = model_objective(config.objective)
         count = len(n_classes) if sharing == "separate" else 1
         self.networks = [self.family.build(config, n_input, n_classes[i], precision) for i in range(count)]
         self.extra_heads = []

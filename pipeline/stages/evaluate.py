@@ -23,7 +23,7 @@ from pipeline.evaluation.metrics import (
     headline_text,
     score_sample,
 )
-from pipeline.evaluation.run import make_forward, run_split
+from pipeline.evaluation.run import model_forward, run_split
 from pipeline.files import atomic_path, remove_leftovers, write_text_atomic
 from pipeline.layout import Layout
 from pipeline.lm.files import lm_built, verify_lm_files
@@ -183,7 +183,7 @@ def _full_context_pass(layout, model, alphabet, test_data, report, text, on_prog
         test_data,
         alphabet,
         config.training.dev_batch_size,
-        forward=make_forward(model, alphabet.blank_index, full_context=True),
+        forward=model_forward(model, alphabet.blank_index, full_context=True),
         max_batch_frames=config.training.max_batch_frames,
         on_result=keep_result,
     )

@@ -24,12 +24,12 @@ from pipeline.features.extract import (
     existing_summary,
     extract_split,
 )
-from pipeline.features.frontend import ctc_min_frames
 from pipeline.files import remove_leftovers, write_json_atomic
 from pipeline.layout import Layout
 from pipeline.locks import stage_lock
 from pipeline.model import model_family
 from pipeline.model.labels import model_alphabet
+from pipeline.model.objectives import model_objective
 from pipeline.workdir import LEFTOVER_PATTERNS, TrainRun
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ def _build(layout: Layout, split: str, progress: ProgressFn | None) -> FeaturesS
             f"{files.cache.name} comes from its earlier content); run the Features task again"
         )
     family = model_family(config.model.architecture)  # its output rate: how many frames a label needs
+    objective = model_objective(config.model.objective)  # how many output labels a transcript needs
     return extract_split(
         files,
         layout.features_fingerprint(split),
@@ -88,7 +89,7 @@ def _build(layout: Layout, split: str, progress: ProgressFn | None) -> FeaturesS
         rejects,
         config,
         _import_rejects(layout, split),
-        lambda labels: family.min_feature_frames(config.model, ctc_min_frames(labels)),
+        lambda labels: family.min_feature_frames(config.model, objective.min_outputs(labels)),
         progress,
     )
 

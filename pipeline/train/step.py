@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from pipeline.config import TrainingConfig
 from pipeline.model import model_family
-from pipeline.model.ctc import ctc_implementation
+from pipeline.model.objectives import model_objective
 from pipeline.train.windows import Windows, check_window_start
 
 
@@ -78,6 +78,7 @@ class OneTask:
     def __init__(self, model: keras.Model):
         self.model = model
         self.family = model_family(model.model_config.architecture)
+        self.objective = model_objective(model.model_config.objective)
 
     @property
     def trainable_variables(self) -> list:
@@ -100,16 +101,14 @@ def task_gradients(model, tasks: tuple[int, ...], blanks, optimizer, training: T
     scaled sum with ``mixed_float16``); one XLA cluster with ``training.jit_compile``."""
     variables = model.task_variables(tasks)
     scaled_loss = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    # The C++ CTC kernel has no XLA kernel and runs only on a CPU: elsewhere the exact log-space CTC.
-    ctc = ctc_implementation(training.jit_compile)
 
     def gradients(batches, coefficients):
         with tf.GradientTape() as tape:
             sums, sizes = [], []
             for index, (features, lengths, labels, label_lengths, _) in zip(tasks, batches, strict=True):
                 logits, output_lengths = model.forward(index, features, lengths, training=True)
-                per_sample = model.family.loss(
-                    labels, label_lengths, logits, output_lengths, blanks[index], ctc
+                per_sample = model.objective.loss(
+                    labels, label_lengths, logits, output_lengths, blanks[index], training.jit_compile
                 )
                 sums.append(tf.reduce_sum(per_sample))
                 sizes.append(tf.shape(lengths)[0])

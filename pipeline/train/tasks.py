@@ -60,7 +60,7 @@ class TaskData:
 
 def task_model(config: Config, tasks: list[TaskData]) -> tuple[keras.Model, object]:
     """(the Keras model of ``tasks``, built in the caller's strategy scope; its view for the step and the
-    dev forward passes: ``forward(index, ...)``, ``task_variables``, ``family``)."""
+    dev forward passes: ``forward(index, ...)``, ``task_variables``, ``family``, ``objective``)."""
     precision, n_input = config.training.precision, tasks[0].train.n_input
     if not config.tasks:
         model = build_model(config.model, n_input, tasks[0].alphabet.n_classes, precision)

@@ -15,26 +15,21 @@ import tensorflow as tf
 from pipeline.batches.dataset import SplitReader
 from pipeline.config import Config
 from pipeline.evaluation.metrics import best_and_worst, corpus_rates, format_report, headline_metric
-from pipeline.evaluation.run import run_split
-from pipeline.model.ctc import ctc_implementation
+from pipeline.evaluation.run import make_forward, run_split
 from pipeline.reports import DevFigures
 from pipeline.train.tasks import TaskData
 
 log = logging.getLogger(__name__)
 
 
-def make_task_forward(view, index: int, blank_index: int):
+def task_forward(view, index: int, blank_index: int):
     """``make_forward`` (``pipeline.evaluation.run``) for task ``index`` of a model's task view
     (``tasks.task_model``)."""
-    ctc = ctc_implementation(jit_compile=False)
 
-    @tf.function(reduce_retracing=True)
-    def forward(features, lengths, labels, label_lengths):
-        logits, output_lengths = view.forward(index, features, lengths, training=False)
-        loss = view.family.loss(labels, label_lengths, logits, output_lengths, blank_index, ctc)
-        return logits, loss, output_lengths
+    def run(features, lengths):
+        return view.forward(index, features, lengths, training=False)
 
-    return forward
+    return make_forward(run, view.objective, blank_index)
 
 
 class TaskValidation:
@@ -43,7 +38,7 @@ class TaskValidation:
 
     def __init__(self, config: Config, tasks: list[TaskData], view, writer: Callable[[str], object]):
         self.config, self.tasks, self.writer = config, tasks, writer
-        self.forwards = [make_task_forward(view, i, t.alphabet.blank_index) for i, t in enumerate(tasks)]
+        self.forwards = [task_forward(view, i, t.alphabet.blank_index) for i, t in enumerate(tasks)]
         self.readers = [SplitReader(t.dev) if t.dev is not None else None for t in tasks]
         self.headlines = [headline_metric(t.dev.transcripts) if t.dev is not None else "wer" for t in tasks]
 
