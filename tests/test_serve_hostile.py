@@ -195,7 +195,7 @@ async def _raw_websocket(port: int) -> tuple[asyncio.StreamReader, asyncio.Strea
 
 
 def _frame(opcode: int, payload: bytes, final: bool = True) -> bytes:
-    """One client frame (masked, as RFC 6455 wants), payload under 64 KiB."""
+    """One client frame (masked, as RFC 6455 wants)."""
     mask = b"\x01\x02\x03\x04"
     masked = (
         np.frombuffer(payload, np.uint8) ^ np.resize(np.frombuffer(mask, np.uint8), len(payload))
@@ -203,7 +203,9 @@ def _frame(opcode: int, payload: bytes, final: bool = True) -> bytes:
     first = bytes([(0x80 if final else 0) | opcode])
     if len(payload) < 126:
         return first + bytes([0x80 | len(payload)]) + mask + masked
-    return first + bytes([0x80 | 126]) + len(payload).to_bytes(2, "big") + mask + masked
+    if len(payload) < 1 << 16:
+        return first + bytes([0x80 | 126]) + len(payload).to_bytes(2, "big") + mask + masked
+    return first + bytes([0x80 | 127]) + len(payload).to_bytes(8, "big") + mask + masked
 
 
 async def _server_frames(reader: asyncio.StreamReader, timeout: float) -> list[tuple[int, bytes]]:
@@ -565,3 +567,54 @@ def test_a_client_that_never_reads_its_results_is_not_read_and_is_closed(server)
 
     freed_at = asyncio.run(main())
     assert freed_at is not None, "the server kept a client that never read its replies for 90 s"
+
+
+def test_a_refused_connection_is_read_no_further_when_it_goes_on_sending(server):
+    """A connection the server refused was still read, its frames unmasked, until Tornado's 5-second close
+    timeout: a client refused for its rate could go on pushing frames for that long. Now a client that is
+    closing (a few frames in flight, then its close) gets the error and the close frame as before, and
+    one that sends more than ``AFTER_CLOSE_BYTES`` after the close is read no further. Frames of 512 KiB,
+    so that the frame budget (800 a second) would not stop the flood before 400 MiB."""
+    running = server()
+    block = _frame(0x2, bytes(60_000))
+    big = _frame(0x2, bytes(512 << 10))
+
+    async def refused(writer):
+        writer.write(_frame(0x1, b"not json"))
+        await writer.drain()
+
+    async def closing():
+        reader, writer = await _raw_websocket(running.port)
+        await refused(writer)
+        writer.write(block * 4)  # in flight when the refusal comes
+        await writer.drain()
+        frames = await _server_frames(reader, 10)
+        writer.write(_frame(0x8, (1000).to_bytes(2, "big")))
+        writer.close()
+        return frames
+
+    async def flooding():
+        reader, writer = await _raw_websocket(running.port)
+        await refused(writer)
+        await asyncio.sleep(0.2)  # the refusal has been sent: every byte from now on comes after it
+        sent = 0
+        try:
+            while sent < 2 << 30:
+                writer.write(big)
+                await asyncio.wait_for(writer.drain(), 3)
+                sent += len(big)
+        except (ConnectionError, TimeoutError):
+            pass
+        writer.transport.abort()
+        return sent
+
+    frames = asyncio.run(closing())
+    errors = [json.loads(payload)["error"] for opcode, payload in frames if opcode == 0x1]
+    assert errors and "text frame is not JSON" in errors[0], frames
+    assert frames[-1][0] == 0x8 and int.from_bytes(frames[-1][1][:2], "big") == 1008, frames[-1:]
+    sent = asyncio.run(flooding())
+    # what the server reads (1 MiB and a frame or two) plus what the two kernels' buffers can hold
+    buffers = [
+        int(Path(f"/proc/sys/net/ipv4/tcp_{kind}").read_text().split()[2]) for kind in ("rmem", "wmem")
+    ]
+    assert sent < (4 << 20) + sum(buffers) + 2 * len(big), f"{sent / 2**20:.0f} MiB read after the refusal"

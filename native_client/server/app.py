@@ -55,6 +55,12 @@ SEND_BUFFER_BYTES = 16 << 10
 # A close frame's reason: 125 bytes of payload less the 2-byte code (RFC 6455); an error reply's text,
 # which may quote the client's own: bounded so that a client cannot make the server echo megabytes.
 MAX_REASON_BYTES, MAX_ERROR_BYTES = 123, 4096
+# What is read of a connection once the server has sent its close frame, beyond one frame: a client that
+# is closing sends its close frame after the frames it had in flight, and its close completes the
+# handshake. Past this, nothing more is read (nor unmasked) until Tornado's 5-second close timeout aborts
+# the connection: a client cannot make a refused connection cost more than this, and one that is slow to
+# close still has those seconds to read the error and the close frame before the abort's reset.
+AFTER_CLOSE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -215,12 +221,22 @@ def refuse_host(handler: tornado.web.RequestHandler, service: Service) -> bool:
 
 class _Protocol(tornado.websocket.WebSocketProtocol13):
     """Tornado's protocol, with a JSON error sent before it closes a connection for a too-large frame,
-    and every frame read (a fragment, a ping) charged to the connection's frame budget."""
+    every frame read (a fragment, a ping) charged to the connection's frame budget, and at most
+    ``AFTER_CLOSE_BYTES`` (and a frame) read once the server has closed."""
+
+    closed_at: int | None = None  # the bytes read when the server sent its close frame
 
     async def _receive_frame(self) -> None:
         if not self.handler.frame_allowed():
             self.client_terminated = True  # read no more of it; the close frame is on its way
             return
+        if self.server_terminated:
+            if self.closed_at is None:
+                self.closed_at = self._wire_bytes_in
+            elif self._wire_bytes_in - self.closed_at > AFTER_CLOSE_BYTES:
+                log.info("no more read of %s: it sent on after the close", self.handler.request.remote_ip)
+                self.client_terminated = True
+                return
         await super()._receive_frame()
 
     def close(self, code=None, reason=None):
