@@ -3,7 +3,7 @@
 A stage's fingerprint (``pipeline.layout.Layout.fingerprint``) hashes the config
 keys whose ``stages`` tag names it (``pipeline.config``: ``_opt(..., stages=...)``),
 the digests of the input files among them, the few values the layout resolves
-for it from the config and the data (``Layout._derived``: a corpus's files, a
+for it from the config and the data (``pipeline.fingerprints.derived_inputs``: a corpus's files, a
 family's output stride; never what the machine has: tools on PATH, their
 versions, the clock), and the fingerprints of the stages ``upstream`` lists;
 the Luigi tasks' ``requires()`` come from the same ``upstream``

@@ -1,7 +1,7 @@
 """The one place paths and fingerprints are made: every stage's output directory and fingerprint,
 made once per config.
 
-A stage's fingerprint hashes exactly the settings it depends on plus the
+A stage's fingerprint hashes exactly the settings it depends on (``pipeline.fingerprints``) plus the
 fingerprints of the stages it reads (``pipeline.dag``), so changing
 ``model.n_hidden`` moves Train and everything after it, never Features. The
 file names inside a stage's directory are its file map's (``pipeline.workdir``:
@@ -13,15 +13,13 @@ its own map. Input files are digested through ``pipeline.digests``.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import hashlib
 import json
 import re
 from pathlib import Path
 
-from pipeline.config import Config, ConfigError, CorpusConfig, field_stages
-from pipeline.dag import STAGES, shared_alphabet, tag_applies, task_param, upstream
+from pipeline.config import Config, ConfigError, CorpusConfig
+from pipeline.dag import STAGES, shared_alphabet, task_param, upstream
 from pipeline.data.importing import (
     ImportPlan,
     Listing,
@@ -32,8 +30,7 @@ from pipeline.data.importing import (
     plan_import,
 )
 from pipeline.digests import path_digest
-from pipeline.model import model_family
-from pipeline.model.objectives import model_objective
+from pipeline.fingerprints import derived_inputs, fingerprint_hash, node_name, stage_keys
 from pipeline.workdir import (
     ALPHABET_DIR,
     CONVERTED_DIR,
@@ -75,41 +72,6 @@ def _remembered_listing(importer, root: Path, parts: tuple[str, ...], options) -
 def forget_corpus_listings() -> None:
     """Forget the corpus listings this process made (a test that changes a corpus and runs again)."""
     _remembered_listing.cache_clear()
-
-
-def _plain(value):
-    """A config value as JSON can hold it (a group of keys or an entry of a list of mappings as a dict)."""
-    if dataclasses.is_dataclass(value):
-        return dataclasses.asdict(value)
-    if isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
-        return [dataclasses.asdict(item) for item in value]
-    return value
-
-
-def _family_keys(settings) -> object:
-    """A model family's settings as fingerprinted: its Settings without the fields tagged ``stages=()``;
-    a family without Settings, () (an empty list, as the old untyped ``model.options`` hashed)."""
-    if not dataclasses.is_dataclass(settings):
-        return settings
-    return {
-        f.name: _plain(getattr(settings, f.name))
-        for f in dataclasses.fields(settings)
-        if f.metadata.get("stages") != ()
-    }
-
-
-def _node_name(name: str, params: dict, task: str) -> str:
-    """An upstream instance as a fingerprint names it: its stage and parameters, without the task when it
-    is the reading instance's own, so that a task's stages hash as a single-task config's with the same
-    settings do (and share their outputs: a task's features are those of a run on its data alone)."""
-    if task and params.get("task") == task:
-        params = {k: v for k, v in params.items() if k != "task"}
-    return f"{name}{sorted(params.items())}"
-
-
-def _hash(payload: dict) -> str:
-    text = json.dumps(payload, sort_keys=True, default=list)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 
 class Layout:
@@ -223,67 +185,23 @@ class Layout:
                 keys = {
                     "min_count": self.config.data.alphabet_min_count,
                     "tasks": {
-                        name: self.for_task(name)._tagged_keys(stage, own) for name in self.config.tasks
+                        name: stage_keys(self.for_task(name), stage, own) for name in self.config.tasks
                     },
                 }
             else:
-                keys = view._tagged_keys(stage, own)
-            self._fingerprints[key] = _hash(
+                keys = stage_keys(view, stage, own)
+            self._fingerprints[key] = fingerprint_hash(
                 {
                     "stage": stage,
                     "keys": keys,
-                    "derived": view._derived(stage, own),
+                    "derived": derived_inputs(view, stage, own),
                     "upstream": {
-                        _node_name(name, p, task): self.fingerprint(name, **p)
+                        node_name(name, p, task): self.fingerprint(name, **p)
                         for name, p in upstream(self.config, stage, params)
                     },
                 }
             )
         return self._fingerprints[key]
-
-    def _tagged_keys(self, stage: str, params: dict) -> dict:
-        """``{"section.key": value}`` of every config key whose ``stages`` tag names this stage instance;
-        a path is given with its content's digest, a front end's settings as they are written."""
-        found = {}
-        for section_field in dataclasses.fields(self.config):
-            if section_field.name in ("source", "task"):
-                continue
-            section = getattr(self.config, section_field.name)
-            for f in dataclasses.fields(section):
-                if (
-                    "doc" not in f.metadata
-                    and not f.metadata.get("frontend")
-                    and not f.metadata.get("family")
-                ):
-                    continue
-                if f.metadata.get("frontend"):
-                    tags = type(section).STAGES
-                else:
-                    tags = field_stages(type(section), f.name, self.config)
-                if not any(tag_applies(tag, stage, params) for tag in tags):
-                    continue
-                value = getattr(section, f.name)
-                if f.metadata.get("keyed_by"):  # only the entry this stage instance is about
-                    value = tuple(item for item in value if item.key == params.get(f.metadata["keyed_by"]))
-                if f.metadata.get("frontend"):
-                    value = dataclasses.asdict(value)
-                elif f.metadata.get("family"):
-                    value = _family_keys(value)
-                elif (section_field.name, f.name) == ("paths", "alphabet"):
-                    value = path_digest(self.alphabet)
-                elif (section_field.name, f.name) == ("multitask", "tasks"):
-                    value = [task.train_key() for task in value]  # their data reaches Train by its inputs
-                elif (section_field.name, f.name) == ("training", "init_from") and value is not None:
-                    value = self.init_from_digest
-                elif f.metadata.get("path") and value is not None:
-
-                    def content(path, located=f.metadata.get("located")):
-                        digest = self._input_digest(path)
-                        return [str(path), digest] if located else digest
-
-                    value = [content(p) for p in value] if isinstance(value, tuple) else content(value)
-                found[f"{section_field.name}.{f.name}"] = _plain(value)
-        return found
 
     @functools.cached_property
     def init_from_digest(self) -> str | None:
@@ -296,7 +214,7 @@ class Layout:
             return None
         return self._scheduled_init or init_digest(self.config.training.init_from)
 
-    def _input_digest(self, path: str) -> str:
+    def input_digest(self, path: str) -> str:
         """``path_digest`` of an input file, remembered as the digest this layout's fingerprints used."""
         digest = path_digest(path)
         self._digests_used.setdefault(str(path), digest)
@@ -306,45 +224,6 @@ class Layout:
         """The input files of ``read`` ({path: SHA-256 of the bytes a stage read}) whose content differs from
         what this layout's fingerprints were computed from: files edited after the run was scheduled."""
         return [path for path, digest in read.items() if self._digests_used.get(str(path), digest) != digest]
-
-    def _derived(self, stage: str, params: dict) -> dict:
-        """What a stage's result depends on beyond the config's keys: an Import's corpus as resolved (its
-        root, parts and options) and its files' names, sizes and modification times; a phonemes task's
-        inputs; a family's output stride. Never the machine's: which tools are on PATH, their versions, the
-        clock. The builder that made an LM and espeak-ng's version are in the stages' reports instead."""
-        if stage == "lm":
-            # decoder.lm_builder as written: auto stays auto whichever builder it finds (lm_report.json says
-            # which); kenlm and python keep the fingerprints they had when auto was resolved here.
-            return {"lm_builder": self.config.decoder.lm_builder}
-        if stage == "import":
-            return {"corpus": self.import_fingerprint(params["corpus"])}
-        if stage == "phonemes":
-            return self._phonemes_inputs()
-        if stage == "features":
-            # The too-short check counts the family's output labels: a family that subsamples time keeps
-            # other utterances (nothing is added for one label per frame, so those caches keep their names).
-            stride = model_family(self.config.model.architecture).stride(self.config.model)
-            rule = model_objective(self.config.model.objective).data_rule
-            return {
-                **({"output_stride": stride} if stride != 1 else {}),
-                **({"too_short_rule": rule} if rule != "ctc" else {}),
-            }
-        return {}
-
-    def _phonemes_inputs(self) -> dict:
-        """What a phonemes task's IPA manifests depend on beyond its upstream imports: its ``of`` task's
-        manifest files (by content) and text settings (its language is the voice), the limits (only the
-        rows they take are spoken). Not espeak-ng's version, which is the machine's: the stage's report
-        records it (``phonemes_report.json``)."""
-        source = self.for_task(self.config.phonemes_of)
-        return {
-            "of": self.config.phonemes_of,
-            "manifests": {
-                split: [[path, self._input_digest(path)] for path in source.config.split_files(split)]
-                for split in ("train", "dev", "test")
-            },
-            "text": source.config.data.text.to_dict(),
-        }
 
     @functools.cached_property
     def phonemes_files(self) -> PhonemesFiles:
