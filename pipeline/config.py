@@ -446,6 +446,7 @@ class ModelConfig:
         "(layer when a GPU is visible, else fused). The same function to float rounding, so not in any "
         "fingerprint; a run resumed with the other kernel continues, equal to rounding, not bit for bit.",
         stages=(),
+        when=_DEEPSPEECH,
     )
     output: Literal["characters", "bytes"] = _opt(
         "characters",
@@ -460,12 +461,10 @@ class ModelConfig:
     # that DeepSpeech's fingerprints (an empty list there) stay what they were.
     options: Any = field(default=(), metadata={"family": True})
 
-    def __getattr__(self, name: str):
-        # The family's settings read like the section's own keys (``config.model.d_model``).
-        options = self.__dict__.get("options")
-        if is_dataclass(options) and not isinstance(options, type) and hasattr(options, name):
-            return getattr(options, name)
-        raise AttributeError(f"model has no key {name!r}")
+
+def deepspeech_keys() -> tuple[str, ...]:
+    """The ``model`` keys that only the deepspeech family reads."""
+    return tuple(f.name for f in fields(ModelConfig) if f.metadata.get("when") == _DEEPSPEECH)
 
 
 @dataclass(frozen=True)

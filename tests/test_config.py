@@ -52,7 +52,8 @@ def test_extends_overrides_a_subset_and_resolves_paths_per_file(write_config, tm
     [
         (
             "model:\n  n_hiden: 5\n",
-            r"model\.n_hiden: unknown key; did you mean 'n_hidden'\? expected one of architecture, n_hidden",
+            r"model\.n_hiden: unknown key; did you mean 'n_hidden'\? "
+            r"expected one of architecture, objective, n_hidden",
         ),
         ("modle:\n  n_hidden: 5\n", r"unknown section 'modle'"),
         ("model:\n  n_hidden: many\n", r"model\.n_hidden: expected an integer, got 'many'"),
@@ -231,3 +232,31 @@ def test_a_choice_written_as_yaml_reads_it(write_config, section, key, choice):
 def test_a_yaml_boolean_is_still_refused_where_no_choice_spells_it(write_config):
     with pytest.raises(ConfigError, match=r"model\.output: expected one of 'characters', 'bytes', got False"):
         load_config(write_config("model:\n  output: off\n"))
+
+
+def test_deepspeech_keys_in_a_config_of_another_family_are_one_line_naming_it(write_config):
+    """``model.n_hidden`` where the family is the Conformer was accepted and never read, and the model
+    section answered ``model.n_hidden`` and ``model.d_model`` alike. Now a file (or an override) that sets
+    a DeepSpeech key where its family is another is refused naming the key and the family; a DeepSpeech
+    base's keys under a child that chooses another family are left unread; and the family's settings are
+    read where they are, ``model.options``."""
+    conformer = "model:\n  architecture: conformer\n  conformer: {d_model: 64, heads: 4}\n"
+    same_file = write_config(conformer + "  n_hidden: 128\n", "same.yaml")
+    with pytest.raises(ConfigError) as error:
+        load_config(same_file)
+    assert str(error.value) == (
+        f"{same_file}: model.n_hidden: a setting of the deepspeech family, in a config of the conformer "
+        "family, which does not read it (a family's own settings go under model.conformer:)"
+    )
+    base = write_config(conformer, "base.yaml")
+    child = write_config("extends: base.yaml\nmodel:\n  dropout_rate: 0.2\n", "child.yaml")
+    with pytest.raises(ConfigError, match=rf"^{child}: model\.dropout_rate: a setting of the deepspeech"):
+        load_config(child)
+    with pytest.raises(ConfigError, match=r"\(overrides\): model\.lstm_kernel: a setting of the deepspeech"):
+        load_config(base, {"model": {"lstm_kernel": "fused"}})
+    write_config("model:\n  n_hidden: 128\n", "deepspeech.yaml")
+    over = load_config(write_config("extends: deepspeech.yaml\n" + conformer, "over.yaml"))
+    assert over.model.architecture == "conformer" and over.model.options.d_model == 64
+    assert not hasattr(over.model, "d_model")
+    alone = load_config(write_config(conformer, "alone.yaml"))  # the base's key is neither read nor hashed
+    assert Layout(over).train_fingerprint == Layout(alone).train_fingerprint

@@ -17,8 +17,9 @@ N_INPUT, CLASSES = 13, (29, 35)
 
 
 def _config(sharing: str, architecture: str = "deepspeech"):
-    model = {"n_hidden": 12, "n_context": 1, "dropout_rate": 0.0, "architecture": architecture}
+    model = {"architecture": architecture, "n_hidden": 12, "n_context": 1, "dropout_rate": 0.0}
     if architecture == "conformer":
+        model = {"architecture": architecture}
         model["conformer"] = {
             "d_model": 16,
             "layers": 1,
