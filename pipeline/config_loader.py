@@ -310,9 +310,12 @@ def config_from_dict(raw: dict, source: str = "<dict>", base_dir: str | Path | N
 def section_values(section) -> dict:
     """A config section's keys and values as the YAML file writes them (a front end's settings inline,
     a mapping of options as a mapping, entries of a list of mappings as mappings without the keys left
-    unset, a ``rest`` mapping's keys inline)."""
+    unset, a ``rest`` mapping's keys inline; DeepSpeech's keys only in a DeepSpeech model section)."""
     out = {}
+    other_family = isinstance(section, ModelConfig) and section.architecture != "deepspeech"
     for f in dataclasses.fields(section):
+        if other_family and f.name in deepspeech_keys():
+            continue  # read by no other family, and refused beside one when loaded
         value = getattr(section, f.name)
         if isinstance(value, SectionOverride):
             out[f.name] = value.to_dict()

@@ -605,14 +605,16 @@ def test_a_refused_connection_is_read_no_further_when_it_goes_on_sending(server)
                 sent += len(big)
         except (ConnectionError, TimeoutError):
             pass
+        frames = await _server_frames(reader, 3)  # it stopped: the error and the close are still there
         writer.transport.abort()
-        return sent
+        return sent, frames
 
     frames = asyncio.run(closing())
     errors = [json.loads(payload)["error"] for opcode, payload in frames if opcode == 0x1]
     assert errors and "text frame is not JSON" in errors[0], frames
     assert frames[-1][0] == 0x8 and int.from_bytes(frames[-1][1][:2], "big") == 1008, frames[-1:]
-    sent = asyncio.run(flooding())
+    sent, frames = asyncio.run(flooding())
+    assert [opcode for opcode, _ in frames] == [0x1, 0x8], frames
     # what the server reads (1 MiB and a frame or two) plus what the two kernels' buffers can hold
     buffers = [
         int(Path(f"/proc/sys/net/ipv4/tcp_{kind}").read_text().split()[2]) for kind in ("rmem", "wmem")

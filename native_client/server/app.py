@@ -235,7 +235,10 @@ class _Protocol(tornado.websocket.WebSocketProtocol13):
                 self.closed_at = self._wire_bytes_in
             elif self._wire_bytes_in - self.closed_at > AFTER_CLOSE_BYTES:
                 log.info("no more read of %s: it sent on after the close", self.handler.request.remote_ip)
-                self.client_terminated = True
+                # Not client_terminated: the receive loop would end and abort at once, and the reset could
+                # destroy the error and close frame before the client reads them.
+                while not self.stream.closed():
+                    await asyncio.sleep(0.25)
                 return
         await super()._receive_frame()
 
