@@ -521,3 +521,31 @@ def test_tuning_without_a_dev_split_stops_before_anything_runs(tmp_path):
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert "decoder.tune: TuneDecoder searches on the dev split and this config gives none" in lines[0]
     assert not (tmp_path / "work").exists()
+
+
+def test_an_importer_of_ones_own_imports_through_the_dag_and_its_features_follow(tmp_path):
+    """``data.corpora[].importer`` names a module of one's own (tests/plugins/tsv_pairs_importer.py): the
+    Import task lists, reads and splits its layout (its drops counted as every importer's are), and the
+    Features stage reads the import as it reads a built-in one's."""
+    import shutil
+
+    root = tmp_path / "pairs"
+    (root / "clips").mkdir(parents=True)
+    for split, count in (("train", 6), ("dev", 2), ("test", 2)):
+        lines = []
+        for index, (audio, text) in enumerate(corpus_layouts._sample_rows(split, count)):
+            shutil.copy(audio, root / "clips" / f"{split}-{audio.name}")
+            lines.append(f"{split}-{audio.name}\t{split}{index // 2}\t{text}")
+        if split == "train":
+            lines.append("no-tabs-here")
+        (root / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    corpora = [{"importer": "tests.plugins.tsv_pairs_importer", "path": str(root)}]
+    path = _config(tmp_path, corpora, data={"max_reject_fraction": 0.5})
+    assert luigi.build([FeaturesSplit(config=str(path), split="train")], local_scheduler=True)
+    layout = Layout(load_config(path))
+    files = layout.import_files("tsv_pairs_importer-pairs")
+    report = json.loads(files.report.read_text())
+    assert (report["rows"], report["kept"], report["dropped_by_reason"]) == (11, 10, {"malformed_row": 1})
+    assert {split: len(_rows(files.manifest(split))) for split in SPLITS} == {"train": 6, "dev": 2, "test": 2}
+    assert {r["speaker"] for r in _rows(files.manifest("train"))} == {"train0", "train1", "train2"}
+    assert layout.features_cache("train").exists()
