@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from native_client.plugins import PluginError, plugin_exists
+from native_client.plugins import PluginError, builtin_names, plugin_exists
 from pipeline.config import Config, ConfigError
 from pipeline.export.coqui_tflite import check_exportable
 from pipeline.features.frontend import feature_pipeline
@@ -37,11 +37,9 @@ def validate_config(config: Config) -> None:
             f"{src}: augment.gain_db / augment.noise_dir act on copies: "
             "set augment.speed_factors or augment.audio_copies"
         )
-    if not plugin_exists("pipeline.model", config.model.architecture):
-        raise ConfigError(
-            f"{src}: model.architecture: no model family {config.model.architecture!r} "
-            f"(a module of pipeline/model/ such as deepspeech, or the dotted name of your own)"
-        )
+    named_plugin(
+        model_family, "pipeline.model", config.model.architecture, "model.architecture", "model family", src
+    )
     _check_objective(config.model.objective, src)
 
     if config.export.coqui_tflite:
@@ -226,17 +224,32 @@ def _labels_text(labels: tuple) -> str:
     return "bytes" if output == "bytes" else f"the alphabet {alphabet or 'data/alphabet.txt (default)'}"
 
 
-def _check_objective(name: str, src: str) -> None:
-    """``model.objective`` names an objective whose output the decoders, the export and the client read."""
-    if not plugin_exists("pipeline.model.objectives", name):
+def named_plugin(find, package: str, name: str, key: str, kind: str, src: str):
+    """``find(name)``: the implementation ``key`` names, a module of ``package`` (its built-in ones listed as
+    examples) or a dotted module of one's own; ConfigError naming ``key`` when there is no such module, or
+    it does not define the implementation."""
+    if not plugin_exists(package, name):
+        examples = " or ".join(builtin_names(package, PLUGIN_ATTRIBUTES[package]))
+        folder = package.replace(".", "/")
         raise ConfigError(
-            f"{src}: model.objective: no objective {name!r} "
-            f"(a module of pipeline/model/objectives/ such as ctc, or the dotted name of your own)"
+            f"{src}: {key}: no {kind} {name!r} (a module of {folder}/ such as {examples}, or the dotted name "
+            f"of your own)"
         )
     try:
-        objective = model_objective(name)
+        return find(name)
     except (PluginError, TypeError) as error:
         raise ConfigError(f"{src}: {error}") from None
+
+
+# The attribute a module of each plug-in package defines.
+PLUGIN_ATTRIBUTES = {"pipeline.model": "FAMILY", "pipeline.model.objectives": "OBJECTIVE"}
+
+
+def _check_objective(name: str, src: str) -> None:
+    """``model.objective`` names an objective whose output the decoders, the export and the client read."""
+    objective = named_plugin(
+        model_objective, "pipeline.model.objectives", name, "model.objective", "objective", src
+    )
     if objective.emits != CTC_OUTPUT:
         raise ConfigError(
             f"{src}: model.objective: {name!r} emits {objective.emits!r}; the decoders, the export and the "

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from pipeline.config import Config, ConfigError, FeaturesConfig, ModelConfig, SectionOverride, deepspeech_keys
-from pipeline.config_checks import task_source, validate_config, validate_tasks
+from pipeline.config_checks import named_plugin, task_source, validate_config, validate_tasks
 from pipeline.config_values import SECTIONS, checked, did_you_mean, section_types
 
 
@@ -179,19 +179,11 @@ def _family_settings(values: dict, source: str):
     """The chosen model family's Settings from its ``model.<family>:`` block (checked key by key and by
     the family), or () for a family without Settings. The block of a family not chosen is left unread;
     a block that names no family at all is an unknown key."""
-    from native_client.plugins import PluginError, plugin_exists
+    from native_client.plugins import plugin_exists
     from pipeline.model import model_family
 
     name = values.get("architecture", ModelConfig().architecture)
-    if not plugin_exists("pipeline.model", name):
-        raise ConfigError(
-            f"{source}: model.architecture: no model family {name!r} (a module of pipeline/model/ such as "
-            f"deepspeech or conformer, or the dotted name of your own)"
-        )
-    try:
-        family = model_family(name)
-    except (PluginError, TypeError) as error:
-        raise ConfigError(f"{source}: {error}") from None
+    family = named_plugin(model_family, "pipeline.model", name, "model.architecture", "model family", source)
     blocks = values.pop(PENDING, {})
     for key, block in blocks.items():
         if key != family.name and not plugin_exists("pipeline.model", key):

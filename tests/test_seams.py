@@ -328,6 +328,10 @@ def test_an_objective_of_ones_own_trains_evaluates_and_exports_through_the_dag(s
     assert isinstance(exported.transcribe_file(CLIP).text, str)
     with pytest.raises(ConfigError, match=r"model\.objective: no objective 'transducr' \(a module of"):
         load_config(small_config("typo.yaml", extra="model:\n  objective: transducr\n"))
+    with pytest.raises(
+        ConfigError, match=r"model\.objective: module 'tests\.plugins\.band_energies' defines no OBJ"
+    ):
+        load_config(small_config("none.yaml", extra="model:\n  objective: tests.plugins.band_energies\n"))
 
 
 def _plain_ctc_forward(model, blank_index: int):
