@@ -12,7 +12,7 @@ each status report); it has no rule by error type. The rule is built on that:
   retry: it resumes at the exact batch of its last checkpoint.
 - every other stage: 2 failures within an hour (one retry).
 - a config or data error (``final_errors``: the one-line errors naming a file or
-  key, a plug-in that does not load) and a training that cannot go on
+  key, a plug-in that does not load, audio that cannot be used) and a training that cannot go on
   (``TrainingError``, e.g. ``training.max_nonfinite_batches`` reached) are never
   retried: the task reports ``retry_count`` 1 with its failure, so the scheduler
   disables it at once (its worker then stops waiting for it). The
@@ -68,6 +68,7 @@ def final_errors() -> tuple[type, ...]:
     a non-chief worker whose chief's report never appeared here, and a training stopped on request
     (SIGTERM, Ctrl-C: its checkpoint is saved; running it again resumes)."""
     from native_client.alphabet import AlphabetError
+    from native_client.audio import AudioError
     from native_client.metadata import ExportError
     from native_client.plugins import PluginError
     from pipeline.config import ConfigError
@@ -83,6 +84,7 @@ def final_errors() -> tuple[type, ...]:
     from tasks.preflight import PreflightError
 
     return (
+        AudioError,
         ConfigError,
         PluginError,
         PreflightError,
@@ -102,7 +104,17 @@ def final_errors() -> tuple[type, ...]:
 
 
 def is_final(error: BaseException) -> bool:
-    """Whether ``error`` is a config or data error (never retried)."""
+    """Whether ``error`` is a config or data error (never retried). Audio that cannot be used (Transcribe's
+    ``--audio``: a folder, a file that does not decode) is, unless an I/O error made it so, which may pass."""
+    from native_client.audio import AudioError
+
+    cause = error.__cause__
+    if (
+        isinstance(error, AudioError)
+        and isinstance(cause, OSError)
+        and not isinstance(cause, FileNotFoundError)
+    ):
+        return False
     return isinstance(error, final_errors())
 
 

@@ -919,7 +919,8 @@ def test_a_read_only_work_directory_still_answers(finished, tmp_path):
 @pytest.mark.slow
 def test_a_directory_given_as_audio_is_named(finished, tmp_path):
     """Issue 26 N10: ``--audio <directory>`` said "cannot decode audio ... Format not recognised", in the
-    client and in Transcribe; both now say the path is a directory."""
+    client and in Transcribe; both now say the path is a directory. Audio that cannot be used is a data
+    error: Transcribe runs once, not again after Luigi's 30-second retry delay."""
     path, config = finished
     folder = tmp_path / "clips"
     folder.mkdir()
@@ -936,6 +937,13 @@ def test_a_directory_given_as_audio_is_named(finished, tmp_path):
     assert transcribe.returncode != 0
     assert f"{folder}: is a directory, not an audio file" in transcribe.stderr, transcribe.stderr[-3000:]
     assert "Format not recognised" not in client.stderr + transcribe.stderr
+    runs = [
+        line
+        for log in (Layout(config).work_dir / "logs").glob("*.log")
+        for line in log.read_text().splitlines()
+        if "running   Transcribe(" in line and str(folder) in line
+    ]
+    assert len(runs) == 1, runs
 
 
 def _task_process(work: Path, task: str) -> int:
