@@ -135,7 +135,7 @@ def _refuse_deepspeech_keys_of_another_family(model: dict, values: dict, source:
     family, since that family would never read it. A base file's keys under a child that chooses another
     family are the base's, and are not read."""
     family = model.get("architecture", ModelConfig().architecture)
-    if family == "deepspeech":
+    if family in ("deepspeech", "pipeline.model.deepspeech"):
         return
     for key in deepspeech_keys():
         if key in values:

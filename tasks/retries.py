@@ -108,14 +108,23 @@ def is_final(error: BaseException) -> bool:
     ``--audio``: a folder, a file that does not decode) is, unless an I/O error made it so, which may pass."""
     from native_client.audio import AudioError
 
-    cause = error.__cause__
-    if (
-        isinstance(error, AudioError)
-        and isinstance(cause, OSError)
-        and not isinstance(cause, FileNotFoundError)
-    ):
+    if isinstance(error, AudioError) and _io_error(error.__cause__):
         return False
     return isinstance(error, final_errors())
+
+
+# libsndfile's code for an error of the system under it (a read that failed), not of the file's content.
+SF_ERR_SYSTEM = 2
+
+
+def _io_error(cause: BaseException | None) -> bool:
+    """Whether ``cause`` is a failed read (an OSError other than a missing file, or libsndfile's system
+    error), not something the file itself says."""
+    import soundfile
+
+    if isinstance(cause, soundfile.LibsndfileError):
+        return cause.code == SF_ERR_SYSTEM
+    return isinstance(cause, OSError) and not isinstance(cause, FileNotFoundError)
 
 
 def process_start(pid: int) -> str:

@@ -946,6 +946,29 @@ def test_a_directory_given_as_audio_is_named(finished, tmp_path):
     assert len(runs) == 1, runs
 
 
+def test_audio_that_cannot_be_used_is_final_unless_a_read_failed():
+    """What the file says (a folder, no such file, content libsndfile cannot decode) fails the same way
+    again: never retried. A read that failed (an OSError such as EIO, libsndfile's system error) may
+    pass: retried."""
+    import errno
+
+    import soundfile
+
+    from native_client.audio import AudioError
+    from tasks.retries import is_final
+
+    def audio_error(cause):
+        try:
+            raise AudioError("unreadable_audio", "x.wav: cannot decode audio") from cause
+        except AudioError as error:
+            return error
+
+    assert is_final(audio_error(None)) and is_final(audio_error(FileNotFoundError("x.wav")))
+    assert is_final(audio_error(soundfile.LibsndfileError(1, "Format not recognised")))
+    assert not is_final(audio_error(soundfile.LibsndfileError(2, "System error")))
+    assert not is_final(audio_error(OSError(errno.EIO, "Input/output error")))
+
+
 def _task_process(work: Path, task: str) -> int:
     """The pid of the process Luigi's worker runs ``task`` in, from the run's log file."""
     import re

@@ -372,3 +372,30 @@ def test_the_training_step_minimises_the_configs_objective(small_config):
     }
     assert float(sums[0]) == pytest.approx(scored["own"], rel=1e-5)
     assert abs(scored["own"] - scored["ctc"]) > 0.01 * scored["ctc"]
+
+
+def test_an_objective_shares_ctcs_feature_caches_only_with_ctcs_too_short_rule():
+    """The Features fingerprint holds the too-short rule of the class that defines ``min_outputs``: the
+    label-smoothed CTC inherits CTC's (and shares its caches); an objective with its own ``min_outputs``
+    has a rule of its own though it subclasses CTC, unless it declares one; no ``name`` is needed."""
+    from pipeline.model.objectives.ctc import CTC
+    from tests.plugins.smoothed_ctc_objective import OBJECTIVE
+
+    class OneFramePerTranscript(CTC):
+        def min_outputs(self, labels) -> int:
+            return 1
+
+    class Declared(OneFramePerTranscript):
+        too_short_rule = "one frame"
+
+    assert model_objective("ctc").data_rule == OBJECTIVE.data_rule == "ctc"
+    assert OneFramePerTranscript().data_rule.endswith("OneFramePerTranscript")
+    assert Declared().data_rule == OneFramePerTranscript().data_rule  # declared below min_outputs' class
+
+    class Own(Declared):
+        too_short_rule = "one frame"
+
+        def min_outputs(self, labels) -> int:
+            return 1
+
+    assert Own().data_rule == "one frame"

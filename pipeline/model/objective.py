@@ -7,9 +7,10 @@ A model is a family's network (``family.py``) trained for an objective, chosen b
   function in training, validation and evaluation;
 - what it needs of the data: the fewest output labels an utterance must give for a transcript
   (``min_outputs``; the Features stage drops shorter utterances, counting the family's output rate), and
-  the name of that rule (``too_short_rule``, default the objective's own ``name``), which the Features
-  fingerprint holds when it is not CTC's, so only objectives that say they share a rule share feature
-  caches (one that inherits CTC's ``min_outputs`` inherits its rule);
+  the name of that rule (``too_short_rule``, declared by the class that defines ``min_outputs``; default
+  that class's dotted name), which the Features fingerprint holds when it is not CTC's: an objective that
+  inherits CTC's ``min_outputs`` shares CTC's feature caches, one that writes its own has caches of its
+  own unless it declares the rule of the one it copies;
 - what the trained network emits (``emits``), which the decoders, the export and the client read:
   ``ctc``, per-frame label scores with the blank as the last class, is the one they read today, and the
   config loader refuses another.
@@ -35,8 +36,10 @@ class Objective(abc.ABC):
 
     @property
     def data_rule(self) -> str:
-        """The too-short rule's name as the Features fingerprint holds it: ``too_short_rule`` or ``name``."""
-        return self.too_short_rule or self.name
+        """The too-short rule's name as the Features fingerprint holds it: the ``too_short_rule`` of the
+        class that defines ``min_outputs``, else that class's dotted name."""
+        owner = next(cls for cls in type(self).__mro__ if "min_outputs" in vars(cls))
+        return vars(owner).get("too_short_rule") or f"{owner.__module__}.{owner.__qualname__}"
 
     @abc.abstractmethod
     def loss(self, labels, label_lengths, logits, logit_lengths, blank_index: int, jit_compile: bool):
