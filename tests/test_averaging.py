@@ -301,6 +301,7 @@ def test_best_2_keeps_the_two_best_validated_epochs(small_config):
     assert kept == wanted and len(kept) == 2 and report.best_dev.epoch in kept, (kept, figures)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_task_of_a_multitask_run_exports_the_mean_of_three_checkpoints(tmp_path, caplog):
     """Two tasks with a head each, {last: 3}, max_to_keep 1: Train keeps the whole multi-task model's last

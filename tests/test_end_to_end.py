@@ -169,6 +169,7 @@ def _training_config(small_config, tmp_path, epochs: int, training: str = "") ->
     )
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("restarted", [False, True])
 def test_a_killed_luigid_never_costs_the_training_run(small_config, tmp_path, restarted):
     """Issue 26 N6: with luigid killed mid-epoch, Train's next progress call raised RPCError and the task

@@ -134,6 +134,7 @@ early_stop:
 """
 
 
+@pytest.mark.long
 def test_sigkill_after_an_early_stop_is_saved_resumes_without_training_past_it(small_config, tmp_path):
     """Issue 26 L2: the end of a run was two saves (the epoch's, then one marking the run finished); a kill
     between them resumed an unfinished run with its early stop forgotten and trained on. The patience
@@ -452,6 +453,7 @@ _EXPORT_AT_ONCE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_two_versioned_exports_at_once_take_two_versions(finished, tmp_path):
     """Issue 26 N2: two versioned Exports at once both took version 1 (the number was chosen as the

@@ -177,6 +177,7 @@ def test_a_stopped_run_resumes_every_task_where_it_was(tmp_path, sharing):
     assert resumed.weights_sha256 == clean.weights_sha256
 
 
+@pytest.mark.long
 def test_only_the_ratio_of_the_tasks_weights_counts(tmp_path):
     """Each task's loss is scaled by its weight over the mean weight: weights 2 and 1 train what 1 and 0.5
     do, bit for bit."""
