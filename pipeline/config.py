@@ -380,9 +380,14 @@ def family_option(default, doc: str, *, minimum=None, maximum=None, exclusive_mi
     return _opt(default, doc, minimum=minimum, maximum=maximum, exclusive_min=exclusive_min, stages=stages)
 
 
+def is_deepspeech(architecture: str) -> bool:
+    """Whether ``model.architecture`` names the deepspeech family (by its name or its module's)."""
+    return architecture in ("deepspeech", "pipeline.model.deepspeech")
+
+
 def _deepspeech_family(config: Config) -> bool:
     """with model.architecture: deepspeech"""
-    return config.model.architecture == "deepspeech"
+    return is_deepspeech(config.model.architecture)
 
 
 _DEEPSPEECH = {"train": _deepspeech_family}

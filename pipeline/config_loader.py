@@ -19,7 +19,15 @@ from typing import Any
 
 import yaml
 
-from pipeline.config import Config, ConfigError, FeaturesConfig, ModelConfig, SectionOverride, deepspeech_keys
+from pipeline.config import (
+    Config,
+    ConfigError,
+    FeaturesConfig,
+    ModelConfig,
+    SectionOverride,
+    deepspeech_keys,
+    is_deepspeech,
+)
 from pipeline.config_checks import named_plugin, task_source, validate_config, validate_tasks
 from pipeline.config_values import SECTIONS, checked, did_you_mean, section_types
 
@@ -135,7 +143,7 @@ def _refuse_deepspeech_keys_of_another_family(model: dict, values: dict, source:
     family, since that family would never read it. A base file's keys under a child that chooses another
     family are the base's, and are not read."""
     family = model.get("architecture", ModelConfig().architecture)
-    if family in ("deepspeech", "pipeline.model.deepspeech"):
+    if is_deepspeech(family):
         return
     for key in deepspeech_keys():
         if key in values:
@@ -304,9 +312,13 @@ def section_values(section) -> dict:
     a mapping of options as a mapping, entries of a list of mappings as mappings without the keys left
     unset, a ``rest`` mapping's keys inline; DeepSpeech's keys only in a DeepSpeech model section)."""
     out = {}
-    other_family = isinstance(section, ModelConfig) and section.architecture != "deepspeech"
+    unread = (
+        deepspeech_keys()
+        if isinstance(section, ModelConfig) and not is_deepspeech(section.architecture)
+        else ()
+    )
     for f in dataclasses.fields(section):
-        if other_family and f.name in deepspeech_keys():
+        if f.name in unread:
             continue  # read by no other family, and refused beside one when loaded
         value = getattr(section, f.name)
         if isinstance(value, SectionOverride):

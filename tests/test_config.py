@@ -198,6 +198,10 @@ def test_config_round_trips_through_dict(write_config):
         assert again.model.options == config.model.options and again.data == config.data
     assert plain["model"]["conformer"]["d_model"] == 144 and "n_hidden" not in plain["model"]
     assert config_to_dict(load_config(ROOT / "configs" / "sample.yaml"))["model"]["n_hidden"] == 384
+    dotted = write_config(
+        "model:\n  architecture: pipeline.model.deepspeech\n  n_hidden: 96\n", "dotted.yaml"
+    )
+    assert config_to_dict(load_config(dotted))["model"]["n_hidden"] == 96  # DeepSpeech by its module's name
 
 
 def _choice_keys_spelled_as_yaml_booleans() -> list[tuple[str, str, str]]:
