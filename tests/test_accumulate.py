@@ -28,8 +28,7 @@ from pipeline.stages.train_launch import SignalStop, stop_on_signals
 from pipeline.train.distribute import make_strategy
 from pipeline.train.hooks import StopTraining, TrainHooks
 from pipeline.train.loop import Trainer
-from pipeline.train.tasks import TaskData
-from pipeline.train.windows import plan_windows
+from pipeline.train.tasks import TaskData, plan_windows
 from tests.conftest import ROOT, build_features
 from tests.plugins.step_barrier import StepBarrier
 from tests.towers import compare_runs

@@ -164,7 +164,8 @@ def test_the_training_step_with_drawn_chunks_compiles_with_xla():
     import keras
 
     from pipeline.config import TrainingConfig
-    from pipeline.train.step import OneTask, task_gradients
+    from pipeline.model.heads import OneTask
+    from pipeline.train.step import task_gradients
 
     config = _config(dropout=0.0, attention_dropout=0.0)
     model = OneTask(build_model(config.model, 26, 29))

@@ -222,8 +222,9 @@ def test_a_jit_compiled_training_step_gives_the_exact_loss_of_a_long_utterance()
 
     from pipeline.config import ModelConfig, TrainingConfig
     from pipeline.model import build_model
+    from pipeline.model.heads import OneTask
     from pipeline.model.weights import named_weights
-    from pipeline.train.step import OneTask, TrainingStep
+    from pipeline.train.step import TrainingStep
 
     rng = np.random.default_rng(5)
     element = (

@@ -11,7 +11,7 @@ from pipeline.layout import Layout
 from pipeline.stages.features import global_stats
 from pipeline.stages.train import train_stage
 from pipeline.train.hooks import StepInfo, StopTraining, TrainHooks
-from pipeline.train.windows import schedule_lengths, task_windows
+from pipeline.train.tasks import schedule_lengths, task_windows
 from tests.test_multitask_train import _stored, two_tasks
 
 

@@ -351,7 +351,8 @@ def test_the_training_step_minimises_the_configs_objective(small_config):
     import tensorflow as tf
 
     from pipeline.model import build_model
-    from pipeline.train.step import OneTask, task_gradients
+    from pipeline.model.heads import OneTask
+    from pipeline.train.step import task_gradients
     from tests.plugins.smoothed_ctc_objective import OBJECTIVE
 
     config = load_config(small_config(extra="model:\n  objective: tests.plugins.smoothed_ctc_objective\n"))

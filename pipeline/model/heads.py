@@ -10,7 +10,8 @@
 The checkpoint names every weight as a single-task model of the family does, with the heads and networks
 told apart: ``heads.<task>.kernel`` for a head, ``tasks.<task>.<name>`` for a separate task's network.
 ``task_weight_names`` maps a single-task model of one task (what Evaluate and Export build) onto those
-names, so that model is read straight from a multi-task checkpoint.
+names, so that model is read straight from a multi-task checkpoint. ``OneTask`` shows a single-task
+model the way the trainer sees a multi-task one.
 """
 
 from __future__ import annotations
@@ -157,6 +158,28 @@ class MultiTaskModel(keras.Model):
             for task, network in zip(self.tasks, self.networks, strict=True)
             for index, variable in enumerate(rng_states(network).values())
         }
+
+
+class OneTask:
+    """A single-task model as the step sees a multi-task one (``MultiTaskModel``): task 0 is the model."""
+
+    def __init__(self, model: keras.Model):
+        self.model = model
+        self.family = model_family(model.model_config.architecture)
+        self.objective = model_objective(model.model_config.objective)
+
+    @property
+    def trainable_variables(self) -> list:
+        """The model's trainable variables."""
+        return self.model.trainable_variables
+
+    def forward(self, index: int, features, lengths, training: bool):
+        """The family's forward pass: (logits, output lengths)."""
+        return self.family.forward(self.model, features, lengths, training=training)
+
+    def task_variables(self, indices) -> list:
+        """Every trainable variable: the one task uses them all."""
+        return self.model.trainable_variables
 
 
 def task_weight_names(config, model) -> dict[str, str]:

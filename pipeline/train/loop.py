@@ -13,8 +13,8 @@ the same step. A stop is agreed the same way: a worker asked to stop (a hook's
 after that step and stops.
 
 The tasks it trains (one, or several over one model) and their input are
-``tasks.py``; what one step computes is ``step.py`` (with ``training.accumulate_batches``,
-the update windows of ``windows.py``, which the loop saves between, never inside);
+``tasks.py`` (with ``training.accumulate_batches``, the update windows too, which the loop saves
+between, never inside); what one step computes is ``step.py``;
 what happens after an epoch (validation: ``validation.py``; best-dev, plateau halving,
 early stop) is ``policy.py``; summaries ``summaries.py``; the report ``report.py``.
 """
@@ -211,9 +211,9 @@ class Trainer:
         if finite:
             self._watch_loss(step, loss)
             window.losses.append(loss)
-            window.files.update(self.inputs.batch_files(result))
+            window.files.update(self.inputs.batch_files(result.tasks, result.indices))
         else:
-            files = self.inputs.batch_files(result)
+            files = self.inputs.batch_files(result.tasks, result.indices)
             log.warning("Step %d: non-finite loss, batch skipped; its files: %s", step, ", ".join(files))
             consecutive_bad = self._skipped(step, files, consecutive_bad)
         if result.update:

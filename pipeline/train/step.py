@@ -1,20 +1,12 @@
-"""The training step: forward and backward over the tasks a step draws from, on every tower, the
-all-reduce, the non-finite guard and the optimizer update; with ``training.accumulate_batches`` above 1
-the steps of an update window add into accumulators and the window's last step updates.
+"""The training step: forward and backward over the step's tasks on every tower, the all-reduce, the
+non-finite guard and the optimizer update. With ``training.accumulate_batches`` above 1 a window's steps add
+into accumulators and its last step updates (``tasks.Windows`` weighs them); a window of one step is the
+plain step, add and update in one compiled call. An update moves the shared variables and those of the
+tasks its steps drew: a head no batch reached gets no Adam momentum.
 
-A single-task run is the one-task case (``OneTask``), and a window of one step is the plain step, its add
-and update fused into one compiled call. Each task's loss is its per-utterance loss summed over its batch,
-times its coefficient: without accumulation its loss factor over the step's tasks and its global batch,
-so the step's loss is the mean over its tasks of each task's weighted per-utterance mean; in a window, the
-coefficients of ``windows.py``. The update moves the variables of the tasks the step (or window) added
-and the shared part only: a head no batch reached gets no Adam momentum.
-
-A step also carries a vote (``ballot``): each worker's vote travels in the step's own all-reduce (no extra
-round trip), so every worker of a multi-worker run learns after the same step that a checkpoint is due,
-or that training stops. Accumulators are not checkpointed: the loop saves only between windows
-(``at_end``), and a run killed inside one resumes at the window's first step.
-
-Nothing here knows about epochs, checkpoints or validation (``loop.py``, ``policy.py``).
+Each worker's vote (``ballot``) travels in the step's own all-reduce, so every worker learns after the same
+step that a checkpoint is due or that training stops. Accumulators are not checkpointed: the loop saves
+between windows only (``at_end``).
 """
 
 from __future__ import annotations
@@ -26,17 +18,15 @@ import keras
 import tensorflow as tf
 
 from pipeline.config import TrainingConfig
-from pipeline.model import model_family
-from pipeline.model.objectives import model_objective
-from pipeline.train.windows import Windows, check_window_start
+from pipeline.train.checkpointing import TrainingError
+from pipeline.train.tasks import Windows
 
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one step did: its loss, whether that loss and the gradients were finite, whether an update was
-    applied, the tasks it drew from and, per task, the per-tower tensors of its batch's utterance indices;
-    whether any worker asked for a checkpoint (``save``) or a stop (``stop``) after it (the same answer on
-    every worker); whether it ended an update window (``update``)."""
+    """What one step did: its loss, whether it (and the gradients) were finite, whether an update was
+    applied, its tasks and, per task, the per-tower tensors of its batch's utterance indices; whether any
+    worker asked for a checkpoint or a stop after it (every worker's answer); whether it ended a window."""
 
     loss: float
     finite: bool
@@ -48,10 +38,8 @@ class StepResult:
     stop: bool = False
 
 
-# A worker's vote travels in each step's own all-reduce as one number: 1 asks for a checkpoint after the
-# step, STOP_VOTE for a stop with a checkpoint (a hook's StopTraining: a signal). The sum over every tower
-# tells every worker both answers: a checkpoint when it is above 0, a stop from STOP_VOTE on (save votes
-# alone, one per tower, never reach it).
+# A vote is one number in the step's all-reduce: 1 asks for a checkpoint, STOP_VOTE for a stop with one (a
+# hook's StopTraining). Summed over the towers: a checkpoint above 0, a stop from STOP_VOTE on.
 STOP_VOTE = 4096.0
 
 
@@ -60,38 +48,9 @@ def ballot(save: bool, stop: bool = False) -> float:
     return float(save) + STOP_VOTE * float(stop)
 
 
-def count_votes(votes) -> tuple[bool, bool]:
-    """(checkpoint, stop): what the towers' votes summed (a tensor of this worker's) decided."""
-    total = float(votes.numpy())
-    return total > 0, total >= STOP_VOTE
-
-
 def all_finite(tensors) -> tf.Tensor:
     """Whether every element of ``tensors`` is finite (one boolean)."""
     return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
-
-
-class OneTask:
-    """A single-task model as the step sees a multi-task one (``pipeline.model.heads.MultiTaskModel``):
-    task 0 is the whole model."""
-
-    def __init__(self, model: keras.Model):
-        self.model = model
-        self.family = model_family(model.model_config.architecture)
-        self.objective = model_objective(model.model_config.objective)
-
-    @property
-    def trainable_variables(self) -> list:
-        """The model's trainable variables."""
-        return self.model.trainable_variables
-
-    def forward(self, index: int, features, lengths, training: bool):
-        """The family's forward pass: (logits, output lengths)."""
-        return self.family.forward(self.model, features, lengths, training=training)
-
-    def task_variables(self, indices) -> list:
-        """Every trainable variable: the one task uses them all."""
-        return self.model.trainable_variables
 
 
 def task_gradients(model, tasks: tuple[int, ...], blanks, optimizer, training: TrainingConfig):
@@ -119,112 +78,15 @@ def task_gradients(model, tasks: tuple[int, ...], blanks, optimizer, training: T
     return tf.function(gradients, jit_compile=True) if training.jit_compile else gradients
 
 
-def guard_copies(variables, inner_optimizer, strategy: tf.distribute.Strategy, training) -> tuple[list, list]:
-    """(the variables an update may change: ``variables`` and the optimizer's; their shadow copies, made in
-    the strategy's scope, that a reverted update puts back: none without
-    ``training.revert_nonfinite_updates``, which costs one copy of the weights and slots, and a copy a
-    step)."""
-    guarded = list(variables) + list(inner_optimizer.variables)
-    with strategy.scope():
-        shadows = (
-            [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="shadow") for v in guarded]
-            if training.revert_nonfinite_updates
-            else []
-        )
-    return guarded, shadows
-
-
-def update_function(variables, guarded, shadows, optimizer, strategy: tf.distribute.Strategy, training):
-    """The optimizer update of ``variables``, called in replica context with the global gradient (summed
-    over the towers) and whether it is finite: ``update(context, grads, finite)`` clips
-    (``training.clip_grad_norm``), applies when finite and returns whether the update was applied (False
-    also when ``training.revert_nonfinite_updates`` put ``guarded`` back from ``shadows``)."""
-    towers = strategy.num_replicas_in_sync
-    scaled_loss = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    clip = training.clip_grad_norm
-    guard = training.revert_nonfinite_updates
-
-    def apply_if_finite(distribution, finite, grads):
-        # Runs in cross-replica context: assignments reach every replica.
-        def apply():
-            for shadow, variable in zip(shadows, guarded, strict=False):
-                shadow.assign(variable)
-            distribution.extended.call_for_each_replica(
-                lambda g: optimizer.apply(g, variables), args=(grads,)
-            )
-            if not guard:
-                return tf.constant(True)
-
-            def revert():
-                for shadow, variable in zip(shadows, guarded, strict=False):
-                    variable.assign(shadow)
-                return tf.constant(False)
-
-            return tf.cond(all_finite(variables), lambda: tf.constant(True), revert)
-
-        return tf.cond(distribution.experimental_local_results(finite)[0], apply, lambda: tf.constant(False))
-
-    def update(context, grads, finite):
-        if clip > 0:
-            # Scaled gradients are clipped at the scaled norm: the same as clipping the true ones.
-            grads, _ = tf.clip_by_global_norm(grads, clip * (optimizer.dynamic_scale if scaled_loss else 1.0))
-        # The optimizer all-reduces (sums) again: hand it each tower's share of the global gradient.
-        grads = [g / towers for g in grads]
-        return context.merge_call(apply_if_finite, args=(finite, grads))
-
-    return update
-
-
-class GradientSums:
-    """The accumulators of an update window: a per-replica variable (``ON_READ``) for each of
-    ``variables``, so that each tower adds its own gradients and the update all-reduces them once."""
-
-    def __init__(self, variables, strategy: tf.distribute.Strategy):
-        with strategy.scope():
-            self._sums = {
-                id(v): tf.Variable(
-                    tf.zeros(v.shape, v.dtype),
-                    trainable=False,
-                    name="accumulated",
-                    synchronization=tf.VariableSynchronization.ON_READ,
-                    aggregation=tf.VariableAggregation.SUM,
-                )
-                for v in variables
-            }
-
-    def add_if(self, finite, variables, grads) -> None:
-        """In replica context: add this tower's ``grads`` (of ``variables``) when ``finite``."""
-
-        def add():
-            for variable, grad in zip(variables, grads, strict=True):
-                self._sums[id(variable)].assign_add(grad)
-            return tf.constant(True)
-
-        tf.cond(finite, add, lambda: tf.constant(False))
-
-    def apply(self, variables, update, rescale, scaled_loss: bool):
-        """In replica context: ``update`` with the window's gradient of ``variables`` (summed over the
-        towers, times ``rescale``), then empty every sum; returns whether the update was applied."""
-        context = tf.distribute.get_replica_context()
-        sums = [self._sums[id(v)].read_value() for v in variables]
-        grads = context.all_reduce(tf.distribute.ReduceOp.SUM, sums)
-        grads = [g * tf.cast(rescale, g.dtype) for g in grads]
-        applied = update(context, grads, tf.constant(True) if scaled_loss else all_finite(grads))
-        with tf.control_dependencies([applied]):
-            for total in self._sums.values():
-                total.assign(tf.zeros_like(total))
-        return tf.identity(applied)
-
-
 class TrainingStep:
     """The loop's step: ``start`` at each epoch's position, then ``step(tasks, batches, element_spec,
     vote)`` per step, a batch of each of ``tasks`` (elements of their distributed datasets, whose element
-    specs are given, as tuples); compiled once per set of tasks. See the module docstring.
+    specs are given); compiled once per set of tasks.
 
-    ``model``: ``OneTask`` or a ``MultiTaskModel``; ``factors``: the tasks' loss factors
-    (``windows.loss_factors``); ``blanks``: their blank indices; ``optimizer`` is the Adam whose slots are
-    checkpointed, ``step_optimizer`` what applies the update (the same, or a ``LossScaleOptimizer`` around
-    it with ``mixed_float16``); ``windows_of(epoch)``: an epoch's ``Windows`` (needed with accumulation).
+    ``model``: ``OneTask`` or a ``MultiTaskModel``; ``factors``: the tasks' loss factors; ``blanks``:
+    their blank indices; ``optimizer``: the Adam whose slots are checkpointed; ``step_optimizer``: what
+    applies the update (the same, or a ``LossScaleOptimizer`` around it with ``mixed_float16``);
+    ``windows_of(epoch)``: an epoch's ``Windows`` (with accumulation).
     """
 
     def __init__(
@@ -242,31 +104,40 @@ class TrainingStep:
         self.model, self.strategy, self._training = model, strategy, training
         self._factors, self._blanks = list(factors), list(blanks)
         self._optimizer, self._scaled_loss = step_optimizer, step_optimizer is not optimizer
-        self._guard = guard_copies(model.trainable_variables, optimizer, strategy, training)
-        self.accumulate, self._steps_per_epoch, self._windows_of = (
-            training.accumulate_batches,
-            steps_per_epoch,
-            windows_of,
-        )
-        every_task = model.task_variables(range(len(self._factors)))
-        self._sums = GradientSums(every_task, strategy) if self.accumulate > 1 else None
+        self.accumulate, self._windows_of = training.accumulate_batches, windows_of
+        self.windows_per_epoch = -(-steps_per_epoch // self.accumulate)
+        # What an update may change, and (training.revert_nonfinite_updates) the copies a reverted one puts
+        # back: a copy of the weights and slots, refreshed every update.
+        self._guarded = list(model.trainable_variables) + list(optimizer.variables)
+        every_task = model.task_variables(range(len(self._factors))) if self.accumulate > 1 else []
+        shadowed = self._guarded if training.revert_nonfinite_updates else []
+
+        def zeros(v, name, **kind):
+            return tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name=name, **kind)
+
+        with strategy.scope():
+            self._shadows = [zeros(v, "shadow") for v in shadowed]
+            # A window's per-tower gradient sums (ON_READ): each tower adds its own, the update reduces once.
+            on_read = dict(
+                synchronization=tf.VariableSynchronization.ON_READ, aggregation=tf.VariableAggregation.SUM
+            )
+            self._sums = {id(v): zeros(v, "accumulated", **on_read) for v in every_task}
         self._compiled: dict[tuple, Callable] = {}
         self._windows: Windows | None = None
-        self._position = 0
-        self._added, self._skipped, self._tasks = 0.0, False, set()
-
-    @property
-    def windows_per_epoch(self) -> int:
-        """Optimizer updates per epoch."""
-        return -(-self._steps_per_epoch // self.accumulate)
+        self._position, self._added, self._skipped, self._tasks = 0, 0.0, False, set()
 
     def start(self, epoch: int, step_in_epoch: int) -> None:
-        """Go to step ``step_in_epoch`` of ``epoch``, which must be where a window starts (TrainingError
-        otherwise: checkpoints are only saved there)."""
+        """Go to step ``step_in_epoch`` of ``epoch``, which must be where a window starts."""
         self._position, self._added, self._skipped, self._tasks = step_in_epoch, 0.0, False, set()
         if self.accumulate > 1:
             self._windows = self._windows_of(epoch)
-            check_window_start(epoch, step_in_epoch, self._windows.ends, self.accumulate)
+            if step_in_epoch and step_in_epoch not in self._windows.ends:
+                raise TrainingError(
+                    f"the run's position, step {step_in_epoch} of epoch {epoch + 1}, is inside an update "
+                    f"window of training.accumulate_batches {self.accumulate}; checkpoints are only saved "
+                    "between windows, so this one comes from another batch plan: delete the run "
+                    "(make rerun STAGE=Train)"
+                )
 
     def at_end(self) -> bool:
         """Whether the position is between two windows (where the loop may save)."""
@@ -276,12 +147,12 @@ class TrainingStep:
         """Run the next step (and, at its window's end, the update); ``vote``: ``ballot``."""
         index = self._position
         self._position += 1
+        batches, vote = tuple(batches), tf.constant(float(vote))
         if self.accumulate == 1:
-            return self._result(tasks, self._function("step", tasks, element_spec)(tuple(batches), vote))
+            return self._result(tasks, self._function("step", tasks, element_spec)(batches, vote))
         windows = self._windows
-        add = self._function("add", tasks, element_spec)
         coefficients = tf.constant(windows.coefficients[index], tf.float32)
-        loss, finite, indices, votes = add(tuple(batches), vote, coefficients)
+        loss, finite, indices, votes = self._function("add", tasks, element_spec)(batches, vote, coefficients)
         result = self._result(tasks, (loss, finite, tf.constant(False), indices, votes), update=False)
         if result.finite:
             self._added += windows.shares[index]
@@ -304,61 +175,78 @@ class TrainingStep:
     def _result(self, tasks, outputs, update: bool = True) -> StepResult:
         loss, finite, applied, indices, votes = outputs
         local = self.strategy.experimental_local_results
-        save, stop = count_votes(local(votes)[0])
-        return StepResult(
-            loss=float(local(loss)[0].numpy()),
-            finite=bool(local(finite)[0].numpy()),
-            applied=bool(local(applied)[0].numpy()),
-            tasks=tasks,
-            indices=tuple(tuple(local(part)) for part in indices),
-            save=save,
-            update=update,
-            stop=stop,
-        )
+        total = float(local(votes)[0].numpy())  # the towers' votes (ballot) summed
+        save, stop = total > 0, total >= STOP_VOTE
+        first = [local(tensor)[0].numpy() for tensor in (loss, finite, applied)]
+        indices = tuple(tuple(local(part)) for part in indices)
+        return StepResult(float(first[0]), bool(first[1]), bool(first[2]), tasks, indices, save, update, stop)
 
     def _function(self, kind: str, tasks: tuple[int, ...], element_spec):
-        """The compiled ``kind`` (``step``, ``add``, ``update``) of ``tasks``, traced once."""
+        """The ``kind`` (``step``, ``add``, ``update``) of ``tasks`` run by the strategy as one
+        ``tf.function`` of fixed signature, traced once."""
         key = (kind, tasks)
         if key not in self._compiled:
-            replica, extra = getattr(self, f"_replica_{kind}")(tasks)
-            self._compiled[key] = self._compile(replica, kind, element_spec, extra)
+            scalar = tf.TensorSpec([], tf.float32)
+            replica, signature = {
+                "step": (self._replica_step, [element_spec, scalar]),
+                "add": (self._replica_add, [element_spec, scalar, tf.TensorSpec([len(tasks)], tf.float32)]),
+                "update": (self._replica_update, [scalar]),
+            }[kind]
+            run, strategy = replica(tasks), self.strategy
+            self._compiled[key] = tf.function(
+                lambda *args: strategy.run(run, args=args), input_signature=signature
+            )
         return self._compiled[key]
 
-    def _compile(self, replica, kind: str, element_spec, extra: list):
-        """``replica`` run by the strategy as one ``tf.function`` of fixed signature; a step or an add takes
-        its vote as a Python number."""
-        strategy, scalar = self.strategy, tf.TensorSpec([], tf.float32)
-        if kind == "update":
-            return tf.function(lambda r: strategy.run(replica, args=(r,)), input_signature=[scalar])
-        if kind == "step":
-            compiled = tf.function(
-                lambda b, v: strategy.run(replica, args=(b, v)), input_signature=[element_spec, scalar]
-            )
-            return lambda batches, vote: compiled(batches, tf.constant(float(vote)))
-        compiled = tf.function(
-            lambda b, v, c: strategy.run(replica, args=(b, v, c)),
-            input_signature=[element_spec, scalar, *extra],
-        )
-        return lambda batches, vote, coefficients: compiled(batches, tf.constant(float(vote)), coefficients)
-
     def _update(self, tasks: tuple[int, ...]):
-        variables = self.model.task_variables(tasks)
-        return variables, update_function(
-            variables, *self._guard, self._optimizer, self.strategy, self._training
+        """(the variables of ``tasks``, their update): ``update(context, grads, finite)``, in replica context
+        with the global gradient (summed over the towers), clips (``training.clip_grad_norm``), applies when
+        ``finite`` and returns whether it applied (False also when ``training.revert_nonfinite_updates``
+        put the weights and slots back because the update made them non-finite)."""
+        variables, optimizer, guard = self.model.task_variables(tasks), self._optimizer, self._shadows
+        towers, clip, scaled_loss = (
+            self.strategy.num_replicas_in_sync,
+            self._training.clip_grad_norm,
+            self._scaled_loss,
         )
 
-    def _step_loss(self, tasks, sums, sizes):
-        """The step's loss as without accumulation (what the loop logs), from the towers' summed losses."""
-        towers = self.strategy.num_replicas_in_sync
-        terms = [
-            self._factors[t] * s / tf.cast(n * towers, s.dtype)
-            for t, s, n in zip(tasks, sums, sizes, strict=True)
-        ]
-        return tf.add_n(terms) / len(tasks)
+        def apply_if_finite(distribution, finite, grads):
+            # Runs in cross-replica context: assignments reach every replica.
+            def apply():
+                for shadow, variable in zip(guard, self._guarded, strict=False):
+                    shadow.assign(variable)
+                distribution.extended.call_for_each_replica(
+                    lambda g: optimizer.apply(g, variables), args=(grads,)
+                )
+                if not guard:
+                    return tf.constant(True)
+
+                def revert():
+                    for shadow, variable in zip(guard, self._guarded, strict=False):
+                        variable.assign(shadow)
+                    return tf.constant(False)
+
+                return tf.cond(all_finite(variables), lambda: tf.constant(True), revert)
+
+            return tf.cond(
+                distribution.experimental_local_results(finite)[0], apply, lambda: tf.constant(False)
+            )
+
+        def update(context, grads, finite):
+            if clip > 0:
+                # Scaled gradients are clipped at the scaled norm: the same as clipping the true ones.
+                grads, _ = tf.clip_by_global_norm(
+                    grads, clip * (optimizer.dynamic_scale if scaled_loss else 1.0)
+                )
+            # The optimizer all-reduces (sums) again: hand it each tower's share of the global gradient.
+            return context.merge_call(apply_if_finite, args=(finite, [g / towers for g in grads]))
+
+        return variables, update
 
     def _replica_step(self, tasks: tuple[int, ...]):
         """A window of one step: gradients, one all-reduce (with the loss and the vote), the update."""
-        gradients, (_, update) = self._task_gradients(tasks), self._update(tasks)
+        gradients = task_gradients(self.model, tasks, self._blanks, self._optimizer, self._training)
+        _, update = self._update(tasks)
         towers, factors, scaled_loss = self.strategy.num_replicas_in_sync, self._factors, self._scaled_loss
 
         def replica_step(batches, vote):
@@ -378,12 +266,14 @@ class TrainingStep:
             applied = update(context, grads, finite)
             return loss, finite, applied, tuple(batch[-1] for batch in batches), votes
 
-        return replica_step, []
+        return replica_step
 
     def _replica_add(self, tasks: tuple[int, ...]):
         """One step of a window: gradients into the accumulators; one all-reduce of the losses and flags."""
-        gradients, variables = self._task_gradients(tasks), self.model.task_variables(tasks)
-        sums, scaled_loss = self._sums, self._scaled_loss
+        gradients = task_gradients(self.model, tasks, self._blanks, self._optimizer, self._training)
+        variables = self.model.task_variables(tasks)
+        sums, scaled_loss, factors = self._sums, self._scaled_loss, self._factors
+        towers = self.strategy.num_replicas_in_sync
 
         def replica_add(batches, vote, coefficients):
             losses, sizes, weighted, grads = gradients(batches, coefficients)
@@ -395,20 +285,35 @@ class TrainingStep:
             flags = tf.stack([*losses, 1.0 - tf.cast(finite_here, dtype), tf.cast(vote, dtype)])
             summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, flags)
             finite = tf.logical_and(tf.reduce_all(tf.math.is_finite(summed[:-2])), tf.equal(summed[-2], 0.0))
-            sums.add_if(finite, variables, grads)
-            loss = self._step_loss(tasks, tf.unstack(summed[:-2], num=len(tasks)), sizes)
+
+            def add():
+                for variable, grad in zip(variables, grads, strict=True):
+                    sums[id(variable)].assign_add(grad)
+                return tf.constant(True)
+
+            tf.cond(finite, add, lambda: tf.constant(False))
+            # The step's loss as without accumulation (what the loop logs).
+            terms = zip(tasks, tf.unstack(summed[:-2], num=len(tasks)), sizes, strict=True)
+            loss = tf.add_n([factors[t] * s / tf.cast(n * towers, s.dtype) for t, s, n in terms]) / len(tasks)
             return loss, finite, tuple(batch[-1] for batch in batches), summed[-1]
 
-        return replica_add, [tf.TensorSpec([len(tasks)], tf.float32)]
+        return replica_add
 
     def _replica_update(self, tasks: tuple[int, ...]):
-        """A window's end: the accumulated gradient of ``tasks``' variables applied, the sums emptied."""
+        """A window's end: the accumulated gradient of ``tasks``' variables (times a rescale) applied and
+        every sum emptied."""
         (variables, update), sums, scaled_loss = self._update(tasks), self._sums, self._scaled_loss
 
         def replica_update(rescale):
-            return sums.apply(variables, update, rescale, scaled_loss)
+            context = tf.distribute.get_replica_context()
+            grads = context.all_reduce(
+                tf.distribute.ReduceOp.SUM, [sums[id(v)].read_value() for v in variables]
+            )
+            grads = [g * tf.cast(rescale, g.dtype) for g in grads]
+            applied = update(context, grads, tf.constant(True) if scaled_loss else all_finite(grads))
+            with tf.control_dependencies([applied]):
+                for total in sums.values():
+                    total.assign(tf.zeros_like(total))
+            return tf.identity(applied)
 
-        return replica_update, []
-
-    def _task_gradients(self, tasks: tuple[int, ...]):
-        return task_gradients(self.model, tasks, self._blanks, self._optimizer, self._training)
+        return replica_update

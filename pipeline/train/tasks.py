@@ -1,25 +1,22 @@
-"""The tasks a run trains, and their input: one task, or several over one model (``multitask:``, as nabu's
-trainers do it). The ``Trainer`` of ``loop.py`` trains a list of tasks; a single-task config is the list
-of one (a multi-task config of one task stays multi-task: heads, positions and all).
+"""The tasks a run trains, their input and their update windows: one task, or several over one model
+(``multitask:``, as nabu's trainers do it). A single-task config is the list of one, with the family's
+model without heads (``OneTask``), its plan's windows and no positions in its checkpoints.
 
-- The model: ``task_model``, the family's model for one task, ``pipeline.model.heads.MultiTaskModel``
-  for several (one network and a head per task, one network shared whole, or a network per task, as
-  ``multitask.sharing`` says).
-- The input (``TaskInputs``): a batch plan and a tf.data pipeline per task, and the steps' tasks from
-  ``pipeline.batches.tasks`` (``multitask.sampling``). Each task's position (the batches it has drawn
-  since the run began) is in every checkpoint of several tasks, so a resumed run draws the very next batch
-  of each; with one task it is the run's own position (epoch, step).
-- The update windows of ``training.accumulate_batches`` (``windows.py``): one task's are its plan's
-  windows, several tasks' are cut from the epoch's task schedule.
-
-A single-task config keeps what it had before there were several tasks (the family's model without
-heads, its plan's windows, no positions in the checkpoint), so its checkpoints, batch order and figures
-are unchanged.
+- ``TaskInputs``: a batch plan and a tf.data pipeline per task, and the steps' tasks
+  (``pipeline.batches.tasks``, ``multitask.sampling``). Several tasks' positions (batches drawn) are
+  checkpointed, so a resumed run draws the very next batch of each.
+- ``Windows`` (``training.accumulate_batches``): N consecutive steps whose gradient is that of one step over
+  all of their batches: in a window of N steps that each draw m tasks, task t's batch adds
+  ``factor_t * k_t / (N * m * U_t)`` times its summed loss (k_t: the window's steps that drew t; U_t: its
+  utterances in the window). One task's windows are its plan's (``epoch_windows``), several tasks' are
+  cut from the epoch's task schedule; a window never spans two epochs.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import keras
@@ -27,15 +24,20 @@ import numpy as np
 import tensorflow as tf
 
 from native_client.alphabet import Labels
-from pipeline.batches.dataset import SplitReader, batch_plan, epoch_batches, plan_digest, train_dataset
+from pipeline.batches.dataset import (
+    SplitReader,
+    batch_plan,
+    epoch_batches,
+    epoch_windows,
+    plan_digest,
+    train_dataset,
+)
 from pipeline.batches.tasks import epoch_tasks, steps_per_epoch, task_batches_per_epoch, tasks_digest
 from pipeline.config import Config
 from pipeline.features.cache import CacheIndex, damage_in
 from pipeline.model import build_model
-from pipeline.model.heads import MultiTaskModel
+from pipeline.model.heads import MultiTaskModel, OneTask
 from pipeline.train.checkpointing import TrainingError
-from pipeline.train.step import OneTask, StepResult
-from pipeline.train.windows import Windows, loss_factors, plan_windows, schedule_lengths, task_windows
 
 # Seeds of the tasks' batch orders: task i goes round its plan in the order of shuffle_seed + i * this.
 TASK_SEED_STRIDE = 1_000_003
@@ -56,6 +58,65 @@ class TaskData:
     def only(cls, train: CacheIndex, dev: CacheIndex | None, alphabet: Labels) -> TaskData:
         """The task of a single-task run."""
         return cls("", 1.0, train, dev, alphabet)
+
+
+@dataclass(frozen=True)
+class Windows:
+    """The update windows of one epoch. For each step (in order): the loss coefficient of each of its
+    tasks' batches (in the step's task order), its share of its window's loss (a window's shares sum to 1:
+    what is left when a step is skipped); and the steps after which a window ends (counted from 1)."""
+
+    coefficients: tuple[tuple[float, ...], ...]
+    shares: tuple[float, ...]
+    ends: frozenset[int]
+
+
+def task_windows(
+    schedule: Sequence[tuple[int, ...]],
+    first_draws: Sequence[int],
+    batch_utterances: Callable[[int, int], int],
+    factors: Sequence[float],
+    lengths: Sequence[int],
+) -> Windows:
+    """The windows of an epoch whose steps draw the tasks of ``schedule``, cut into windows of
+    ``lengths`` steps; each task starts at its draw ``first_draws[t]``, ``batch_utterances(t, d)`` is the
+    utterance count of task t's draw d, ``factors`` the tasks' loss factors."""
+    draws = list(first_draws)
+    coefficients, shares, ends, start = [], [], set(), 0
+    for length in lengths:
+        steps = schedule[start : start + length]
+        sizes = []
+        for tasks in steps:
+            sizes.append([batch_utterances(t, draws[t]) for t in tasks])
+            for t in tasks:
+                draws[t] += 1
+        drawn = Counter(t for tasks in steps for t in tasks)
+        utterances = Counter()
+        for tasks, counts in zip(steps, sizes, strict=True):
+            utterances.update(dict(zip(tasks, counts, strict=True)))
+        masses = []
+        for tasks, counts in zip(steps, sizes, strict=True):
+            each = tuple(factors[t] * drawn[t] / (len(steps) * len(tasks) * utterances[t]) for t in tasks)
+            coefficients.append(each)
+            masses.append(sum(c * u for c, u in zip(each, counts, strict=True)))
+        shares.extend(mass / sum(masses) for mass in masses)
+        start += length
+        ends.add(start)
+    return Windows(tuple(coefficients), tuple(shares), frozenset(ends))
+
+
+def schedule_lengths(steps: int, accumulate: int) -> list[int]:
+    """A multi-task epoch of ``steps`` steps cut into windows of ``accumulate`` (the last may be shorter)."""
+    return [min(accumulate, steps - start) for start in range(0, steps, accumulate)]
+
+
+def plan_windows(plan: list[np.ndarray], epoch: int, seed: int, accumulate: int) -> Windows:
+    """The windows of a single-task epoch over ``plan``, in the order ``epoch_windows`` gives it."""
+    windows = epoch_windows(len(plan), epoch, seed, accumulate)
+    order = [i for window in windows for i in window]
+    return task_windows(
+        [(0,)] * len(order), [0], lambda _, draw: len(plan[order[draw]]), [1.0], [len(w) for w in windows]
+    )
 
 
 def task_model(config: Config, tasks: list[TaskData]) -> tuple[keras.Model, object]:
@@ -93,7 +154,8 @@ class TaskInputs:
     ):
         self.config, self.tasks, self.strategy = config, tasks, strategy
         self.several = bool(config.tasks)
-        self.factors = loss_factors([task.weight for task in tasks])
+        mean_weight = sum(task.weight for task in tasks) / len(tasks)
+        self.factors = [task.weight / mean_weight for task in tasks]  # the tasks' loss factors
         self.towers = strategy.num_replicas_in_sync
         self.sampling = config.multitask.sampling
         training = config.training
@@ -107,8 +169,7 @@ class TaskInputs:
         self.readers = [SplitReader(task.train) for task in tasks]
         self.positions = tf.Variable(tf.zeros([len(tasks)], tf.int64), trainable=False, name="tasks")
         self._schedule: tuple[int | None, list] = (None, [])
-        self._datasets: list = []
-        self._iterators: list = []
+        self._datasets, self._iterators = [], []
 
     def checkpointed(self) -> dict:
         """What a checkpoint keeps of the input: several tasks' positions (one task's is the run's)."""
@@ -203,9 +264,9 @@ class TaskInputs:
                 tf.constant(np.isin(np.arange(len(self.tasks)), tasks).astype(np.int64))
             )
 
-    def batch_files(self, result: StepResult) -> list[str]:
-        """The audio files of a step's batches (named when they are skipped)."""
+    def batch_files(self, tasks: tuple[int, ...], indices) -> list[str]:
+        """The audio files of a step's batches (``StepResult.tasks`` and ``indices``), named when skipped."""
         files = set()
-        for index, per_tower in zip(result.tasks, result.indices, strict=True):
+        for index, per_tower in zip(tasks, indices, strict=True):
             files |= {self.tasks[index].train.paths[int(i)] for part in per_tower for i in part.numpy()}
         return sorted(files)
