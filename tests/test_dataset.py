@@ -43,7 +43,11 @@ def test_disk_batches_equal_in_memory_batches_and_resume_at_the_same_batch(small
     reader = SplitReader(index)
     plan = batch_plan(index.lengths, 8, 2)
     # two towers: each step is two per-replica elements, in replica order
-    elements = list(train_dataset(reader, plan, 2, 0, 2, 0, 0, 2, 1234))
+    dataset = train_dataset(reader, plan, 2, 0, 2, 0, 0, 2, 1234)
+    # tf.data's autotuning is off (input_options): its model thread made a towers iterator take up to a
+    # minute to delete (bench/iterator_teardown.py), a stall wherever a finished Trainer was collected
+    assert dataset.options().autotune.enabled is False
+    elements = list(dataset)
     expected = [
         half
         for epoch in (0, 1)
@@ -85,7 +89,9 @@ def test_eval_dataset_reads_every_utterance_once(small_config, cap):
     config = load_config(small_config(limit_dev=8, limit_train=8))
     build_features(config, ("train", "dev"))  # the train split's statistics normalise the dev split
     index = read_cache(Layout(config).features_cache("dev"), config.features, global_stats(Layout(config)))
-    seen = [int(i) for batch in eval_dataset(SplitReader(index), 4, cap) for i in batch[4].numpy()]
+    dataset = eval_dataset(SplitReader(index), 4, cap)
+    assert dataset.options().autotune.enabled is False  # as the train batches' (input_options)
+    seen = [int(i) for batch in dataset for i in batch[4].numpy()]
     assert sorted(seen) == list(range(len(index)))
 
 

@@ -170,9 +170,18 @@ def _batches(
 
     # Fixed, small buffers: AUTOTUNE grows them towards half the machine's RAM when the model is the
     # slow side (measured: 3 GB for Evaluate on 2 h, when batches held their 19x context windows).
-    return indices.map(make, num_parallel_calls=PARALLEL_BATCHES, deterministic=True).prefetch(
-        PREFETCH_BATCHES
-    )
+    batches = indices.map(make, num_parallel_calls=PARALLEL_BATCHES, deterministic=True)
+    return batches.prefetch(PREFETCH_BATCHES).with_options(input_options())
+
+
+def input_options() -> tf.data.Options:
+    """The options of every batch pipeline: tf.data's autotuning off. Nothing here is AUTOTUNE, so it has
+    nothing to tune, and its model thread made a multi-device iterator (towers) take up to a minute to
+    delete once it had run a while (bench/iterator_teardown.py): a stall wherever the garbage collector
+    happened to free a finished Trainer, inside the next stage or test."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return options
 
 
 def train_dataset(
