@@ -6,7 +6,7 @@ CPU. Timed, best of ``--repeats`` after a warm-up, each part its own compiled
 function: the whole step (forward, CTC, backward, Adam), forward + backward
 without the optimizer, the forward pass, forward + backward with the LSTM taken
 out (the dense layers, windows, dropouts and CTC), CTC alone, and the LSTM
-alone, with each ``model.lstm_kernel`` (fused, and Keras' layer as every step
+alone, with each ``model.deepspeech.lstm_kernel`` (fused, and Keras' layer as every step
 ran it before).
 
     python bench/step_profile.py [--hidden 384] [--frames 150] [--batch 16] [--repeats 3]
@@ -24,6 +24,7 @@ import tensorflow as tf
 from pipeline.config import ModelConfig
 from pipeline.model import build_model
 from pipeline.model.ctc import KERNEL, ctc_loss
+from pipeline.model.deepspeech import DeepSpeechSettings
 from pipeline.model.deepspeech_net import make_windows
 from pipeline.model.fused_lstm import lstm_sequence
 
@@ -43,7 +44,9 @@ def best_ms(run, repeats: int) -> float:
 
 def parts(hidden: int, frames: int, batch: int, lstm_kernel: str) -> dict:
     """The compiled parts of a step at this geometry (names -> zero-argument functions)."""
-    model = build_model(ModelConfig(n_hidden=hidden, lstm_kernel=lstm_kernel), N_INPUT, N_CLASSES)
+    model = build_model(
+        ModelConfig(options=DeepSpeechSettings(n_hidden=hidden, lstm_kernel=lstm_kernel)), N_INPUT, N_CLASSES
+    )
     optimizer = keras.optimizers.Adam(1e-3)
     blank = N_CLASSES - 1
     label_length = max(1, frames // 6)
@@ -77,7 +80,7 @@ def parts(hidden: int, frames: int, batch: int, lstm_kernel: str) -> dict:
     @tf.function
     def without_lstm():
         with tf.GradientTape() as tape:
-            logits = model.stack(make_windows(features, model.model_config.n_context), lambda x: x, True)
+            logits = model.stack(make_windows(features, model.settings.n_context), lambda x: x, True)
             loss = loss_of(logits)
         return tape.gradient(loss, outside)
 
@@ -118,7 +121,7 @@ def parts(hidden: int, frames: int, batch: int, lstm_kernel: str) -> dict:
 def main(argv=None) -> int:
     """Time every part with each LSTM kernel and print them."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, default=384, help="model.n_hidden")
+    parser.add_argument("--hidden", type=int, default=384, help="model.deepspeech.n_hidden")
     parser.add_argument("--frames", type=int, default=150, help="frames per utterance (150: 3 s at 20 ms)")
     parser.add_argument("--batch", type=int, default=16, help="utterances per step")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per part (the best counts)")

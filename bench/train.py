@@ -5,7 +5,7 @@ All in one process on the sample train split (features built into a
 temporary work dir). Audio seconds trained per wall second are measured
 over a second epoch (the first pays for tracing).
 
-- ``step_ratio``: the same trainer on the same batches, ``model.lstm_kernel``
+- ``step_ratio``: the same trainer on the same batches, ``model.deepspeech.lstm_kernel``
   fused against layer (what every step did before): the step's own speed-up.
 - ``default_ratio``: today's embedded default (``configs/sample.yaml``: its
   front end, fused LSTM) against the old one (``mfcc`` at 10 ms, layer), per
@@ -52,8 +52,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def with_lstm(config, lstm_kernel: str):
-    """``config`` with ``model.lstm_kernel`` set."""
-    return replace(config, model=replace(config.model, lstm_kernel=lstm_kernel))
+    """``config`` with ``model.deepspeech.lstm_kernel`` set."""
+    return replace(
+        config, model=replace(config.model, options=replace(config.model.options, lstm_kernel=lstm_kernel))
+    )
 
 
 def trainer_rate(config, data, alphabet, run_dir) -> float:
@@ -183,7 +185,7 @@ def en_size(config, data, alphabet, run_dir, steps: int) -> tuple[float, float, 
         ROOT / "configs" / "sample.yaml",
         {
             "paths": {"work_dir": str(run_dir)},
-            "model": {"n_hidden": en.model.n_hidden, "dropout_rate": 0.05},
+            "model": {"deepspeech": {"n_hidden": en.model.options.n_hidden, "dropout_rate": 0.05}},
             "training": {"epochs": 2, "validation_epochs": 0, "checkpoint_secs": 100000},
             "augment": {"speed_factors": []},
         },
@@ -192,9 +194,11 @@ def en_size(config, data, alphabet, run_dir, steps: int) -> tuple[float, float, 
     old = trainer_rate(with_lstm(big, "layer"), subset, alphabet, run_dir / "en-layer")
     features = feature_pipeline(big.features)
     frames_per_audio_second = 1.0 / features.seconds_per_frame
-    window = (2 * big.model.n_context + 1) * features.feature_size
+    window = (2 * big.model.options.n_context + 1) * features.feature_size
     achieved = (
-        rate * frames_per_audio_second * model_flops_per_frame(window, en.model.n_hidden, alphabet.n_classes)
+        rate
+        * frames_per_audio_second
+        * model_flops_per_frame(window, en.model.options.n_hidden, alphabet.n_classes)
     )
     return rate / old, achieved, 100.0 * achieved / matmul_flops()
 
@@ -240,8 +244,8 @@ def main(argv=None) -> int:
         en_ratio, achieved, mfu = en_size(config, data, alphabet, run, args.en_steps)
     front_end = feature_pipeline(config.features).type_name
     print(
-        f"step ({front_end}, n_hidden {config.model.n_hidden}): fused LSTM {fused:.1f} audio s/s, layer "
-        f"{layer:.1f}: {fused / layer:.2f}x; default against the old (mfcc, layer, {old:.1f}): "
+        f"step ({front_end}, n_hidden {config.model.options.n_hidden}): fused LSTM {fused:.1f} audio s/s, "
+        f"layer {layer:.1f}: {fused / layer:.2f}x; default against the old (mfcc, layer, {old:.1f}): "
         f"{fused / old:.2f}x; keras fit: {fit:.1f}; input alone: {feed:.0f} from disk, "
         f"{feed_memory:.0f} from memory; n_hidden 2048: fused {en_ratio:.2f}x the layer, "
         f"{achieved / 1e9:.1f} GFLOP/s = {mfu:.1f}% of measured matmul FLOP/s",

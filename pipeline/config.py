@@ -385,14 +385,6 @@ def is_deepspeech(architecture: str) -> bool:
     return architecture in ("deepspeech", "pipeline.model.deepspeech")
 
 
-def _deepspeech_family(config: Config) -> bool:
-    """with model.architecture: deepspeech"""
-    return is_deepspeech(config.model.architecture)
-
-
-_DEEPSPEECH = {"train": _deepspeech_family}
-
-
 def _own_objective(config: Config) -> bool:
     """with a model.objective other than ctc"""
     return config.model.objective != "ctc"
@@ -400,10 +392,10 @@ def _own_objective(config: Config) -> bool:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The acoustic model: its family, the keys every family shares, and DeepSpeech's own settings (the keys
-    from n_hidden to lstm_kernel, read only by the deepspeech family). Another family's settings go under
-    ``model.<family>:`` (the tables after this one); those of a family that is not chosen are neither
-    checked nor fingerprinted, so a config may extend one of another family."""
+    """The acoustic model: its family, its objective and the keys every family shares. A family's own
+    settings go under ``model.<family>:`` (the tables after this one); those of a family that is not chosen
+    are neither checked nor fingerprinted, so a config may extend one of another family. DeepSpeech's may
+    also be written as the section's own keys (model.n_hidden), as DeepSpeech's configs write them."""
 
     STAGES: ClassVar[tuple[str, ...]] = ("train",)
 
@@ -421,38 +413,7 @@ class ModelConfig:
         when={"train": _own_objective},
     )
 
-    n_hidden: int = _opt(2048, "Width of the dense layers and the LSTM.", minimum=1, when=_DEEPSPEECH)
-    n_context: int = _opt(9, "Context frames on each side of a time step.", minimum=0, when=_DEEPSPEECH)
-    relu_clip: float = _opt(
-        20.0, "Clip of the clipped ReLU.", minimum=0.0, exclusive_min=True, when=_DEEPSPEECH
-    )
-    dropout_rate: float = _opt(
-        0.05, "Dropout of layer 1 (and 2, 3, 6 unless set).", minimum=0.0, maximum=0.99, when=_DEEPSPEECH
-    )
-    dropout_rate2: float | None = _opt(
-        None, "Dropout of layer 2 (default: dropout_rate).", minimum=0.0, maximum=0.99, when=_DEEPSPEECH
-    )
-    dropout_rate3: float | None = _opt(
-        None, "Dropout of layer 3 (default: dropout_rate).", minimum=0.0, maximum=0.99, when=_DEEPSPEECH
-    )
-    dropout_rate4: float = _opt(0.0, "Dropout after the LSTM.", minimum=0.0, maximum=0.99, when=_DEEPSPEECH)
-    dropout_rate5: float = _opt(
-        0.0, "Dropout of the LSTM input.", minimum=0.0, maximum=0.99, when=_DEEPSPEECH
-    )
-    dropout_rate6: float | None = _opt(
-        None, "Dropout of layer 5 (default: dropout_rate).", minimum=0.0, maximum=0.99, when=_DEEPSPEECH
-    )
     random_seed: int = _opt(4567, "Seed for weight initialisation and data order.")
-    lstm_kernel: Literal["auto", "fused", "layer"] = _opt(
-        "auto",
-        "How the deepspeech family runs its LSTM over a sequence: fused (the whole sequence's input and "
-        "weight products as single matrix products, the backward pass written out: a training step 2.2-2.4x "
-        "faster on a CPU at n_hidden 384, 3.5x at 2048), layer (Keras' LSTM layer: cuDNN on a GPU), auto "
-        "(layer when a GPU is visible, else fused). The same function to float rounding, so not in any "
-        "fingerprint; a run resumed with the other kernel continues, equal to rounding, not bit for bit.",
-        stages=(),
-        when=_DEEPSPEECH,
-    )
     output: Literal["characters", "bytes"] = _opt(
         "characters",
         "What the model emits: characters (the alphabet's labels), or bytes: the UTF-8 bytes of the text, "
@@ -461,15 +422,8 @@ class ModelConfig:
         stages=("features", "lm", "train"),
     )
     # The chosen family's own settings (its Settings dataclass, filled by the loader from
-    # ``model.<family>:``), or () for a family without them (DeepSpeech: the keys above). Fingerprinted
-    # under ``model.options``, the name that held a family's own settings before they were typed, so
-    # that DeepSpeech's fingerprints (an empty list there) stay what they were.
+    # ``model.<family>:``), or () for a family without them.
     options: Any = field(default=(), metadata={"family": True})
-
-
-def deepspeech_keys() -> tuple[str, ...]:
-    """The ``model`` keys that only the deepspeech family reads."""
-    return tuple(f.name for f in fields(ModelConfig) if f.metadata.get("when") == _DEEPSPEECH)
 
 
 @dataclass(frozen=True)

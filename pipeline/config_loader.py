@@ -25,11 +25,15 @@ from pipeline.config import (
     FeaturesConfig,
     ModelConfig,
     SectionOverride,
-    deepspeech_keys,
     is_deepspeech,
 )
 from pipeline.config_checks import named_plugin, task_source, validate_config, validate_tasks
 from pipeline.config_values import SECTIONS, checked, did_you_mean, section_types
+from pipeline.model.deepspeech import DeepSpeechSettings
+
+# DeepSpeech's settings in DeepSpeech's own spelling, the ``model`` section's keys (``model.n_hidden``):
+# each file's are read as ``model.deepspeech.<key>`` before the files merge.
+DEEPSPEECH_KEYS = tuple(f.name for f in dataclasses.fields(DeepSpeechSettings))
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -113,8 +117,14 @@ def _merge_into(merged: dict, raw: dict, source: str, base_dir: Path | None) -> 
             raise ConfigError(f"{source}: {section}: expected a mapping of keys")
         known = {f.name: f for f in dataclasses.fields(types[section]) if "doc" in f.metadata}
         hints = typing.get_type_hints(types[section])
+        if section == "model":
+            _refuse_both_spellings(values, source)
         for key, value in values.items():
             where = f"{source}: {section}.{key}"
+            if section == "model" and key in DEEPSPEECH_KEYS:
+                block = merged[section].setdefault(PENDING, {}).setdefault("deepspeech", {})
+                block[key] = (value, where, base_dir)
+                continue
             if key not in known:
                 if section == "features" and isinstance(key, str):
                     merged[section].setdefault(PENDING, {})[key] = (value, where, base_dir)
@@ -129,23 +139,36 @@ def _merge_into(merged: dict, raw: dict, source: str, base_dir: Path | None) -> 
                     block = merged[section].setdefault(PENDING, {}).setdefault(key, {})
                     block.update({name: (item, f"{where}.{name}", base_dir) for name, item in value.items()})
                     continue
+                names = [*known, *DEEPSPEECH_KEYS] if section == "model" else list(known)
                 raise ConfigError(
-                    f"{where}: unknown key; {did_you_mean(key, known)}expected one of {', '.join(known)}"
+                    f"{where}: unknown key; {did_you_mean(key, names)}expected one of {', '.join(names)}"
                 )
             merged[section][key] = checked(value, hints[key], known[key].metadata, where, base_dir)
         if section == "model":
             _refuse_deepspeech_keys_of_another_family(merged["model"], values, source)
 
 
+def _refuse_both_spellings(values: dict, source: str) -> None:
+    """ConfigError when one file gives a DeepSpeech setting both as ``model.<key>`` and as
+    ``model.deepspeech.<key>`` (which would win is not the file's to leave unsaid)."""
+    block = values.get("deepspeech")
+    for key in DEEPSPEECH_KEYS:
+        if key in values and isinstance(block, dict) and key in block:
+            raise ConfigError(
+                f"{source}: model.{key} and model.deepspeech.{key}: one setting given twice in one file; "
+                "keep one"
+            )
+
+
 def _refuse_deepspeech_keys_of_another_family(model: dict, values: dict, source: str) -> None:
-    """A file (or the overrides) that sets DeepSpeech's keys (``model.n_hidden``, ...) where the family is
-    another, by its own ``model.architecture`` or the files it extends: ConfigError naming the key and the
-    family, since that family would never read it. A base file's keys under a child that chooses another
-    family are the base's, and are not read."""
+    """A file (or the overrides) that sets DeepSpeech's keys in its spelling (``model.n_hidden``, ...) where
+    the family is another, by its own ``model.architecture`` or the files it extends: ConfigError naming
+    the key and the family, since that family would never read it. A base file's keys under a child that
+    chooses another family are the base's, and are not read."""
     family = model.get("architecture", ModelConfig().architecture)
     if is_deepspeech(family):
         return
-    for key in deepspeech_keys():
+    for key in DEEPSPEECH_KEYS:
         if key in values:
             block = f"model.{family}:" if "." not in family else "model.<its name>:"
             raise ConfigError(
@@ -310,16 +333,9 @@ def config_from_dict(raw: dict, source: str = "<dict>", base_dir: str | Path | N
 def section_values(section) -> dict:
     """A config section's keys and values as the YAML file writes them (a front end's settings inline,
     a mapping of options as a mapping, entries of a list of mappings as mappings without the keys left
-    unset, a ``rest`` mapping's keys inline; DeepSpeech's keys only in a DeepSpeech model section)."""
+    unset, a ``rest`` mapping's keys inline, a model family's under ``model.<family>:``)."""
     out = {}
-    unread = (
-        deepspeech_keys()
-        if isinstance(section, ModelConfig) and not is_deepspeech(section.architecture)
-        else ()
-    )
     for f in dataclasses.fields(section):
-        if f.name in unread:
-            continue  # read by no other family, and refused beside one when loaded
         value = getattr(section, f.name)
         if isinstance(value, SectionOverride):
             out[f.name] = value.to_dict()

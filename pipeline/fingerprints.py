@@ -16,10 +16,11 @@ import json
 from pathlib import Path
 from typing import Protocol
 
-from pipeline.config import Config, field_stages
+from pipeline.config import Config, field_stages, is_deepspeech
 from pipeline.dag import tag_applies
 from pipeline.digests import path_digest
 from pipeline.model import model_family
+from pipeline.model.deepspeech import FAMILY as DEEPSPEECH
 from pipeline.model.objectives import model_objective
 
 
@@ -98,6 +99,11 @@ def stage_keys(inputs: FingerprintInputs, stage: str, params: dict) -> dict:
                 value = tuple(item for item in value if item.key == params.get(f.metadata["keyed_by"]))
             if f.metadata.get("frontend"):
                 value = dataclasses.asdict(value)
+            elif f.metadata.get("family") and is_deepspeech(section.architecture):
+                # DeepSpeech's settings hash as the section's own keys, which they were until the
+                # fingerprint version moves again, and leave model.options empty
+                found.update({f"model.{k}": v for k, v in _family_keys(DEEPSPEECH.settings(section)).items()})
+                value = ()
             elif f.metadata.get("family"):
                 value = _family_keys(value)
             elif (section_field.name, f.name) == ("paths", "alphabet"):

@@ -3,7 +3,7 @@ made once per config.
 
 A stage's fingerprint hashes exactly the settings it depends on (``pipeline.fingerprints``) plus the
 fingerprints of the stages it reads (``pipeline.dag``), so changing
-``model.n_hidden`` moves Train and everything after it, never Features. The
+``model.deepspeech.n_hidden`` moves Train and everything after it, never Features. The
 file names inside a stage's directory are its file map's (``pipeline.workdir``:
 ``TrainRun``, ``LMFiles``, ``ExportFiles``, ...); a ``Layout`` roots each map at
 its stage's fingerprinted directory and hands it out. Only the stage functions

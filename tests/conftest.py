@@ -45,8 +45,9 @@ def small_config_text(
         features:
           workers: 1
         model:
-          n_hidden: {n_hidden}
-          dropout_rate: 0.0
+          deepspeech:
+            n_hidden: {n_hidden}
+            dropout_rate: 0.0
         training:
           epochs: 2
           batch_size: 4

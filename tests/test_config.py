@@ -13,7 +13,7 @@ def test_sample_and_en_configs_load():
     sample = load_config(ROOT / "configs" / "sample.yaml")
     assert sample.data.train_files == (str(ROOT / "data" / "sample" / "train.csv"),)
     en = load_config(ROOT / "configs" / "en.yaml")
-    assert en.model.n_hidden == 2048 and en.model.n_context == 9 and en.features.numcep == 26
+    assert en.model.options.n_hidden == 2048 and en.model.options.n_context == 9 and en.features.numcep == 26
     assert en.training.learning_rate == 0.001 and en.decoder.beam_width == 1024
 
 
@@ -40,8 +40,8 @@ def test_extends_overrides_a_subset_and_resolves_paths_per_file(write_config, tm
         "sub/child.yaml",
     )
     config = load_config(child)
-    assert config.model.n_hidden == 64
-    assert config.model.relu_clip == 10.0
+    assert config.model.options.n_hidden == 64
+    assert config.model.options.relu_clip == 10.0
     assert config.data.train_files == (str(tmp_path / "corpus" / "train.csv"),)
     assert config.data.dev_files == (str(tmp_path / "sub" / "dev.csv"),)
     assert base.exists()
@@ -53,7 +53,7 @@ def test_extends_overrides_a_subset_and_resolves_paths_per_file(write_config, tm
         (
             "model:\n  n_hiden: 5\n",
             r"model\.n_hiden: unknown key; did you mean 'n_hidden'\? "
-            r"expected one of architecture, objective, n_hidden",
+            r"expected one of architecture, objective, random_seed, output, n_hidden",
         ),
         ("modle:\n  n_hidden: 5\n", r"unknown section 'modle'"),
         ("model:\n  n_hidden: many\n", r"model\.n_hidden: expected an integer, got 'many'"),
@@ -197,11 +197,16 @@ def test_config_round_trips_through_dict(write_config):
         assert Layout(again).train_fingerprint == Layout(config).train_fingerprint
         assert again.model.options == config.model.options and again.data == config.data
     assert plain["model"]["conformer"]["d_model"] == 144 and "n_hidden" not in plain["model"]
-    assert config_to_dict(load_config(ROOT / "configs" / "sample.yaml"))["model"]["n_hidden"] == 384
+    assert (
+        config_to_dict(load_config(ROOT / "configs" / "sample.yaml"))["model"]["deepspeech"]["n_hidden"]
+        == 384
+    )
     dotted = write_config(
         "model:\n  architecture: pipeline.model.deepspeech\n  n_hidden: 96\n", "dotted.yaml"
     )
-    assert config_to_dict(load_config(dotted))["model"]["n_hidden"] == 96  # DeepSpeech by its module's name
+    assert (
+        config_to_dict(load_config(dotted))["model"]["deepspeech"]["n_hidden"] == 96
+    )  # DeepSpeech by its module's name
 
 
 def _choice_keys_spelled_as_yaml_booleans() -> list[tuple[str, str, str]]:
@@ -273,3 +278,38 @@ def test_deepspeech_keys_in_a_config_of_another_family_are_one_line_naming_it(wr
     assert not hasattr(over.model, "d_model")
     alone = load_config(write_config(conformer, "alone.yaml"))  # the base's key is neither read nor hashed
     assert Layout(over).train_fingerprint == Layout(alone).train_fingerprint
+
+
+def test_deepspeech_settings_are_typed_and_either_spelling_merges_as_one(write_config):
+    """DeepSpeech's settings are its family's ``Settings`` under ``model.deepspeech:`` like every family's;
+    the model section has no ``n_hidden`` of its own to answer. DeepSpeech's own spelling (the section's
+    keys) is read file by file before ``extends:`` merges, so either spelling over the other merges as one
+    (the later file wins) and hashes as one; both spellings in one file are one line naming both."""
+    from pipeline.model.deepspeech import DeepSpeechSettings
+
+    new = write_config("model:\n  deepspeech:\n    n_hidden: 64\n    relu_clip: 10.0\n", "new.yaml")
+    old = write_config("model:\n  n_hidden: 64\n  relu_clip: 10.0\n", "old.yaml")
+    read = load_config(new)
+    assert read.model.options == DeepSpeechSettings(n_hidden=64, relu_clip=10.0)
+    assert not hasattr(read.model, "n_hidden")
+    assert Layout(load_config(old)).train_fingerprint == Layout(read).train_fingerprint
+    old_over_new = load_config(write_config("extends: new.yaml\nmodel:\n  n_hidden: 32\n", "a.yaml"))
+    new_over_old = load_config(
+        write_config("extends: old.yaml\nmodel:\n  deepspeech: {n_hidden: 32}\n", "b.yaml")
+    )
+    for merged in (old_over_new, new_over_old):
+        assert merged.model.options == DeepSpeechSettings(n_hidden=32, relu_clip=10.0)
+    assert config_to_dict(old_over_new)["model"]["deepspeech"]["n_hidden"] == 32
+    both = write_config("model:\n  n_hidden: 64\n  deepspeech: {n_hidden: 32}\n", "both.yaml")
+    with pytest.raises(ConfigError) as error:
+        load_config(both)
+    assert str(error.value) == (
+        f"{both}: model.n_hidden and model.deepspeech.n_hidden: one setting given twice in one file; keep one"
+    )
+    zero = write_config("model:\n  n_hidden: 0\n", "zero.yaml")  # a range error names the key as written
+    with pytest.raises(ConfigError, match=rf"^{zero}: model\.n_hidden: expected a value at least 1, got 0$"):
+        load_config(zero)
+    with pytest.raises(
+        ConfigError, match=r"\(overrides\): model\.deepspeech\.n_hidden: expected a value at least 1"
+    ):
+        load_config(new, {"model": {"deepspeech": {"n_hidden": 0}}})

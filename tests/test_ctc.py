@@ -222,6 +222,7 @@ def test_a_jit_compiled_training_step_gives_the_exact_loss_of_a_long_utterance()
 
     from pipeline.config import ModelConfig, TrainingConfig
     from pipeline.model import build_model
+    from pipeline.model.deepspeech import DeepSpeechSettings
     from pipeline.model.heads import OneTask
     from pipeline.model.weights import named_weights
     from pipeline.train.step import TrainingStep
@@ -238,7 +239,9 @@ def test_a_jit_compiled_training_step_gives_the_exact_loss_of_a_long_utterance()
     losses = {}
     for jit in (False, True):
         with strategy.scope():
-            model = build_model(ModelConfig(n_hidden=16, dropout_rate=0.0), 26, 29, "float32")
+            model = build_model(
+                ModelConfig(options=DeepSpeechSettings(n_hidden=16, dropout_rate=0.0)), 26, 29, "float32"
+            )
             optimizer = keras.optimizers.Adam(1e-3)
             optimizer.build(model.trainable_variables)
         bias = named_weights(model)["layer_6.bias"]

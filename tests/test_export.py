@@ -104,7 +104,7 @@ def test_all_exported_forms_give_the_checkpoint_logits(trained):
         reference = _checkpoint_logits(config, samples)
         assert reference.shape[0] > 50 and np.abs(reference).max() > 0.5  # over a second at 20 ms
         whole = models["tflite"].metadata.features.frames(samples)
-        windows = context_windows(whole, config.model.n_context)[None]
+        windows = context_windows(whole, config.model.options.n_context)[None]
         np.testing.assert_allclose(utterance(input_node=windows)["logits"].numpy()[0], reference, atol=1e-4)
         for backend, model in models.items():
             np.testing.assert_allclose(model.logits(samples), reference, atol=1e-4, err_msg=backend)
@@ -169,7 +169,8 @@ def test_metadata_round_trip(trained):
         and metadata.features.normalize is True
     )
     assert (
-        metadata.features.to_dict()["type"] == "deepspeech" and metadata.n_context == config.model.n_context
+        metadata.features.to_dict()["type"] == "deepspeech"
+        and metadata.n_context == config.model.options.n_context
     )
     assert metadata.features.seconds_per_frame == config.features.winstep
     assert metadata.n_steps == config.export.n_steps and [s["shape"] for s in metadata.state] == [[1, 48]] * 2

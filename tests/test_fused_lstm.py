@@ -1,5 +1,5 @@
 """The fused sequence LSTM is Keras' LSTM layer to float rounding, values and gradients, and the model
-takes it or the layer by ``model.lstm_kernel`` with the same weights."""
+takes it or the layer by ``model.deepspeech.lstm_kernel`` with the same weights."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from pipeline.config import ModelConfig
 from pipeline.model import build_model
+from pipeline.model.deepspeech import DeepSpeechSettings
 from pipeline.model.deepspeech_net import uses_fused_lstm
 from pipeline.model.fused_lstm import lstm_sequence
 from pipeline.model.weights import weights_digest
@@ -91,9 +92,9 @@ def test_under_xla_and_in_float16_it_matches_too(time):
 
 
 def test_the_model_takes_either_kernel_with_the_same_weights_and_results():
-    base = ModelConfig(n_hidden=16, dropout_rate=0.0)
-    fused = build_model(dataclasses.replace(base, lstm_kernel="fused"), 5, 7)
-    layer = build_model(dataclasses.replace(base, lstm_kernel="layer"), 5, 7)
+    base = DeepSpeechSettings(n_hidden=16, dropout_rate=0.0)
+    fused = build_model(ModelConfig(options=dataclasses.replace(base, lstm_kernel="fused")), 5, 7)
+    layer = build_model(ModelConfig(options=dataclasses.replace(base, lstm_kernel="layer")), 5, 7)
     assert fused.fused_lstm and not layer.fused_lstm
     assert weights_digest(fused) == weights_digest(layer)
     assert [v.path.split("/", 1)[1] for v in fused.weights] == [

@@ -493,7 +493,7 @@ def test_workers_train_the_config_the_task_was_scheduled_with(small_config, monk
     assert luigi.build([task], local_scheduler=True)
     run = Layout(scheduled).train_run
     assert json.loads(run.report.read_text())["global_step"] == 2
-    assert load_config(run.resolved_config).model.n_hidden == scheduled.model.n_hidden
+    assert load_config(run.resolved_config).model.options.n_hidden == scheduled.model.options.n_hidden
     edited = Layout(load_config(path)).train_run.root
     assert edited != run.root and not edited.exists()
 

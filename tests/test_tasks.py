@@ -174,6 +174,8 @@ def test_two_pipelines_at_once_share_features_and_keep_their_own_training(small_
         report = json.loads((Layout(config).train_run.root / "train_report.json").read_text())
         assert report["epochs_completed"] == 1
         assert (
-            yaml.safe_load((Layout(config).train_run.root / "config.yaml").read_text())["model"]["n_hidden"]
+            yaml.safe_load((Layout(config).train_run.root / "config.yaml").read_text())["model"][
+                "deepspeech"
+            ]["n_hidden"]
             == hidden
         )

@@ -354,7 +354,7 @@ def test_streaming_and_full_sequence_logits_agree(small_config):
     features = tf.random.stateless_normal([1, 53, 26], seed=[1, 2])
     full = model(features).numpy()
     # the streaming form runs the same layers, n_steps at a time with the state carried
-    windows = make_windows(tf.pad(features, [[0, 0], [0, 11], [0, 0]]), config.model.n_context)
+    windows = make_windows(tf.pad(features, [[0, 0], [0, 11], [0, 0]]), config.model.options.n_context)
     family = model_family(config.model.architecture)
     form = family.streaming(model, 16)
     state = [tf.zeros(s.shape) for s in family.state(config.model)]
@@ -364,7 +364,10 @@ def test_streaming_and_full_sequence_logits_agree(small_config):
         chunks.append(logits.numpy())
     np.testing.assert_allclose(np.concatenate(chunks, axis=1)[:, :53], full, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(
-        form.utterance(make_windows(features, config.model.n_context)).numpy(), full, rtol=1e-5, atol=1e-5
+        form.utterance(make_windows(features, config.model.options.n_context)).numpy(),
+        full,
+        rtol=1e-5,
+        atol=1e-5,
     )
 
 

@@ -77,10 +77,10 @@ def build_graph(
     import tensorflow as tf
 
     v1 = tf.compat.v1
-    config = model.model_config
+    settings = model.settings  # a DeepSpeech model (AcousticModel)
     weights = to_tf1_names({name: v.numpy() for name, v in named_weights(model).items()})
     frontend, n_input = features.frontend, model.n_input
-    window, n_hidden, clip = 2 * config.n_context + 1, config.n_hidden, config.relu_clip
+    window, n_hidden, clip = 2 * settings.n_context + 1, settings.n_hidden, settings.relu_clip
     graph = tf.Graph()
     with graph.as_default():
         samples = v1.placeholder(tf.float32, [frontend.frame_length], name="input_samples")

@@ -17,7 +17,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from pipeline.config import Config
+from pipeline.config import Config, is_deepspeech
+from pipeline.model.deepspeech import FAMILY as DEEPSPEECH
 from pipeline.reports import EvaluationReport, ExportRecord, TrainReport, read_report
 from pipeline.workdir import EXPORT_FILES
 
@@ -97,6 +98,7 @@ def build_card(
     # a task's export: the task's own figures in the best validation (the run's are the tasks' mean)
     best = record.best_dev and record.best_dev.of_task(config.task)
     samples, hours = _train_data(train, config.task)
+    deepspeech = is_deepspeech(config.model.architecture)
     return {
         "name": card.name or "-".join(filter(None, (Path(config.source).stem, config.task))),
         "version": card.version or str(record.model_version),
@@ -115,9 +117,9 @@ def build_card(
         },
         "model": {
             "architecture": record.architecture,
-            # DeepSpeech's width; another family's own settings instead (a Conformer has no n_hidden)
-            "n_hidden": None if _family_settings(config) else config.model.n_hidden,
-            "settings": _family_settings(config),
+            # DeepSpeech's width, as DeepSpeech's cards give it; another family's own settings instead
+            "n_hidden": DEEPSPEECH.settings(config.model).n_hidden if deepspeech else None,
+            "settings": None if deepspeech else _family_settings(config),
             "features": record.features.get("type", "mfcc"),
             "sample_rate": record.features.get("sample_rate"),
             "output": record.output,
@@ -140,7 +142,7 @@ def build_card(
 
 
 def _family_settings(config: Config) -> dict | None:
-    """The model family's own settings (``model.<family>:``), None for DeepSpeech's (the section's keys)."""
+    """The model family's own settings (``model.<family>:``), None for a family without them."""
     options = config.model.options
     return dataclasses.asdict(options) if dataclasses.is_dataclass(options) else None
 

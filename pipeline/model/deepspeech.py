@@ -1,21 +1,58 @@
 """The DeepSpeech family: Mozilla DeepSpeech's acoustic model (its layers: ``deepspeech_net.py``).
 
-Its settings are the ``model`` section's own keys (``n_hidden``, ``n_context``, ``relu_clip``, the
-dropouts, ``lstm_kernel``), as DeepSpeech's configs have always written them; one label per feature frame;
-a streaming form over context windows carrying the LSTM's state. This module imports no TensorFlow (the
-config loader reads it).
+Its settings (``DeepSpeechSettings``) go under ``model.deepspeech:``; the config loader also takes them as
+the ``model`` section's own keys (``model.n_hidden``), as DeepSpeech's configs write them. One label per
+feature frame; a streaming form over context windows carrying the LSTM's state. This module imports no
+TensorFlow (the config loader reads it).
 """
 
 from __future__ import annotations
 
-from pipeline.config import ModelConfig
+from dataclasses import dataclass
+from typing import Literal
+
+from pipeline.config import ModelConfig, family_option
 from pipeline.model.family import WINDOWS, ModelFamily, StateTensor, StreamingForm, StreamInput
 
 
+@dataclass(frozen=True)
+class DeepSpeechSettings:
+    """Mozilla DeepSpeech's geometry: 5 layers of n_hidden units (the 4th an LSTM) over context windows.
+    DeepSpeech's own spelling (model.n_hidden and the rest as the section's own keys) is read too."""
+
+    n_hidden: int = family_option(2048, "Width of the dense layers and the LSTM.", minimum=1)
+    n_context: int = family_option(9, "Context frames on each side of a time step.", minimum=0)
+    relu_clip: float = family_option(20.0, "Clip of the clipped ReLU.", minimum=0.0, exclusive_min=True)
+    dropout_rate: float = family_option(
+        0.05, "Dropout of layer 1 (and 2, 3, 6 unless set).", minimum=0.0, maximum=0.99
+    )
+    dropout_rate2: float | None = family_option(
+        None, "Dropout of layer 2 (default: dropout_rate).", minimum=0.0, maximum=0.99
+    )
+    dropout_rate3: float | None = family_option(
+        None, "Dropout of layer 3 (default: dropout_rate).", minimum=0.0, maximum=0.99
+    )
+    dropout_rate4: float = family_option(0.0, "Dropout after the LSTM.", minimum=0.0, maximum=0.99)
+    dropout_rate5: float = family_option(0.0, "Dropout of the LSTM input.", minimum=0.0, maximum=0.99)
+    dropout_rate6: float | None = family_option(
+        None, "Dropout of layer 5 (default: dropout_rate).", minimum=0.0, maximum=0.99
+    )
+    lstm_kernel: Literal["auto", "fused", "layer"] = family_option(
+        "auto",
+        "How the deepspeech family runs its LSTM over a sequence: fused (the whole sequence's input and "
+        "weight products as single matrix products, the backward pass written out: a training step 2.2-2.4x "
+        "faster on a CPU at n_hidden 384, 3.5x at 2048), layer (Keras' LSTM layer: cuDNN on a GPU), auto "
+        "(layer when a GPU is visible, else fused). The same function to float rounding, so not in any "
+        "fingerprint; a run resumed with the other kernel continues, equal to rounding, not bit for bit.",
+        stages=(),
+    )
+
+
 class DeepSpeech(ModelFamily):
-    """Mozilla DeepSpeech's geometry (``model.n_hidden``, ``n_context``, ``relu_clip``, dropouts)."""
+    """Mozilla DeepSpeech's acoustic model (``model.deepspeech:`` n_hidden, n_context, relu_clip, ...)."""
 
     name = "deepspeech"
+    Settings = DeepSpeechSettings
 
     def build(self, config: ModelConfig, n_input: int, n_classes: int, precision: str = "float32"):
         """The model with its weights made (deterministic for a given ``random_seed``)."""
@@ -23,7 +60,7 @@ class DeepSpeech(ModelFamily):
 
         from pipeline.model.deepspeech_net import AcousticModel
 
-        model = AcousticModel(config, n_input, n_classes, precision)
+        model = AcousticModel(config, self.settings(config), n_input, n_classes, precision)
         model(tf.zeros([1, 1, n_input]))
         return model
 
@@ -37,12 +74,12 @@ class DeepSpeech(ModelFamily):
         return model.layer_6
 
     def stream_input(self, config: ModelConfig, n_steps: int) -> StreamInput:
-        """``n_steps`` context windows of ``model.n_context`` frames each side."""
-        return StreamInput(WINDOWS, n_steps, context=config.n_context)
+        """``n_steps`` context windows of ``n_context`` frames each side."""
+        return StreamInput(WINDOWS, n_steps, context=self.settings(config).n_context)
 
     def state(self, config: ModelConfig) -> tuple[StateTensor, ...]:
         """The LSTM's output and cell state, DeepSpeech's ``previous_state_h``/``_c``."""
-        shape = (1, config.n_hidden)
+        shape = (1, self.settings(config).n_hidden)
         return (
             StateTensor("previous_state_h", "new_state_h", shape),
             StateTensor("previous_state_c", "new_state_c", shape),

@@ -11,6 +11,8 @@ weights ``n_steps`` times (TFLite cannot run Keras' while loop).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import keras
 import tensorflow as tf
 
@@ -18,8 +20,11 @@ from pipeline.config import ModelConfig
 from pipeline.model.family import StreamingForm
 from pipeline.model.fused_lstm import lstm_sequence
 
+if TYPE_CHECKING:
+    from pipeline.model.deepspeech import DeepSpeechSettings
 
-def dropout_rates(model: ModelConfig) -> tuple[float, ...]:
+
+def dropout_rates(model: DeepSpeechSettings) -> tuple[float, ...]:
     """Dropout of layers 1..6 with DeepSpeech's defaults (2, 3, 6 follow ``dropout_rate``)."""
     base = model.dropout_rate
     pick = lambda value: base if value is None else value  # noqa: E731
@@ -40,7 +45,7 @@ def make_windows(features: tf.Tensor, n_context: int) -> tf.Tensor:
 
 
 def uses_fused_lstm(lstm_kernel: str, gpu: bool | None = None) -> bool:
-    """Whether ``model.lstm_kernel`` runs the fused sequence LSTM (``auto``: when no GPU is visible, where
+    """Whether ``lstm_kernel`` runs the fused sequence LSTM (``auto``: when no GPU is visible, where
     Keras' layer would use cuDNN; ``gpu`` overrides asking TensorFlow)."""
     if lstm_kernel == "auto":
         if gpu is None:
@@ -50,18 +55,25 @@ def uses_fused_lstm(lstm_kernel: str, gpu: bool | None = None) -> bool:
 
 
 class AcousticModel(keras.Model):
-    """The DeepSpeech model: ``call(features [batch, time, n_input])``
-    -> logits ``[batch, time, n_classes]``."""
+    """The DeepSpeech model of ``settings`` (``config``'s family settings): ``call(features [batch, time,
+    n_input])`` -> logits ``[batch, time, n_classes]``."""
 
     def __init__(
-        self, config: ModelConfig, n_input: int, n_classes: int, precision: str = "float32", **kwargs
+        self,
+        config: ModelConfig,
+        settings: DeepSpeechSettings,
+        n_input: int,
+        n_classes: int,
+        precision: str = "float32",
+        **kwargs,
     ):
         super().__init__(dtype=precision, **kwargs)
         self.model_config = config
+        self.settings = settings
         self.n_input = n_input
         self.n_classes = n_classes
-        self.window = 2 * config.n_context + 1
-        seed, clip = config.random_seed, config.relu_clip
+        self.window = 2 * settings.n_context + 1
+        seed, clip = config.random_seed, settings.relu_clip
 
         def dense(name, units, index, activation=True):
             return keras.layers.Dense(
@@ -73,7 +85,7 @@ class AcousticModel(keras.Model):
                 bias_initializer="zeros",
             )
 
-        hidden = config.n_hidden
+        hidden = settings.n_hidden
         self.layer_1 = dense("layer_1", hidden, 1)
         self.layer_2 = dense("layer_2", hidden, 2)
         self.layer_3 = dense("layer_3", hidden, 3)
@@ -90,12 +102,12 @@ class AcousticModel(keras.Model):
             kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 4),
             recurrent_initializer=keras.initializers.GlorotUniform(seed=seed + 5),
         )
-        self.fused_lstm = uses_fused_lstm(config.lstm_kernel)
+        self.fused_lstm = uses_fused_lstm(settings.lstm_kernel)
         self.layer_5 = dense("layer_5", hidden, 6)
         self.layer_6 = dense("layer_6", n_classes, 7, activation=False)
         self.dropouts = [
             keras.layers.Dropout(rate, seed=seed + 10 + i, dtype=precision)
-            for i, rate in enumerate(dropout_rates(config))
+            for i, rate in enumerate(dropout_rates(settings))
         ]
 
     def stack(self, windows, recurrence, training):
@@ -124,7 +136,7 @@ class AcousticModel(keras.Model):
     def encode(self, features, training=False):
         """Layer 5's output ``[batch, time, n_hidden]`` of features ``[batch, time, n_input]``: what the
         output layer (or, in multi-task training, a task's head) reads."""
-        zeros = tf.zeros([tf.shape(features)[0], self.model_config.n_hidden], dtype=self.compute_dtype)
+        zeros = tf.zeros([tf.shape(features)[0], self.settings.n_hidden], dtype=self.compute_dtype)
 
         def recurrence(x):
             if self.fused_lstm:
@@ -137,7 +149,7 @@ class AcousticModel(keras.Model):
                 return tf.transpose(time_major, [1, 0, 2])
             return self.lstm(x, initial_state=[zeros, zeros], training=training)[0]
 
-        return self.hidden(make_windows(features, self.model_config.n_context), recurrence, training)
+        return self.hidden(make_windows(features, self.settings.n_context), recurrence, training)
 
 
 class DeepSpeechStreaming(StreamingForm):
@@ -196,5 +208,5 @@ class DeepSpeechStreaming(StreamingForm):
 
     def utterance(self, windows):
         """Logits ``[1, time, n_classes]`` of any number of windows (the Keras LSTM layer's own loop)."""
-        zeros = tf.zeros([1, self.model.model_config.n_hidden])
+        zeros = tf.zeros([1, self.model.settings.n_hidden])
         return self.model.stack(windows, lambda x: self.model.lstm(x, initial_state=[zeros, zeros])[0], False)

@@ -4,8 +4,7 @@ A family declares, in its one module:
 
 - its settings: ``Settings``, a frozen dataclass whose fields carry the schema's metadata (``doc``, ``min``,
   ``max``: ``pipeline.config.family_option``), written under ``model.<name>:`` in a config, documented in
-  docs/CONFIGURATION.md and range-checked when the config loads (DeepSpeech's are the ``model`` section's
-  own top-level keys, its family having no ``Settings``);
+  docs/CONFIGURATION.md and range-checked when the config loads;
 - its output rate: ``stride`` feature frames per output label and ``output_lengths(feature_lengths)``,
   which the objective's loss, the Features stage's too-short check, the export's metadata and the
   client's word timings all use;
@@ -111,13 +110,15 @@ class ModelFamily(abc.ABC):
 
     name: str
     # The family's own settings (a frozen dataclass, fields made with ``pipeline.config.family_option``),
-    # read from ``model.<name>:``; None for a family that has none (DeepSpeech reads the section's keys).
+    # read from ``model.<name>:``; None for a family that has none.
     Settings: ClassVar[type | None] = None
 
     def settings(self, config: ModelConfig):
-        """The family's settings in ``config``: its ``Settings`` from ``model.<name>:`` (``config.options``),
-        or, for a family without them, the section itself."""
-        return config if self.Settings is None else config.options
+        """The family's settings in ``config``: its ``Settings`` from ``model.<name>:`` (``config.options``,
+        the defaults in a section built without the config loader); None for a family without them."""
+        if self.Settings is None:
+            return None
+        return config.options if isinstance(config.options, self.Settings) else self.Settings()
 
     def check(self, config: ModelConfig) -> None:
         """ValueError (one line, naming the key) for settings that are wrong together; called when the
