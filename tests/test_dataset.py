@@ -44,8 +44,7 @@ def test_disk_batches_equal_in_memory_batches_and_resume_at_the_same_batch(small
     plan = batch_plan(index.lengths, 8, 2)
     # two towers: each step is two per-replica elements, in replica order
     dataset = train_dataset(reader, plan, 2, 0, 2, 0, 0, 2, 1234)
-    # tf.data's autotuning is off (input_options): its model thread made a towers iterator take up to a
-    # minute to delete (bench/iterator_teardown.py), a stall wherever a finished Trainer was collected
+    # tf.data's autotuning is off (input_options): deleting a towers iterator waited for its model thread
     assert dataset.options().autotune.enabled is False
     elements = list(dataset)
     expected = [

@@ -176,9 +176,8 @@ def _batches(
 
 def input_options() -> tf.data.Options:
     """The options of every batch pipeline: tf.data's autotuning off. Nothing here is AUTOTUNE, so it has
-    nothing to tune, and its model thread made a multi-device iterator (towers) take up to a minute to
-    delete once it had run a while (bench/iterator_teardown.py): a stall wherever the garbage collector
-    happened to free a finished Trainer, inside the next stage or test."""
+    nothing to tune, and a multi-device iterator's destructor waits for its model thread: in make test,
+    gdb found the garbage collector stuck there for minutes, freeing a finished Trainer with towers."""
     options = tf.data.Options()
     options.autotune.enabled = False
     return options
