@@ -134,10 +134,16 @@ def _merge_into(merged: dict, raw: dict, source: str, base_dir: Path | None) -> 
                         f"{where}: a family's own settings go under model.<family>: (model.conformer: "
                         f"{{d_model: 256}}), not model.options"
                     )
-                if section == "model" and isinstance(key, str) and isinstance(value, dict):
-                    # a family's settings (model.<family>:), checked at freeze time if that family is chosen
+                family_block = section == "model" and isinstance(key, str) and _names_a_family(key)
+                if family_block and not isinstance(value, dict | None):
+                    raise ConfigError(f"{where}: expected a mapping of the {key} family's settings")
+                if section == "model" and isinstance(key, str) and (isinstance(value, dict) or family_block):
+                    # a family's settings (model.<family>:), checked at freeze time if that family is chosen;
+                    # an empty block (every key commented out) is YAML's null
                     block = merged[section].setdefault(PENDING, {}).setdefault(key, {})
-                    block.update({name: (item, f"{where}.{name}", base_dir) for name, item in value.items()})
+                    block.update(
+                        {name: (item, f"{where}.{name}", base_dir) for name, item in (value or {}).items()}
+                    )
                     continue
                 names = [*known, *DEEPSPEECH_KEYS] if section == "model" else list(known)
                 raise ConfigError(
@@ -216,8 +222,10 @@ def _family_settings(values: dict, source: str):
     name = values.get("architecture", ModelConfig().architecture)
     family = named_plugin(model_family, "pipeline.model", name, "model.architecture", "model family", source)
     blocks = values.pop(PENDING, {})
+    # the chosen family's block by its name, or by its module's (model.pipeline.model.deepspeech:)
+    chosen = [key for key in blocks if key in (family.name, name) or _is_family(key, family)]
     for key, block in blocks.items():
-        if key != family.name and not plugin_exists("pipeline.model", key):
+        if key not in chosen and not plugin_exists("pipeline.model", key):
             where = next(iter(block.values()))[1].rsplit(".", 1)[0] if block else f"{source}: model.{key}"
             known = [f.name for f in dataclasses.fields(ModelConfig) if "doc" in f.metadata]
             raise ConfigError(
@@ -225,13 +233,14 @@ def _family_settings(values: dict, source: str):
                 f"{', '.join(known)}, or model.<family>: with a family's settings"
             )
     if family.Settings is None:
-        if family.name in blocks:
-            raise ConfigError(f"{source}: model.{family.name}: the {name} family has no settings of its own")
+        if chosen:
+            raise ConfigError(f"{source}: model.{chosen[0]}: the {name} family has no settings of its own")
         return ()
     known = {f.name: f for f in dataclasses.fields(family.Settings)}
     hints = typing.get_type_hints(family.Settings)
     settings = {}
-    for key, (value, where, base_dir) in blocks.get(family.name, {}).items():
+    written = [item for key in chosen for item in blocks[key].items()]
+    for key, (value, where, base_dir) in written:
         if key not in known:
             raise ConfigError(
                 f"{where}: unknown key; {did_you_mean(key, known)}the {name} family's settings: "
@@ -239,6 +248,26 @@ def _family_settings(values: dict, source: str):
             )
         settings[key] = checked(value, hints[key], known[key].metadata, where, base_dir)
     return family.Settings(**settings)
+
+
+def _names_a_family(key: str) -> bool:
+    """Whether ``model.<key>:`` is a block of a model family's settings (a built-in's name or a module)."""
+    from native_client.plugins import plugin_exists
+
+    return plugin_exists("pipeline.model", key)
+
+
+def _is_family(key: str, family) -> bool:
+    """Whether a dotted ``key`` is the module of ``family`` (``pipeline.model.deepspeech``)."""
+    from native_client.plugins import PluginError
+    from pipeline.model import model_family
+
+    if "." not in key:
+        return False
+    try:
+        return model_family(key) is family
+    except (PluginError, TypeError):
+        return False
 
 
 def _check_family(config: Config) -> None:

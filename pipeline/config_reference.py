@@ -240,9 +240,12 @@ def family_tables() -> list[str]:
             continue
         out.append(f"### `model.architecture: {name}`\n")
         doc = class_doc(family.Settings)
+        inert = [f.name for f in dataclasses.fields(family.Settings) if f.metadata.get("stages") == ()]
+        unmoved = f" except {', '.join(inert)}, which changes no result" if inert else ""
         out.append(
             (f"{doc} " if doc else "")
-            + f"Its keys go under `model.{family.name}:`; changing one re-runs Train (and what follows).\n"
+            + f"Its keys go under `model.{family.name}:`; changing one re-runs Train (and what follows)"
+            + f"{unmoved}.\n"
         )
         out.append("\n".join(section_table(family.Settings, f"model.{family.name}.")) + "\n")
     return out

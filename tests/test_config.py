@@ -313,3 +313,23 @@ def test_deepspeech_settings_are_typed_and_either_spelling_merges_as_one(write_c
         ConfigError, match=r"\(overrides\): model\.deepspeech\.n_hidden: expected a value at least 1"
     ):
         load_config(new, {"model": {"deepspeech": {"n_hidden": 0}}})
+
+
+def test_a_deepspeech_block_is_read_by_the_module_name_and_may_be_empty(write_config):
+    """A review found ``model: {pipeline.model.deepspeech: {n_hidden: 512}}`` silently ignored, and an
+    empty ``model.deepspeech:`` (every key commented out: YAML's null) called an unknown key."""
+    dotted = (
+        "model:\n  architecture: pipeline.model.deepspeech\n  pipeline.model.deepspeech: {n_hidden: 512}\n"
+    )
+    assert load_config(write_config(dotted, "dotted.yaml")).model.options.n_hidden == 512
+    by_module = write_config("model:\n  pipeline.model.deepspeech: {n_hidden: 256}\n", "module.yaml")
+    assert load_config(by_module).model.options.n_hidden == 256
+    empty = load_config(write_config("model:\n  deepspeech:\n  # n_hidden: 64\n", "empty.yaml"))
+    assert empty.model.options.n_hidden == 2048
+    number = write_config("model:\n  deepspeech: 5\n", "number.yaml")
+    with pytest.raises(ConfigError) as error:
+        load_config(number)
+    assert (
+        str(error.value)
+        == f"{number}: model.deepspeech: expected a mapping of the deepspeech family's settings"
+    )
