@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from native_client.plugins import PluginError, plugin_exists
 from pipeline.config import (
     Config,
     ConfigError,
@@ -134,7 +135,9 @@ def _merge_into(merged: dict, raw: dict, source: str, base_dir: Path | None) -> 
                         f"{where}: a family's own settings go under model.<family>: (model.conformer: "
                         f"{{d_model: 256}}), not model.options"
                     )
-                family_block = section == "model" and isinstance(key, str) and _names_a_family(key)
+                family_block = (
+                    section == "model" and isinstance(key, str) and plugin_exists("pipeline.model", key)
+                )
                 if family_block and not isinstance(value, dict | None):
                     raise ConfigError(f"{where}: expected a mapping of the {key} family's settings")
                 if section == "model" and isinstance(key, str) and (isinstance(value, dict) or family_block):
@@ -186,7 +189,6 @@ def _refuse_deepspeech_keys_of_another_family(model: dict, values: dict, source:
 def _frontend_settings(values: dict, source: str):
     """The front end's Settings from the section's other keys, checked by the front end itself."""
     from native_client.frontends import frontend_class
-    from native_client.plugins import PluginError
 
     name = values.get("type", "mfcc")
     try:
@@ -216,7 +218,6 @@ def _family_settings(values: dict, source: str):
     """The chosen model family's Settings from its ``model.<family>:`` block (checked key by key and by
     the family), or () for a family without Settings. The block of a family not chosen is left unread;
     a block that names no family at all is an unknown key."""
-    from native_client.plugins import plugin_exists
     from pipeline.model import model_family
 
     name = values.get("architecture", ModelConfig().architecture)
@@ -250,16 +251,8 @@ def _family_settings(values: dict, source: str):
     return family.Settings(**settings)
 
 
-def _names_a_family(key: str) -> bool:
-    """Whether ``model.<key>:`` is a block of a model family's settings (a built-in's name or a module)."""
-    from native_client.plugins import plugin_exists
-
-    return plugin_exists("pipeline.model", key)
-
-
 def _is_family(key: str, family) -> bool:
     """Whether a dotted ``key`` is the module of ``family`` (``pipeline.model.deepspeech``)."""
-    from native_client.plugins import PluginError
     from pipeline.model import model_family
 
     if "." not in key:
