@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from native_client.plugins import PluginError, plugin_exists
+from native_client.plugins import PluginError, builtin_names, plugin_exists
 from pipeline.config import (
     Config,
     ConfigError,
@@ -120,6 +120,7 @@ def _merge_into(merged: dict, raw: dict, source: str, base_dir: Path | None) -> 
         hints = typing.get_type_hints(types[section])
         if section == "model":
             _refuse_both_spellings(values, source)
+            families = builtin_names("pipeline.model", "FAMILY")  # read from the sources, not imported
         for key, value in values.items():
             where = f"{source}: {section}.{key}"
             if section == "model" and key in DEEPSPEECH_KEYS:
@@ -135,19 +136,24 @@ def _merge_into(merged: dict, raw: dict, source: str, base_dir: Path | None) -> 
                         f"{where}: a family's own settings go under model.<family>: (model.conformer: "
                         f"{{d_model: 256}}), not model.options"
                     )
-                family_block = (
-                    section == "model" and isinstance(key, str) and plugin_exists("pipeline.model", key)
-                )
-                if family_block and not isinstance(value, dict | None):
-                    raise ConfigError(f"{where}: expected a mapping of the {key} family's settings")
-                if section == "model" and isinstance(key, str) and (isinstance(value, dict) or family_block):
-                    # a family's settings (model.<family>:), checked at freeze time if that family is chosen;
-                    # an empty block (every key commented out) is YAML's null
-                    block = merged[section].setdefault(PENDING, {}).setdefault(key, {})
-                    block.update(
-                        {name: (item, f"{where}.{name}", base_dir) for name, item in (value or {}).items()}
-                    )
-                    continue
+                if section == "model" and isinstance(key, str):
+                    # a built-in family's block may name it by its module (model.pipeline.model.deepspeech:)
+                    bare = key.removeprefix("pipeline.model.")
+                    family_block = bare in families
+                    if family_block and not isinstance(value, dict | None):
+                        raise ConfigError(f"{where}: expected a mapping of the {bare} family's settings")
+                    if isinstance(value, dict) or family_block:
+                        # a family's settings, checked at freeze time if that family is chosen; an empty
+                        # block (every key commented out) is YAML's null
+                        pending = merged[section].setdefault(PENDING, {})
+                        block = pending.setdefault(bare if family_block else key, {})
+                        block.update(
+                            {
+                                name: (item, f"{where}.{name}", base_dir)
+                                for name, item in (value or {}).items()
+                            }
+                        )
+                        continue
                 names = [*known, *DEEPSPEECH_KEYS] if section == "model" else list(known)
                 raise ConfigError(
                     f"{where}: unknown key; {did_you_mean(key, names)}expected one of {', '.join(names)}"
@@ -158,14 +164,17 @@ def _merge_into(merged: dict, raw: dict, source: str, base_dir: Path | None) -> 
 
 
 def _refuse_both_spellings(values: dict, source: str) -> None:
-    """ConfigError when one file gives a DeepSpeech setting both as ``model.<key>`` and as
-    ``model.deepspeech.<key>`` (which would win is not the file's to leave unsaid)."""
-    block = values.get("deepspeech")
+    """ConfigError when one file gives a DeepSpeech setting twice: as ``model.<key>``, under
+    ``model.deepspeech:`` or under its module's name (which would win is not the file's to leave unsaid)."""
+    spellings = {"model.": values}
+    for block in ("deepspeech", "pipeline.model.deepspeech"):
+        if isinstance(values.get(block), dict):
+            spellings[f"model.{block}."] = values[block]
     for key in DEEPSPEECH_KEYS:
-        if key in values and isinstance(block, dict) and key in block:
+        given = [f"{prefix}{key}" for prefix, written in spellings.items() if key in written]
+        if len(given) > 1:
             raise ConfigError(
-                f"{source}: model.{key} and model.deepspeech.{key}: one setting given twice in one file; "
-                "keep one"
+                f"{source}: {' and '.join(given)}: one setting given twice in one file; keep one"
             )
 
 
@@ -223,8 +232,8 @@ def _family_settings(values: dict, source: str):
     name = values.get("architecture", ModelConfig().architecture)
     family = named_plugin(model_family, "pipeline.model", name, "model.architecture", "model family", source)
     blocks = values.pop(PENDING, {})
-    # the chosen family's block by its name, or by its module's (model.pipeline.model.deepspeech:)
-    chosen = [key for key in blocks if key in (family.name, name) or _is_family(key, family)]
+    # the chosen family's block: by its name, or by the module model.architecture names
+    chosen = [key for key in blocks if key in (family.name, name)]
     for key, block in blocks.items():
         if key not in chosen and not plugin_exists("pipeline.model", key):
             where = next(iter(block.values()))[1].rsplit(".", 1)[0] if block else f"{source}: model.{key}"
@@ -249,18 +258,6 @@ def _family_settings(values: dict, source: str):
             )
         settings[key] = checked(value, hints[key], known[key].metadata, where, base_dir)
     return family.Settings(**settings)
-
-
-def _is_family(key: str, family) -> bool:
-    """Whether a dotted ``key`` is the module of ``family`` (``pipeline.model.deepspeech``)."""
-    from pipeline.model import model_family
-
-    if "." not in key:
-        return False
-    try:
-        return model_family(key) is family
-    except (PluginError, TypeError):
-        return False
 
 
 def _check_family(config: Config) -> None:

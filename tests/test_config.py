@@ -333,3 +333,27 @@ def test_a_deepspeech_block_is_read_by_the_module_name_and_may_be_empty(write_co
         str(error.value)
         == f"{number}: model.deepspeech: expected a mapping of the deepspeech family's settings"
     )
+
+
+def test_every_spelling_of_a_deepspeech_setting_merges_as_one_and_non_families_stay_unknown(write_config):
+    """A second review found the module-name block kept apart from ``deepspeech:``, so a base file's
+    setting there beat a child's; one file giving a key in both went unrefused; and ``model.heads: 5`` (a
+    module of pipeline/model that is no family) called a family block. Now every spelling is one block."""
+    write_config(
+        "model:\n  deepspeech: {dropout_rate: 0.1}\n  pipeline.model.deepspeech: {n_hidden: 2048}\n",
+        "base.yaml",
+    )
+    child = load_config(write_config("extends: base.yaml\nmodel:\n  n_hidden: 512\n", "child.yaml"))
+    assert child.model.options.n_hidden == 512 and child.model.options.dropout_rate == 0.1
+    both = write_config(
+        "model:\n  n_hidden: 512\n  pipeline.model.deepspeech: {n_hidden: 1024}\n", "both.yaml"
+    )
+    with pytest.raises(ConfigError) as error:
+        load_config(both)
+    assert str(error.value) == (
+        f"{both}: model.n_hidden and model.pipeline.model.deepspeech.n_hidden: one setting given twice in "
+        "one file; keep one"
+    )
+    for body in ("model:\n  heads: 5\n", "model:\n  objectives: ctc\n", "model:\n  heads:\n"):
+        with pytest.raises(ConfigError, match=r"model\.(heads|objectives): unknown key"):
+            load_config(write_config(body, "other.yaml"))
