@@ -126,6 +126,11 @@ def _best_not_by_loss(config: Config) -> bool:
     return config.training.best_by != "dev_loss"
 
 
+def _cosine(config: Config) -> bool:
+    """with lr_decay: cosine"""
+    return config.training.lr_decay == "cosine"
+
+
 def _warming_up(config: Config) -> bool:
     """when set"""
     return config.training.warmup_steps > 0
@@ -466,7 +471,22 @@ class TrainingConfig:
     beta1: float = _opt(0.9, "Adam beta1.", minimum=0.0, maximum=1.0)
     beta2: float = _opt(0.999, "Adam beta2.", minimum=0.0, maximum=1.0)
     epsilon: float = _opt(1e-8, "Adam epsilon.", minimum=0.0, exclusive_min=True)
-    lr_decay: Literal["constant", "exponential"] = _opt("constant", "Learning-rate schedule.")
+    lr_decay: Literal["constant", "exponential", "noam", "cosine"] = _opt(
+        "constant",
+        "Learning-rate schedule after the warm-up (warmup_steps), counting optimizer updates: constant; "
+        "exponential (decay_rate per decay_steps, from the first update); noam (ESPnet's and WeNet's: "
+        "learning_rate x sqrt(warmup_steps / update), so learning_rate is the peak; needs warmup_steps); "
+        "cosine (half a cosine from learning_rate down to min_learning_rate at the run's last update, "
+        "training.epochs x the updates of an epoch: a new epoch target reshapes the rest of the curve). "
+        "halve_lr_on_plateau multiplies into every schedule.",
+    )
+    min_learning_rate: float = _opt(
+        0.0,
+        "The learning rate lr_decay: cosine ends at (below learning_rate).",
+        minimum=0.0,
+        # Read by the cosine schedule only, so in Train's fingerprint only with it.
+        when={"train": _cosine},
+    )
     decay_rate: float = _opt(
         0.95, "Exponential decay factor per decay_steps.", minimum=0.0, maximum=1.0, exclusive_min=True
     )

@@ -65,6 +65,7 @@ def validate_config(config: Config) -> None:
         )
     if config.training.epochs == 0:
         raise ConfigError(f"{src}: training.epochs: expected a non-zero integer, got 0")
+    _check_schedule(config.training, src)
     decoder = config.decoder
     if not plugin_exists("native_client.decoders", decoder.type):
         raise ConfigError(
@@ -88,6 +89,20 @@ def validate_config(config: Config) -> None:
         raise ConfigError(
             f"{src}: decoder.lm_prune / decoder.lm_top_k need decoder.lm_builder kenlm or auto "
             f"(the Python estimator neither prunes nor filters)"
+        )
+
+
+def _check_schedule(training, src: str) -> None:
+    """ConfigError for a learning-rate schedule its other keys do not fit."""
+    if training.lr_decay == "noam" and not training.warmup_steps:
+        raise ConfigError(
+            f"{src}: training.lr_decay: noam peaks at learning_rate after training.warmup_steps updates: "
+            f"set warmup_steps (ESPnet and WeNet use 25000; a few hundred on a small corpus)"
+        )
+    if training.lr_decay == "cosine" and training.min_learning_rate >= training.learning_rate:
+        raise ConfigError(
+            f"{src}: training.min_learning_rate: the cosine schedule falls from learning_rate "
+            f"({training.learning_rate:g}) to it, so it must be lower, got {training.min_learning_rate:g}"
         )
 
 

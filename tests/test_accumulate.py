@@ -165,6 +165,47 @@ def test_a_stop_inside_a_window_saves_at_its_end_and_resumes_exactly(small_confi
     assert resumed.weights_sha256 == clean.weights_sha256
 
 
+@pytest.mark.parametrize(
+    "schedule", ["  lr_decay: noam\n  warmup_steps: 3\n", "  lr_decay: cosine\n  warmup_steps: 2\n"]
+)
+def test_a_schedule_resumes_where_it_was_across_its_warm_up_and_decay(schedule, small_config, tmp_path):
+    """noam and cosine over 8 updates of 2 batches: a run stopped after update 3 (past the warm-up, into
+    the decay) has the rate of update 3 of an 8-update run, and resumes to the weights of a run never
+    stopped."""
+    from pipeline.train.policy import learning_rate
+
+    extra = (
+        "training:\n  epochs: 2\n  batch_size: 2\n  accumulate_batches: 2\n  validation_epochs: 0\n"
+        "  checkpoint_secs: 100000\n  learning_rate: 0.003\n" + schedule
+    )
+    config = load_config(small_config(limit_train=16, extra=extra))
+    build_features(config, ("train",))
+
+    def stop_at_5(info):
+        if info.step == 5:
+            raise StopTraining("asked")
+
+    layout, run_dir = Layout(config), tmp_path / "stopped"
+    train = read_cache(layout.features_cache("train"), config.features, global_stats(layout))
+    stopped = Trainer(
+        config,
+        run_dir,
+        [TaskData.only(train, None, load_alphabet(layout.alphabet))],
+        make_strategy(config.distribution),
+        hooks=TrainHooks(on_step=stop_at_5),
+    )
+    with pytest.raises(StopTraining, match="asked"):
+        stopped.fit()
+    assert int(stopped.state.updates.numpy()) == 3
+    rate = learning_rate(config.training, 1.0, 3, 8)
+    assert stopped._learning_rate() == pytest.approx(rate)
+    assert rate < 0.003 * 0.95  # decaying already
+    _, resumed = _fit(config, run_dir)
+    _, clean = _fit(config, tmp_path / "clean")
+    assert (resumed.updates, clean.updates) == (8, 8)
+    assert resumed.weights_sha256 == clean.weights_sha256
+
+
 def test_a_signal_inside_a_window_stops_at_its_end_and_the_log_says_when(small_config, tmp_path, caplog):
     """SIGTERM during step 5, inside the window of steps 5 and 6 (Train's signal handling, in this process):
     the log says the stop waits for the window's end, training stops after step 6 with its checkpoint, and

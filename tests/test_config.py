@@ -65,6 +65,11 @@ def test_extends_overrides_a_subset_and_resolves_paths_per_file(write_config, tm
         ("data:\n  train_files: 5\n", r"data\.train_files: expected a list of strings"),
         ("features:\n  numcep: 40\n", r"features\.numcep: expected at most nfilt \(26\)"),
         ("training:\n  epochs: 0\n", r"training\.epochs: expected a non-zero integer"),
+        ("training:\n  lr_decay: noam\n", r"training\.lr_decay: noam peaks at learning_rate after"),
+        (
+            "training:\n  lr_decay: cosine\n  min_learning_rate: 0.001\n",
+            r"training\.min_learning_rate: the cosine schedule falls from learning_rate \(0\.001\)",
+        ),
         ("model: [1, 2\n", r"invalid YAML"),
         (
             "model:\n  n_hidden: 5\nmodel:\n  relu_clip: 3\n",

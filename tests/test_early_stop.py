@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from pipeline.config import EarlyStopConfig
@@ -56,3 +58,27 @@ def test_warm_up_raises_the_rate_linearly_then_decay_and_plateau_factor_apply():
     )
     assert learning_rate(decayed, 1.0, 8) == pytest.approx(0.0005)
     assert learning_rate(TrainingConfig(learning_rate=0.002), 1.0, 0) == 0.002  # no warm-up by default
+
+
+def test_noam_and_cosine_follow_their_formulas_after_the_warm_up_and_the_plateau_factor_multiplies_in():
+    from pipeline.config import TrainingConfig
+    from pipeline.train.policy import learning_rate
+
+    noam = TrainingConfig(learning_rate=0.002, warmup_steps=4, lr_decay="noam")
+    # ESPnet's and WeNet's: lr x warmup^0.5 x min(u^-0.5, u x warmup^-1.5), u the update counted from 1
+    for updates in range(40):
+        u = updates + 1
+        assert learning_rate(noam, 1.0, updates) == pytest.approx(0.002 * 4**0.5 * min(u**-0.5, u * 4**-1.5))
+    assert learning_rate(noam, 0.5, 15) == pytest.approx(0.001 * 0.5)
+    cosine = TrainingConfig(learning_rate=0.002, warmup_steps=4, lr_decay="cosine", min_learning_rate=1e-4)
+    run = 24  # updates 0..23; the warm-up's 4, then 20 on the cosine, the last at the floor
+    got = [learning_rate(cosine, 1.0, updates, run) for updates in range(run + 3)]
+    expected = [0.002 * (u + 1) / 4 for u in range(4)] + [
+        1e-4 + (0.002 - 1e-4) * 0.5 * (1 + math.cos(math.pi * (u - 4) / 19)) for u in range(4, run)
+    ]
+    assert got[:run] == pytest.approx(expected)
+    assert got[3] == got[4] == pytest.approx(0.002) and got[run - 1] == pytest.approx(1e-4)
+    assert got[run:] == pytest.approx([1e-4] * 3)  # a run trained past its target stays at the floor
+    # the plateau factor scales the peak; the floor holds unless the halved peak is below it
+    assert learning_rate(cosine, 0.5, 4, run) == pytest.approx(0.001)
+    assert learning_rate(cosine, 0.01, 10, run) == pytest.approx(0.002 * 0.01)

@@ -192,9 +192,9 @@ class Trainer:
         return int(self.state.epoch.numpy()) >= target or self.history.stop is not None
 
     def _learning_rate(self) -> float:
-        return learning_rate(
-            self.config.training, float(self.state.lr_factor.numpy()), int(self.state.updates.numpy())
-        )
+        state, per_epoch = self.state, self._train_step.windows_per_epoch
+        run_updates, updates = int(state.target_epochs.numpy()) * per_epoch, int(state.updates.numpy())
+        return learning_rate(self.config.training, float(state.lr_factor.numpy()), updates, run_updates)
 
     # -- the loop ------------------------------------------------------------------------------
     def _after_step(self, result: StepResult, consecutive_bad: int, lr: float) -> int:

@@ -34,16 +34,22 @@ class EpochVerdict:
     stop: StopRecord | None = None
 
 
-def learning_rate(training: TrainingConfig, lr_factor: float, updates: int) -> float:
-    """The learning rate of the next optimizer update, ``updates`` having been made: the configured
-    ``training.learning_rate`` times the plateau factor, raised linearly over the first
-    ``training.warmup_steps`` updates and decayed exponentially with ``updates`` when ``training.lr_decay``
-    says so."""
-    lr = training.learning_rate * lr_factor
-    if updates < training.warmup_steps:
-        lr *= (updates + 1) / training.warmup_steps
+def learning_rate(training: TrainingConfig, lr_factor: float, updates: int, run_updates: int = 0) -> float:
+    """The learning rate of the next optimizer update, ``updates`` having been made in a run of
+    ``run_updates`` (its epoch target times the updates of an epoch; only ``cosine`` reads it): the
+    configured ``training.learning_rate`` times the plateau factor, raised linearly over the first
+    ``training.warmup_steps`` updates, then shaped by ``training.lr_decay``."""
+    peak = training.learning_rate * lr_factor
+    warmup, update = training.warmup_steps, updates + 1
+    lr = peak * update / warmup if updates < warmup else peak
     if training.lr_decay == "exponential":
         lr *= training.decay_rate ** (updates / training.decay_steps)
+    elif training.lr_decay == "noam" and update > warmup:
+        lr *= math.sqrt(warmup / update)
+    elif training.lr_decay == "cosine" and updates >= warmup:
+        floor = min(training.min_learning_rate, peak)
+        progress = min(1.0, (updates - warmup) / max(1, run_updates - 1 - warmup))
+        lr = floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
     return lr
 
 
