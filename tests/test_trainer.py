@@ -139,6 +139,56 @@ def test_two_towers_give_the_same_update_as_one_device(small_config, tmp_path, f
     assert diff < 5e-5, line
 
 
+_COUNT_REDUCTIONS = """
+import sys
+import tensorflow as tf
+from pipeline.config_loader import load_config
+from pipeline.layout import Layout
+from pipeline.stages.train import train_stage
+from pipeline.train.distribute import configure_devices
+
+config = load_config(sys.argv[1])
+configure_devices(config.distribution)
+sizes = []
+all_reduce = tf.distribute.ReplicaContext.all_reduce
+
+def counted(self, op, value, options=None):
+    sizes.append(len(tf.nest.flatten(value)))
+    return all_reduce(self, op, value, options)
+
+tf.distribute.ReplicaContext.all_reduce = counted
+report = train_stage(Layout(config))
+print("REDUCTIONS", report.towers, report.updates, *sizes)
+"""
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_each_update_all_reduces_the_gradient_once(small_config, accumulate):
+    """Two towers: the traced step sums the gradient over the towers once (with the loss and the vote),
+    and Keras' optimizer does not sum it again (it would double the traffic of every update)."""
+    extra = (
+        f"training:\n  epochs: 1\n  global_batch_size: 4\n  validation_epochs: 0\n"
+        f"  accumulate_batches: {accumulate}\ndistribution:\n  strategy: mirrored\n  cpu_devices: 2\n"
+    )
+    config = load_config(small_config(limit_train=8, extra=extra))
+    build_features(config, ("train", "dev"))
+    result = subprocess.run(
+        [sys.executable, "-c", _COUNT_REDUCTIONS, str(config.source)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    line = next((ln.split()[1:] for ln in result.stdout.splitlines() if ln.startswith("REDUCTIONS")), None)
+    assert line, result.stderr[-3000:]
+    towers, updates, *sizes = map(int, line)
+    assert (towers, updates) == (2, 2 // accumulate)
+    weights = 13  # DeepSpeech's: each all-reduce of the gradient carries all of them
+    carrying_gradients = [size for size in sizes if size >= weights]
+    # once per tower in the one traced update (a plain step: the gradient, the loss and the vote)
+    assert carrying_gradients == [weights + 2 if accumulate == 1 else weights] * towers, sizes
+
+
 _KILLABLE_TRAIN = """
 import sys, logging
 logging.basicConfig(level=logging.INFO)

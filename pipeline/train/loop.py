@@ -47,6 +47,7 @@ from pipeline.train.hooks import (
     configured_hooks,
 )
 from pipeline.train.nonfinite_stop import check_not_stopped, record_stop, stop_message
+from pipeline.train.optimizer import ReducedGradientAdam
 from pipeline.train.policy import EpochPolicy, EpochVerdict, learning_rate
 from pipeline.train.report import train_report
 from pipeline.train.step import StepResult, TrainingStep, ballot
@@ -113,7 +114,7 @@ class Trainer:
         training = config.training
         with strategy.scope():
             self.model, view = task_model(config, self.tasks)
-            self.optimizer = keras.optimizers.Adam(
+            self.optimizer = ReducedGradientAdam(
                 learning_rate=training.learning_rate,
                 beta_1=training.beta1,
                 beta_2=training.beta2,

@@ -204,11 +204,7 @@ class TrainingStep:
         ``finite`` and returns whether it applied (False also when ``training.revert_nonfinite_updates``
         put the weights and slots back because the update made them non-finite)."""
         variables, optimizer, guard = self.model.task_variables(tasks), self._optimizer, self._shadows
-        towers, clip, scaled_loss = (
-            self.strategy.num_replicas_in_sync,
-            self._training.clip_grad_norm,
-            self._scaled_loss,
-        )
+        clip, scaled_loss = self._training.clip_grad_norm, self._scaled_loss
 
         def apply_if_finite(distribution, finite, grads):
             # Runs in cross-replica context: assignments reach every replica.
@@ -238,8 +234,7 @@ class TrainingStep:
                 grads, _ = tf.clip_by_global_norm(
                     grads, clip * (optimizer.dynamic_scale if scaled_loss else 1.0)
                 )
-            # The optimizer all-reduces (sums) again: hand it each tower's share of the global gradient.
-            return context.merge_call(apply_if_finite, args=(finite, [g / towers for g in grads]))
+            return context.merge_call(apply_if_finite, args=(finite, grads))
 
         return variables, update
 
