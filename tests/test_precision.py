@@ -84,3 +84,51 @@ def test_jit_compiled_training_step_trains(small_config):
     report = train_stage(Layout(config))
     losses = [e["train_loss"] for e in report.train_losses]
     assert losses[-1] < losses[0] and not report.skipped_batches, losses
+
+
+def test_an_update_the_float16_loss_scale_skips_is_not_counted_as_made(small_config, caplog):
+    """mixed_float16 with the loss scale set so high that the first two steps' gradients overflow: the
+    LossScaleOptimizer skips those updates and lowers the scale; the schedule, Adam's step count and the
+    run's update count leave them out, and they are neither bad batches nor refused updates. Then, at a
+    sane scale, the next two steps update."""
+    import logging
+
+    from native_client.alphabet import load_alphabet
+    from pipeline.features.cache import read_cache
+    from pipeline.stages.features import global_stats
+    from pipeline.train.distribute import make_strategy
+    from pipeline.train.hooks import TrainHooks
+    from pipeline.train.loop import Trainer
+    from pipeline.train.policy import learning_rate
+    from pipeline.train.tasks import TaskData
+
+    extra = (
+        "training:\n  epochs: 2\n  validation_epochs: 0\n  precision: mixed_float16\n  warmup_steps: 10\n"
+        "distribution:\n  strategy: one_device\n"
+    )
+    config = load_config(small_config(limit_train=8, extra=extra))
+    build_features(config, ("train",))
+    layout = Layout(config)
+    train = read_cache(layout.features_cache("train"), config.features, global_stats(layout))
+    trainer = None
+
+    def sane_scale_after_2(info):
+        if info.step == 2:
+            assert int(trainer.state.updates.numpy()) == 0 and int(trainer.optimizer.iterations.numpy()) == 0
+            trainer.step_optimizer.dynamic_scale.assign(2.0**10)
+
+    trainer = Trainer(
+        config,
+        layout.train_run.root,
+        [TaskData.only(train, None, load_alphabet(layout.alphabet))],
+        make_strategy(config.distribution),
+        hooks=TrainHooks(on_step=sane_scale_after_2),
+    )
+    trainer.step_optimizer.dynamic_scale.assign(2.0**60)
+    with caplog.at_level(logging.INFO):
+        report = trainer.fit()
+    assert (report.global_step, report.updates, int(trainer.optimizer.iterations.numpy())) == (4, 2, 2)
+    assert trainer._learning_rate() == pytest.approx(learning_rate(config.training, 1.0, 2))
+    assert not report.skipped_batches
+    overflowed = [r for r in caplog.records if "overflowed at the float16 loss scale" in r.message]
+    assert len(overflowed) == 2 and "would make weights non-finite" not in caplog.text

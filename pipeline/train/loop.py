@@ -27,7 +27,6 @@ import shutil
 import time
 from pathlib import Path
 
-import keras
 import tensorflow as tf
 
 from pipeline.config import Config
@@ -47,7 +46,7 @@ from pipeline.train.hooks import (
     configured_hooks,
 )
 from pipeline.train.nonfinite_stop import check_not_stopped, record_stop, stop_message
-from pipeline.train.optimizer import ReducedGradientAdam
+from pipeline.train.optimizer import optimizers
 from pipeline.train.policy import EpochPolicy, EpochVerdict, learning_rate
 from pipeline.train.report import train_report
 from pipeline.train.step import StepResult, TrainingStep, ballot
@@ -114,26 +113,9 @@ class Trainer:
         training = config.training
         with strategy.scope():
             self.model, view = task_model(config, self.tasks)
-            self.optimizer = ReducedGradientAdam(
-                learning_rate=training.learning_rate,
-                beta_1=training.beta1,
-                beta_2=training.beta2,
-                epsilon=training.epsilon,
+            self.optimizer, self.step_optimizer, loss_scale = optimizers(
+                training, self.model.trainable_variables
             )
-            self.optimizer.build(self.model.trainable_variables)
-            # float16 needs loss scaling; the checkpoint keeps the inner Adam (the same keys in every
-            # precision, so a run can switch) and the scale beside it.
-            self.step_optimizer = (
-                keras.optimizers.LossScaleOptimizer(self.optimizer)
-                if training.precision == "mixed_float16"
-                else self.optimizer
-            )
-            self.step_optimizer.build(self.model.trainable_variables)
-        loss_scale = (
-            {"scale": self.step_optimizer.dynamic_scale, "counter": self.step_optimizer.step_counter}
-            if self.step_optimizer is not self.optimizer
-            else {}
-        )
         # Everything a step depends on: weights, optimizer slots and step, dropout RNG state, data
         # position, learning-rate factor and history; so a resumed run is bit-identical.
         self.checkpoints = RunCheckpoints(
@@ -205,7 +187,7 @@ class Trainer:
         self._last_loss = loss
         self.state.global_step.assign_add(1)
         self.state.step_in_epoch.assign_add(1)
-        if result.update:
+        if result.update and not result.overflowed:  # the schedule counts updates made
             self.state.updates.assign_add(1)
         step = int(self.state.global_step.numpy())
         window = self._window
@@ -223,6 +205,11 @@ class Trainer:
                 consecutive_bad = 0
                 self.state.epoch_loss_sum.assign_add(sum(window.losses))
                 self.state.epoch_loss_count.assign_add(len(window.losses))
+            elif result.overflowed:
+                log.info(
+                    "Step %d: gradients overflowed at the float16 loss scale: update skipped, scale lowered",
+                    step,
+                )
             elif window.losses:
                 files = sorted(window.files)
                 log.warning(

@@ -26,7 +26,9 @@ from pipeline.train.tasks import Windows
 class StepResult:
     """What one step did: its loss, whether it (and the gradients) were finite, whether an update was
     applied, its tasks and, per task, the per-tower tensors of its batch's utterance indices; whether any
-    worker asked for a checkpoint or a stop after it (every worker's answer); whether it ended a window."""
+    worker asked for a checkpoint or a stop after it (every worker's answer); whether it ended a window;
+    whether ``mixed_float16``'s loss scaling skipped its update (gradients overflowed at the scale, which
+    it then lowers: not a bad batch, and not an update either)."""
 
     loss: float
     finite: bool
@@ -36,6 +38,12 @@ class StepResult:
     save: bool = False
     update: bool = True
     stop: bool = False
+    overflowed: bool = False
+
+
+# What an update did (a tensor of the traced step): applied; not applied (not finite, or reverted); skipped
+# by the LossScaleOptimizer (the gradients overflowed at the loss scale).
+REFUSED, APPLIED, OVERFLOWED = 0, 1, 2
 
 
 # A vote is one number in the step's all-reduce: 1 asks for a checkpoint, STOP_VOTE for a stop with one (a
@@ -153,7 +161,7 @@ class TrainingStep:
         windows = self._windows
         coefficients = tf.constant(windows.coefficients[index], tf.float32)
         loss, finite, indices, votes = self._function("add", tasks, element_spec)(batches, vote, coefficients)
-        result = self._result(tasks, (loss, finite, tf.constant(False), indices, votes), update=False)
+        result = self._result(tasks, (loss, finite, tf.constant(REFUSED), indices, votes), update=False)
         if result.finite:
             self._added += windows.shares[index]
             self._tasks.update(tasks)
@@ -164,22 +172,32 @@ class TrainingStep:
         # What was added is scaled up to a whole window's weight; exactly 1 when no step was skipped.
         rescale = 1.0 / self._added if self._skipped and self._added > 0 else 1.0
         # A task drawn only in skipped steps has a zero gradient: Adam would still move it, so it is left out.
-        applied = False
+        status = REFUSED
         if self._added > 0:
             update = self._function("update", tuple(sorted(self._tasks)), None)
             local = self.strategy.experimental_local_results
-            applied = bool(local(update(tf.constant(rescale, tf.float32)))[0].numpy())
+            status = int(local(update(tf.constant(rescale, tf.float32)))[0].numpy())
         self._added, self._skipped, self._tasks = 0.0, False, set()
-        return replace(result, applied=applied, update=True)
+        return replace(result, applied=status == APPLIED, overflowed=status == OVERFLOWED, update=True)
 
     def _result(self, tasks, outputs, update: bool = True) -> StepResult:
         loss, finite, applied, indices, votes = outputs
         local = self.strategy.experimental_local_results
         total = float(local(votes)[0].numpy())  # the towers' votes (ballot) summed
         save, stop = total > 0, total >= STOP_VOTE
-        first = [local(tensor)[0].numpy() for tensor in (loss, finite, applied)]
+        loss, finite, status = (local(tensor)[0].numpy() for tensor in (loss, finite, applied))
         indices = tuple(tuple(local(part)) for part in indices)
-        return StepResult(float(first[0]), bool(first[1]), bool(first[2]), tasks, indices, save, update, stop)
+        return StepResult(
+            float(loss),
+            bool(finite),
+            status == APPLIED,
+            tasks,
+            indices,
+            save,
+            update,
+            stop,
+            status == OVERFLOWED,
+        )
 
     def _function(self, kind: str, tasks: tuple[int, ...], element_spec):
         """The ``kind`` (``step``, ``add``, ``update``) of ``tasks`` run by the strategy as one
@@ -201,8 +219,8 @@ class TrainingStep:
     def _update(self, tasks: tuple[int, ...]):
         """(the variables of ``tasks``, their update): ``update(context, grads, finite)``, in replica context
         with the global gradient (summed over the towers), clips (``training.clip_grad_norm``), applies when
-        ``finite`` and returns whether it applied (False also when ``training.revert_nonfinite_updates``
-        put the weights and slots back because the update made them non-finite)."""
+        ``finite`` and returns what it did: APPLIED, REFUSED (also when ``training.revert_nonfinite_updates``
+        put the weights and slots back because the update made them non-finite) or OVERFLOWED."""
         variables, optimizer, guard = self.model.task_variables(tasks), self._optimizer, self._shadows
         clip, scaled_loss = self._training.clip_grad_norm, self._scaled_loss
 
@@ -215,26 +233,30 @@ class TrainingStep:
                     lambda g: optimizer.apply(g, variables), args=(grads,)
                 )
                 if not guard:
-                    return tf.constant(True)
+                    return tf.constant(APPLIED)
 
                 def revert():
                     for shadow, variable in zip(guard, self._guarded, strict=False):
                         variable.assign(shadow)
-                    return tf.constant(False)
+                    return tf.constant(REFUSED)
 
-                return tf.cond(all_finite(variables), lambda: tf.constant(True), revert)
+                return tf.cond(all_finite(variables), lambda: tf.constant(APPLIED), revert)
 
             return tf.cond(
-                distribution.experimental_local_results(finite)[0], apply, lambda: tf.constant(False)
+                distribution.experimental_local_results(finite)[0], apply, lambda: tf.constant(REFUSED)
             )
 
         def update(context, grads, finite):
+            # The LossScaleOptimizer skips an update whose scaled gradients overflowed (the same on every
+            # tower: they are the sum).
+            overflowed = tf.logical_not(all_finite(grads)) if scaled_loss else tf.constant(False)
             if clip > 0:
                 # Scaled gradients are clipped at the scaled norm: the same as clipping the true ones.
                 grads, _ = tf.clip_by_global_norm(
                     grads, clip * (optimizer.dynamic_scale if scaled_loss else 1.0)
                 )
-            return context.merge_call(apply_if_finite, args=(finite, grads))
+            status = context.merge_call(apply_if_finite, args=(finite, grads))
+            return tf.where(tf.logical_and(finite, overflowed), OVERFLOWED, status)
 
         return variables, update
 
