@@ -115,5 +115,37 @@ def test_the_model_takes_either_kernel_with_the_same_weights_and_results():
 def test_auto_takes_the_layer_only_where_a_gpu_would_run_cudnn():
     assert uses_fused_lstm("auto", gpu=False)
     assert not uses_fused_lstm("auto", gpu=True)
+    assert not uses_fused_lstm("auto", "mixed_float16", gpu=True)
+    assert uses_fused_lstm("auto", "mixed_bfloat16", gpu=True)  # cuDNN's RNN has no bfloat16
     assert uses_fused_lstm("fused", gpu=True)
     assert not uses_fused_lstm("layer", gpu=False)
+
+
+def _ops(function, *specs) -> set[str]:
+    """Every op type of ``function``'s graph traced for ``specs``, the functions it calls included."""
+    graph = function.get_concrete_function(*specs).graph.as_graph_def()
+    nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+    return {node.op for node in nodes}
+
+
+@pytest.mark.parametrize("kernel", ["auto", "layer"])
+def test_where_a_gpu_is_visible_xla_steps_and_exports_never_carry_cudnns_lstm(monkeypatch, kernel):
+    """Keras' LSTM traced where it sees a GPU emits ``CudnnRNNV3``, which XLA cannot compile (TF #99385)
+    and which a SavedModel's CPU user cannot run. Made to see one here, the model traces cuDNN's kernel
+    for a plain training step (so the test can tell), and never under ``jit_compile`` nor in the form
+    every export carries."""
+    import importlib
+
+    from pipeline.model import model_family
+
+    monkeypatch.setattr(
+        importlib.import_module("keras.src.backend.tensorflow.rnn"), "_is_gpu_available", lambda: True
+    )
+    settings = DeepSpeechSettings(n_hidden=8, lstm_kernel=kernel)
+    model = build_model(ModelConfig(options=settings), 5, 7)
+    model.fused_lstm = uses_fused_lstm(kernel, gpu=True)  # as it decides where a GPU is visible
+    spec = tf.TensorSpec([2, None, 5], tf.float32)
+    assert "CudnnRNNV3" in _ops(tf.function(lambda x: model(x, training=True)), spec)
+    assert "CudnnRNNV3" not in _ops(tf.function(lambda x: model(x, training=True), jit_compile=True), spec)
+    family = model_family("deepspeech")
+    assert "CudnnRNNV3" not in _ops(tf.function(lambda x: family.utterance(model, x)), spec)

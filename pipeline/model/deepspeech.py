@@ -42,8 +42,11 @@ class DeepSpeechSettings:
         "How the deepspeech family runs its LSTM over a sequence: fused (the whole sequence's input and "
         "weight products as single matrix products, the backward pass written out: a training step 2.2-2.4x "
         "faster on a CPU at n_hidden 384, 3.5x at 2048), layer (Keras' LSTM layer: cuDNN on a GPU), auto "
-        "(layer when a GPU is visible, else fused). The same function to float rounding, so not in any "
-        "fingerprint; a run resumed with the other kernel continues, equal to rounding, not bit for bit.",
+        "(layer when a GPU is visible and the step computes in float32 or float16, else fused). Under "
+        "training.jit_compile and in every export the LSTM is the fused one whatever this says (XLA has no "
+        "kernel for cuDNN's, and an export runs on any device). The same function to float rounding, so "
+        "not in any fingerprint; a run resumed with the other kernel continues, equal to rounding, not "
+        "bit for bit.",
         stages=(),
     )
 
@@ -63,6 +66,11 @@ class DeepSpeech(ModelFamily):
         model = AcousticModel(config, self.settings(config), n_input, n_classes, precision)
         model(tf.zeros([1, 1, n_input]))
         return model
+
+    def utterance(self, model, features):
+        """The logits every export carries, with the fused LSTM: the same graph on every device (Keras'
+        layer traced where a GPU is visible would put cuDNN's kernel into the export)."""
+        return model(features, training=False, portable=True)
 
     def encode(self, model, features, lengths, training: bool):
         """The output of layer 5 (after its dropout) ``[batch, time, n_hidden]``, and the lengths: one label

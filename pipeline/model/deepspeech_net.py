@@ -44,14 +44,25 @@ def make_windows(features: tf.Tensor, n_context: int) -> tf.Tensor:
     return tf.signal.frame(padded, 2 * n_context + 1, 1, axis=1)
 
 
-def uses_fused_lstm(lstm_kernel: str, gpu: bool | None = None) -> bool:
-    """Whether ``lstm_kernel`` runs the fused sequence LSTM (``auto``: when no GPU is visible, where
-    Keras' layer would use cuDNN; ``gpu`` overrides asking TensorFlow)."""
-    if lstm_kernel == "auto":
-        if gpu is None:
-            gpu = bool(tf.config.list_physical_devices("GPU"))
-        return not gpu
-    return lstm_kernel == "fused"
+def uses_fused_lstm(lstm_kernel: str, precision: str = "float32", gpu: bool | None = None) -> bool:
+    """Whether ``lstm_kernel`` runs the fused sequence LSTM: ``fused``; ``auto`` wherever Keras' layer
+    would not run cuDNN's kernel well: no GPU visible (``gpu`` overrides asking TensorFlow), or bfloat16
+    compute (cuDNN's RNN takes half, float and double only). Under XLA every call runs it
+    (``AcousticModel.encode``)."""
+    if lstm_kernel != "auto":
+        return lstm_kernel == "fused"
+    if precision == "mixed_bfloat16":
+        return True
+    return not (tf.config.list_physical_devices("GPU") if gpu is None else gpu)
+
+
+def in_xla_context() -> bool:
+    """Whether the graph being traced is compiled by XLA (a ``tf.function(jit_compile=True)`` or inside
+    one), which has no kernel for the ``CudnnRNNV3`` op Keras' LSTM emits on a GPU: TensorFlow's functions
+    mark their XLA graphs with this control-flow context, and Keras does not look (TF #99385)."""
+    from tensorflow.python.ops import control_flow_util
+
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
 class AcousticModel(keras.Model):
@@ -101,8 +112,9 @@ class AcousticModel(keras.Model):
             dtype=precision,
             kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 4),
             recurrent_initializer=keras.initializers.GlorotUniform(seed=seed + 5),
+            use_cudnn=False if precision == "mixed_bfloat16" else "auto",
         )
-        self.fused_lstm = uses_fused_lstm(settings.lstm_kernel)
+        self.fused_lstm = uses_fused_lstm(settings.lstm_kernel, precision)
         self.layer_5 = dense("layer_5", hidden, 6)
         self.layer_6 = dense("layer_6", n_classes, 7, activation=False)
         self.dropouts = [
@@ -128,18 +140,21 @@ class AcousticModel(keras.Model):
         x = self.dropouts[3](x, training=training)
         return self.dropouts[5](self.layer_5(x), training=training)
 
-    def call(self, features, training=False):
-        """Full-sequence logits ``[batch, time, n_classes]`` (float32)
-        of features ``[batch, time, n_input]``."""
-        return tf.cast(self.layer_6(self.encode(features, training)), tf.float32)
+    def call(self, features, training=False, portable=False):
+        """Full-sequence logits ``[batch, time, n_classes]`` (float32) of features ``[batch, time,
+        n_input]``; ``portable``: the computation every device runs (never cuDNN's kernel), what an export
+        carries."""
+        return tf.cast(self.layer_6(self.encode(features, training, portable)), tf.float32)
 
-    def encode(self, features, training=False):
+    def encode(self, features, training=False, portable=False):
         """Layer 5's output ``[batch, time, n_hidden]`` of features ``[batch, time, n_input]``: what the
-        output layer (or, in multi-task training, a task's head) reads."""
+        output layer (or, in multi-task training, a task's head) reads. The LSTM is the fused one when
+        ``lstm_kernel`` chose it, when ``portable`` and under XLA; else Keras' layer (cuDNN on a GPU)."""
         zeros = tf.zeros([tf.shape(features)[0], self.settings.n_hidden], dtype=self.compute_dtype)
+        fused = self.fused_lstm or portable or in_xla_context()
 
         def recurrence(x):
-            if self.fused_lstm:
+            if fused:
                 if not self.lstm.built:  # built here, in the model's scope, as calling it would
                     self.lstm.build(x.shape)
                 cell = self.lstm.cell
@@ -207,6 +222,14 @@ class DeepSpeechStreaming(StreamingForm):
         return logits, final["h"], final["c"]
 
     def utterance(self, windows):
-        """Logits ``[1, time, n_classes]`` of any number of windows (the Keras LSTM layer's own loop)."""
-        zeros = tf.zeros([1, self.model.settings.n_hidden])
-        return self.model.stack(windows, lambda x: self.model.lstm(x, initial_state=[zeros, zeros])[0], False)
+        """Logits ``[1, time, n_classes]`` of any number of windows (the fused LSTM's loop: the same on
+        every device)."""
+        cell = self.model.lstm.cell
+
+        def recurrence(x):
+            time_major = lstm_sequence(
+                tf.transpose(x, [1, 0, 2]), cell.kernel, cell.recurrent_kernel, cell.bias
+            )
+            return tf.transpose(time_major, [1, 0, 2])
+
+        return self.model.stack(windows, recurrence, False)
