@@ -96,13 +96,29 @@ def test_long_utterances_do_not_saturate():
     assert len(set(np.round(sparse, 3))) == 3
 
 
-def test_the_implementation_follows_the_device_and_xla():
+def test_the_implementation_follows_xla_and_the_kernel_runs_on_the_host_cpu():
     assert ctc_implementation(jit_compile=False, gpu=False) == KERNEL
-    # No XLA kernel for the C++ op; on a GPU TensorFlow would route sparse labels to cuDNN (256 labels at
-    # most) and dense ones to its saturating implementation.
+    # No XLA kernel for the C++ op; outside XLA, on a GPU too, the C++ kernel on the host's CPU.
     assert ctc_implementation(jit_compile=True, gpu=False) == LOG_SPACE
-    assert ctc_implementation(jit_compile=False, gpu=True) == LOG_SPACE
+    assert ctc_implementation(jit_compile=False, gpu=True) == KERNEL
     assert ctc_implementation(jit_compile=True, gpu=True) == LOG_SPACE
+    logits, labels, label_lengths, lengths = _batch(2, time=40, labels=8)
+
+    @tf.function
+    def on_a_gpu(logits):
+        with tf.device("/device:GPU:0"):  # where a tower's model runs (traced only: no GPU needed)
+            return ctc_loss(labels, label_lengths, logits, lengths, BLANK, KERNEL)
+
+    graph = on_a_gpu.get_concrete_function(tf.TensorSpec(logits.shape, logits.dtype)).graph
+    # TensorFlow's CTC is a call whose implementation Grappler picks by the call's device (cuDNN's on a GPU)
+    calls = [op for op in graph.get_operations() if op.type.endswith("PartitionedCall")]
+    ctc = [op for op in calls if "ctc_loss" in op.get_attr("f").name]
+    assert ctc and all(op.device.endswith("CPU:0") for op in ctc), [(op.name, op.device) for op in calls]
+    # the kind of op a step of each runs: one kernel, against a per-frame loop of many small ones
+    log_space = tf.function(lambda x: ctc_loss(labels, label_lengths, x, lengths, BLANK, LOG_SPACE))
+    ops = log_space.get_concrete_function(tf.TensorSpec(logits.shape, logits.dtype)).graph.as_graph_def()
+    loop_ops = sum(len(f.node_def) for f in ops.library.function)
+    assert loop_ops > 50, loop_ops
 
 
 def _brute_force(logits: np.ndarray, labels: tuple, frames: int) -> float:

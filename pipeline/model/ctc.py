@@ -1,5 +1,5 @@
-"""The CTC loss: TensorFlow's C++ kernel on a CPU, an exact log-space implementation of our own wherever
-that kernel cannot run (a GPU, ``training.jit_compile``).
+"""The CTC loss: TensorFlow's C++ kernel on the host's CPU (also when the model runs on a GPU), an exact
+log-space implementation of our own where that kernel cannot run (inside a ``training.jit_compile`` step).
 
 TensorFlow has three CTC paths, and only one is right for long utterances:
 
@@ -29,11 +29,11 @@ LOG_SPACE = "log_space"
 
 
 def ctc_implementation(jit_compile: bool, gpu: bool | None = None) -> str:
-    """Which CTC to use: ``KERNEL`` on a CPU without XLA, else ``LOG_SPACE`` (``gpu``: whether a GPU is
-    visible, default: ask TensorFlow)."""
-    if gpu is None:
-        gpu = bool(tf.config.list_physical_devices("GPU"))
-    return LOG_SPACE if jit_compile or gpu else KERNEL
+    """Which CTC to use: ``LOG_SPACE`` inside an XLA step (``jit_compile``), else ``KERNEL``, which runs on
+    the host's CPU even where the model runs on a GPU (as DeepSpeech's did): there the log-space loss would
+    be a per-frame ``tf.scan`` of about 110 small ops, one kernel launch each, likely more time than the
+    model. ``gpu`` is accepted for callers that ask; the choice no longer depends on it."""
+    return LOG_SPACE if jit_compile else KERNEL
 
 
 def ctc_loss(
@@ -60,7 +60,11 @@ def ctc_loss(
     indices = tf.where(mask)
     values = tf.cast(tf.gather_nd(labels, indices), tf.int32)
     sparse_labels = tf.SparseTensor(indices, values, tf.cast(tf.shape(labels), tf.int64))
-    return tf.nn.ctc_loss(sparse_labels, logits, None, logit_lengths, logits_time_major=False, blank_index=-1)
+    # On the host's CPU: placed on a GPU, TensorFlow would swap in cuDNN's CTC (256 labels at most).
+    with tf.device("/device:CPU:0"):
+        return tf.nn.ctc_loss(
+            sparse_labels, logits, None, logit_lengths, logits_time_major=False, blank_index=-1
+        )
 
 
 def _logsumexp3(a: tf.Tensor, b: tf.Tensor, c: tf.Tensor) -> tf.Tensor:
