@@ -115,6 +115,17 @@ def _listeners(pids: list[int]) -> set[tuple[str, int]]:
     return found
 
 
+def test_workers_all_reduce_over_nccl_where_they_have_gpus_and_over_the_ring_on_cpus():
+    import tensorflow as tf
+
+    from pipeline.train.distribute import collective_implementation
+
+    kind = tf.distribute.experimental.CommunicationImplementation
+
+    assert collective_implementation(gpus=True) == kind.NCCL
+    assert collective_implementation(gpus=False) == kind.RING  # what these tests' workers use
+
+
 def test_two_workers_end_with_identical_weights(small_config, tmp_path):
     """Also: each worker's TensorFlow server listens on 127.0.0.1 only, never on every interface."""
     path = _config(small_config, "mw.yaml", epochs=2)
