@@ -28,7 +28,12 @@ pytestmark = pytest.mark.slow
 
 
 def _config(
-    small_config, name: str, epochs: int, extra: str = "", training: str = "  checkpoint_secs: 1\n"
+    small_config,
+    name: str,
+    epochs: int,
+    extra: str = "",
+    training: str = "  checkpoint_secs: 1\n",
+    validation_epochs: int = 1000,
 ) -> Path:
     """A tiny multi-worker config; ``training``: more keys of its training section (YAML lines)."""
     return small_config(
@@ -43,7 +48,7 @@ distribution:
 training:
   epochs: {epochs}
   batch_size: 4
-  validation_epochs: 1000
+  validation_epochs: {validation_epochs}
 """
         + training
         + extra,
@@ -126,9 +131,62 @@ def test_workers_all_reduce_over_nccl_where_they_have_gpus_and_over_the_ring_on_
     assert collective_implementation(gpus=False) == kind.RING  # what these tests' workers use
 
 
+_VERDICTS = """
+import json, os
+from pipeline.config import DistributionConfig
+from pipeline.reports import StopRecord
+from pipeline.train.agreement import chiefs_verdict
+from pipeline.train.distribute import make_strategy
+from pipeline.train.policy import EpochVerdict
+
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+strategy = make_strategy(DistributionConfig(strategy="multi_worker", collective_timeout_s=30))
+decided = EpochVerdict(is_best=True, halve_lr=True, stop=StopRecord("patience", "no gain in 5", 3))
+undecided = EpochVerdict()
+answers = [
+    chiefs_verdict(strategy, index == 0, decided if index == 1 else undecided, 3),  # the other worker's tie
+    chiefs_verdict(strategy, index == 0, decided if index == 0 else undecided, 3),  # the chief's
+]
+print("VERDICTS", json.dumps([[a.is_best, a.halve_lr, a.stop and a.stop.rule] for a in answers]), flush=True)
+"""
+
+
+def test_workers_whose_dev_figures_differ_take_the_chiefs_decisions():
+    """Two worker processes whose validations decided differently (best checkpoint, halving, early stop):
+    both come out with the chief's decisions, whichever of them decided."""
+    ports = []
+    for _ in range(2):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(probe.getsockname()[1])
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", _VERDICTS],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **os.environ,
+                "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
+            },
+        )
+        for i in range(2)
+    ]
+    outputs = [process.communicate(timeout=180) for process in processes]
+    answers = []
+    for out, err in outputs:
+        line = next((ln for ln in out.splitlines() if ln.startswith("VERDICTS")), None)
+        assert line, err[-3000:]
+        answers.append(json.loads(line.split(" ", 1)[1]))
+    assert answers[0] == answers[1] == [[False, False, None], [True, True, "patience"]], answers
+
+
 def test_two_workers_end_with_identical_weights(small_config, tmp_path):
-    """Also: each worker's TensorFlow server listens on 127.0.0.1 only, never on every interface."""
-    path = _config(small_config, "mw.yaml", epochs=2)
+    """Also: each worker's TensorFlow server listens on 127.0.0.1 only, never on every interface; each
+    epoch's validation decisions are agreed (``chiefs_verdict``)."""
+    path = _config(small_config, "mw.yaml", epochs=2, validation_epochs=1)
     config = load_config(path)
     build_features(config, ("train", "dev"))
     logs = TrainRun(tmp_path).worker_log

@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from pipeline.config import Config
 from pipeline.reports import TrainReport
+from pipeline.train.agreement import chiefs_verdict
 from pipeline.train.checkpointing import BatchPlan, RunCheckpoints, TrainingError
 from pipeline.train.distribute import ClusterRole
 from pipeline.train.epoch_ends import EpochEnds
@@ -258,6 +259,8 @@ class Trainer:
                 stop = request
         step = int(self.state.global_step.numpy())
         verdict = self.policy.after_epoch(epoch + 1, history, lambda at: self.validate(at, step))
+        if self.role.count > 1 and verdict.validation is not None:
+            verdict = chiefs_verdict(self.strategy, self.role.is_chief, verdict, epoch + 1)
         if verdict.validation is not None:
             asked = self._record_validation(verdict)
             stop = stop or asked
