@@ -107,13 +107,27 @@ def test_the_implementation_follows_xla_and_the_kernel_runs_on_the_host_cpu():
     @tf.function
     def on_a_gpu(logits):
         with tf.device("/device:GPU:0"):  # where a tower's model runs (traced only: no GPU needed)
-            return ctc_loss(labels, label_lengths, logits, lengths, BLANK, KERNEL)
+            with tf.GradientTape() as tape:
+                tape.watch(logits)
+                loss = ctc_loss(labels, label_lengths, logits, lengths, BLANK, KERNEL)
+            return loss, tape.gradient(loss, logits)
 
     graph = on_a_gpu.get_concrete_function(tf.TensorSpec(logits.shape, logits.dtype)).graph
-    # TensorFlow's CTC is a call whose implementation Grappler picks by the call's device (cuDNN's on a GPU)
-    calls = [op for op in graph.get_operations() if op.type.endswith("PartitionedCall")]
-    ctc = [op for op in calls if "ctc_loss" in op.get_attr("f").name]
-    assert ctc and all(op.device.endswith("CPU:0") for op in ctc), [(op.name, op.device) for op in calls]
+    # tf.nn.ctc_loss is a call whose version Grappler picks by the call's device (cuDNN's on a GPU, blank
+    # first), its gradient's call included: none may be in the graph, only the CPU's op, placed there.
+    functions = graph.as_graph_def().library.function
+    assert not [f.signature.name for f in functions if "ctc_loss_op" in f.signature.name]
+    ctc = [op for op in graph.get_operations() if op.type == "CTCLoss"]
+    assert len(ctc) == 1 and ctc[0].device.endswith("CPU:0"), [(op.type, op.device) for op in ctc]
+    loss, grad = on_a_gpu(logits)  # runs on the CPU here: the same numbers as TensorFlow's own kernel
+    with tf.GradientTape() as tape:
+        tape.watch(logits)
+        indices = tf.where(tf.sequence_mask(label_lengths, tf.shape(labels)[1]))
+        values = tf.cast(tf.gather_nd(labels, indices), tf.int32)
+        sparse = tf.SparseTensor(indices, values, tf.cast(tf.shape(labels), tf.int64))
+        theirs = tf.nn.ctc_loss(sparse, logits, None, lengths, False, blank_index=-1)
+    np.testing.assert_array_equal(loss.numpy(), theirs.numpy())
+    np.testing.assert_array_equal(grad.numpy(), tape.gradient(theirs, logits).numpy())
     # the kind of op a step of each runs: one kernel, against a per-frame loop of many small ones
     log_space = tf.function(lambda x: ctc_loss(labels, label_lengths, x, lengths, BLANK, LOG_SPACE))
     ops = log_space.get_concrete_function(tf.TensorSpec(logits.shape, logits.dtype)).graph.as_graph_def()

@@ -60,11 +60,11 @@ def ctc_loss(
     indices = tf.where(mask)
     values = tf.cast(tf.gather_nd(labels, indices), tf.int32)
     sparse_labels = tf.SparseTensor(indices, values, tf.cast(tf.shape(labels), tf.int64))
-    # On the host's CPU: placed on a GPU, TensorFlow would swap in cuDNN's CTC (256 labels at most).
+    # The raw CTCLoss op, on the host's CPU. Not tf.nn.ctc_loss: it is a function call whose version
+    # Grappler picks by each call's device, and its gradient's call lands on the tower's device, where a
+    # GPU swaps in cuDNN's version (blank first: every gradient shifted by one class; 256 labels at most).
     with tf.device("/device:CPU:0"):
-        return tf.nn.ctc_loss(
-            sparse_labels, logits, None, logit_lengths, logits_time_major=False, blank_index=-1
-        )
+        return tf.compat.v1.nn.ctc_loss(sparse_labels, logits, logit_lengths, time_major=False)
 
 
 def _logsumexp3(a: tf.Tensor, b: tf.Tensor, c: tf.Tensor) -> tf.Tensor:

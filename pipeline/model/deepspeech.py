@@ -67,11 +67,6 @@ class DeepSpeech(ModelFamily):
         model(tf.zeros([1, 1, n_input]))
         return model
 
-    def utterance(self, model, features):
-        """The logits every export carries, with the fused LSTM: the same graph on every device (Keras'
-        layer traced where a GPU is visible would put cuDNN's kernel into the export)."""
-        return model(features, training=False, portable=True)
-
     def encode(self, model, features, lengths, training: bool):
         """The output of layer 5 (after its dropout) ``[batch, time, n_hidden]``, and the lengths: one label
         per frame."""

@@ -140,18 +140,17 @@ class AcousticModel(keras.Model):
         x = self.dropouts[3](x, training=training)
         return self.dropouts[5](self.layer_5(x), training=training)
 
-    def call(self, features, training=False, portable=False):
-        """Full-sequence logits ``[batch, time, n_classes]`` (float32) of features ``[batch, time,
-        n_input]``; ``portable``: the computation every device runs (never cuDNN's kernel), what an export
-        carries."""
-        return tf.cast(self.layer_6(self.encode(features, training, portable)), tf.float32)
+    def call(self, features, training=False):
+        """Full-sequence logits ``[batch, time, n_classes]`` (float32)
+        of features ``[batch, time, n_input]``."""
+        return tf.cast(self.layer_6(self.encode(features, training)), tf.float32)
 
-    def encode(self, features, training=False, portable=False):
+    def encode(self, features, training=False):
         """Layer 5's output ``[batch, time, n_hidden]`` of features ``[batch, time, n_input]``: what the
         output layer (or, in multi-task training, a task's head) reads. The LSTM is the fused one when
-        ``lstm_kernel`` chose it, when ``portable`` and under XLA; else Keras' layer (cuDNN on a GPU)."""
+        ``lstm_kernel`` chose it and under XLA; else Keras' layer (cuDNN on a GPU)."""
         zeros = tf.zeros([tf.shape(features)[0], self.settings.n_hidden], dtype=self.compute_dtype)
-        fused = self.fused_lstm or portable or in_xla_context()
+        fused = self.fused_lstm or in_xla_context()
 
         def recurrence(x):
             if fused:
