@@ -202,11 +202,14 @@ class RunCheckpoints:
 
     def ensure_best(self) -> None:
         """Make the last checkpoint the best-dev one when no validation has told better: no dev split,
-        validation off, or no finite dev loss (and ``training.best_by`` figure) yet."""
+        validation off, or no finite dev loss (and ``training.best_by`` figure) yet. With several workers the
+        chief decides: another's scratch copy may be gone (a rerun), and a save is taken together."""
         latest = self.best_manager.latest_checkpoint
-        if latest and self.history.best(self.config.training.best_by) is not None:
-            return
-        if latest is None or not latest.endswith(f"-{self.step()}"):
+        told = latest and self.history.best(self.config.training.best_by) is not None
+        wanted = not told and (latest is None or not latest.endswith(f"-{self.step()}"))
+        if self.role.count > 1:
+            wanted = self._sum_over_workers(int(wanted) if self.role.is_chief else 0) > 0
+        if wanted:
             self.save_best()
 
     # -- restoring -----------------------------------------------------------------------------
