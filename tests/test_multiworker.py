@@ -136,16 +136,17 @@ import json, os
 from pipeline.config import DistributionConfig
 from pipeline.reports import StopRecord
 from pipeline.train.agreement import chiefs_verdict
-from pipeline.train.distribute import make_strategy
+from pipeline.train.distribute import cluster_role, make_strategy
 from pipeline.train.policy import EpochVerdict
 
-index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+role = cluster_role()
+index = role.index
 strategy = make_strategy(DistributionConfig(strategy="multi_worker", collective_timeout_s=30))
 decided = EpochVerdict(is_best=True, halve_lr=True, stop=StopRecord("patience", "no gain in 5", 3))
 undecided = EpochVerdict()
 answers = [
-    chiefs_verdict(strategy, index == 0, decided if index == 1 else undecided, 3),  # the other worker's tie
-    chiefs_verdict(strategy, index == 0, decided if index == 0 else undecided, 3),  # the chief's
+    chiefs_verdict(strategy, role, decided if index == 1 else undecided, 3),  # the other worker's tie
+    chiefs_verdict(strategy, role, decided if index == 0 else undecided, 3),  # the chief's
 ]
 print("VERDICTS", json.dumps([[a.is_best, a.halve_lr, a.stop and a.stop.rule] for a in answers]), flush=True)
 """

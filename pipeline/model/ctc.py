@@ -28,11 +28,11 @@ KERNEL = "kernel"
 LOG_SPACE = "log_space"
 
 
-def ctc_implementation(jit_compile: bool, gpu: bool | None = None) -> str:
+def ctc_implementation(jit_compile: bool) -> str:
     """Which CTC to use: ``LOG_SPACE`` inside an XLA step (``jit_compile``), else ``KERNEL``, which runs on
     the host's CPU even where the model runs on a GPU (as DeepSpeech's did): there the log-space loss would
     be a per-frame ``tf.scan`` of about 110 small ops, one kernel launch each, likely more time than the
-    model. ``gpu`` is accepted for callers that ask; the choice no longer depends on it."""
+    model."""
     return LOG_SPACE if jit_compile else KERNEL
 
 

@@ -145,6 +145,13 @@ class AcousticModel(keras.Model):
         of features ``[batch, time, n_input]``."""
         return tf.cast(self.layer_6(self.encode(features, training)), tf.float32)
 
+    def fused_sequence(self, x):
+        """The LSTM's outputs ``[batch, time, n_hidden]`` over ``x`` from a zero state, by the fused LSTM
+        (``pipeline.model.fused_lstm``) with the layer's weights."""
+        cell = self.lstm.cell
+        time_major = lstm_sequence(tf.transpose(x, [1, 0, 2]), cell.kernel, cell.recurrent_kernel, cell.bias)
+        return tf.transpose(time_major, [1, 0, 2])
+
     def encode(self, features, training=False):
         """Layer 5's output ``[batch, time, n_hidden]`` of features ``[batch, time, n_input]``: what the
         output layer (or, in multi-task training, a task's head) reads. The LSTM is the fused one when
@@ -156,11 +163,7 @@ class AcousticModel(keras.Model):
             if fused:
                 if not self.lstm.built:  # built here, in the model's scope, as calling it would
                     self.lstm.build(x.shape)
-                cell = self.lstm.cell
-                time_major = lstm_sequence(
-                    tf.transpose(x, [1, 0, 2]), cell.kernel, cell.recurrent_kernel, cell.bias
-                )
-                return tf.transpose(time_major, [1, 0, 2])
+                return self.fused_sequence(x)
             return self.lstm(x, initial_state=[zeros, zeros], training=training)[0]
 
         return self.hidden(make_windows(features, self.settings.n_context), recurrence, training)
@@ -223,12 +226,4 @@ class DeepSpeechStreaming(StreamingForm):
     def utterance(self, windows):
         """Logits ``[1, time, n_classes]`` of any number of windows (the fused LSTM's loop: the same on
         every device)."""
-        cell = self.model.lstm.cell
-
-        def recurrence(x):
-            time_major = lstm_sequence(
-                tf.transpose(x, [1, 0, 2]), cell.kernel, cell.recurrent_kernel, cell.bias
-            )
-            return tf.transpose(time_major, [1, 0, 2])
-
-        return self.model.stack(windows, recurrence, False)
+        return self.model.stack(windows, self.model.fused_sequence, False)

@@ -15,6 +15,7 @@ from dataclasses import replace
 import tensorflow as tf
 
 from pipeline.reports import StopRecord
+from pipeline.train.distribute import ClusterRole, sum_over_workers
 from pipeline.train.policy import EpochVerdict
 
 log = logging.getLogger(__name__)
@@ -23,20 +24,14 @@ log = logging.getLogger(__name__)
 _RULES = ("seed", "patience")
 
 
-def chiefs_verdict(strategy: tf.distribute.Strategy, is_chief: bool, verdict: EpochVerdict, epoch: int):
-    """``verdict`` with the chief's ``is_best``, ``halve_lr`` and early stop; every worker calls it after
-    the same validation (epoch ``epoch``, 1-based). This worker's own figures stay in it."""
+def chiefs_verdict(strategy: tf.distribute.Strategy, role: ClusterRole, verdict: EpochVerdict, epoch: int):
+    """``verdict`` with the chief's ``is_best``, ``halve_lr`` and early stop; every worker (``role``) calls it
+    after the same validation (epoch ``epoch``, 1-based). This worker's own figures stay in it."""
     stop = verdict.stop
     code = _RULES.index(stop.rule) + 1 if stop is not None and stop.rule in _RULES else 0
-    mine = [float(verdict.is_best), float(verdict.halve_lr), float(code)] if is_chief else [0.0] * 3
-    # Every local tower adds its share, so that the sum over all towers of all workers is the chief's.
-    value = tf.constant(mine, tf.float32) / float(len(strategy.extended.worker_devices))
-    summed = strategy.reduce(
-        tf.distribute.ReduceOp.SUM,
-        strategy.experimental_distribute_values_from_function(lambda _: value),
-        axis=None,
-    )
-    is_best, halve, code = (round(float(v)) for v in summed.numpy())
+    mine = [float(verdict.is_best), float(verdict.halve_lr), float(code)] if role.is_chief else [0.0] * 3
+    summed = sum_over_workers(strategy, role.count, mine)
+    is_best, halve, code = (round(v) for v in summed)
     if not code:
         agreed_stop = None
     elif stop is not None and stop.rule == _RULES[code - 1]:

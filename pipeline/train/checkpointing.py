@@ -29,7 +29,7 @@ from pipeline.config import Config
 from pipeline.files import remove_leftovers
 from pipeline.model.checkpoints import check_geometry, check_init_from, warm_start
 from pipeline.model.weights import named_weights, rng_states
-from pipeline.train.distribute import ClusterRole
+from pipeline.train.distribute import ClusterRole, sum_over_workers
 from pipeline.train.epochs import RunRecord
 from pipeline.train.history import HistoryState, TrainHistory
 from pipeline.workdir import BEST_PREFIX, CHECKPOINT_PREFIX, LEFTOVER_PATTERNS, TrainRun
@@ -285,16 +285,9 @@ class RunCheckpoints:
         return training.init_from
 
     def _sum_over_workers(self, value: int) -> int:
-        """``value`` summed over the workers of a multi-worker run: one collective operation, which every
-        worker must reach (each worker's first tower contributes its value, the others 0)."""
-        local = self.strategy.num_replicas_in_sync // self.role.count
-
-        def contribution(context: tf.distribute.ValueContext):
-            first = context.replica_id_in_sync_group % local == 0
-            return tf.constant(float(value) if first else 0.0, tf.float64)
-
-        values = self.strategy.experimental_distribute_values_from_function(contribution)
-        return int(round(float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, values, axis=None).numpy())))
+        """``value`` summed over the workers of a multi-worker run (``sum_over_workers``): one collective
+        operation, which every worker must reach."""
+        return int(round(sum_over_workers(self.strategy, self.role.count, [value])[0]))
 
     def _restore_agreed(self) -> str | None:
         """Multi-worker restore: the chief restores its latest intact checkpoint (``_restore_latest``) and

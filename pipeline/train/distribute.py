@@ -120,6 +120,19 @@ def training_role(config: DistributionConfig) -> ClusterRole:
     return SINGLE_PROCESS
 
 
+def sum_over_workers(strategy: tf.distribute.Strategy, workers: int, values: list[float]) -> list[float]:
+    """``values`` summed over the ``workers`` of a multi-worker run: one collective operation, which every
+    worker must reach (each worker's first tower contributes its values, the others zeros)."""
+    local = strategy.num_replicas_in_sync // workers
+
+    def contribution(context: tf.distribute.ValueContext):
+        first = context.replica_id_in_sync_group % local == 0
+        return tf.constant([float(v) if first else 0.0 for v in values], tf.float64)
+
+    per_tower = strategy.experimental_distribute_values_from_function(contribution)
+    return [float(v) for v in strategy.reduce(tf.distribute.ReduceOp.SUM, per_tower, axis=None).numpy()]
+
+
 def collective_implementation(gpus: bool) -> tf.distribute.experimental.CommunicationImplementation:
     """How multi-worker all-reduces travel: NCCL where the workers have GPUs (TensorFlow's AUTO picks the
     ring of gRPC messages there too, which moves every gradient through the hosts), the ring on CPUs."""

@@ -260,7 +260,7 @@ class Trainer:
         step = int(self.state.global_step.numpy())
         verdict = self.policy.after_epoch(epoch + 1, history, lambda at: self.validate(at, step))
         if self.role.count > 1 and verdict.validation is not None:
-            verdict = chiefs_verdict(self.strategy, self.role.is_chief, verdict, epoch + 1)
+            verdict = chiefs_verdict(self.strategy, self.role, verdict, epoch + 1)
         if verdict.validation is not None:
             asked = self._record_validation(verdict)
             stop = stop or asked
