@@ -131,6 +131,11 @@ def _cosine(config: Config) -> bool:
     return config.training.lr_decay == "cosine"
 
 
+def _bucketing(config: Config) -> bool:
+    """when set"""
+    return bool(config.training.bucket_growth)
+
+
 def _warming_up(config: Config) -> bool:
     """when set"""
     return config.training.warmup_steps > 0
@@ -574,6 +579,17 @@ class TrainingConfig:
         "Cap on the frames of one tower's batch (batch size x longest utterance); "
         "a batch over it is split into smaller steps. 0 = off.",
         minimum=0,
+    )
+    bucket_growth: float = _opt(
+        0.0,
+        'Pad every batch to a fixed grid of shapes (docs/TRAINING.md "Bucketed shapes"): frames up to a '
+        "grid of multiples of 8 growing by at most this factor a step (1.1: at most 10% padding), labels "
+        "to a width per grid value, batch sizes fixed per value; an epoch of the sample has 22 shapes "
+        "instead of 142. Each new shape is one XLA compile with jit_compile and one cuDNN autotuning on "
+        "a GPU. Padding changes no result. 0 = off: each batch padded to its own longest.",
+        minimum=0.0,
+        # Read only when set; a cap (max_batch_frames) then counts the padded frames.
+        when={"train": _bucketing},
     )
 
 

@@ -66,6 +66,7 @@ def validate_config(config: Config) -> None:
     if config.training.epochs == 0:
         raise ConfigError(f"{src}: training.epochs: expected a non-zero integer, got 0")
     _check_schedule(config.training, src)
+    _check_buckets(config.training, src)
     decoder = config.decoder
     if not plugin_exists("native_client.decoders", decoder.type):
         raise ConfigError(
@@ -103,6 +104,15 @@ def _check_schedule(training, src: str) -> None:
         raise ConfigError(
             f"{src}: training.min_learning_rate: the cosine schedule falls from learning_rate "
             f"({training.learning_rate:g}) to it, so it must be lower, got {training.min_learning_rate:g}"
+        )
+
+
+def _check_buckets(training, src: str) -> None:
+    """ConfigError for a shape grid that does not grow or pads more than it saves."""
+    if training.bucket_growth and not 1.0 < training.bucket_growth <= 2.0:
+        raise ConfigError(
+            f"{src}: training.bucket_growth: the grid's growth a step, above 1 and at most 2 (1.1 pads "
+            f"at most 10%), or 0 for no grid; got {training.bucket_growth:g}"
         )
 
 

@@ -70,6 +70,8 @@ def test_extends_overrides_a_subset_and_resolves_paths_per_file(write_config, tm
             "training:\n  lr_decay: cosine\n  min_learning_rate: 0.001\n",
             r"training\.min_learning_rate: the cosine schedule falls from learning_rate \(0\.001\)",
         ),
+        ("training:\n  bucket_growth: 1\n", r"training\.bucket_growth: the grid's growth a step, above 1"),
+        ("training:\n  bucket_growth: 3\n", r"training\.bucket_growth: .*got 3$"),
         ("model: [1, 2\n", r"invalid YAML"),
         (
             "model:\n  n_hidden: 5\nmodel:\n  relu_clip: 3\n",

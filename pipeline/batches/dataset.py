@@ -11,6 +11,10 @@ exactly on resume. Each tower takes its slice of the global batch. With
 window (the update of one batch N times the size), and the epoch shuffles windows,
 not steps: a window's batches always follow each other.
 
+With ``training.bucket_growth`` each batch is padded to a fixed grid of shapes
+(``pipeline.batches.buckets``): the plan's cuts use the padded frames, so a
+bucket's batch size is fixed too.
+
 Only the per-utterance index and the labels are in memory; each batch's
 features are read from the cache file when tf.data makes the batch.
 """
@@ -24,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline.batches.augment import augment_features, batch_seed
+from pipeline.batches.buckets import ShapeGrid
 from pipeline.config import AugmentConfig
 from pipeline.features.cache import CacheIndex, damage_in
 
@@ -32,7 +37,11 @@ PREFETCH_BATCHES = 2  # batches ready ahead of the model
 
 
 def batch_plan(
-    lengths: np.ndarray, global_batch: int, towers: int, max_batch_frames: int = 0
+    lengths: np.ndarray,
+    global_batch: int,
+    towers: int,
+    max_batch_frames: int = 0,
+    grid: ShapeGrid | None = None,
 ) -> list[np.ndarray]:
     """The run's global batches (sample indices), in length order, before any shuffling.
 
@@ -40,7 +49,7 @@ def batch_plan(
     full batch. With ``max_batch_frames``, a batch whose per-tower frames (tower
     batch x its longest utterance) exceed the cap is cut into consecutive steps of
     fewer utterances per tower (at least one), every step still split evenly over
-    the towers.
+    the towers. With ``grid`` the cap counts the batch's padded frames.
     """
     order = np.argsort(lengths, kind="stable")
     n_batches = max(1, math.ceil(len(order) / global_batch))
@@ -52,7 +61,7 @@ def batch_plan(
     per_tower = global_batch // towers
     plan = []
     for batch in batches:
-        longest = int(lengths[batch].max(initial=1)) or 1
+        longest = _padded(int(lengths[batch].max(initial=1)), grid) or 1
         fits = max(1, min(per_tower, max_batch_frames // longest))
         step = fits * towers
         plan.extend(batch[start : start + step] for start in range(0, global_batch, step))
@@ -85,15 +94,23 @@ def epoch_batches(plan: list[np.ndarray], epoch: int, seed: int, accumulate: int
     return [plan[i] for window in epoch_windows(len(plan), epoch, seed, accumulate) for i in window]
 
 
-def eval_batches(lengths: np.ndarray, batch_size: int, max_batch_frames: int = 0) -> list[np.ndarray]:
+def _padded(longest: int, grid: ShapeGrid | None) -> int:
+    """The frames of a batch whose longest utterance has ``longest``: on ``grid``, or ``longest``."""
+    return grid.frames(longest) if grid is not None and longest else longest
+
+
+def eval_batches(
+    lengths: np.ndarray, batch_size: int, max_batch_frames: int = 0, grid: ShapeGrid | None = None
+) -> list[np.ndarray]:
     """Every sample exactly once, in length order, in batches of at most ``batch_size`` (and, with
-    ``max_batch_frames``, at most that many padded frames unless one utterance alone is longer)."""
+    ``max_batch_frames``, at most that many padded frames, on ``grid`` when given, unless one utterance
+    alone is longer)."""
     order = np.argsort(lengths, kind="stable")
     batches, start = [], 0
     while start < len(order):
         size = min(batch_size, len(order) - start)
         if max_batch_frames:
-            longest = int(lengths[order[start + size - 1]]) or 1
+            longest = _padded(int(lengths[order[start + size - 1]]), grid) or 1
             size = max(1, min(size, max_batch_frames // longest))
         batches.append(order[start : start + size])
         start += size
@@ -105,10 +122,11 @@ class SplitReader:
 
     The read is one ``tf.numpy_function`` per batch (a contiguous slice of the
     length-ordered cache), so tf.data makes batches in parallel threads and no
-    Python code runs per sample.
+    Python code runs per sample. With ``grid`` a batch's frames and labels are padded to its shape on
+    the grid (``pipeline.batches.buckets``), else to the batch's longest.
     """
 
-    def __init__(self, index: CacheIndex):
+    def __init__(self, index: CacheIndex, grid: ShapeGrid | None = None):
         label_lengths = np.array([len(label) for label in index.labels], np.int32)
         label_offsets = (
             np.concatenate([[0], np.cumsum(label_lengths, dtype=np.int64)[:-1]])
@@ -117,6 +135,7 @@ class SplitReader:
         )
         flat_labels = np.concatenate(index.labels).astype(np.int32) if index.labels else np.zeros(0, np.int32)
         self.index = index
+        self.grid = grid
         self.n_input = index.n_input
         self.reader = index.reader()
         self.labels = tf.constant(flat_labels)  # [total_labels]
@@ -126,8 +145,8 @@ class SplitReader:
     def gather(self, indices: tf.Tensor):
         """Padded batch of ``indices``: features ``[b, time, n_input]``, lengths, labels ``[b, max_label]``,
         label lengths, indices."""
-        features, lengths = tf.numpy_function(
-            self.reader.batch, [indices], (tf.float32, tf.int32), stateful=False
+        features, lengths, label_width = tf.numpy_function(
+            self._read, [indices], (tf.float32, tf.int32, tf.int32), stateful=False
         )
         features = tf.ensure_shape(features, [None, None, self.n_input])
         lengths = tf.ensure_shape(lengths, [None])
@@ -135,7 +154,17 @@ class SplitReader:
         label_starts = tf.gather(self.label_offsets, indices)
         label_rows = tf.ragged.range(label_starts, label_starts + tf.cast(label_lengths, tf.int64))
         labels = tf.gather(self.labels, label_rows).to_tensor()
+        labels = tf.pad(labels, [[0, 0], [0, tf.maximum(label_width - tf.shape(labels)[1], 0)]])
         return features, lengths, labels, label_lengths, indices
+
+    def _read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The features and lengths of ``indices`` padded to their shape, and the labels' padded width
+        (0: the longest label's)."""
+        if self.grid is None or not len(indices):
+            return (*self.reader.batch(indices), np.int32(0))
+        longest = int(self.index.lengths[indices].max())
+        features, lengths = self.reader.batch(indices, self.grid.frames(longest))
+        return features, lengths, np.int32(self.grid.labels(longest))
 
 
 def _flat(index_batches: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -239,7 +268,7 @@ def train_dataset(
 
 def eval_dataset(reader: SplitReader, batch_size: int, max_batch_frames: int = 0) -> tf.data.Dataset:
     """Every sample once, in length-sorted batches."""
-    flat, starts, sizes = _flat(eval_batches(reader.index.lengths, batch_size, max_batch_frames))
+    flat, starts, sizes = _flat(eval_batches(reader.index.lengths, batch_size, max_batch_frames, reader.grid))
     return _batches(reader, _sliced(tf.constant(flat), tf.constant(starts), tf.constant(sizes)))
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from native_client.alphabet import Labels
+from pipeline.batches.buckets import shape_grid
 from pipeline.batches.dataset import SplitReader, checked, eval_dataset
 from pipeline.evaluation.metrics import SampleResult, greedy_decode, score_sample
 from pipeline.features.cache import CacheIndex
@@ -55,6 +56,7 @@ def run_split(
     on_logits: LogitsSink | None = None,
     reader: SplitReader | None = None,
     max_batch_frames: int = 0,
+    bucket_growth: float = 0.0,
     on_result: Callable[[int, SampleResult], None] | None = None,
 ) -> list[SampleResult] | None:
     """Every sample of ``data`` through ``model``; results in the cache's sample order.
@@ -62,11 +64,12 @@ def run_split(
     ``on_logits``, when given, receives each sample's logits as its batch is
     done (for decoders), so no caller has to hold a split's logits in memory.
     ``on_result(index, result)``, when given, receives each sample's result instead of the returned list
-    (None then), so no caller has to hold a split's results either.
+    (None then), so no caller has to hold a split's results either. ``max_batch_frames`` and
+    ``bucket_growth``: the batches' cap and shape grid (``training``'s keys), when no ``reader`` is given.
     """
     forward = forward or model_forward(model, alphabet.blank_index)
     results: list[SampleResult | None] = [None] * len(data) if on_result is None else []
-    reader = reader or SplitReader(data)
+    reader = reader or SplitReader(data, shape_grid(data, bucket_growth))
     for features, lengths, labels, label_lengths, indices in checked(
         eval_dataset(reader, batch_size, max_batch_frames)
     ):

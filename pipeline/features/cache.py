@@ -132,11 +132,12 @@ class FeatureReader:
         start = int(self.offsets[index])
         return self._read(start, start + int(self.lengths[index]))
 
-    def batch(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Zero-padded features ``[batch, max_frames, n_input]`` and lengths ``[batch]`` of ``indices``."""
+    def batch(self, indices: np.ndarray, frames: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Zero-padded features ``[batch, max(frames, longest), n_input]`` and lengths ``[batch]`` of
+        ``indices``."""
         indices = np.asarray(indices, dtype=np.int64)
         lengths = self.lengths[indices].astype(np.int32)
-        out = np.zeros((len(indices), int(lengths.max(initial=0)), self.n_input), np.float32)
+        out = np.zeros((len(indices), max(frames, int(lengths.max(initial=0))), self.n_input), np.float32)
         for first, last in _runs(indices):
             start = int(self.offsets[indices[first]])
             stop = int(self.offsets[indices[last]] + self.lengths[indices[last]])

@@ -99,6 +99,7 @@ def _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progres
                 config.training.dev_batch_size,
                 on_logits=keep_logits,
                 max_batch_frames=config.training.max_batch_frames,
+                bucket_growth=config.training.bucket_growth,
                 on_result=keep_result,
             )
         rates, samples = greedy.rates(), greedy.best_and_worst()
@@ -147,6 +148,7 @@ def _average_on_dev(layout, model, alphabet, averaging: Averaging, report, text)
             alphabet,
             config.training.dev_batch_size,
             max_batch_frames=config.training.max_batch_frames,
+            bucket_growth=config.training.bucket_growth,
         )
         rates = corpus_rates(results)
         dev = {"loss": rates["loss"], "wer": rates["wer"], "cer": rates["cer"], "headline": rates["headline"]}
@@ -185,6 +187,7 @@ def _full_context_pass(layout, model, alphabet, test_data, report, text, on_prog
         config.training.dev_batch_size,
         forward=model_forward(model, alphabet.blank_index, full_context=True),
         max_batch_frames=config.training.max_batch_frames,
+        bucket_growth=config.training.bucket_growth,
         on_result=keep_result,
     )
     rates = board.rates()

@@ -62,6 +62,7 @@ def _tune(layout, alphabet, dev, on_trial, report_path) -> TuneReport:
             config.training.dev_batch_size,
             on_logits=logits.put,
             max_batch_frames=config.training.max_batch_frames,
+            bucket_growth=config.training.bucket_growth,
         )
         headline = headline_metric(r.reference for r in greedy)
         with decode_pool(config, decoder_spec(config, layout.lm, alphabet, base)) as pool:

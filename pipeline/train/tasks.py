@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from native_client.alphabet import Labels
+from pipeline.batches.buckets import shape_grid
 from pipeline.batches.dataset import (
     SplitReader,
     batch_plan,
@@ -159,14 +160,16 @@ class TaskInputs:
         self.towers = strategy.num_replicas_in_sync
         self.sampling = config.multitask.sampling
         training = config.training
+        grids = [shape_grid(t.train, training.bucket_growth) for t in tasks]
         self.plans = [
-            batch_plan(t.train.lengths, global_batch, self.towers, training.max_batch_frames) for t in tasks
+            batch_plan(t.train.lengths, global_batch, self.towers, training.max_batch_frames, grid)
+            for t, grid in zip(tasks, grids, strict=True)
         ]
         self.sizes = [len(plan) for plan in self.plans]
         self.steps_per_epoch = steps_per_epoch(self.sampling, self.sizes)
         digests = [plan_digest(plan, training.accumulate_batches) for plan in self.plans]
         self.digest = tasks_digest(self.sampling, digests) if self.several else digests[0]
-        self.readers = [SplitReader(task.train) for task in tasks]
+        self.readers = [SplitReader(task.train, grid) for task, grid in zip(tasks, grids, strict=True)]
         self.positions = tf.Variable(tf.zeros([len(tasks)], tf.int64), trainable=False, name="tasks")
         self._schedule: tuple[int | None, list] = (None, [])
         self._datasets, self._iterators = [], []

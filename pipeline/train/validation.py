@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from pipeline.batches.buckets import shape_grid
 from pipeline.batches.dataset import SplitReader
 from pipeline.config import Config
 from pipeline.evaluation.metrics import best_and_worst, corpus_rates, format_report, headline_metric
@@ -39,7 +40,10 @@ class TaskValidation:
     def __init__(self, config: Config, tasks: list[TaskData], view, writer: Callable[[str], object]):
         self.config, self.tasks, self.writer = config, tasks, writer
         self.forwards = [task_forward(view, i, t.alphabet.blank_index) for i, t in enumerate(tasks)]
-        self.readers = [SplitReader(t.dev) if t.dev is not None else None for t in tasks]
+        growth = config.training.bucket_growth
+        self.readers = [
+            SplitReader(t.dev, shape_grid(t.dev, growth)) if t.dev is not None else None for t in tasks
+        ]
         self.headlines = [headline_metric(t.dev.transcripts) if t.dev is not None else "wer" for t in tasks]
 
     @property
