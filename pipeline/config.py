@@ -574,6 +574,14 @@ class TrainingConfig:
         stages=(),
     )
     jit_compile: bool = _opt(False, "Compile the training step with XLA.", stages=())
+    deterministic: Literal["auto", "exact", "fast"] = _opt(
+        "auto",
+        "exact: TensorFlow's op determinism on (and TF32 off on GPUs), so a run and a resumed run give the "
+        "same weights bit for bit, with the slower deterministic GPU kernels; fast: TensorFlow's defaults "
+        "(on a GPU, runs differ in the last bits); auto: exact without a GPU, fast with "
+        '(docs/RELIABILITY.md "What is exact where").',
+        stages=(),
+    )
     max_batch_frames: int = _opt(
         0,
         "Cap on the frames of one tower's batch (batch size x longest utterance); "

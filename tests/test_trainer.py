@@ -27,6 +27,7 @@ from pipeline.reports import TrainReport, read_report
 from pipeline.stages.evaluate import evaluate_stage
 from pipeline.stages.features import global_stats
 from pipeline.stages.train import train_stage
+from pipeline.train.determinism import ops_are_deterministic
 from pipeline.train.distribute import make_strategy
 from pipeline.train.loop import Trainer, TrainingError
 from pipeline.train.tasks import TaskData, global_batch_size
@@ -255,7 +256,10 @@ def test_sigkill_mid_epoch_resumes_from_checkpoint(small_config, tmp_path, famil
         )
     )
     build_features(clean)
-    assert train_stage(Layout(clean)).weights_sha256 == report.weights_sha256
+    clean_report = train_stage(Layout(clean))
+    assert clean_report.weights_sha256 == report.weights_sha256
+    # training.deterministic: auto: both runs trained with op determinism on (no GPU), off again after.
+    assert report.deterministic_ops and clean_report.deterministic_ops and not ops_are_deterministic()
 
 
 def test_checkpoint_steps_saves_at_known_steps_and_hooks_of_ones_own_run(small_config, tmp_path):

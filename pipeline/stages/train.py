@@ -15,6 +15,7 @@ from pipeline.locks import stage_lock
 from pipeline.model.labels import model_alphabet
 from pipeline.reports import TrainReport, write_report
 from pipeline.stages.features import global_stats, keep_global_stats, split_cache
+from pipeline.train.determinism import deterministic_ops
 from pipeline.train.distribute import DistributionError, configure_devices, make_strategy, training_role
 from pipeline.train.hooks import TrainHooks
 from pipeline.train.loop import Trainer
@@ -60,7 +61,10 @@ def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks |
     started = time.time()
     # Two pipelines whose configs share this Train fingerprint take turns on its directory;
     # the second resumes from the first one's checkpoints (and finds the run finished).
-    with stage_lock(run.root) if role.is_chief else contextlib.nullcontext():
+    with (
+        stage_lock(run.root) if role.is_chief else contextlib.nullcontext(),
+        deterministic_ops(config.training.deterministic, bool(tf.config.list_physical_devices("GPU"))),
+    ):
         trainer = Trainer(
             config,
             run.root,
