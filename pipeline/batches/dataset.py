@@ -32,7 +32,7 @@ from pipeline.batches.buckets import ShapeGrid
 from pipeline.config import AugmentConfig
 from pipeline.features.cache import CacheIndex, damage_in
 
-PARALLEL_BATCHES = 2  # batches read at once
+PARALLEL_BATCHES = 2  # batches read at once (more threads gain nothing: bench/input.py)
 PREFETCH_BATCHES = 2  # batches ready ahead of the model
 
 
@@ -123,10 +123,11 @@ class SplitReader:
     The read is one ``tf.numpy_function`` per batch (a contiguous slice of the
     length-ordered cache), so tf.data makes batches in parallel threads and no
     Python code runs per sample. With ``grid`` a batch's frames and labels are padded to its shape on
-    the grid (``pipeline.batches.buckets``), else to the batch's longest.
+    the grid (``pipeline.batches.buckets``), else to the batch's longest. ``readers``: the batches made
+    at once (each read holds h5py's lock, the padding and normalisation do not).
     """
 
-    def __init__(self, index: CacheIndex, grid: ShapeGrid | None = None):
+    def __init__(self, index: CacheIndex, grid: ShapeGrid | None = None, readers: int = PARALLEL_BATCHES):
         label_lengths = np.array([len(label) for label in index.labels], np.int32)
         label_offsets = (
             np.concatenate([[0], np.cumsum(label_lengths, dtype=np.int64)[:-1]])
@@ -136,35 +137,42 @@ class SplitReader:
         flat_labels = np.concatenate(index.labels).astype(np.int32) if index.labels else np.zeros(0, np.int32)
         self.index = index
         self.grid = grid
+        self.readers = readers
         self.n_input = index.n_input
         self.reader = index.reader()
-        self.labels = tf.constant(flat_labels)  # [total_labels]
-        self.label_offsets = tf.constant(label_offsets.astype(np.int64))
-        self.label_lengths = tf.constant(label_lengths)
+        self.flat_labels = flat_labels  # [total_labels]
+        self.label_offsets = label_offsets.astype(np.int64)
+        self.label_lengths = label_lengths
 
     def gather(self, indices: tf.Tensor):
         """Padded batch of ``indices``: features ``[b, time, n_input]``, lengths, labels ``[b, max_label]``,
         label lengths, indices."""
-        features, lengths, label_width = tf.numpy_function(
-            self._read, [indices], (tf.float32, tf.int32, tf.int32), stateful=False
+        # One Python call a batch: the labels are cut and padded there too, where TensorFlow's ragged
+        # gather cost more than the read (bench/input.py).
+        features, lengths, labels, label_lengths = tf.numpy_function(
+            self._read, [indices], (tf.float32, tf.int32, tf.int32, tf.int32), stateful=False
         )
         features = tf.ensure_shape(features, [None, None, self.n_input])
         lengths = tf.ensure_shape(lengths, [None])
-        label_lengths = tf.gather(self.label_lengths, indices)
-        label_starts = tf.gather(self.label_offsets, indices)
-        label_rows = tf.ragged.range(label_starts, label_starts + tf.cast(label_lengths, tf.int64))
-        labels = tf.gather(self.labels, label_rows).to_tensor()
-        labels = tf.pad(labels, [[0, 0], [0, tf.maximum(label_width - tf.shape(labels)[1], 0)]])
+        labels = tf.ensure_shape(labels, [None, None])
+        label_lengths = tf.ensure_shape(label_lengths, [None])
         return features, lengths, labels, label_lengths, indices
 
-    def _read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The features and lengths of ``indices`` padded to their shape, and the labels' padded width
-        (0: the longest label's)."""
-        if self.grid is None or not len(indices):
-            return (*self.reader.batch(indices), np.int32(0))
-        longest = int(self.index.lengths[indices].max())
-        features, lengths = self.reader.batch(indices, self.grid.frames(longest))
-        return features, lengths, np.int32(self.grid.labels(longest))
+    def _read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The features, lengths, labels and label lengths of ``indices``, padded to their shape on the
+        grid, or to the longest utterance and label."""
+        longest = int(self.index.lengths[indices].max(initial=0))
+        label_lengths = self.label_lengths[indices]
+        width = int(label_lengths.max(initial=0))
+        if self.grid is not None and len(indices):
+            features, lengths = self.reader.batch(indices, self.grid.frames(longest))
+            width = max(width, self.grid.labels(longest))
+        else:
+            features, lengths = self.reader.batch(indices)
+        labels = np.zeros((len(indices), width), np.int32)
+        for row, (start, size) in enumerate(zip(self.label_offsets[indices], label_lengths, strict=True)):
+            labels[row, :size] = self.flat_labels[start : start + size]
+        return features, lengths, labels, label_lengths
 
 
 def _flat(index_batches: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -199,8 +207,8 @@ def _batches(
 
     # Fixed, small buffers: AUTOTUNE grows them towards half the machine's RAM when the model is the
     # slow side (measured: 3 GB for Evaluate on 2 h, when batches held their 19x context windows).
-    batches = indices.map(make, num_parallel_calls=PARALLEL_BATCHES, deterministic=True)
-    return batches.prefetch(PREFETCH_BATCHES).with_options(input_options())
+    batches = indices.map(make, num_parallel_calls=reader.readers, deterministic=True)
+    return batches.prefetch(max(PREFETCH_BATCHES, reader.readers)).with_options(input_options())
 
 
 def input_options() -> tf.data.Options:
