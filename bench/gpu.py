@@ -1,0 +1,434 @@
+"""The GPU smoke test (issue 45): one command for the first machine with TensorFlow on a GPU.
+
+It prints the devices, checks each row of issue 45 (F1 to F12) that the machine
+can tell, and trains a few steps of both families (DeepSpeech, the Conformer) in
+float32, ``mixed_float16`` and ``mixed_bfloat16``, without and with XLA, on one
+device and on all, each through the real Train stage on ``configs/sample.yaml``'s
+corpus. The last line is one JSON object:
+
+- ``devices``; ``checks``: ``F1`` to ``F12``, each ``pass``, ``fail`` or
+  ``skipped`` (only a GPU can tell, or a test checks it on the CPU), and
+  ``check_details`` saying what was looked at;
+- ``runs``: per configuration, audio seconds trained per second (after the first
+  step), XLA compiles of the step (counted in XLA's own dump), the traced forward
+  and backward pass's op count, peak GPU memory, the last loss, or the error;
+- ``shapes_per_epoch``: distinct padded batch shapes of an epoch of the sample's
+  training split with ``training.bucket_growth: 1.1`` (F9);
+- ``input_mb_per_s``: the input pipeline's read rate with its default readers (F11).
+
+At full size (``--steps 200``) the models are ``configs/en.yaml``'s and
+``configs/en-conformer.yaml``'s geometry. ``--dry-run`` runs the same plumbing on
+the CPU (split into 2 logical devices, tiny models, a few steps), in a few minutes
+on 2 cores; without a GPU and without ``--dry-run`` it stops and says so.
+
+    python bench/gpu.py [--dry-run] [--steps 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+FAMILIES = ("deepspeech", "conformer")
+GROWTH = 1.1  # training.bucket_growth of the runs and of shapes_per_epoch
+DRY_GEOMETRY = {
+    "deepspeech": {"deepspeech": {"n_hidden": 64, "dropout_rate": 0.0}},
+    "conformer": {
+        "architecture": "conformer",
+        "conformer": {"d_model": 32, "heads": 2, "layers": 2, "conv_kernel": 5, "subsampling_channels": 8}
+        | {"subsampling": 2},
+    },
+}
+
+
+def _model_settings(family: str, dry_run: bool) -> dict:
+    """The ``model`` section of a run: tiny in a dry run, else the full-size config's."""
+    if dry_run:
+        return DRY_GEOMETRY[family]
+    import yaml
+
+    name = "en.yaml" if family == "deepspeech" else "en-conformer.yaml"
+    settings = yaml.safe_load((ROOT / "configs" / name).read_text())["model"]
+    return settings | ({"architecture": "conformer"} if family == "conformer" else {})
+
+
+def run_config(work: Path, family: str, precision: str, xla: bool, towers: int, args, exact=False) -> object:
+    """The config of one training run: ``args.steps`` steps on ``towers`` devices, validation off;
+    ``exact``: ``training.deterministic: exact`` (else ``auto``, or ``exact`` with ``--exact``)."""
+    from pipeline.config_loader import load_config
+
+    batch = 4 if args.dry_run else 16
+    distribution = {"strategy": "one_device"} if towers == 1 else {"strategy": "mirrored"}
+    if args.dry_run and towers > 1:
+        distribution["cpu_devices"] = towers
+    return load_config(
+        ROOT / "configs" / "sample.yaml",
+        {
+            "paths": {"work_dir": str(work)},
+            "data": {"limit_train": args.steps * batch * towers, "limit_dev": 4, "limit_test": 4},
+            "features": {"workers": 1},
+            "model": _model_settings(family, args.dry_run),
+            "training": {
+                "epochs": 1,
+                "batch_size": batch,
+                "validation_epochs": 0,
+                "checkpoint_secs": 10**6,
+                "precision": precision,
+                "jit_compile": xla,
+                # a dry run's few steps in one or two shapes: XLA compiles slowly on a CPU
+                "bucket_growth": 2.0 if args.dry_run else GROWTH,
+                "deterministic": "exact" if exact or args.exact else "auto",
+            },
+            "early_stop": {"rule": "off"},
+            "augment": {"speed_factors": []},
+            "distribution": distribution,
+        },
+    )
+
+
+def compiled_steps(dump: Path) -> set[str]:
+    """The XLA modules of the step's forward and backward pass compiled so far (one per shape)."""
+    return {p.name.split(".")[0] for p in dump.glob("*gradients*.before_optimizations.txt")}
+
+
+def step_ops(config, n_input: int, n_classes: int) -> int:
+    """Nodes of the step's traced forward and backward pass (its called functions included)."""
+    import keras
+    import tensorflow as tf
+
+    from pipeline.model import build_model
+    from pipeline.model.heads import OneTask
+    from pipeline.train.step import task_gradients
+
+    model = OneTask(build_model(config.model, n_input, n_classes, config.training.precision))
+    step = task_gradients(model, (0,), [n_classes - 1], keras.optimizers.Adam(), config.training)
+    step = step if hasattr(step, "get_concrete_function") else tf.function(step)
+    spec = (
+        tf.TensorSpec([None, None, n_input], tf.float32),
+        tf.TensorSpec([None], tf.int32),
+        tf.TensorSpec([None, None], tf.int32),
+        tf.TensorSpec([None], tf.int32),
+        tf.TensorSpec([None], tf.int32),
+    )
+    graph = step.get_concrete_function((spec,), tf.TensorSpec([1], tf.float32)).graph.as_graph_def()
+    return len(graph.node) + sum(len(f.node_def) for f in graph.library.function)
+
+
+def parent_run(spec: dict, args) -> dict:
+    """One run in a process of its own (the collective instances of one process's strategies collide
+    across models, and XLA reads its flags once): its row, or its error's last line."""
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--run",
+        json.dumps(spec),
+        "--steps",
+        str(args.steps),
+    ]
+    command += ["--dry-run"] if args.dry_run else []
+    command += ["--exact"] if args.exact else []
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={spec['work']}/xla"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
+    for line in done.stdout.splitlines():
+        if line.startswith("RUN "):
+            return json.loads(line[4:])
+    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"error": f"exit {done.returncode}: {last[:300]}"}
+
+
+def child_run(spec: dict, args) -> int:
+    """The child's run: train ``spec`` through the Train stage, print ``RUN`` and its row."""
+    import tensorflow as tf
+
+    from pipeline.layout import Layout
+    from pipeline.stages.features import features_stage
+    from pipeline.stages.train import train_stage
+    from pipeline.train.hooks import TrainHooks
+
+    work = Path(spec["work"])
+    config = run_config(
+        work, spec["family"], spec["precision"], spec["xla"], spec["towers"], args, spec.get("exact", False)
+    )
+    layout = Layout(config)
+    for split in ("train", "dev"):
+        features_stage(layout, split)
+    gpus = tf.config.list_physical_devices("GPU")
+    marks: list[float] = []
+    reductions: list[int] = []
+    if spec.get("count_reductions"):
+        reduce = tf.distribute.ReplicaContext.all_reduce
+
+        def counted(self, op, value, options=None):
+            reductions.append(len(tf.nest.flatten(value)))
+            return reduce(self, op, value, options)
+
+        tf.distribute.ReplicaContext.all_reduce = counted
+    try:
+        report = train_stage(layout, hooks=TrainHooks(on_step=lambda info: marks.append(time.perf_counter())))
+    except Exception as error:  # a configuration this machine cannot run: its line, the others go on
+        print("RUN " + json.dumps({"error": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}))
+        return 0
+    seconds = report.train_audio_hours * 3600
+    timed = (marks[-1] - marks[0]) if len(marks) > 1 else float("nan")
+    row = {
+        "steps": report.global_step,
+        "audio_s_per_s": round(seconds * (len(marks) - 1) / len(marks) / timed, 1),
+        "compiles": len(compiled_steps(work / "xla")),
+        # the same graph on every tower count: traced in the one-device run only (the parent copies it)
+        "forward_backward_ops": step_ops(config, 26, 29) if spec["towers"] == 1 else None,
+        "peak_gpu_mb": round(tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20)
+        if gpus
+        else None,
+        "last_loss": round(report.train_losses[-1]["train_loss"], 3) if report.train_losses else None,
+        "weights_sha256": report.weights_sha256,
+    }
+    if spec.get("count_reductions"):
+        row["reductions"] = reductions
+    print("RUN " + json.dumps(row), flush=True)
+    return 0
+
+
+def two_workers_agree() -> tuple[str, str]:
+    """F7: two worker processes on 127.0.0.1 whose own verdicts differ end with the chief's."""
+    from pipeline.train.multiworker import free_ports
+
+    script = (
+        "import json, os, sys\nimport tensorflow as tf\n"
+        "from pipeline.train.agreement import chiefs_verdict\n"
+        "from pipeline.train.distribute import ClusterRole\n"
+        "from pipeline.train.policy import EpochVerdict\n"
+        "index = int(sys.argv[1])\nstrategy = tf.distribute.MultiWorkerMirroredStrategy()\n"
+        "mine = EpochVerdict(is_best=index == 0, halve_lr=index == 1)\n"
+        "agreed = chiefs_verdict(strategy, ClusterRole(index, 2), mine, 1)\n"
+        "print('AGREED', agreed.is_best, agreed.halve_lr)\n"
+    )
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
+    workers = []
+    for index in range(2):
+        tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+        env = {**os.environ, "TF_CONFIG": tf_config, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+        env.pop("XLA_FLAGS", None)
+        workers.append(
+            subprocess.Popen(
+                [sys.executable, "-c", script, str(index)], env=env, stdout=subprocess.PIPE, text=True
+            )
+        )
+    lines = [w.communicate(timeout=300)[0] for w in workers]
+    agreed = [next((ln for ln in out.splitlines() if ln.startswith("AGREED")), "none") for out in lines]
+    ok = agreed == ["AGREED True False"] * 2
+    return ("pass" if ok else "fail"), f"worker 0 (chief) best, worker 1 halving: both got {agreed}"
+
+
+def _traced_ops(function, spec) -> set[str]:
+    """Op types of ``function`` traced for ``spec``, its called functions included."""
+    graph = function.get_concrete_function(spec).graph.as_graph_def()
+    return {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
+
+
+def lstm_checks(gpus: list) -> dict[str, tuple[str, str]]:
+    """F1, F3, F12: which LSTM kernel the training step, the XLA step and the export form trace."""
+    import tensorflow as tf
+
+    from pipeline.config_loader import config_from_dict
+    from pipeline.model import build_model, model_family
+    from pipeline.model.deepspeech_net import uses_fused_lstm
+
+    config = config_from_dict({"model": DRY_GEOMETRY["deepspeech"]}).model
+    model, family = build_model(config, 26, 29), model_family(config.architecture)
+    spec = tf.TensorSpec([1, None, 26], tf.float32)
+    plain = _traced_ops(tf.function(lambda x: model(x, training=True)), spec)
+    jit = _traced_ops(tf.function(lambda x: model(x, training=True), jit_compile=True), spec)
+    export = _traced_ops(tf.function(lambda x: family.utterance(model, x)), spec)
+    cudnn = lambda ops: any(op.startswith("CudnnRNN") for op in ops)  # noqa: E731
+    f1 = not cudnn(jit) and (cudnn(plain) if gpus else True)
+    return {
+        "F1": (
+            "pass" if f1 else "fail",
+            f"cuDNN's LSTM in the plain step: {cudnn(plain)}, under XLA: {cudnn(jit)}"
+            + (
+                ""
+                if gpus
+                else " (no GPU: Keras traces its generic LSTM; the GPU case is test_fused_lstm.py's)"
+            ),
+        ),
+        "F3": (
+            "pass" if uses_fused_lstm("auto", "mixed_bfloat16", gpu=True) else "fail",
+            "lstm_kernel auto takes the fused LSTM for mixed_bfloat16 where a GPU is visible; the bf16 runs "
+            "say whether it trains",
+        ),
+        "F12": (
+            "pass" if not cudnn(export) else "fail",
+            f"cuDNN's LSTM in the export's form: {cudnn(export)}",
+        ),
+    }
+
+
+def main(argv=None) -> int:
+    """Check, train (each run in a process of its own), print the JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="no GPU: the same plumbing on the CPU")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 200; 2 dry)")
+    parser.add_argument("--exact", action="store_true", help="training.deterministic: exact in every run")
+    parser.add_argument("--run", help=argparse.SUPPRESS)  # one run, in the child process
+    args = parser.parse_args(argv)
+    args.steps = args.steps or (2 if args.dry_run else 200)
+    if args.run:
+        return child_run(json.loads(args.run), args)
+    work = Path(tempfile.mkdtemp(prefix="gpu-smoke-"))
+    import tensorflow as tf
+
+    from pipeline.model.ctc import KERNEL, LOG_SPACE, ctc_implementation
+    from pipeline.train.distribute import collective_implementation
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus and not args.dry_run:
+        print(
+            "bench/gpu.py: no GPU visible to TensorFlow; run with --dry-run to check the plumbing on the CPU"
+        )
+        return 2
+    devices = [d.name for d in tf.config.list_physical_devices()]
+    towers = (1, len(gpus) if gpus else 2)
+    print("devices:", ", ".join(devices), flush=True)
+
+    def run(name: str, **spec) -> dict:
+        row = {k: spec[k] for k in ("family", "precision", "xla", "towers")}
+        row |= parent_run({**spec, "work": str(work / name)}, args)
+        print(json.dumps(row), flush=True)
+        return row
+
+    runs = [
+        run(f"{family}-{precision}-{xla}-{count}", family=family, precision=precision, xla=xla, towers=count)
+        for family in FAMILIES
+        for precision in PRECISIONS
+        for xla in (False, True)
+        for count in towers
+    ]
+    for row in runs:
+        if row.get("forward_backward_ops", 0) is None:
+            key = (row["family"], row["precision"], row["xla"], 1)
+            ops = next(r for r in runs if (r["family"], r["precision"], r["xla"], r["towers"]) == key)
+            row["forward_backward_ops"] = ops.get("forward_backward_ops")
+    spec = {"family": "deepspeech", "precision": "float32", "xla": False}
+    reductions = run("reductions", **spec, towers=towers[1], count_reductions=True).get("reductions", [])
+    exact = [run(f"exact-{i}", **spec, towers=1, exact=True) for i in range(2)]
+    checks = lstm_checks(gpus)
+    trained = lambda **kw: [r for r in runs if all(r[k] == v for k, v in kw.items())]  # noqa: E731
+    fine = lambda rows: bool(rows) and all("error" not in r for r in rows)  # noqa: E731
+    ctc_choice = ctc_implementation(False) == KERNEL and ctc_implementation(True) == LOG_SPACE
+    checks["F2"] = (
+        "pass" if ctc_choice and fine(trained(xla=True)) else "fail",
+        "TensorFlow's CTC kernel outside XLA, the log-space loss inside, and every XLA run trained; the "
+        "kernel's placement on the host CPU is test_ctc.py's; its cost: the rows with and without XLA",
+    )
+    if checks["F3"][0] == "pass" and not fine(trained(family="deepspeech", precision="mixed_bfloat16")):
+        checks["F3"] = ("fail", "a DeepSpeech mixed_bfloat16 run failed: " + checks["F3"][1])
+    checks["F4"] = (
+        "fail",
+        "open: the update, shadow copies and guard run outside XLA (forward_backward_ops per run)",
+    )
+    weights = _deepspeech_weights(run_config(work / "weights", "deepspeech", "float32", False, 1, args))
+    carrying = [size for size in reductions if size >= weights]
+    checks["F5"] = (
+        "pass" if carrying == [weights + 2] * towers[1] else "fail",
+        f"all-reduces carrying the {weights} gradients in the traced {towers[1]}-tower step: {carrying} "
+        f"(one per tower: the gradients, the loss and the vote)",
+    )
+    chosen, kinds = (
+        collective_implementation(bool(gpus)),
+        tf.distribute.experimental.CommunicationImplementation,
+    )
+    checks["F6"] = (
+        "pass" if chosen == (kinds.NCCL if gpus else kinds.RING) else "fail",
+        f"multi-worker all-reduce: {chosen}; a lost worker is still found by the collective timeout "
+        "(distribution.collective_timeout_s), no heartbeat",
+    )
+    checks["F7"] = two_workers_agree()
+    checks["F8"] = ("skipped", "test_precision.py injects the overflow on the CPU; nothing here can")
+    shapes = shapes_per_epoch(work / "sample")
+    checks["F9"] = (
+        "pass" if shapes <= 64 else "fail",
+        f"{shapes} shapes in an epoch of the sample (at most 64)",
+    )
+    same = len({r.get("weights_sha256") for r in exact}) == 1 and "error" not in exact[0]
+    checks["F10"] = (
+        "pass" if same else "fail",
+        f"two runs with training.deterministic: exact end with {'the same' if same else 'other'} weights",
+    )
+    feed = input_rate(work / "sample")
+    fastest = max((r["audio_s_per_s"] for r in runs if "error" not in r), default=0.0)
+    checks["F11"] = (
+        "pass" if feed["audio_s_per_s"] >= fastest else "fail",
+        f"the input gives {feed['audio_s_per_s']} audio s/s in one process; the fastest run took "
+        f"{fastest:.0f} (all its towers); on paper 8 H100s in bf16 take 71,464",
+    )
+    print(
+        json.dumps(
+            {
+                "devices": devices,
+                "checks": {k: checks[k][0] for k in sorted(checks, key=lambda k: int(k[1:]))},
+                "check_details": {k: checks[k][1] for k in sorted(checks, key=lambda k: int(k[1:]))},
+                "runs": runs,
+                "shapes_per_epoch": shapes,
+                "input_mb_per_s": feed["mb_per_s"],
+            }
+        )
+    )
+    return 0
+
+
+def _deepspeech_weights(config) -> int:
+    """The number of DeepSpeech's trainable variables at ``config``'s geometry."""
+    from pipeline.model import build_model
+
+    return len(build_model(config.model, 26, 29).trainable_variables)
+
+
+def _sample_split(work: Path):
+    """``configs/sample.yaml``'s whole training split (its speed copies included), cached in ``work``."""
+    from pipeline.config_loader import load_config
+    from pipeline.layout import Layout
+    from pipeline.stages.features import features_stage, split_cache
+
+    layout = Layout(load_config(ROOT / "configs" / "sample.yaml", {"paths": {"work_dir": str(work)}}))
+    if not layout.features_cache("train").exists():
+        features_stage(layout, "train")
+    return layout.config, split_cache(layout, "train")
+
+
+def shapes_per_epoch(work: Path) -> int:
+    """F9: the distinct padded (batch, frames, labels) shapes of an epoch of the sample's training split
+    with ``training.bucket_growth`` ``GROWTH``, at its batch size."""
+    from pipeline.batches.buckets import shape_grid
+    from pipeline.batches.dataset import batch_plan
+
+    config, index = _sample_split(work)
+    grid = shape_grid(index, GROWTH)
+    plan = batch_plan(index.lengths, config.training.batch_size, 1, grid=grid)
+    longest = [int(index.lengths[b].max()) for b in plan]
+    return len({(len(b), grid.frames(n), grid.labels(n)) for b, n in zip(plan, longest, strict=True)})
+
+
+def input_rate(work: Path) -> dict:
+    """F11: ``bench/input.py``'s rate of the sample's training split with the default readers."""
+    from input import reader_rate  # bench/input.py, beside this script
+
+    from pipeline.batches.dataset import PARALLEL_BATCHES
+
+    config, index = _sample_split(work)
+    return reader_rate(index, config.training.batch_size, PARALLEL_BATCHES, 0.0)
+
+
+if __name__ == "__main__":
+    from cpu_info import cpu_line  # bench/, the folder of the script
+
+    print(cpu_line(), flush=True)
+    sys.exit(main())
