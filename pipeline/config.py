@@ -584,17 +584,19 @@ class TrainingConfig:
     )
     max_batch_frames: int = _opt(
         0,
-        "Cap on the frames of one tower's batch (batch size x longest utterance); "
+        "Cap on the frames of one tower's batch (batch size x longest utterance, padded to its grid "
+        "value with bucket_growth); "
         "a batch over it is split into smaller steps. 0 = off.",
         minimum=0,
     )
     bucket_growth: float = _opt(
         0.0,
         'Pad every batch to a fixed grid of shapes (docs/TRAINING.md "Bucketed shapes"): frames up to a '
-        "grid of multiples of 8 growing by at most this factor a step (1.1: at most 10% padding), labels "
-        "to a width per grid value, batch sizes fixed per value; an epoch of the sample has 22 shapes "
+        "grid of multiples of 8 growing by at most this factor a step (1.1: at most 10%, or 7 frames), "
+        "labels to a width per grid value, batch sizes fixed per value; an epoch of the sample has 22 shapes "
         "instead of 142. Each new shape is one XLA compile with jit_compile and one cuDNN autotuning on "
-        "a GPU. Padding changes no result. 0 = off: each batch padded to its own longest.",
+        "a GPU. Padding changes no loss or gradient, but dropout and feature noise draw over the padded "
+        "shape: another run. 0 = off: each batch padded to its own longest.",
         minimum=0.0,
         # Read only when set; a cap (max_batch_frames) then counts the padded frames.
         when={"train": _bucketing},

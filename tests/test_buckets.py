@@ -78,7 +78,7 @@ def test_an_epoch_of_the_samples_training_split_has_at_most_64_shapes(sample_tra
     reader = SplitReader(index, grid)
     plan = batch_plan(index.lengths, batch, 1, grid=grid)
     bucketed = _shapes(train_dataset(reader, plan, 1, 0, 1, 0, 0, 1, 7))
-    assert len(plain) == len(plan) > 100 and len(bucketed) <= 64, (len(plain), len(bucketed))
+    assert len(plain) == len(plan) == 142 and len(bucketed) == 22, (len(plain), len(bucketed))  # docs
     assert {size for size, _, _ in bucketed} == {batch}
     capped = batch_plan(index.lengths, 2 * batch, 2, max_batch_frames=1500, grid=grid)
     towers = _shapes(train_dataset(reader, capped, 2, 0, 2, 0, 0, 1, 7))

@@ -221,7 +221,8 @@ def test_settings_that_change_no_result_keep_the_train_fingerprint():
     # Gradient aggregation changes the updates; left at 1 it moves no fingerprint.
     assert Layout(config_from_dict({"training": {"accumulate_batches": 1}})).train_fingerprint == base
     assert Layout(config_from_dict({"training": {"accumulate_batches": 2}})).train_fingerprint != base
-    # The shape grid changes the shapes, and with a frame cap the batches; off (0), no fingerprint moves.
+    # The shape grid changes the shapes, dropout's draws and with a frame cap the batches; off (0), no
+    # fingerprint moves.
     assert Layout(config_from_dict({"training": {"bucket_growth": 0}})).train_fingerprint == base
     assert Layout(config_from_dict({"training": {"bucket_growth": 1.1}})).train_fingerprint != base
 

@@ -11,8 +11,11 @@ rounded up to 8: one label width per frame bucket. The batch plan's sizes are
 fixed per bucket (``batch_plan``), so the shapes of an epoch are about as many as
 the buckets its lengths span.
 
-Padding changes no result: the models read lengths and masks, the losses label
-lengths. Only the shapes (and the work of the padding) differ.
+For the same random draws padding changes no loss, logit or gradient (beyond
+float rounding): the models read lengths and masks, the losses label lengths. But
+dropout's masks and ``augment.feature_noise_std``'s noise are drawn over the padded
+shape, so a bucketed run draws other numbers than an unbucketed one: another run
+(the key is in Train's fingerprint), not a worse one.
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ def epoch_batches(plan: list[np.ndarray], epoch: int, seed: int, accumulate: int
 
 def _padded(longest: int, grid: ShapeGrid | None) -> int:
     """The frames of a batch whose longest utterance has ``longest``: on ``grid``, or ``longest``."""
-    return grid.frames(longest) if grid is not None and longest else longest
+    return grid.frames(longest) if grid is not None else longest
 
 
 def eval_batches(

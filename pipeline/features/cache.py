@@ -141,10 +141,10 @@ class FeatureReader:
         for first, last in _runs(indices):
             start = int(self.offsets[indices[first]])
             stop = int(self.offsets[indices[last]] + self.lengths[indices[last]])
-            frames = self._read(start, stop)
+            run = self._read(start, stop)
             for row in range(first, last + 1):
                 begin = int(self.offsets[indices[row]]) - start
-                out[row, : lengths[row]] = frames[begin : begin + lengths[row]]
+                out[row, : lengths[row]] = run[begin : begin + lengths[row]]
         return out, lengths
 
     def close(self) -> None:
