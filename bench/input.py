@@ -57,6 +57,7 @@ def reader_rate(index, batch: int, readers: int, growth: float, epochs: int = 3)
         for features, *_ in dataset:
             padded += features.numpy().nbytes
         best = min(best, time.perf_counter() - started)
+    reader.reader.close()
     utterances = sum(len(b) for b in plan)
     return {
         "readers": readers,
@@ -90,7 +91,6 @@ def main(argv=None) -> int:
         frames_per_audio_s = float(index.lengths.sum()) / float(index.durations.sum())
         bytes_per_audio_s = frames_per_audio_s * index.n_input * 4
         rates = [reader_rate(index, config.training.batch_size, n, args.bucket_growth) for n in args.readers]
-        index.reader().close()
     base = rates[0]["audio_s_per_s"]
     for rate in rates:
         rate["ratio"] = round(rate["audio_s_per_s"] / base, 2)
