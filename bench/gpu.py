@@ -479,25 +479,15 @@ def _deepspeech_weights(config) -> int:
     return len(build_model(config.model, 26, 29).trainable_variables)
 
 
-def _sample_split(work: Path):
-    """``configs/sample.yaml``'s whole training split (its speed copies included), cached in ``work``."""
-    from pipeline.config_loader import load_config
-    from pipeline.layout import Layout
-    from pipeline.stages.features import features_stage, split_cache
-
-    layout = Layout(load_config(ROOT / "configs" / "sample.yaml", {"paths": {"work_dir": str(work)}}))
-    if not layout.features_cache("train").exists():
-        features_stage(layout, "train")
-    return layout.config, split_cache(layout, "train")
-
-
 def shapes_per_epoch(work: Path) -> int:
     """F9: the distinct padded (batch, frames, labels) shapes of an epoch of the sample's training split
     with ``training.bucket_growth`` ``GROWTH``, at its batch size."""
+    from input import sample_split  # bench/input.py, beside this script
+
     from pipeline.batches.buckets import shape_grid
     from pipeline.batches.dataset import batch_plan
 
-    config, index = _sample_split(work)
+    config, index = sample_split(work)
     grid = shape_grid(index, GROWTH)
     plan = batch_plan(index.lengths, config.training.batch_size, 1, grid=grid)
     longest = [int(index.lengths[b].max()) for b in plan]
@@ -506,11 +496,11 @@ def shapes_per_epoch(work: Path) -> int:
 
 def input_rate(work: Path) -> dict:
     """F11: ``bench/input.py``'s rate of the sample's training split with the default readers."""
-    from input import reader_rate  # bench/input.py, beside this script
+    from input import reader_rate, sample_split  # bench/input.py, beside this script
 
     from pipeline.batches.dataset import PARALLEL_BATCHES
 
-    config, index = _sample_split(work)
+    config, index = sample_split(work)
     return reader_rate(index, config.training.batch_size, PARALLEL_BATCHES, 0.0)
 
 

@@ -68,6 +68,15 @@ def reader_rate(index, batch: int, readers: int, growth: float, epochs: int = 3)
     }
 
 
+def sample_split(work: Path):
+    """(config, cached index) of ``configs/sample.yaml``'s whole training split (its speed copies
+    included), built in work directory ``work`` unless it is there already."""
+    layout = Layout(load_config(ROOT / "configs" / "sample.yaml", {"paths": {"work_dir": str(work)}}))
+    if not layout.features_cache("train").exists():
+        features_stage(layout, "train")
+    return layout.config, split_cache(layout, "train")
+
+
 def needed(bytes_per_audio_s: float) -> dict:
     """MB/s of features each anchor rate needs on 1 and 8 GPUs at ``bytes_per_audio_s``."""
     return {
@@ -84,10 +93,7 @@ def main(argv=None) -> int:
     parser.add_argument("--bucket-growth", type=float, default=0.0, help="training.bucket_growth (0: off)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as work:
-        config = load_config(ROOT / "configs" / "sample.yaml", {"paths": {"work_dir": work}})
-        layout = Layout(config)
-        features_stage(layout, "train")
-        index = split_cache(layout, "train")
+        config, index = sample_split(Path(work))
         frames_per_audio_s = float(index.lengths.sum()) / float(index.durations.sum())
         bytes_per_audio_s = frames_per_audio_s * index.n_input * 4
         rates = [reader_rate(index, config.training.batch_size, n, args.bucket_growth) for n in args.readers]

@@ -49,7 +49,6 @@ class ShapeGrid:
         if growth <= 1.0:
             raise ValueError(f"a shape grid grows by a factor above 1, got {growth}")
         lengths = np.asarray(lengths, np.int64)
-        self.growth = growth
         self.grid = frame_grid(int(lengths.max(initial=0)), growth)
         # The widest label of any utterance at most as long as each grid value: a batch's labels all
         # belong to utterances no longer than its frame bucket.

@@ -9,7 +9,8 @@ TF32 (a 10-bit mantissa) on Ampere and later, float32 on older GPUs. ``exact``
 turns op determinism on and TF32 off, so a run gives the same weights on every
 run of the same GPU model and resumes bit for bit, at the cost of the slower
 deterministic kernels; ``fast`` leaves both to TensorFlow's defaults; ``auto``
-is ``exact`` without a GPU (where it costs nothing measurable) and ``fast`` with.
+is ``exact`` without a GPU (whose kernels are deterministic already; the cost of the
+switch there is not benchmarked) and ``fast`` with.
 With op determinism on, an op without a deterministic kernel, or a random op
 without a seed, raises instead of silently differing.
 """
