@@ -104,7 +104,10 @@ def _model(family: str):
     return build_model(config_from_dict({"model": settings}).model, 26, 29)
 
 
-@pytest.mark.parametrize("jit", [False, True], ids=["kernel-ctc", "xla"])
+# Under XLA (compiling both families' steps, about 20 s) in make test-long: make test is near its budget.
+@pytest.mark.parametrize(
+    "jit", [False, pytest.param(True, marks=pytest.mark.long)], ids=["kernel-ctc", "xla"]
+)
 @pytest.mark.parametrize("family", ["deepspeech", "conformer"])
 def test_padding_to_the_grid_changes_no_loss_logit_or_gradient(family, jit, small_config):
     """The same utterances padded to their longest and to a coarse grid (frames and labels): the same
@@ -143,6 +146,7 @@ def test_padding_to_the_grid_changes_no_loss_logit_or_gradient(family, jit, smal
         np.testing.assert_allclose(logits2[row, :length], logits[row, :length], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.long
 def test_a_jit_compiled_epoch_compiles_the_step_once_per_shape(small_config, tmp_path):
     """training.jit_compile with the grid: XLA's own dump holds one compiled step per distinct shape of the
     epoch, fewer than its batches' shapes without the grid. Run in a process of its own (XLA reads its
