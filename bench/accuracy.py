@@ -337,7 +337,6 @@ def evaluate_family(
         "stopped_by": train.stop.rule,
         "features_lm_wall_s": round(prepare_s, 1),
         "train_wall_s": round(train_s, 1),
-        "train_report_wall_s": round(train.wall_time_s, 1),
         "export_stage_wall_s": round(rest_s, 1),
         "best_dev_cer": rounded(best_cer),
         "best_epoch": best_epoch,
