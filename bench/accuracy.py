@@ -132,12 +132,11 @@ def _speak(job: tuple[str, str, str, int, int, int]) -> float:
     """``data/generate_corpus.synthesise`` into a temporary name, renamed when whole (a killed build leaves
     no half-written file a resumed one would take)."""
     from data.generate_corpus import synthesise
+    from pipeline.files import atomic_path
 
     text, path, *voice = job
-    partial = f"{path}.partial.flac"
-    seconds = synthesise((text, partial, *voice))
-    os.replace(partial, path)
-    return seconds
+    with atomic_path(path, suffix=".flac") as partial:  # sox picks the format by the extension
+        return synthesise((text, str(partial), *voice))
 
 
 def speak_split(out: Path, split: str, texts: list[str], voices: list[Speaker], seconds: float, seed: int):
@@ -231,9 +230,10 @@ def build_corpus(out: Path, train_hours: float, held_out_minutes: float, seed: i
 
 def _write_atomically(path: Path, text: str) -> None:
     """``path`` holds ``text`` whole, or stays as it was."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
+    from pipeline.files import atomic_path
+
+    with atomic_path(path) as partial:
+        partial.write_text(text, encoding="utf-8")
 
 
 def _family_config(folder: Path, name: str, recipe: Path, corpus: Path, epochs: int, quick: bool) -> Path:

@@ -80,6 +80,7 @@ def synthesise(job: tuple[str, str, str, int, int, int]) -> float:
         subprocess.run(
             [
                 "sox",
+                "-R",  # the same dither noise on every run, so a corpus spoken again is the same corpus
                 raw.name,
                 "-r",
                 "16000",
