@@ -56,7 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -191,6 +191,8 @@ def speak_split(out: Path, split: str, texts: list[str], voices: list[Speaker], 
 
 def build_corpus(out: Path, train_hours: float, held_out_minutes: float, seed: int) -> dict:
     """The corpus in ``out`` (built now unless ``out/corpus.json`` says it is there); its description."""
+    from pipeline.files import write_json_atomic
+
     summary = out / "corpus.json"
     asked = {"version": CORPUS_VERSION, "train_hours": train_hours, "held_out_minutes": held_out_minutes}
     asked["seed"] = seed
@@ -209,7 +211,7 @@ def build_corpus(out: Path, train_hours: float, held_out_minutes: float, seed: i
             f"{out}: holds a build of another corpus ({started}); give another --cache or delete it"
         )
     out.mkdir(parents=True, exist_ok=True)
-    _write_atomically(started, json.dumps(request, indent=1))
+    write_json_atomic(started, request)
     held = int(held_out_minutes * 60 / 1.5) + 50  # more sentences than the minutes can take
     pools = {"test": texts[:held], "dev": texts[held : 2 * held], "train": texts[2 * held :]}
     used = {}
@@ -224,16 +226,8 @@ def build_corpus(out: Path, train_hours: float, held_out_minutes: float, seed: i
         "speakers": {split: [vars(speaker) for speaker in group] for split, group in voices.items()},
         "lm_sentences": len(lm),
     }
-    _write_atomically(summary, json.dumps(built, indent=1))
+    write_json_atomic(summary, built)
     return built
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """``path`` holds ``text`` whole, or stays as it was."""
-    from pipeline.files import atomic_path
-
-    with atomic_path(path) as partial:
-        partial.write_text(text, encoding="utf-8")
 
 
 def _family_config(folder: Path, name: str, recipe: Path, corpus: Path, epochs: int, quick: bool) -> Path:
@@ -325,7 +319,7 @@ def evaluate_family(
         "greedy": layout.evaluate_dir / evaluation.samples_file,
         "lm": layout.evaluate_dir / evaluation.samples_lm_file if evaluation.samples_lm_file else None,
     }
-    curve = [(v["epoch"], v["cer"]) if isinstance(v, dict) else (v.epoch, v.cer) for v in train.validations]
+    curve = [(v["epoch"], v["cer"]) for v in train.validations]
     best_epoch, best_cer = min(curve, key=lambda point: point[1]) if curve else (None, None)
 
     def rounded(value):
@@ -350,23 +344,25 @@ def evaluate_family(
     }
 
 
-def _errors(path: Path) -> dict[str, tuple[int, int, int, int]]:
-    """Evaluate's per-utterance results in ``path``: word errors, words, character errors, characters, by
-    the utterance's audio path."""
-    rows = {}
+def _results(path: Path) -> dict:
+    """Evaluate's per-utterance results in ``path`` (its samples file) as ``SampleResult``s, by the
+    utterance's audio path."""
+    from pipeline.evaluation.metrics import SampleResult
+
+    names = [field.name for field in fields(SampleResult)]
     with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            row = json.loads(line)
-            rows[row["path"]] = (row["word_errors"], row["words"], row["char_errors"], row["chars"])
-    return rows
+        rows = (json.loads(line) for line in handle)
+        return {row["path"]: SampleResult(**{name: row[name] for name in names}) for row in rows}
 
 
 def on_common_test_set(figures: dict[str, dict]) -> None:
     """Where the families' Features stages kept different test utterances (a family with fewer outputs a
     second rejects the fastest as too short for their transcripts), add each family's figures over the
     utterances every family kept (``*_common``), so that the comparison is on one test set."""
+    from pipeline.evaluation.metrics import corpus_rates
+
     results = {
-        name: {kind: _errors(path) for kind, path in f["_samples"].items() if path}
+        name: {kind: _results(path) for kind, path in f["_samples"].items() if path}
         for name, f in figures.items()
     }
     common = set.intersection(*(set(kinds["greedy"]) for kinds in results.values()))
@@ -375,9 +371,9 @@ def on_common_test_set(figures: dict[str, dict]) -> None:
     for name, kinds in results.items():
         figures[name]["test_utterances_common"] = len(common)
         for kind, rows in kinds.items():
-            totals = [sum(rows[path][column] for path in common) for column in range(4)]
-            figures[name][f"test_cer_{kind}_common"] = round(totals[2] / max(totals[3], 1), 4)
-            figures[name][f"test_wer_{kind}_common"] = round(totals[0] / max(totals[1], 1), 4)
+            rates = corpus_rates([rows[path] for path in sorted(common)])
+            figures[name][f"test_cer_{kind}_common"] = round(rates["cer"], 4)
+            figures[name][f"test_wer_{kind}_common"] = round(rates["wer"], 4)
 
 
 def _tools() -> None:
