@@ -11,10 +11,10 @@ The corpus is built once into ``--cache`` and reused (a killed build resumes whe
   can occur inside a longer one, and one fortune's sentences can fall in different splits);
 - speakers: espeak-ng's eight English accents, each with voice variants, a speaking rate of its own
   (110-180 words a minute: at faster rates the Conformer's one output per 40 ms is too few for many
-  sentences, which its Features stage then rejects) and a pitch, jittered per sentence: 32 speakers, 24
-  for train, 4 for dev and 4 for test, apart as speakers (no accent with its variant in two splits; an
-  accent, or a variant's timbre, can recur with another) (the sample: six voices shared by its splits,
-  145-195);
+  sentences, which its Features stage then rejects) and a pitch, jittered per sentence (rates 100-190):
+  32 speakers, 24 for train, 4 for dev and 4 for test, apart as speakers (no accent with its variant in
+  two splits; an accent, or a variant's timbre, can recur with another) (the sample: six voices shared
+  by its splits, 145-195);
 - ``--train-hours`` (3) of training speech, ``--held-out-minutes`` (15) each of dev and test; the LM corpus
   is the train sentences and the unused ones.
 
@@ -285,8 +285,6 @@ def train_for_budget(name: str, recipe: Path, folder: Path, corpus: Path, budget
     from pipeline.reports import TrainReport, read_report
 
     config = _family_config(folder, name, recipe, corpus, 1, quick)
-    if load_config(config).training.lr_decay == "cosine":
-        raise SystemExit(f"{recipe}: lr_decay cosine depends on the epoch target; this budget raises it")
     prepare_s = _stage("Features", config, name) + _stage("LanguageModel", config, name)
     target, spent = 0, 0.0
     while True:
@@ -376,6 +374,24 @@ def on_common_test_set(figures: dict[str, dict]) -> None:
             figures[name][f"test_wer_{kind}_common"] = round(rates["wer"], 4)
 
 
+def check_recipe(parser: argparse.ArgumentParser, family: str, recipe: Path) -> None:
+    """Refuse, in one line, a recipe of another family or one whose schedule the budget's raises of the
+    epoch target would reshape (``lr_decay: cosine``)."""
+    from pipeline.config import ConfigError
+    from pipeline.config_loader import load_config
+
+    try:
+        config = load_config(recipe)
+    except ConfigError as error:
+        parser.error(f"--recipe {family}={recipe}: {error}")
+    if config.model.architecture != family:
+        parser.error(
+            f"--recipe {family}={recipe}: a config of model.architecture {config.model.architecture}"
+        )
+    if config.training.lr_decay == "cosine":
+        parser.error(f"{recipe}: lr_decay cosine depends on the epoch target; this budget raises it")
+
+
 def _tools() -> None:
     """Install what the corpus needs when root and missing; one line naming it otherwise."""
     missing = [
@@ -422,14 +438,27 @@ def main(argv=None) -> int:
     if args.quick:
         args.budget_minutes, args.train_hours, args.held_out_minutes = 0.1, 0.05, 1.0
         args.cache = args.cache.with_name(args.cache.name + "-quick")
+    for key in ("budget_minutes", "train_hours", "held_out_minutes"):
+        if getattr(args, key) <= 0:
+            parser.error(f"--{key.replace('_', '-')} {getattr(args, key)}: expected a value above 0")
+    # Absolute: the written configs' paths would otherwise be read against the configs' own folder.
+    args.cache = args.cache.expanduser().resolve()
+    args.keep = args.keep.expanduser().resolve() if args.keep else None
+    args.families = list(dict.fromkeys(args.families))  # a family named twice would reuse its finished run
     recipes = dict(FAMILIES)
     for given in args.recipe:
         family, _, path = given.partition("=")
-        if family not in FAMILIES or not path or not Path(path).is_file():
+        if family not in FAMILIES or not path:
             parser.error(f"--recipe {given}: expected FAMILY=CONFIG, FAMILY one of {', '.join(FAMILIES)}")
+        if not Path(path).is_file():
+            parser.error(f"--recipe {given}: {path} is not a file")
         recipes[family] = Path(path).resolve()
-    if args.keep and args.keep.exists() and any(args.keep.iterdir()):
-        parser.error(f"--keep {args.keep}: not empty; the budget counts from a fresh work directory")
+    for family in args.families:
+        check_recipe(parser, family, recipes[family])
+    if args.keep and (args.keep.is_file() or (args.keep.exists() and any(args.keep.iterdir()))):
+        parser.error(
+            f"--keep {args.keep}: not an empty folder; the budget counts from a fresh work directory"
+        )
     _tools()
     started = time.perf_counter()
     corpus = build_corpus(args.cache, args.train_hours, args.held_out_minutes, args.seed)
