@@ -146,10 +146,6 @@ def speak_split(out: Path, split: str, texts: list[str], voices: list[Speaker], 
     folder = out / split
     folder.mkdir(parents=True, exist_ok=True)
     progress = out / f"{split}.progress.tsv"
-    done = []
-    if progress.exists():
-        done = [line.split("\t") for line in progress.read_text(encoding="utf-8").splitlines() if line]
-    total = sum(float(row[1]) for row in done)
     rng = random.Random(f"{seed}-{split}")
     jobs = []
     for index, text in enumerate(texts):
@@ -159,6 +155,8 @@ def speak_split(out: Path, split: str, texts: list[str], voices: list[Speaker], 
         jobs.append(
             (text, str(folder / f"{index:05d}.flac"), speaker.voice, rate, pitch, rng.randint(18, 32))
         )
+    done = _progress(progress, jobs)
+    total = sum(float(row[1]) for row in done)
     position = len(done)
     with Pool(os.cpu_count() or 1) as pool, open(progress, "a", encoding="utf-8") as log:
         while total < seconds and position < len(jobs):
@@ -187,6 +185,34 @@ def speak_split(out: Path, split: str, texts: list[str], voices: list[Speaker], 
             writer.writerow([f"{split}/{name}", (folder / name).stat().st_size, text])
     print(f"{split}: {len(done)} utterances, {total / 60:.1f} minutes", flush=True)
     return [text for _, _, text in done]
+
+
+def _progress(progress: Path, jobs: list) -> list[list[str]]:
+    """The rows of ``progress`` that a killed build left whole, in order: name, seconds, text, each
+    matching its job. From the first row that does not (a line torn by the kill) on, the rows are dropped
+    and the file is cut to the rows kept, so those utterances are spoken again."""
+    from pipeline.files import write_text_atomic
+
+    if not progress.exists():
+        return []
+    lines = progress.read_text(encoding="utf-8").splitlines()
+    kept = []
+    for row, job in zip((line.split("\t") for line in lines), jobs, strict=False):
+        if len(row) != 3 or row[0] != Path(job[1]).name or row[2] != job[0] or not _number(row[1]):
+            break
+        kept.append(row)
+    if len(kept) < len(lines):
+        write_text_atomic(progress, "".join("\t".join(row) + "\n" for row in kept))
+    return kept
+
+
+def _number(text: str) -> bool:
+    """Whether ``text`` reads as a float."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def build_corpus(out: Path, train_hours: float, held_out_minutes: float, seed: int) -> dict:
