@@ -51,6 +51,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -198,21 +199,17 @@ def _progress(progress: Path, jobs: list) -> list[list[str]]:
     lines = progress.read_text(encoding="utf-8").splitlines()
     kept = []
     for row, job in zip((line.split("\t") for line in lines), jobs, strict=False):
-        if len(row) != 3 or row[0] != Path(job[1]).name or row[2] != job[0] or not _number(row[1]):
+        if (
+            len(row) != 3
+            or row[0] != Path(job[1]).name
+            or row[2] != job[0]
+            or not re.fullmatch(r"\d+\.\d{3}", row[1])
+        ):
             break
         kept.append(row)
     if len(kept) < len(lines):
         write_text_atomic(progress, "".join("\t".join(row) + "\n" for row in kept))
     return kept
-
-
-def _number(text: str) -> bool:
-    """Whether ``text`` reads as a float."""
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def build_corpus(out: Path, train_hours: float, held_out_minutes: float, seed: int) -> dict:
