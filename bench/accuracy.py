@@ -26,8 +26,10 @@ about an epoch of the budget; each raise is a new process, whose start is counte
 the time each actually trained. The families' configs are used as they are, except the data,
 ``augment.speed_factors: []`` (the sample's 0.9x and 1.1x copies triple an epoch; this corpus has its
 speaking rates already) and ``early_stop.rule: off`` (the budget is the stop; ``best_by`` still picks the
-checkpoint). A schedule that depends on the epoch target (``lr_decay: cosine``) would be reshaped by each
-raise, so it is refused here. ``--recipe conformer=my.yaml`` trains a family with another config of it (a
+checkpoint), and with ``--tune`` ``decoder.tune: true`` (TuneDecoder searches ``lm_alpha`` and ``lm_beta``
+on dev before Evaluate, outside the budget; the figures give the weights used as ``lm_alpha_beta``). A
+schedule that depends on the epoch target (``lr_decay: cosine``) would be reshaped by each raise, so it
+is refused here. ``--recipe conformer=my.yaml`` trains a family with another config of it (a
 candidate recipe, to be judged on the dev CER, not the test's). Where a family's Features stage rejects
 test utterances the other keeps (too short for their transcripts at its output rate), the figures over
 the utterances both kept are given too (``*_common``).
@@ -38,6 +40,7 @@ and missing). It is a benchmark: never part of ``make test``.
     python bench/accuracy.py                      # the full run: the corpus once, then 2 x the budget
     python bench/accuracy.py --budget-minutes 40  # another budget, the same cached corpus
     python bench/accuracy.py --families conformer --recipe conformer=candidate.yaml
+    python bench/accuracy.py --tune               # each family's LM weights tuned on dev (TuneDecoder)
     python bench/accuracy.py --quick              # a smoke run: a tiny corpus, one epoch each
 
 First line: the CPU; last line: one JSON object.
@@ -177,7 +180,13 @@ def speak_split(out: Path, split: str, texts: list[str], voices: list[Speaker], 
             position += len(chunk)
     if total < seconds:
         raise SystemExit(
-            f"{split}: the fortunes hold {total / 60:.1f} minutes of speech, {seconds / 60:.1f} asked"
+            f"{split}: its {len(jobs)} sentences give {total / 60:.1f} minutes of speech, "
+            f"{seconds / 60:.1f} asked"
+            + (
+                "; ask for fewer --train-hours"
+                if split == "train"
+                else " (its pool assumes 1.5 s a sentence)"
+            )
         )
     with open(out / f"{split}.csv", "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
@@ -253,12 +262,26 @@ def build_corpus(out: Path, train_hours: float, held_out_minutes: float, seed: i
     return built
 
 
-def _family_config(folder: Path, name: str, recipe: Path, corpus: Path, epochs: int, quick: bool) -> Path:
+@dataclass(frozen=True)
+class Run:
+    """What every family's run of one benchmark shares: its work folder, the corpus, the training budget,
+    and whether it is a smoke run and tunes the LM weights."""
+
+    folder: Path
+    corpus: Path
+    budget_s: float
+    quick: bool
+    tune: bool
+
+
+def _family_config(run: Run, name: str, recipe: Path, epochs: int) -> Path:
     """The config ``name``'s run trains with: ``recipe`` (its family's config) on the corpus, ``epochs``
     the target."""
+    folder, corpus = run.folder, run.corpus
     path = folder / f"{name}.yaml"
     quick_model = ""
-    if quick:
+    tune = ", tune: true" if run.tune else ""  # else the recipe's
+    if run.quick:
         size = "deepspeech: {n_hidden: 64}" if name == "deepspeech" else "conformer: {d_model: 48, layers: 1}"
         quick_model = f"model: {{{size}}}\n"
     path.write_text(
@@ -270,7 +293,7 @@ def _family_config(folder: Path, name: str, recipe: Path, corpus: Path, epochs: 
         f"augment: {{speed_factors: []}}\n"
         f"early_stop: {{rule: 'off'}}\n"
         f"export: {{card: {{evaluation: true}}}}\n"
-        f"decoder: {{lm_corpus_files: [{_quoted(corpus / 'lm_corpus.txt')}]}}\n"
+        f"decoder: {{lm_corpus_files: [{_quoted(corpus / 'lm_corpus.txt')}]{tune}}}\n"
         f"training: {{epochs: {epochs}}}\n" + quick_model
     )
     return path
@@ -299,23 +322,23 @@ def _stage(stage: str, config: Path, name: str) -> float:
     return time.perf_counter() - started
 
 
-def train_for_budget(name: str, recipe: Path, folder: Path, corpus: Path, budget_s: float, quick: bool):
-    """Train ``name`` through its Train stage in epoch steps until less than an epoch of ``budget_s`` is
+def train_for_budget(run: Run, name: str, recipe: Path):
+    """Train ``name`` through its Train stage in epoch steps until less than an epoch of the budget is
     left (see the module's docstring), after its features and LM (outside the budget); returns its Train
     report, config, the Train stages' wall time and the features' and LM's."""
     from pipeline.config_loader import load_config
     from pipeline.layout import Layout
     from pipeline.reports import TrainReport, read_report
 
-    config = _family_config(folder, name, recipe, corpus, 1, quick)
+    config = _family_config(run, name, recipe, 1)
     prepare_s = _stage("Features", config, name) + _stage("LanguageModel", config, name)
     target, spent = 0, 0.0
     while True:
         per_epoch = spent / target if target else None
-        if per_epoch is not None and budget_s - spent < per_epoch:
+        if per_epoch is not None and run.budget_s - spent < per_epoch:
             break
-        target += 1 if per_epoch is None else max(1, int((budget_s - spent) // per_epoch))
-        config = _family_config(folder, name, recipe, corpus, target, quick)
+        target += 1 if per_epoch is None else max(1, int((run.budget_s - spent) // per_epoch))
+        config = _family_config(run, name, recipe, target)
         spent += _stage("Train", config, name)
         report = read_report(Layout(load_config(config)).train_run.report, TrainReport)
         print(f"{name}: epoch {report.epochs_completed} of {target} after {spent:.0f} s", flush=True)
@@ -324,17 +347,22 @@ def train_for_budget(name: str, recipe: Path, folder: Path, corpus: Path, budget
     return report, config, spent, prepare_s
 
 
-def evaluate_family(
-    name: str, recipe: Path, folder: Path, corpus: Path, budget_s: float, quick: bool
-) -> dict:
-    """``name`` trained with ``recipe`` for the budget, then Evaluate and Export; its figures."""
+def evaluate_family(run: Run, name: str, recipe: Path) -> dict:
+    """``name`` trained with ``recipe`` for the budget, then Evaluate and Export (after TuneDecoder when
+    ``--tune`` or the recipe says ``decoder.tune``); its figures."""
     from pipeline.config_loader import load_config
     from pipeline.layout import Layout
-    from pipeline.reports import EvaluationReport, read_report
+    from pipeline.reports import EvaluationReport, TuneReport, read_report
 
-    train, config, train_s, prepare_s = train_for_budget(name, recipe, folder, corpus, budget_s, quick)
+    train, config, train_s, prepare_s = train_for_budget(run, name, recipe)
     rest_s = _stage("Export", config, name)
-    layout = Layout(load_config(config))
+    loaded = load_config(config)
+    layout = Layout(loaded)
+    weights = (loaded.decoder.lm_alpha, loaded.decoder.lm_beta)
+    tuned = loaded.decoder.tune
+    if tuned:
+        best = read_report(layout.tune_report, TuneReport).best
+        weights = (best.lm_alpha, best.lm_beta)
     evaluation = read_report(layout.evaluation_report(layout.evaluate_dir), EvaluationReport)
     samples = {
         "greedy": layout.evaluate_dir / evaluation.samples_file,
@@ -352,13 +380,14 @@ def evaluate_family(
         "stopped_by": train.stop.rule,
         "features_lm_wall_s": round(prepare_s, 1),
         "train_wall_s": round(train_s, 1),
-        "export_stage_wall_s": round(rest_s, 1),
+        "export_stage_wall_s": round(rest_s, 1),  # with TuneDecoder's when the weights are tuned
         "best_dev_cer": rounded(best_cer),
         "best_epoch": best_epoch,
         "test_cer_greedy": rounded(evaluation.cer),
         "test_wer_greedy": rounded(evaluation.wer),
         "test_cer_lm": rounded(evaluation.cer_lm),
         "test_wer_lm": rounded(evaluation.wer_lm),
+        "lm_alpha_beta": f"{weights[0]:.3g}/{weights[1]:.3g}" + (" tuned" if tuned else ""),
         "test_utterances": evaluation.samples_count,
         "dev_cer_by_epoch": [rounded(cer) for _, cer in curve],
         "_samples": samples,
@@ -457,6 +486,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--keep", type=Path, help="keep the work directory and exports here")
     parser.add_argument("--quick", action="store_true", help="a smoke run: a tiny corpus and models")
+    parser.add_argument(
+        "--tune", action="store_true", help="tune each family's LM weights on dev first (decoder.tune)"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.budget_minutes, args.train_hours, args.held_out_minutes = 0.1, 0.05, 1.0
@@ -492,15 +524,20 @@ def main(argv=None) -> int:
     # one's logs stay, and the error names them).
     folder = args.keep or Path(tempfile.mkdtemp(prefix="accuracy-run-", dir=args.cache.parent))
     folder.mkdir(parents=True, exist_ok=True)
-    for name in args.families:
-        figures[name] = evaluate_family(
-            name, recipes[name], folder, args.cache, args.budget_minutes * 60, args.quick
-        )
-        print(
-            f"{name}: { {key: value for key, value in figures[name].items() if key != '_samples'} }",
-            flush=True,
-        )
-    on_common_test_set(figures)
+    run = Run(folder, args.cache, args.budget_minutes * 60, args.quick, args.tune)
+    try:
+        for name in args.families:
+            figures[name] = evaluate_family(run, name, recipes[name])
+            print(
+                f"{name}: { {key: value for key, value in figures[name].items() if key != '_samples'} }",
+                flush=True,
+            )
+        on_common_test_set(figures)
+    except BaseException:
+        # Whatever ends the run (a stage's error, Ctrl-C, a report that cannot be read), its logs and
+        # checkpoints stay, and the user is told where.
+        print(f"the run's work directory is kept: {folder}", file=sys.stderr, flush=True)
+        raise
     for name in figures:
         del figures[name]["_samples"]
     if not args.keep:
@@ -513,7 +550,7 @@ def main(argv=None) -> int:
         print(f"{name} dev CER by epoch: {figures[name]['dev_cer_by_epoch']}")
     summary = {key: value for key, value in corpus.items() if key != "speakers"} | {"wall_s": corpus_s}
     print(
-        json.dumps({"quick": args.quick, "budget_minutes": args.budget_minutes, "corpus": summary, **figures})
+        json.dumps({"quick": args.quick, "budget_minutes": args.budget_minutes, "corpus": summary} | figures)
     )
     return 0
 
