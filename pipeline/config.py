@@ -573,7 +573,12 @@ class TrainingConfig:
         "the CTC loss and softmax are float32, mixed_float16 scales the loss; the export is float32.",
         stages=(),
     )
-    jit_compile: bool = _opt(False, "Compile the training step with XLA.", stages=())
+    jit_compile: bool = _opt(
+        False,
+        "Compile the training step with XLA: on one device the whole step (forward, backward and the "
+        "update), across devices the forward and backward pass.",
+        stages=(),
+    )
     deterministic: Literal["auto", "exact", "fast"] = _opt(
         "auto",
         "exact: TensorFlow's op determinism on (and TF32 off on GPUs), so a run and a resumed run give the "

@@ -86,11 +86,13 @@ def test_jit_compiled_training_step_trains(small_config):
     assert losses[-1] < losses[0] and not report.skipped_batches, losses
 
 
-def test_an_update_the_float16_loss_scale_skips_is_not_counted_as_made(small_config, caplog):
+@pytest.mark.parametrize("jit", [False, True])
+def test_an_update_the_float16_loss_scale_skips_is_not_counted_as_made(small_config, caplog, jit):
     """mixed_float16 with the loss scale set so high that the first two steps' gradients overflow: the
     LossScaleOptimizer skips those updates and lowers the scale; the schedule, Adam's step count and the
     run's update count leave them out, and they are neither bad batches nor refused updates. Then, at a
-    sane scale, the next two steps update."""
+    sane scale, the next two steps update. With ``jit_compile`` on one device the skip is decided inside
+    the compiled step (issue 45 F4)."""
     import logging
 
     from native_client.alphabet import load_alphabet
@@ -104,7 +106,7 @@ def test_an_update_the_float16_loss_scale_skips_is_not_counted_as_made(small_con
 
     extra = (
         "training:\n  epochs: 2\n  validation_epochs: 0\n  precision: mixed_float16\n  warmup_steps: 10\n"
-        "distribution:\n  strategy: one_device\n"
+        f"  jit_compile: {str(jit).lower()}\ndistribution:\n  strategy: one_device\n"
     )
     config = load_config(small_config(limit_train=8, extra=extra))
     build_features(config, ("train",))

@@ -4,6 +4,10 @@ into accumulators and its last step updates (``tasks.Windows`` weighs them); a w
 plain step, add and update in one compiled call. An update moves the shared variables and those of the
 tasks its steps drew: a head no batch reached gets no Adam momentum.
 
+With ``training.jit_compile`` XLA compiles the forward and backward pass; on one device, the whole step,
+update included (``compiles_the_update``): a few launches where the separate update was several small
+ops per variable.
+
 Each worker's vote (``ballot``) travels in the step's own all-reduce, so every worker learns after the same
 step that a checkpoint is due or that training stops. Accumulators are not checkpointed: the loop saves
 between windows only (``at_end``).
@@ -84,6 +88,15 @@ def task_gradients(model, tasks: tuple[int, ...], blanks, optimizer, training: T
         return sums, sizes, weighted, tape.gradient(backward, variables)
 
     return tf.function(gradients, jit_compile=True) if training.jit_compile else gradients
+
+
+def compiles_the_update(training: TrainingConfig, strategy: tf.distribute.Strategy) -> bool:
+    """Whether XLA compiles a step's update (clipping, the optimizer, the shadow copies and the finiteness
+    guard) together with its forward and backward pass: with ``training.jit_compile`` on one device.
+    Across devices the update is a merge into cross-replica context (one copy of the weights per device),
+    which a compiled function cannot hold, so there XLA compiles the forward and backward pass only and
+    the update runs as separate ops, several per variable."""
+    return training.jit_compile and isinstance(strategy, tf.distribute.OneDeviceStrategy)
 
 
 class TrainingStep:
@@ -180,6 +193,11 @@ class TrainingStep:
         self._added, self._skipped, self._tasks = 0.0, False, set()
         return replace(result, applied=status == APPLIED, overflowed=status == OVERFLOWED, update=True)
 
+    def traced_graph(self, kind: str, tasks: tuple[int, ...], element_spec=None):
+        """The ``GraphDef`` of the traced ``kind`` of step of ``tasks``: ``step`` (a window of one step),
+        ``add`` or ``update`` (a window's steps, and its end, with accumulation); for counting its ops."""
+        return self._function(kind, tasks, element_spec).get_concrete_function().graph.as_graph_def()
+
     def _result(self, tasks, outputs, update: bool = True) -> StepResult:
         loss, finite, applied, indices, votes = outputs
         local = self.strategy.experimental_local_results
@@ -211,6 +229,8 @@ class TrainingStep:
                 "update": (self._replica_update, [scalar]),
             }[kind]
             run, strategy = replica(tasks), self.strategy
+            if compiles_the_update(self._training, strategy):
+                run = tf.function(run, jit_compile=True)
             self._compiled[key] = tf.function(
                 lambda *args: strategy.run(run, args=args), input_signature=signature
             )
