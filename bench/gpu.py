@@ -101,8 +101,13 @@ def run_config(
 
 
 def compiled_steps(dump: Path) -> set[str]:
-    """The XLA modules of the step's forward and backward pass compiled so far (one per shape)."""
-    return {p.name.split(".")[0] for p in dump.glob("*gradients*.before_optimizations.txt")}
+    """The XLA modules of the step compiled so far (one per shape): the whole step's on one device, the
+    forward and backward pass's across devices."""
+    return {
+        p.name.split(".")[0]
+        for pattern in ("*gradients*", "*replica_step*", "*replica_add*")
+        for p in dump.glob(pattern + ".before_optimizations.txt")
+    }
 
 
 def step_ops(config, n_input: int, n_classes: int) -> int:
@@ -480,14 +485,15 @@ def main(argv=None) -> int:
             for family, precision, xla in outside
             if xla and (family, precision, False) in outside
         }
-        if not pairs:
-            return "fail", "no one-device run trained both without and with XLA"
+        failed = [f"{r['family']} {r['precision']}" for r in trained(xla=True, towers=1) if "error" in r]
+        if failed or not pairs:
+            return "fail", f"one-device XLA runs failed: {', '.join(failed) or 'all'}"
         fewer = all(compiled is not None and 20 * compiled < plain for plain, compiled in pairs.values())
         counts = ", ".join(f"{f} {p}: {a} -> {b}" for (f, p), (a, b) in sorted(pairs.items()))
         return (
             "pass" if fewer else "fail",
-            f"ops of one device's step outside XLA, without -> with jit_compile: {counts}; across towers "
-            "the update stays outside XLA (a cross-replica merge)",
+            f"traced ops of one device's step outside XLA, without -> with jit_compile: {counts} (across "
+            "towers the update is not compiled: test_xla_update.py)",
         )
 
     check("F4", update_compiled)
@@ -498,8 +504,8 @@ def main(argv=None) -> int:
     checks["F6"] = (
         "skipped",
         f"NCCL needs GPUs in several worker processes; the choice here would be "
-        f"{collective_implementation(bool(gpus)).name} (test_multiworker.py); a lost worker is still found "
-        f"by the collective timeout (distribution.collective_timeout_s), no heartbeat",
+        f"{collective_implementation(bool(gpus)).name} (test_multiworker.py); a dead or hung worker is found "
+        f"by TensorFlow's coordination-service heartbeat (test_multiworker.py, on the CPU)",
     )
     check("F7", two_workers_agree)
     checks["F8"] = ("skipped", "test_precision.py injects the overflow on the CPU; nothing here can")

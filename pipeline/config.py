@@ -575,8 +575,9 @@ class TrainingConfig:
     )
     jit_compile: bool = _opt(
         False,
-        "Compile the training step with XLA: on one device the whole step (forward, backward and the "
-        "update), across devices the forward and backward pass.",
+        "Compile the training step with XLA: with distribution.strategy one_device (what auto picks for "
+        "one GPU or one CPU device) the whole step, forward, backward and update; with the other "
+        "strategies the forward and backward pass.",
         stages=(),
     )
     deterministic: Literal["auto", "exact", "fast"] = _opt(

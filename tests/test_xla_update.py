@@ -24,27 +24,30 @@ DEEPSPEECH = {"deepspeech": {"n_hidden": 16, "dropout_rate": 0.0}}
 
 
 def _step(strategy, training: TrainingConfig, family: dict = CONFORMER, seed: int = 1):
-    """A tiny model's training step (one task) on ``strategy``, its model, the batch to feed it, the
-    batch's element spec and the Adam it updates with."""
+    """A tiny model's training step (one task) on ``strategy``, its model, two batches to feed it (the
+    second's gradient about three times the first's), their element spec and the Adam it updates with."""
     config = config_from_dict({"model": family})
     tf.keras.utils.set_random_seed(seed)
     with strategy.scope():
         model = OneTask(build_model(config.model, 26, BLANK + 1))
         adam, applies, _ = optimizers(training, model.trainable_variables)
-    # With accumulation: windows of two steps of one task, each step half the window's loss.
-    windows = Windows(((0.25,), (0.25,)), (0.5, 0.5), frozenset({2}))
-    step = TrainingStep(model, [1.0], [BLANK], adam, applies, strategy, training, 2, lambda epoch: windows)
+    # With accumulation: windows of two steps of one task, each step half its window's loss.
+    windows = Windows(((0.25,),) * 4, (0.5,) * 4, frozenset({2, 4}))
+    step = TrainingStep(model, [1.0], [BLANK], adam, applies, strategy, training, 4, lambda epoch: windows)
     step.start(0, 0)
     rng = np.random.default_rng(seed)
-    element = (
-        rng.normal(size=(2, 60, 26)).astype(np.float32),
-        np.array([60, 44], np.int32),
-        np.array([[1, 2, 3, 4], [5, 6, 7, 0]], np.int32),
-        np.array([4, 3], np.int32),
-        np.array([0, 1], np.int64),
-    )
-    dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(element))
-    return step, model, next(iter(dataset)), dataset.element_spec, adam
+    batches = []
+    for scale in (1.0, 3.0):
+        element = (
+            (scale * rng.normal(size=(2, 60, 26))).astype(np.float32),
+            np.array([60, 44], np.int32),
+            rng.integers(0, BLANK, (2, 4)).astype(np.int32),
+            np.array([4, 3], np.int32),
+            np.array([0, 1], np.int64),
+        )
+        dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(element))
+        batches.append(next(iter(dataset)))
+    return step, model, batches, dataset.element_spec, adam
 
 
 def _weights(model) -> list[np.ndarray]:
@@ -76,27 +79,36 @@ def test_across_devices_only_the_forward_and_backward_pass_is_compiled():
     assert ops_outside_xla(step.traced_graph("step", (0,), (spec,))) > 5 * len(model.trainable_variables)
 
 
+@pytest.mark.long  # six XLA compiles of a Conformer step: about 50 s each parameter
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_the_compiled_update_moves_the_weights_as_the_separate_ops_did(accumulate):
-    """Two steps with the update compiled (one device) and two with it as separate ops after the same
+    """Two updates with the update compiled (one device) and two with it as separate ops after the same
     compiled forward and backward pass (a mirrored strategy of that one device), from the same weights
-    and batch, as two updates or (``accumulate_batches: 2``) one window's: the same losses and, within
-    float32 rounding of another fusion, the same weights after clipping and Adam."""
+    and batches, each update of one step or (``accumulate_batches: 2``) of a window of two: the same
+    losses and, within float32 rounding of another fusion, the same weights after clipping and Adam.
+    Clipping shows: the two updates' gradients differ in norm, which Adam's second update sees."""
     after, losses = {}, {}
-    for name, strategy in (
-        ("separate", tf.distribute.MirroredStrategy(["/cpu:0"])),
-        ("compiled", tf.distribute.OneDeviceStrategy("/cpu:0")),
+    for name, strategy, clip in (
+        ("separate", tf.distribute.MirroredStrategy(["/cpu:0"]), 0.5),
+        ("compiled", tf.distribute.OneDeviceStrategy("/cpu:0"), 0.5),
+        ("compiled, unclipped", tf.distribute.OneDeviceStrategy("/cpu:0"), 0.0),
     ):
-        training = TrainingConfig(jit_compile=True, clip_grad_norm=0.5, accumulate_batches=accumulate)
-        step, model, batch, spec, _ = _step(strategy, training)
+        training = TrainingConfig(jit_compile=True, clip_grad_norm=clip, accumulate_batches=accumulate)
+        step, model, (first, second), spec, _ = _step(strategy, training)
         before = _weights(model)
-        results = [step((0,), (batch,), (spec,)) for _ in range(2)]
-        assert all(r.finite for r in results) and [r.applied for r in results] == [accumulate == 1, True]
+        feed = [first, second] if accumulate == 1 else [first, first, second, second]
+        results = [step((0,), (batch,), (spec,)) for batch in feed]
+        assert all(r.finite for r in results)
+        assert [r.applied for r in results] == ([True, True] if accumulate == 1 else [False, True] * 2)
         losses[name], after[name] = [r.loss for r in results], _weights(model)
         assert any(not np.array_equal(a, b) for a, b in zip(before, after[name], strict=True))
     assert losses["compiled"] == pytest.approx(losses["separate"], rel=1e-5)
     for separate, compiled in zip(after["separate"], after["compiled"], strict=True):
         np.testing.assert_allclose(compiled, separate, rtol=1e-4, atol=1e-6)
+    apart = max(
+        np.abs(a - b).max() for a, b in zip(after["compiled"], after["compiled, unclipped"], strict=True)
+    )
+    assert apart > 1e-4, apart
 
 
 @pytest.mark.parametrize("guarded", [True, False])
@@ -105,7 +117,9 @@ def test_a_compiled_update_that_makes_a_weight_non_finite_is_reverted(guarded):
     bit for bit and reports the update refused; without the guard (revert_nonfinite_updates: false)
     the update is applied, non-finite, as the plain step would."""
     training = TrainingConfig(jit_compile=True, revert_nonfinite_updates=guarded)
-    step, model, batch, spec, adam = _step(tf.distribute.OneDeviceStrategy("/cpu:0"), training, DEEPSPEECH)
+    step, model, (batch, _), spec, adam = _step(
+        tf.distribute.OneDeviceStrategy("/cpu:0"), training, DEEPSPEECH
+    )
     adam.learning_rate.assign(float("inf"))
     before = _weights(model)
     result = step((0,), (batch,), (spec,))

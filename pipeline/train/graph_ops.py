@@ -1,6 +1,8 @@
-"""Counting what TensorFlow's executor runs one op at a time in a traced function: each such op is a
-kernel launch on a GPU, where a step of a few thousand small ones is bound by launches, not by
-arithmetic (issue 45 F4). An XLA-compiled function is one launch of its fused program."""
+"""Counting what TensorFlow's executor dispatches one op at a time in a traced function: on a GPU most
+of them are a kernel launch each, and a step of thousands of small ones is bound by launches, not by
+arithmetic (issue 45 F4). An XLA-compiled function is one call of its fused program. The count is of
+the traced graph: constants and identities included, both branches of a conditional, a loop's body
+once."""
 
 from __future__ import annotations
 

@@ -92,10 +92,10 @@ def task_gradients(model, tasks: tuple[int, ...], blanks, optimizer, training: T
 
 def compiles_the_update(training: TrainingConfig, strategy: tf.distribute.Strategy) -> bool:
     """Whether XLA compiles a step's update (clipping, the optimizer, the shadow copies and the finiteness
-    guard) together with its forward and backward pass: with ``training.jit_compile`` on one device.
-    Across devices the update is a merge into cross-replica context (one copy of the weights per device),
-    which a compiled function cannot hold, so there XLA compiles the forward and backward pass only and
-    the update runs as separate ops, several per variable."""
+    guard) together with its forward and backward pass: with ``training.jit_compile`` on a
+    ``OneDeviceStrategy``. A mirrored or multi-worker strategy (even of one device) updates through a
+    merge into cross-replica context, which a compiled function cannot hold, so there XLA compiles the
+    forward and backward pass only and the update runs as separate ops, several per variable."""
     return training.jit_compile and isinstance(strategy, tf.distribute.OneDeviceStrategy)
 
 
