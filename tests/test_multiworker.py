@@ -276,8 +276,9 @@ print("MAXDIFF", max(float(np.max(np.abs(one[k] - workers[k]))) for k in one))
 @pytest.mark.long
 def test_killed_worker_stops_the_other_and_a_restart_resumes(small_config, tmp_path, monkeypatch):
     """Worker 1 is killed while both workers are paused after step 13 (2 steps per epoch: the last save
-    was the chief's after step 12); worker 0 then waits in step 14's all-reduce until the collective
-    timeout ends it; a restart resumes both from step 12 and ends as an uninterrupted run would."""
+    was the chief's after step 12); worker 0 then waits in step 14's all-reduce until the coordination
+    service's heartbeat or the collective timeout ends it; a restart resumes both from step 12 and ends
+    as an uninterrupted run would."""
     barrier = StepBarrier(tmp_path / "barrier", 13)
     barrier.install(monkeypatch)
     training = "  checkpoint_secs: 100000\n" + barrier.config_yaml()
@@ -309,6 +310,45 @@ def test_killed_worker_stops_the_other_and_a_restart_resumes(small_config, tmp_p
         chief["global_step"] == other["global_step"] == 80
         and chief["weights_sha256"] == other["weights_sha256"]
     )
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("hung", [1, 0])
+def test_a_hung_worker_is_found_by_the_heartbeat_not_the_collective_timeout(
+    small_config, tmp_path, monkeypatch, hung
+):
+    """One worker is stopped (SIGSTOP: alive, its sockets open, silent) while both are paused after step
+    13, with a collective timeout of 600 s; the other then waits in step 14's all-reduce until
+    TensorFlow's coordination service notices the silence (issue 45 F6): hosted by the chief, it misses
+    worker 1's heartbeats (10 s) and aborts the collectives; when the chief itself hangs, worker 1's
+    heartbeats to it fail. Either way the survivor stops with "lost contact" long before the timeout."""
+    barrier = StepBarrier(tmp_path / "barrier", 13)
+    barrier.install(monkeypatch)
+    training = "  checkpoint_secs: 100000\n" + barrier.config_yaml()
+    path = _config(small_config, "hung.yaml", epochs=40, training=training)
+    path.write_text(path.read_text().replace("collective_timeout_s: 20", "collective_timeout_s: 600"))
+    config = load_config(path)
+    assert config.distribution.collective_timeout_s == 600
+    build_features(config, ("train", "dev"))
+    logs = TrainRun(tmp_path).worker_log
+    workers = multiworker.start_workers(path, 2, logs)
+    paused = barrier.wait(
+        13, lambda: all(w.poll() is None for w in workers) or logs(0).read_text()[-2000:], count=2
+    )
+    assert sorted(paused) == sorted(w.pid for w in workers), (paused, [w.pid for w in workers])
+    survivor = 1 - hung
+    os.kill(workers[hung].pid, signal.SIGSTOP)
+    try:
+        barrier.release(13)
+        started = time.monotonic()
+        workers[survivor].wait(timeout=300)
+        waited = time.monotonic() - started
+    finally:
+        os.kill(workers[hung].pid, signal.SIGKILL)
+        workers[hung].wait()
+    log = logs(survivor).read_text()
+    assert workers[survivor].returncode == 3 and "lost contact with another worker" in log, log[-3000:]
+    assert waited < 120, waited  # the heartbeat's 10 s and the abort's round trips, not 600 s
 
 
 @pytest.mark.usefixtures("tasks_in_process")
