@@ -110,6 +110,19 @@ def compiled_steps(dump: Path) -> set[str]:
     }
 
 
+def _batch_spec(n_input: int) -> tuple:
+    """One task's batch as the step takes it: features, their lengths, labels, their lengths, indices."""
+    import tensorflow as tf
+
+    return (
+        tf.TensorSpec([None, None, n_input], tf.float32),
+        tf.TensorSpec([None], tf.int32),
+        tf.TensorSpec([None, None], tf.int32),
+        tf.TensorSpec([None], tf.int32),
+        tf.TensorSpec([None], tf.int64),
+    )
+
+
 def step_ops(config, n_input: int, n_classes: int) -> int:
     """Nodes of the step's traced forward and backward pass (its called functions included)."""
     import keras
@@ -122,23 +135,15 @@ def step_ops(config, n_input: int, n_classes: int) -> int:
     model = OneTask(build_model(config.model, n_input, n_classes, config.training.precision))
     step = task_gradients(model, (0,), [n_classes - 1], keras.optimizers.Adam(), config.training)
     step = step if hasattr(step, "get_concrete_function") else tf.function(step)
-    spec = (
-        tf.TensorSpec([None, None, n_input], tf.float32),
-        tf.TensorSpec([None], tf.int32),
-        tf.TensorSpec([None, None], tf.int32),
-        tf.TensorSpec([None], tf.int32),
-        tf.TensorSpec([None], tf.int32),
-    )
-    graph = step.get_concrete_function((spec,), tf.TensorSpec([1], tf.float32)).graph.as_graph_def()
+    graph = step.get_concrete_function((_batch_spec(n_input),), tf.TensorSpec([1], tf.float32))
+    graph = graph.graph.as_graph_def()
     return len(graph.node) + sum(len(f.node_def) for f in graph.library.function)
 
 
 def step_ops_outside_xla(config, n_input: int, n_classes: int) -> int:
     """Ops of one device's traced training step (forward, backward and update) that run one at a time,
-    outside XLA: each a kernel launch on a GPU (issue 45 F4)."""
+    outside XLA: on a GPU most of them a kernel launch each (issue 45 F4)."""
     from dataclasses import replace
-
-    import tensorflow as tf
 
     from pipeline.model import build_model
     from pipeline.model.heads import OneTask
@@ -153,14 +158,7 @@ def step_ops_outside_xla(config, n_input: int, n_classes: int) -> int:
         adam, applies, _ = optimizers(config.training, model.trainable_variables)
     training = replace(config.training, accumulate_batches=1)
     step = TrainingStep(model, [1.0], [n_classes - 1], adam, applies, strategy, training, 1)
-    spec = (
-        tf.TensorSpec([None, None, n_input], tf.float32),
-        tf.TensorSpec([None], tf.int32),
-        tf.TensorSpec([None, None], tf.int32),
-        tf.TensorSpec([None], tf.int32),
-        tf.TensorSpec([None], tf.int64),
-    )
-    return ops_outside_xla(step.traced_graph("step", (0,), (spec,)))
+    return ops_outside_xla(step.traced_graph("step", (0,), (_batch_spec(n_input),)))
 
 
 def parent_run(spec: dict, args) -> dict:

@@ -273,17 +273,18 @@ print("MAXDIFF", max(float(np.max(np.abs(one[k] - workers[k]))) for k in one))
 """
 
 
-@pytest.mark.long
-def test_killed_worker_stops_the_other_and_a_restart_resumes(small_config, tmp_path, monkeypatch):
-    """Worker 1 is killed while both workers are paused after step 13 (2 steps per epoch: the last save
-    was the chief's after step 12); worker 0 then waits in step 14's all-reduce until the coordination
-    service's heartbeat or the collective timeout ends it; a restart resumes both from step 12 and ends
-    as an uninterrupted run would."""
+def _paused_after_step_13(small_config, tmp_path, monkeypatch, name: str, timeout_s: int = 20):
+    """Two workers of a 40-epoch run (2 steps an epoch, no timed saves: the chief saves after step 12),
+    both paused after step 13; (the config's path, the worker logs, the workers, the barrier)."""
     barrier = StepBarrier(tmp_path / "barrier", 13)
     barrier.install(monkeypatch)
     training = "  checkpoint_secs: 100000\n" + barrier.config_yaml()
-    path = _config(small_config, "kill.yaml", epochs=40, training=training)
+    path = _config(small_config, name, epochs=40, training=training)
+    path.write_text(
+        path.read_text().replace("collective_timeout_s: 20", f"collective_timeout_s: {timeout_s}")
+    )
     config = load_config(path)
+    assert config.distribution.collective_timeout_s == timeout_s
     build_features(config, ("train", "dev"))
     logs = TrainRun(tmp_path).worker_log
     workers = multiworker.start_workers(path, 2, logs)
@@ -291,12 +292,22 @@ def test_killed_worker_stops_the_other_and_a_restart_resumes(small_config, tmp_p
         13, lambda: all(w.poll() is None for w in workers) or logs(0).read_text()[-2000:], count=2
     )
     assert sorted(paused) == sorted(w.pid for w in workers), (paused, [w.pid for w in workers])
+    return path, logs, workers, barrier
+
+
+@pytest.mark.long
+def test_killed_worker_stops_the_other_and_a_restart_resumes(small_config, tmp_path, monkeypatch):
+    """Worker 1 is killed while both workers are paused after step 13 (2 steps per epoch: the last save
+    was the chief's after step 12); worker 0 then waits in step 14's all-reduce until the coordination
+    service's heartbeat or the collective timeout ends it; a restart resumes both from step 12 and ends
+    as an uninterrupted run would."""
+    path, logs, workers, barrier = _paused_after_step_13(small_config, tmp_path, monkeypatch, "kill.yaml")
     workers[1].kill()
     barrier.release(13)
     started = time.monotonic()
     with pytest.raises(DistributionError) as failure:
         wait_for_workers(workers, logs, grace_s=120)
-    assert time.monotonic() - started < 150  # stopped by the collective timeout, not hung
+    assert time.monotonic() - started < 150  # stopped, not hung
     assert workers[0].returncode == 3 and "lost contact with another worker" in logs(0).read_text()
     assert "worker 0 exit 3" in str(failure.value)
 
@@ -322,20 +333,7 @@ def test_a_hung_worker_is_found_by_the_heartbeat_not_the_collective_timeout(
     TensorFlow's coordination service notices the silence (issue 45 F6): hosted by the chief, it misses
     worker 1's heartbeats (10 s) and aborts the collectives; when the chief itself hangs, worker 1's
     heartbeats to it fail. Either way the survivor stops with "lost contact" long before the timeout."""
-    barrier = StepBarrier(tmp_path / "barrier", 13)
-    barrier.install(monkeypatch)
-    training = "  checkpoint_secs: 100000\n" + barrier.config_yaml()
-    path = _config(small_config, "hung.yaml", epochs=40, training=training)
-    path.write_text(path.read_text().replace("collective_timeout_s: 20", "collective_timeout_s: 600"))
-    config = load_config(path)
-    assert config.distribution.collective_timeout_s == 600
-    build_features(config, ("train", "dev"))
-    logs = TrainRun(tmp_path).worker_log
-    workers = multiworker.start_workers(path, 2, logs)
-    paused = barrier.wait(
-        13, lambda: all(w.poll() is None for w in workers) or logs(0).read_text()[-2000:], count=2
-    )
-    assert sorted(paused) == sorted(w.pid for w in workers), (paused, [w.pid for w in workers])
+    _, logs, workers, barrier = _paused_after_step_13(small_config, tmp_path, monkeypatch, "hung.yaml", 600)
     survivor = 1 - hung
     os.kill(workers[hung].pid, signal.SIGSTOP)
     try:
