@@ -173,12 +173,16 @@ def test_a_jit_compiled_epoch_compiles_the_step_once_per_shape(small_config, tmp
     assert len(compiled) == len(bucketed) < len(plain), (len(compiled), len(bucketed), len(plain))
 
 
-def test_a_bucketed_run_stopped_mid_epoch_resumes_to_the_weights_of_one_never_stopped(small_config, tmp_path):
+@pytest.mark.parametrize("jit", [False, pytest.param(True, marks=pytest.mark.long)])
+def test_a_bucketed_run_stopped_mid_epoch_resumes_to_the_weights_of_one_never_stopped(
+    small_config, tmp_path, jit
+):
     """With the grid and a frame cap counting its padded frames, a run stopped at step 5 of its first epoch
-    resumes where it was and ends with the weights of a run never stopped."""
+    resumes where it was and ends with the weights of a run never stopped; also with the whole step
+    compiled by XLA (``jit_compile`` on one device: the grid is what a GPU run would use)."""
     extra = (
         "training:\n  epochs: 2\n  validation_epochs: 0\n  checkpoint_secs: 100000\n"
-        "  bucket_growth: 1.2\n  max_batch_frames: 400\n"
+        f"  bucket_growth: 1.2\n  max_batch_frames: 400\n  jit_compile: {str(jit).lower()}\n"
     )
     config = load_config(small_config(limit_train=16, extra=extra))
     train = _train_split(config)
