@@ -121,8 +121,9 @@ class TrainReport:
     # Optimizer updates (``training.accumulate_batches`` batches each; one per step without it).
     updates: int | None = None
     accumulate_batches: int = 1
-    # Whether this run's last session trained with TensorFlow's op determinism on
-    # (``training.deterministic``); None in reports written before it was recorded.
+    # Whether every session that trained this run had TensorFlow's op determinism on
+    # (``training.deterministic``); None in reports written before it was recorded, and for a run
+    # resumed from a checkpoint written before.
     deterministic_ops: bool | None = None
     # A multi-task run's tasks: name, weight, loss factor, train samples and hours, batches per round of its
     # plan and batches drawn (train_samples and train_audio_hours are then their sums); None otherwise.

@@ -31,3 +31,34 @@ def test_the_settings_hold_inside_and_are_put_back_after():
             assert ops_are_deterministic() and tf.config.experimental.tensor_float_32_execution_enabled()
             raise ValueError("inside")
     assert not ops_are_deterministic() and tf.config.experimental.tensor_float_32_execution_enabled()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "first, then, reopened, recorded", [("exact", "exact", "fast", True), ("fast", "exact", "exact", False)]
+)
+def test_the_report_says_whether_every_session_that_trained_was_exact(
+    small_config, first, then, reopened, recorded
+):
+    """One epoch in ``first`` mode, a second in ``then`` mode (the key moves no fingerprint: the same
+    run), then a session in ``reopened`` mode that finds nothing left to train: the report's
+    ``deterministic_ops`` is whether every session that trained had op determinism on. It used to be
+    the last session's: true after a fast epoch resumed exact, false once a fast session only looked."""
+    from pipeline.config_loader import load_config
+    from pipeline.layout import Layout
+    from pipeline.stages.train import train_stage
+    from tests.conftest import build_features
+
+    def run(mode: str, epochs: int, name: str):
+        extra = f"training:\n  epochs: {epochs}\n  validation_epochs: 0\n  deterministic: {mode}\n"
+        config = load_config(small_config(name, limit_train=8, extra=extra))
+        build_features(config, ("train", "dev"))  # Train reads its dev split
+        return Layout(config), train_stage(Layout(config))
+
+    layout, report = run(first, 1, "first.yaml")
+    assert report.deterministic_ops is (first == "exact")
+    again, report = run(then, 2, "then.yaml")
+    assert again.train_run.root == layout.train_run.root and report.epochs_completed == 2
+    assert report.deterministic_ops is recorded
+    _, report = run(reopened, 2, "reopened.yaml")
+    assert report.epochs_completed == 2 and report.deterministic_ops is recorded

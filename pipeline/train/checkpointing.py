@@ -51,7 +51,9 @@ class TrainState:
     target came from (0: not recorded, a checkpoint from before it was). ``towers``, ``global_batch`` and
     ``plan_digest`` describe the batch plan the position counts in (0: not recorded). ``updates`` counts
     optimizer updates (the learning-rate schedule's step; the global step without
-    ``training.accumulate_batches``); -1 until set: a checkpoint from before it was recorded lacks it."""
+    ``training.accumulate_batches``); -1 until set: a checkpoint from before it was recorded lacks it.
+    ``deterministic_ops``: 1 while every session that trained had TensorFlow's op determinism on, 0 once
+    one did not, -1 not recorded (a run not trained yet, or resumed from a checkpoint from before)."""
 
     global_step: tf.Variable = _counter()
     updates: tf.Variable = _counter(value=-1)
@@ -66,6 +68,7 @@ class TrainState:
     towers: tf.Variable = _counter()
     global_batch: tf.Variable = _counter()
     plan_digest: tf.Variable = _counter()
+    deterministic_ops: tf.Variable = _counter(value=-1)
 
     def variables(self) -> dict:
         """{checkpoint name: variable}."""

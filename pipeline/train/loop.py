@@ -33,6 +33,7 @@ from pipeline.config import Config
 from pipeline.reports import TrainReport
 from pipeline.train.agreement import chiefs_verdict
 from pipeline.train.checkpointing import BatchPlan, RunCheckpoints, TrainingError
+from pipeline.train.determinism import ops_are_deterministic
 from pipeline.train.distribute import ClusterRole
 from pipeline.train.epoch_ends import EpochEnds
 from pipeline.train.epochs import epoch_target
@@ -352,6 +353,15 @@ class Trainer:
             shutil.rmtree(checkpoints.scratch, ignore_errors=True)
         return train_report(self, target, time.monotonic() - started)
 
+    def _record_determinism(self) -> None:
+        """Fold this session's op determinism into the run's record (``TrainState.deterministic_ops``),
+        as it starts to train: a session that only finds the run finished changes nothing."""
+        now, recorded = int(ops_are_deterministic()), int(self.state.deterministic_ops.numpy())
+        if recorded >= 0:
+            self.state.deterministic_ops.assign(min(recorded, now))
+        elif int(self.state.global_step.numpy()) == 0:  # a new run; else a checkpoint from before the record
+            self.state.deterministic_ops.assign(now)
+
     def _train(self, target: int, started: float) -> None:
         """Run steps and epochs from the restored position to ``target`` or an early stop."""
         training = self.config.training
@@ -366,6 +376,7 @@ class Trainer:
             if training.accumulate_batches > 1
             else "",
         )
+        self._record_determinism()
         last_save = time.monotonic()
         consecutive_bad = 0
         current_lr = None

@@ -7,7 +7,6 @@ import time
 
 from pipeline.model.weights import weights_digest
 from pipeline.reports import StopRecord, TrainReport, report_to_dict
-from pipeline.train.determinism import ops_are_deterministic
 
 
 def train_report(trainer, target: int, wall_this_run: float) -> TrainReport:
@@ -37,7 +36,7 @@ def train_report(trainer, target: int, wall_this_run: float) -> TrainReport:
         global_step=int(trainer.state.global_step.numpy()),
         updates=int(trainer.state.updates.numpy()),
         accumulate_batches=trainer.config.training.accumulate_batches,
-        deterministic_ops=ops_are_deterministic(),
+        deterministic_ops={1: True, 0: False}.get(int(trainer.state.deterministic_ops.numpy())),
         steps_per_epoch=trainer.steps_per_epoch,
         towers=trainer.towers,
         batch_size_per_tower=trainer.per_tower_batch,
