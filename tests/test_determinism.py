@@ -35,7 +35,8 @@ def test_the_settings_hold_inside_and_are_put_back_after():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "first, then, reopened, recorded", [("exact", "exact", "fast", True), ("fast", "exact", "exact", False)]
+    "first, then, reopened, recorded",
+    [("exact", "exact", "fast", True), ("fast", "exact", "exact", False), ("exact", "fast", "exact", False)],
 )
 def test_the_report_says_whether_every_session_that_trained_was_exact(
     small_config, first, then, reopened, recorded

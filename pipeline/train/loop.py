@@ -149,12 +149,16 @@ class Trainer:
         self.policy = EpochPolicy(config, has_dev=self.validate.has_dev)
         self._watch_loss = LossWatch()
         self._last_loss = float("nan")
+        self._session_recorded = False  # this session's op determinism, folded in at its first step
 
     def _step(self, vote: float) -> StepResult:
         """Run one training step on the next batches of the step's tasks; ``vote``: this worker's
         ``step.ballot``."""
         epoch, step = int(self.state.epoch.numpy()), int(self.state.step_in_epoch.numpy())
         tasks, batches, specs = self.inputs.next_batches(epoch, step)
+        if not self._session_recorded:
+            self._record_determinism()
+            self._session_recorded = True
         result = self._train_step(tasks, batches, specs, vote=vote)
         self.inputs.drawn(tasks)
         return result
@@ -354,8 +358,9 @@ class Trainer:
         return train_report(self, target, time.monotonic() - started)
 
     def _record_determinism(self) -> None:
-        """Fold this session's op determinism into the run's record (``TrainState.deterministic_ops``),
-        as it starts to train: a session that only finds the run finished changes nothing."""
+        """Fold this session's op determinism into the run's record (``TrainState.deterministic_ops``)
+        at its first step: a session that trains no step (the run finished, or stopped on an epoch's
+        last step) changes nothing."""
         now, recorded = int(ops_are_deterministic()), int(self.state.deterministic_ops.numpy())
         if recorded >= 0:
             self.state.deterministic_ops.assign(min(recorded, now))
@@ -376,7 +381,6 @@ class Trainer:
             if training.accumulate_batches > 1
             else "",
         )
-        self._record_determinism()
         last_save = time.monotonic()
         consecutive_bad = 0
         current_lr = None
