@@ -347,6 +347,8 @@ def test_a_hung_worker_is_found_by_the_heartbeat_not_the_collective_timeout(
     log = logs(survivor).read_text()
     assert workers[survivor].returncode == 3 and "lost contact with another worker" in log, log[-3000:]
     assert waited < 120, waited  # the heartbeat's 10 s and the abort's round trips, not 600 s
+    if hung == 1:  # the coordination service (in the chief) says what it found
+        assert "stopped sending heartbeats" in log, log[-3000:]
 
 
 @pytest.mark.usefixtures("tasks_in_process")
