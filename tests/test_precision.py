@@ -86,7 +86,7 @@ def test_jit_compiled_training_step_trains(small_config):
     assert losses[-1] < losses[0] and not report.skipped_batches, losses
 
 
-@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("jit", [False, pytest.param(True, marks=pytest.mark.long)])
 def test_an_update_the_float16_loss_scale_skips_is_not_counted_as_made(small_config, caplog, jit):
     """mixed_float16 with the loss scale set so high that the first two steps' gradients overflow: the
     LossScaleOptimizer skips those updates and lowers the scale; the schedule, Adam's step count and the
