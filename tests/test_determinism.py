@@ -33,7 +33,7 @@ def test_the_settings_hold_inside_and_are_put_back_after():
     assert not ops_are_deterministic() and tf.config.experimental.tensor_float_32_execution_enabled()
 
 
-@pytest.mark.slow
+@pytest.mark.long  # three sessions of Train a case: make test sits close to its 20 minutes
 @pytest.mark.parametrize(
     "first, then, reopened, recorded",
     [("exact", "exact", "fast", True), ("fast", "exact", "exact", False), ("exact", "fast", "exact", False)],
