@@ -37,11 +37,13 @@ import tensorflow as tf
 from native_client.alphabet import load_alphabet
 from pipeline.batches.dataset import SplitReader, batch_plan, train_dataset
 from pipeline.config_loader import load_config
-from pipeline.features.cache import CacheIndex, FeatureReader
+from pipeline.features.cache import CacheIndex, FeatureReader, read_cache
+from pipeline.features.cmvn import train_statistics
 from pipeline.features.frontend import feature_pipeline
 from pipeline.layout import Layout
 from pipeline.model import build_model
 from pipeline.model.ctc import KERNEL, ctc_loss
+from pipeline.model.normalization import normalized, set_statistics
 from pipeline.stages.features import features_stage
 from pipeline.train.distribute import make_strategy
 from pipeline.train.hooks import TrainHooks
@@ -81,12 +83,12 @@ class _CTCModel(keras.Model):
         self.blank = blank
 
     def call(self, windows, training=False):
-        return self.inner(windows, training=training)
+        return self.inner(normalized(self.inner, windows), training=training)
 
     def train_step(self, batch):
         windows, lengths, labels, label_lengths, _ = batch
         with tf.GradientTape() as tape:
-            logits = self.inner(windows, training=True)
+            logits = self.inner(normalized(self.inner, windows), training=True)
             loss = tf.reduce_mean(ctc_loss(labels, label_lengths, logits, lengths, self.blank, KERNEL))
         grads = tape.gradient(loss, self.inner.trainable_variables)
         self.optimizer.apply(grads, self.inner.trainable_variables)
@@ -95,7 +97,12 @@ class _CTCModel(keras.Model):
 
 def keras_fit_rate(config, data, alphabet) -> float:
     """Audio seconds per second of ``model.fit`` on the identical model and batches."""
-    model = _CTCModel(build_model(config.model, data.n_input, alphabet.n_classes), alphabet.blank_index)
+    inner = build_model(
+        config.model, data.n_input, alphabet.n_classes, normalized=config.features.normalize == "global"
+    )
+    if config.features.normalize == "global":
+        set_statistics(inner, train_statistics([data.path]))
+    model = _CTCModel(inner, alphabet.blank_index)
     model.compile(optimizer=keras.optimizers.Adam(config.training.learning_rate))
     plan = batch_plan(data.lengths, config.training.batch_size, 1)
     dataset = train_dataset(SplitReader(data), plan, 1, 0, 1, 0, 0, 1, config.training.shuffle_seed)
@@ -111,7 +118,7 @@ class _InMemoryReader(FeatureReader):
     """The baseline: the same batches from the whole split's features held in memory."""
 
     def __init__(self, data: CacheIndex):
-        super().__init__(data.path, data.offsets, data.lengths, data.n_input, data.stats)
+        super().__init__(data.path, data.offsets, data.lengths, data.n_input)
         with h5py.File(data.path, "r") as h5:
             self.frames = h5["features"][...]
 
@@ -179,7 +186,6 @@ def en_size(config, data, alphabet, run_dir, steps: int) -> tuple[float, float, 
         transcripts=[data.transcripts[i] for i in order],
         paths=[data.paths[i] for i in order],
         durations=data.durations[order],
-        stats=data.stats,
     )
     big = load_config(
         ROOT / "configs" / "sample.yaml",
@@ -205,11 +211,9 @@ def en_size(config, data, alphabet, run_dir, steps: int) -> tuple[float, float, 
 
 def split_cache(config) -> CacheIndex:
     """The train split's features of ``config``, built into its work dir."""
-    from pipeline.stages.features import split_cache as stage_split_cache
-
     layout = Layout(config)
     features_stage(layout, "train")
-    return stage_split_cache(layout, "train")
+    return read_cache(layout.features_cache("train"), config.features)
 
 
 def main(argv=None) -> int:

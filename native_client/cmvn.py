@@ -2,9 +2,10 @@
 feature coefficient, computed once over the training set and applied frame by frame.
 
 Per-utterance normalisation needs the whole utterance before its first frame is known; with global
-statistics every frame is normalised as soon as it exists, so a model trained that way streams. Training
-(the cache's frames, at batch read) and the client (each frame as it comes) call the same ``apply`` with
-the same float32 numbers, so both see identical features.
+statistics every frame is normalised as soon as it exists, so a model trained that way streams. Since
+export format 6 the statistics are weights of the model and its graph applies them
+(``pipeline.model.normalization``, the same float32 arithmetic as ``apply``); the client applies them
+itself only for exports of format 5, whose metadata carries them.
 """
 
 from __future__ import annotations

@@ -28,8 +28,11 @@ FORMAT = "luigi-deepspeech-export"
 # label) and ``streaming`` (what one streaming call takes; null for a model family without a streaming form,
 # whose export runs whole utterances through its ``utterance`` signature). Versions 1 to 3 are read too
 # (characters, no text settings before 3; one label per frame and context windows before 4). 5:
-# ``features.normalize`` may be ``"global"``, with the training set's ``mean`` and ``std`` beside it.
-FORMAT_VERSION = 5
+# ``features.normalize`` may be ``"global"``, with the training set's ``mean`` and ``std`` beside it (the
+# client normalises). 6: a model trained with global normalisation normalises in its graph (its statistics
+# are weights): ``features`` says what the client computes (``normalize: false``) and ``normalization:
+# "global"`` says why. Every earlier version is still read.
+FORMAT_VERSION = 6
 # The most feature frames one output label may stand for (a stride read from a file someone else made).
 MAX_STRIDE = 64
 REQUIRED_KEYS = (

@@ -16,11 +16,10 @@ import json
 from pathlib import Path
 from typing import Protocol
 
-from pipeline.config import Config, field_stages, is_deepspeech
+from pipeline.config import Config, field_stages
 from pipeline.dag import tag_applies
 from pipeline.digests import path_digest
 from pipeline.model import model_family
-from pipeline.model.deepspeech import FAMILY as DEEPSPEECH
 from pipeline.model.objectives import model_objective
 
 
@@ -99,11 +98,6 @@ def stage_keys(inputs: FingerprintInputs, stage: str, params: dict) -> dict:
                 value = tuple(item for item in value if item.key == params.get(f.metadata["keyed_by"]))
             if f.metadata.get("frontend"):
                 value = dataclasses.asdict(value)
-            elif f.metadata.get("family") and is_deepspeech(section.architecture):
-                # DeepSpeech's settings hash as the section's own keys, which they were until the
-                # fingerprint version moves again, and leave model.options empty
-                found.update({f"model.{k}": v for k, v in _family_keys(DEEPSPEECH.settings(section)).items()})
-                value = ()
             elif f.metadata.get("family"):
                 value = _family_keys(value)
             elif (section_field.name, f.name) == ("paths", "alphabet"):
@@ -126,7 +120,8 @@ def stage_keys(inputs: FingerprintInputs, stage: str, params: dict) -> dict:
 def derived_inputs(inputs: FingerprintInputs, stage: str, params: dict) -> dict:
     """What a stage's result depends on beyond the config's keys: an Import's corpus as resolved (its
     root, parts and options) and its files' names, sizes and modification times; a phonemes task's
-    inputs; the family's output stride and the objective's too-short rule. The builder that made an LM
+    inputs; the family's output stride and the objective's too-short rule; for Train, global normalisation
+    inside the model. The builder that made an LM
     and espeak-ng's version are the machine's: the stages' reports record them."""
     config = inputs.config
     if stage == "lm":
@@ -137,6 +132,10 @@ def derived_inputs(inputs: FingerprintInputs, stage: str, params: dict) -> dict:
         return {"corpus": inputs.import_fingerprint(params["corpus"])}
     if stage == "phonemes":
         return _phonemes_inputs(inputs)
+    if stage == "train" and config.features.normalize == "global":
+        # The statistics are weights of the model (pipeline.model.normalization): its checkpoints and
+        # exports hold them, as those of runs that normalised outside the model did not.
+        return {"normalization": "in_model"}
     if stage == "features":
         # The too-short check counts the family's output labels by the objective's rule: nothing is added
         # for one label per frame and CTC's rule, so those caches keep their names.

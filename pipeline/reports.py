@@ -284,6 +284,9 @@ class ExportRecord:
     streaming: dict | None = None
     # the task of a multi-task config this export is of (its head, alphabet, LM); not written otherwise
     task: str | None = omitted_when_none()
+    # format 6: "global" when the graph normalises the features (``features.normalize: global``, the
+    # statistics weights of the model); not written otherwise
+    normalization: str | None = omitted_when_none()
 
 
 def _dataclass_of(tp) -> type | None:

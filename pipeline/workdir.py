@@ -217,12 +217,6 @@ class TrainRun:
         return self.root / "train_report.json"
 
     @property
-    def feature_stats(self) -> Path:
-        """``feature_stats.json``: the training set's mean and deviation the run normalises with
-        (``features.normalize: global``), written when it starts and read by every stage after it."""
-        return self.root / "feature_stats.json"
-
-    @property
     def resolved_config(self) -> Path:
         """The config the run was made with, as plain YAML."""
         return self.root / "config.yaml"

@@ -13,7 +13,7 @@ from pipeline.config_loader import load_config
 from pipeline.features.audio_augment import Variant, apply_variant, variants
 from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
-from pipeline.stages.features import features_stage, global_stats
+from pipeline.stages.features import features_stage
 
 
 def _noise_dir(tmp_path):
@@ -68,9 +68,7 @@ def test_the_train_cache_holds_the_copies_and_only_its_fingerprint_moves(small_c
     assert Layout(plain).features_fingerprint("dev") == Layout(augmented).features_fingerprint("dev")
     assert Layout(plain).features_fingerprint("train") != Layout(augmented).features_fingerprint("train")
     summary = features_stage(Layout(augmented), "train")
-    index = read_cache(
-        Layout(augmented).features_cache("train"), augmented.features, global_stats(Layout(augmented))
-    )
+    index = read_cache(Layout(augmented).features_cache("train"), augmented.features)
     assert summary.kept + summary.rejected == 6 * 4
     originals = {p: d for p, d in zip(index.paths, index.durations, strict=False) if "#" not in p}
     for path, duration in zip(index.paths, index.durations, strict=False):
@@ -84,13 +82,9 @@ def test_the_train_cache_holds_the_copies_and_only_its_fingerprint_moves(small_c
     again = tmp_path / "again.h5"
     Layout(augmented).features_cache("train").rename(again)
     features_stage(Layout(augmented), "train")
-    rebuilt = read_cache(
-        Layout(augmented).features_cache("train"), augmented.features, global_stats(Layout(augmented))
-    )
-    assert rebuilt.paths == read_cache(again, augmented.features, global_stats(Layout(augmented))).paths
+    rebuilt = read_cache(Layout(augmented).features_cache("train"), augmented.features)
+    assert rebuilt.paths == read_cache(again, augmented.features).paths
     np.testing.assert_array_equal(
         rebuilt.reader().batch(np.arange(len(rebuilt)))[0],
-        read_cache(again, augmented.features, global_stats(Layout(augmented)))
-        .reader()
-        .batch(np.arange(len(rebuilt)))[0],
+        read_cache(again, augmented.features).reader().batch(np.arange(len(rebuilt)))[0],
     )

@@ -11,7 +11,6 @@ from pipeline.config import AugmentConfig
 from pipeline.config_loader import load_config
 from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
-from pipeline.stages.features import global_stats
 from tests.conftest import build_features
 
 MASKS = AugmentConfig(freq_masks=2, freq_mask_max=5, time_masks=2, time_mask_max=30, time_mask_fraction=0.2)
@@ -57,7 +56,7 @@ def test_noise_touches_real_frames_only():
 def test_augmented_training_batches_resume_exactly_and_dev_batches_are_never_augmented(small_config):
     config = load_config(small_config(limit_train=40))
     build_features(config, ("train",))
-    index = read_cache(Layout(config).features_cache("train"), config.features, global_stats(Layout(config)))
+    index = read_cache(Layout(config).features_cache("train"), config.features)
     reader = SplitReader(index)
     plan = batch_plan(index.lengths, 4, 1)
 

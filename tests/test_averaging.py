@@ -26,7 +26,7 @@ from pipeline.model.weights import named_weights
 from pipeline.reports import DevFigures, ExportRecord, TrainReport, read_report
 from pipeline.stages.evaluate import evaluate_stage
 from pipeline.stages.export import export_stage
-from pipeline.stages.features import features_stage, global_stats
+from pipeline.stages.features import features_stage
 from pipeline.stages.train import train_stage
 from pipeline.train.distribute import make_strategy
 from pipeline.train.history import TrainHistory
@@ -93,8 +93,11 @@ def _checkpoint_weights(prefix, names) -> list[np.ndarray]:
 
 def _weight_names(config) -> list[str]:
     layout = Layout(config)
-    train = read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config)))
-    model = build_model(config.model, train.n_input, load_alphabet(layout.alphabet).n_classes)
+    train = read_cache(layout.features_cache("train"), config.features)
+    classes = load_alphabet(layout.alphabet).n_classes
+    model = build_model(
+        config.model, train.n_input, classes, normalized=config.features.normalize == "global"
+    )
     return list(named_weights(model))
 
 
@@ -211,9 +214,7 @@ def test_damaged_kept_weights_are_left_out_for_another_checkpoint_of_their_epoch
     final = _checkpoint_weights(train.latest_checkpoint, names)
     data = next(run.epoch_ends.glob("epoch-3.data-*"))
     data.write_bytes(data.read_bytes()[:100])  # a data file shorter than its index says
-    n_input = read_cache(
-        layout.features_cache("train"), config.features, global_stats(Layout(config))
-    ).n_input
+    n_input = read_cache(layout.features_cache("train"), config.features).n_input
     n_classes = load_alphabet(layout.alphabet).n_classes
 
     with caplog.at_level(logging.WARNING):
@@ -248,7 +249,7 @@ def test_a_kill_before_an_epochs_checkpoint_loses_no_weights_the_last_checkpoint
     config = load_config(small_config(limit_train=8, extra=extra))
     build_features(config, ("train", "dev"))
     layout = Layout(config)
-    train = read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config)))
+    train = read_cache(layout.features_cache("train"), config.features)
     alphabet = load_alphabet(layout.alphabet)
     trainer = Trainer(
         config,
@@ -363,7 +364,7 @@ def test_a_task_of_a_multitask_run_exports_the_mean_of_three_checkpoints(tmp_pat
     # The export's weights, in the order of fr's single-task model, each read from the multi-task names.
     view = fr.config
     n_classes = load_alphabet(fr.alphabet).n_classes
-    n_input = read_cache(fr.features_cache("train"), view.features, global_stats(fr)).n_input
+    n_input = read_cache(fr.features_cache("train"), view.features).n_input
     model = build_model(view.model, n_input, n_classes)
     names = list(named_weights(model))
     stored = task_weight_names(view, model)

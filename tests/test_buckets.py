@@ -21,7 +21,6 @@ from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
 from pipeline.model import build_model
 from pipeline.model.heads import OneTask
-from pipeline.stages.features import global_stats
 from pipeline.train.distribute import make_strategy
 from pipeline.train.hooks import StopTraining, TrainHooks
 from pipeline.train.loop import Trainer
@@ -34,7 +33,7 @@ def _train_split(config):
     """The config's cached training split (built if missing)."""
     build_features(config, ("train",))
     layout = Layout(config)
-    return read_cache(layout.features_cache("train"), config.features, global_stats(layout))
+    return read_cache(layout.features_cache("train"), config.features)
 
 
 def _shapes(dataset) -> set[tuple]:

@@ -18,7 +18,6 @@ from pipeline.batches.dataset import (
 from pipeline.config_loader import load_config
 from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
-from pipeline.stages.features import global_stats
 from tests.conftest import build_features
 
 
@@ -34,11 +33,9 @@ def _in_memory_batch(frames: np.ndarray, index, batch: np.ndarray):
 def test_disk_batches_equal_in_memory_batches_and_resume_at_the_same_batch(small_config):
     config = load_config(small_config(limit_train=40))
     build_features(config, ("train",))
-    index = read_cache(Layout(config).features_cache("train"), config.features, global_stats(Layout(config)))
+    index = read_cache(Layout(config).features_cache("train"), config.features)
     with h5py.File(index.path, "r") as h5:
         frames = h5["features"][...]
-    if index.stats is not None:  # features.normalize: global: the reader normalises every frame it reads
-        frames = index.stats.apply(frames)
     assert list(index.lengths) == sorted(index.lengths)
     reader = SplitReader(index)
     plan = batch_plan(index.lengths, 8, 2)
@@ -87,7 +84,7 @@ def test_max_batch_frames_splits_long_batches_deterministically():
 def test_eval_dataset_reads_every_utterance_once(small_config, cap):
     config = load_config(small_config(limit_dev=8, limit_train=8))
     build_features(config, ("train", "dev"))  # the train split's statistics normalise the dev split
-    index = read_cache(Layout(config).features_cache("dev"), config.features, global_stats(Layout(config)))
+    index = read_cache(Layout(config).features_cache("dev"), config.features)
     dataset = eval_dataset(SplitReader(index), 4, cap)
     assert dataset.options().autotune.enabled is False  # as the train batches' (input_options)
     seen = [int(i) for batch in dataset for i in batch[4].numpy()]

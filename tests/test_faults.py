@@ -17,7 +17,6 @@ import pytest
 
 from pipeline.config_loader import load_config
 from pipeline.layout import Layout
-from pipeline.stages.features import global_stats
 from tests.conftest import ROOT, build_features, run_with_peak_rss
 from tests.plugins.step_barrier import StepBarrier
 
@@ -252,7 +251,7 @@ def test_damaged_feature_cache_is_refused_naming_it(finished, tmp_path):
     with open(cache, "r+b") as handle:
         handle.seek(chunk.byte_offset + min(1024, chunk.size // 4))
         handle.write(np.full(1024, np.nan, np.float32).tobytes())
-    index = read_cache(cache, config.features, global_stats(Layout(config)))  # the index itself is intact
+    index = read_cache(cache, config.features)  # the index itself is intact
     with pytest.raises(CacheError, match=f"{cache}: feature cache is damaged .*make rerun STAGE=Features"):
         index.reader().batch(np.arange(len(index)))
     trainer = Trainer(
@@ -584,7 +583,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_one_before(finished, tmp_pa
         run,
         [
             TaskData.only(
-                read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config))),
+                read_cache(layout.features_cache("train"), config.features),
                 None,
                 load_alphabet(layout.alphabet),
             )
@@ -632,7 +631,7 @@ def test_an_update_that_would_make_weights_non_finite_is_not_applied(finished, t
         tmp_path / "run",
         [
             TaskData.only(
-                read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config))),
+                read_cache(layout.features_cache("train"), config.features),
                 None,
                 load_alphabet(layout.alphabet),
             )
@@ -704,7 +703,7 @@ def test_leftovers_of_killed_runs_are_removed_by_the_next_run(finished, tmp_path
         layout.train_run.root,
         [
             TaskData.only(
-                read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config))),
+                read_cache(layout.features_cache("train"), config.features),
                 None,
                 load_alphabet(layout.alphabet),
             )
@@ -785,7 +784,7 @@ def test_lost_checkpoint_state_file_still_resumes(finished, tmp_path, caplog):
         run,
         [
             TaskData.only(
-                read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config))),
+                read_cache(layout.features_cache("train"), config.features),
                 None,
                 load_alphabet(layout.alphabet),
             )

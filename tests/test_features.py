@@ -24,7 +24,7 @@ from pipeline.features.extract import FeaturesError
 from pipeline.features.shards import too_short_for_transcript
 from pipeline.layout import Layout
 from pipeline.model.objectives.ctc import ctc_min_frames
-from pipeline.stages.features import features_stage, global_stats
+from pipeline.stages.features import features_stage
 from tests.conftest import ALPHABET, ROOT, SAMPLE, run_with_peak_rss
 from tests.corpus_factory import bad_corpus, sample_rows, write_manifest
 
@@ -58,7 +58,7 @@ def test_bad_corpus_rejects_exactly_the_bad_rows(write_config, tmp_path):
     assert "'é'" in rejects["accents.flac"]["detail"] and "'ï'" in rejects["accents.flac"]["detail"]
     assert "bad.csv:" in rejects["stereo.wav"]["source"]
     assert "8000 Hz" in rejects["rate8k.wav"]["detail"]
-    cached = read_cache(Path(summary.cache), config.features, global_stats(Layout(config)))
+    cached = read_cache(Path(summary.cache), config.features)
     assert sorted(Path(p).name for p in cached.paths) == ["good0.flac", "good1.flac", "good2.flac"]
 
 
@@ -149,7 +149,7 @@ def test_cached_features_equal_python_speech_features(write_config, tmp_path):
     manifest = write_manifest(tmp_path / "two.csv", [(str(path), text) for path, text in rows])
     config = _config(write_config, tmp_path, manifest)
     summary = features_stage(Layout(config), "train")
-    cached = read_cache(Path(summary.cache), config.features, global_stats(Layout(config)))
+    cached = read_cache(Path(summary.cache), config.features)
     reader = cached.reader()
     assert list(cached.lengths) == sorted(cached.lengths)  # the cache is in length order
     for path, text in rows:
@@ -356,7 +356,7 @@ def test_a_split_whose_rows_are_all_rejected_is_an_error(write_config, tmp_path)
     with CacheWriter(cache, "x", config.features, empty, [], [], [], empty):
         pass
     with pytest.raises(CacheError, match=r"holds no utterance .*run the Features task again"):
-        read_cache(cache, config.features, global_stats(Layout(config)))
+        read_cache(cache, config.features)
 
 
 def test_a_manifest_edited_after_scheduling_is_refused(write_config, tmp_path):

@@ -17,7 +17,6 @@ from pipeline.files import host_name, remove_leftovers
 from pipeline.layout import Layout
 from pipeline.locks import held, lock_path, stage_lock, try_locks
 from pipeline.model.averaging import stage_model
-from pipeline.stages.features import global_stats
 from pipeline.stages.gc import _owner, remove_group, unreachable
 from pipeline.stages.train import train_stage
 from pipeline.workdir import LEFTOVER_PATTERNS
@@ -221,9 +220,7 @@ def test_gc_trims_epoch_ends_no_given_average_wants_with_include_train_only(smal
         load_config(two),
         run,
         None,
-        read_cache(
-            Layout(config).features_cache("train"), config.features, global_stats(Layout(config))
-        ).n_input,
+        read_cache(Layout(config).features_cache("train"), config.features).n_input,
         load_alphabet(Layout(config).alphabet).n_classes,
     )
     assert averaging.prefixes == (str(run.epoch_end(2)), str(run.epoch_end(3)))
@@ -263,9 +260,7 @@ def test_gc_keeps_the_epoch_ends_a_continued_run_wrote_after_its_report(small_co
         load_config(four),
         run,
         None,
-        read_cache(
-            Layout(config).features_cache("train"), config.features, global_stats(Layout(config))
-        ).n_input,
+        read_cache(Layout(config).features_cache("train"), config.features).n_input,
         load_alphabet(Layout(config).alphabet).n_classes,
     )
     assert (averaging.epochs, averaging.missing) == ((3, 4), ())

@@ -1,5 +1,7 @@
-"""``features.normalize: global``: the train split's statistics, computed once as its cache is written,
-applied frame by frame in training, evaluation and the client; an export so trained streams incrementally."""
+"""``features.normalize: global``: the train split's statistics, computed once as its cache is written, are
+weights of the model (``pipeline.model.normalization``): filled when a run starts, saved with its
+checkpoints, carried by its export, whose client feeds raw features; an export so trained streams
+incrementally, and exports of the earlier format (the client normalised) still run."""
 
 from __future__ import annotations
 
@@ -18,11 +20,13 @@ from pipeline.config_loader import config_from_dict, load_config
 from pipeline.features.cache import CacheError, read_cache
 from pipeline.features.cmvn import train_statistics
 from pipeline.layout import Layout
+from pipeline.model.checkpoints import load_trained_model
+from pipeline.model.labels import model_alphabet
+from pipeline.model.normalization import normalized
 from pipeline.stages.evaluate import evaluate_stage
 from pipeline.stages.export import export_stage
-from pipeline.stages.features import global_stats, split_cache
 from pipeline.stages.train import train_stage
-from tests.conftest import SAMPLE, build_features, small_config_text
+from tests.conftest import ROOT, SAMPLE, build_features, small_config_text
 
 CLIP = SAMPLE / "test" / "00000.flac"
 
@@ -64,7 +68,7 @@ def test_the_statistics_are_numpys_mean_and_std_over_the_train_cache(trained):
     config, _, _ = trained
     layout = Layout(config)
     frames = _frames(layout.features_cache("train")).astype(np.float64)
-    stats = global_stats(layout)
+    stats = train_statistics([layout.features_cache("train")])
     np.testing.assert_allclose(stats.mean, frames.mean(axis=0), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(stats.std, frames.std(axis=0), rtol=1e-9, atol=1e-12)
     assert np.abs(frames.mean(axis=0)).max() > 5  # the cache holds the raw frames, not normalised ones
@@ -75,27 +79,37 @@ def test_the_statistics_are_numpys_mean_and_std_over_the_train_cache(trained):
     np.testing.assert_allclose(train_statistics(both).std, pooled.std(axis=0), rtol=1e-9, atol=1e-12)
 
 
-def test_training_evaluation_and_the_client_see_identical_features(trained):
-    """The test split as training's reader hands it to the model (train statistics applied at read), and
-    the same file as the export's client computes it from its metadata: the very same numbers."""
+def test_the_model_holds_the_statistics_and_normalises_what_training_and_the_client_read(trained):
+    """The trained checkpoint's normalisation weights are the train split's statistics; the test split as
+    training's reader hands it over and as the export's client computes it are the same raw frames; the
+    model normalises them as the statistics say, and leaves padding frames at zero."""
     config, export, report = trained
     layout = Layout(config)
-    test = split_cache(layout, "test")
+    test = read_cache(layout.features_cache("test"), config.features)
     client = load_metadata(export).features
-    assert client.normalize == "global" and client.stats == global_stats(layout)
+    assert client.normalize is False and client.stats is None  # the client computes raw features
     row = test.paths.index(str(CLIP))
     read = test.reader().utterance(row)
     np.testing.assert_array_equal(read, client.frames(load_for_model(CLIP, 16000)))
-    assert abs(float(read.mean())) < 1.5 and 0.3 < float(read.std()) < 3  # roughly standardised
+    assert np.abs(read.mean(axis=0)).max() > 5  # raw, as the front end computed them
+    stats = train_statistics([layout.features_cache("train")])
+    model = load_trained_model(config, layout.train_run.best, test.n_input, 29)
+    layer = model.feature_normalization
+    np.testing.assert_array_equal(layer.mean.numpy(), np.asarray(stats.mean, np.float32))
+    np.testing.assert_array_equal(layer.std.numpy(), np.asarray(stats.std, np.float32))
+    padded = np.concatenate([read, np.zeros((3, read.shape[1]), np.float32)])[None]
+    seen = normalized(model, padded).numpy()[0]
+    np.testing.assert_array_equal(seen[: len(read)], stats.apply(read))  # what the reader gave before
+    assert not seen[len(read) :].any()  # padding stays zero
+    assert abs(float(seen[: len(read)].mean())) < 1.5 and 0.3 < float(seen[: len(read)].std()) < 3
     assert np.isfinite(report.wer) and np.isfinite(report.loss)
-    with pytest.raises(ValueError, match="the train split's statistics go with global normalisation"):
-        read_cache(layout.features_cache("test"), config.features)
 
 
 def test_a_global_export_streams_incrementally_and_ends_as_one_shot(trained):
     _, export, _ = trained
     metadata = json.loads((export / "metadata.json").read_text())
-    assert metadata["features"]["normalize"] == "global" and len(metadata["features"]["mean"]) == 26
+    assert metadata["format_version"] == 6 and metadata["normalization"] == "global"
+    assert metadata["features"]["normalize"] is False and "mean" not in metadata["features"]
     model = Model(export)
     samples = load_for_model(CLIP, 16000)
     expected_logits = model.logits(samples)
@@ -162,42 +176,68 @@ def test_a_multitask_config_pools_its_tasks_train_splits_into_one_set_and_trains
     layout = Layout(config)
     caches = [layout.for_task(task).features_cache("train") for task in ("en", "fr")]
     pooled = np.concatenate([_frames(cache) for cache in caches]).astype(np.float64)
-    stats = global_stats(layout.for_task("fr"))
-    assert stats == global_stats(layout.for_task("en")) == global_stats(layout)
+    stats = train_statistics(caches)
     np.testing.assert_allclose(stats.mean, pooled.mean(axis=0), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(stats.std, pooled.std(axis=0), rtol=1e-9, atol=1e-12)
     assert len(_frames(caches[0])) != len(pooled)  # two caches, not one counted twice
     report = train_stage(layout)
     assert report.epochs_completed == 1 and np.isfinite(report.train_losses[0]["train_loss"])
+    for task in ("en", "fr"):  # one encoder, one set of statistics in the checkpoint
+        view = config.task_view(task)
+        classes = model_alphabet(view, layout.for_task(task).alphabet).n_classes
+        model = load_trained_model(view, layout.train_run.best, 26, classes)
+        np.testing.assert_array_equal(model.feature_normalization.mean.numpy(), np.float32(stats.mean))
 
 
-def test_the_run_keeps_its_statistics_and_export_needs_no_train_cache_after_it(trained, tmp_path):
-    """Train writes the statistics into its run before reading any split; Export (and Evaluate,
-    TuneDecoder) read them from there: the numbers the checkpoints were trained with, even once the train
-    cache is gone (gc of another config, a run copied to another machine). A damaged file is one line."""
+def test_export_needs_no_train_cache_and_a_warm_start_takes_its_own_statistics(trained, tmp_path):
+    """The statistics travel in the checkpoints: Export runs with the train cache gone (gc of another
+    config, a run copied to another machine). A warm start (``training.init_from``) copies the weights but
+    not the donor's statistics: the new run normalises with its own training set's."""
     import shutil
 
-    config, _, _ = trained
+    config, export, _ = trained
     layout = Layout(config)
-    kept = layout.train_run.feature_stats
-    entry = json.loads(kept.read_text())
-    computed = train_statistics([layout.features_cache("train")])
-    assert entry == computed.to_dict() and global_stats(layout) == computed
     cache = layout.features_cache("train")
     moved = tmp_path / "train.h5"
     shutil.move(cache, moved)
     try:
-        assert global_stats(layout) == computed
         again = export_stage(layout, with_lm=False)
-        assert json.loads(again.metadata.read_text())["features"]["mean"] == list(computed.mean)
+        assert json.loads(again.metadata.read_text())["normalization"] == "global"
     finally:
         shutil.move(moved, cache)
-    saved = kept.read_text()
-    try:
-        kept.write_text('{"mean": [0.0], "std": ')
-        with pytest.raises(
-            CacheError, match=r"feature_stats\.json: the run's feature statistics do not read"
-        ):
-            global_stats(layout)
-    finally:
-        kept.write_text(saved)
+    (tmp_path / "base.yaml").write_text(
+        small_config_text(tmp_path / "work", limit_train=8, limit_dev=4, limit_test=4, n_hidden=48)
+    )
+    warm = tmp_path / "warm.yaml"
+    warm.write_text(
+        "extends: base.yaml\nfeatures: {normalize: global}\n"
+        f"training: {{epochs: 1, init_from: {layout.train_run.best}}}\n"
+    )
+    warm_config = load_config(warm)
+    build_features(warm_config, ("train", "dev"))
+    warm_layout = Layout(warm_config)
+    train_stage(warm_layout)
+    own = train_statistics([warm_layout.features_cache("train")])
+    donor = train_statistics([cache])
+    assert own.mean != donor.mean  # 8 utterances, not 16
+    model = load_trained_model(warm_config, warm_layout.train_run.best, 26, 29)
+    np.testing.assert_array_equal(model.feature_normalization.mean.numpy(), np.float32(own.mean))
+
+
+def test_an_export_of_the_earlier_format_still_runs_in_the_client():
+    """tests/data/export-format-5: a tiny model exported by the release before the normalisation moved
+    into the model (its metadata holds the mean and std, the client normalises): it loads, transcribes and
+    streams incrementally as it did."""
+    export = ROOT / "tests" / "data" / "export-format-5"
+    metadata = json.loads((export / "metadata.json").read_text())
+    assert metadata["format_version"] == 5 and len(metadata["features"]["mean"]) == 26
+    model = Model(export)
+    assert model.metadata.features.normalize == "global" and model.metadata.features.stats is not None
+    samples = load_for_model(CLIP, 16000)
+    expected = model.logits(samples)
+    assert np.isfinite(expected).all() and isinstance(model.transcribe(samples), str)
+    stream = model.create_stream()
+    for start in range(0, len(samples), 4000):
+        stream.feed_audio(samples[start : start + 4000])
+    stream.finish()
+    np.testing.assert_allclose(stream.logits(), expected, atol=1e-5)

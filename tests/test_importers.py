@@ -14,7 +14,6 @@ import soundfile
 from pipeline.data.importers import CorpusLayoutError, importer
 from pipeline.data.importing import CorpusSpec, import_corpus, import_fingerprint, plan_import
 from pipeline.layout import Layout
-from pipeline.stages.features import global_stats
 from tests import corpus_layouts
 
 SPLITS = ("train", "dev", "test")
@@ -179,7 +178,7 @@ def test_tedlium_segments_reach_features_as_segments(tmp_path, write_config):
     )
     summary = features_stage(Layout(config), "train")
     assert (summary.kept, summary.reasons) == (2, {"unknown_characters": 1})  # the digits of '60s
-    cache = read_cache(Path(summary.cache), config.features, global_stats(Layout(config)))
+    cache = read_cache(Path(summary.cache), config.features)
     assert np.allclose(sorted(cache.durations), [1.2, 1.5])
     assert sorted(cache.transcripts) == ["it's a good day", "we don't know the here"]
     assert sorted(cache.lengths.tolist())[0] < 125 < sorted(cache.lengths.tolist())[1] < 155

@@ -36,7 +36,6 @@ from pipeline.evaluation.metrics import headline_metric
 from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
 from pipeline.reports import AlphabetReport, EvaluationReport, read_report
-from pipeline.stages.features import global_stats
 from tasks import Evaluate, Export, Transcribe
 
 
@@ -153,9 +152,7 @@ def test_a_language_trains_through_the_dag_and_the_client_speaks_its_script(name
         tasks.append(Evaluate(config=str(path)))
     assert luigi.build(tasks, local_scheduler=True)
 
-    normalised = read_cache(
-        layout.features_cache("train"), config.features, global_stats(Layout(config))
-    ).transcripts
+    normalised = read_cache(layout.features_cache("train"), config.features).transcripts
     assert all(unicodedata.is_normalized("NFC", t) for t in normalised)
     metadata = load_metadata(layout.export_root)
     assert metadata.raw["output"] == language.output and metadata.output == language.output

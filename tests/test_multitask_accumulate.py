@@ -8,7 +8,6 @@ import pytest
 import tensorflow as tf
 
 from pipeline.layout import Layout
-from pipeline.stages.features import global_stats
 from pipeline.stages.train import train_stage
 from pipeline.train.hooks import StepInfo, StopTraining, TrainHooks
 from pipeline.train.tasks import schedule_lengths, task_windows
@@ -138,9 +137,7 @@ def test_a_non_finite_batch_of_a_task_is_skipped_and_named(tmp_path, accumulate)
     shutil.copyfile(cache, copy)
     with h5py.File(copy, "r+") as h5:
         h5["features"][tasks[0].train.offsets[poisoned] : tasks[0].train.offsets[poisoned] + 5] = np.nan
-    tasks[0] = dataclasses.replace(
-        tasks[0], train=read_cache(copy, config.features, global_stats(Layout(config)))
-    )
+    tasks[0] = dataclasses.replace(tasks[0], train=read_cache(copy, config.features))
     file = tasks[0].train.paths[poisoned]
     strategy = make_strategy(config.distribution)
     trainer = Trainer(config, tmp_path / "run", tasks, strategy)
@@ -200,9 +197,7 @@ def test_a_task_drawn_only_in_a_skipped_step_of_a_window_is_not_moved(tmp_path):
     fr = tasks[1].train
     with h5py.File(copy, "r+") as h5:
         h5["features"][fr.offsets[poisoned] : fr.offsets[poisoned] + 5] = np.nan
-    tasks[1] = dataclasses.replace(
-        tasks[1], train=read_cache(copy, config.features, global_stats(Layout(config)))
-    )
+    tasks[1] = dataclasses.replace(tasks[1], train=read_cache(copy, config.features))
 
     held, after = [], {}
 

@@ -14,8 +14,10 @@ import pytest
 from native_client import ExportError, Model
 from native_client.audio import load_for_model
 from pipeline.config_loader import load_config
+from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
 from pipeline.model.checkpoints import load_trained_model
+from pipeline.model.normalization import normalized
 from pipeline.model.objectives import model_objective
 from tasks import Evaluate, Export
 from tests.conftest import SAMPLE
@@ -30,7 +32,9 @@ def _client_logits_equal_the_checkpoint(config, export):
     samples = load_for_model(CLIP, 16000)
     frames = model.metadata.features.frames(samples)
     checkpoint = load_trained_model(config, Layout(config).train_run.best, frames.shape[1], 29)
-    np.testing.assert_allclose(model.logits(samples), checkpoint(frames[None]).numpy()[0], atol=1e-4)
+    np.testing.assert_allclose(
+        model.logits(samples), checkpoint(normalized(checkpoint, frames[None])).numpy()[0], atol=1e-4
+    )
     assert isinstance(model.transcribe_file(CLIP).text, str)
     return model
 
@@ -58,15 +62,14 @@ def test_a_front_end_and_a_model_family_of_ones_own_run_through_the_dag_and_the_
     metadata = json.loads((export / "metadata.json").read_text())
     assert metadata["architecture"] == "tests.plugins.simple_rnn_family"
     features = metadata["features"]
-    mean, std = features.pop("mean"), features.pop("std")  # the sample's global normalisation
-    assert len(mean) == len(std) == 10 and min(std) > 0
+    assert metadata["normalization"] == "global"  # the sample's, in the model of a family of one's own
     assert features == {
         "type": "tests.plugins.band_energies",
         "bands": 10,
         "window_ms": 25.0,
         "step_ms": 20.0,
         "sample_rate": 16000,
-        "normalize": "global",
+        "normalize": False,
     }
     assert metadata["tensors"]["state"] == [
         {"input": "previous_state", "output": "new_state", "shape": [1, 24]}
@@ -160,7 +163,9 @@ def test_a_family_that_subsamples_time_runs_through_the_dag_and_the_client(small
         logits = model.logits(samples)
         assert len(logits) == -(-len(frames) // 4)
         checkpoint = load_trained_model(config, Layout(config).train_run.best, frames.shape[1], 29)
-        np.testing.assert_allclose(logits, checkpoint(frames[None]).numpy()[0], atol=1e-4)
+        np.testing.assert_allclose(
+            logits, checkpoint(normalized(checkpoint, frames[None])).numpy()[0], atol=1e-4
+        )
         stream = model.create_stream()  # fed in blocks that cut chunks anywhere: the same labels
         for start in range(0, len(samples), 1234):
             stream.feed_audio(samples[start : start + 1234])
@@ -294,7 +299,6 @@ def test_an_objective_of_ones_own_trains_evaluates_and_exports_through_the_dag(s
     from pipeline.config import ConfigError
     from pipeline.evaluation.run import run_split
     from pipeline.model.labels import model_alphabet
-    from pipeline.stages.features import split_cache
     from tests.plugins.smoothed_ctc_objective import OBJECTIVE
 
     limits = {"limit_train": 12, "limit_dev": 4, "limit_test": 4}
@@ -311,7 +315,7 @@ def test_an_objective_of_ones_own_trains_evaluates_and_exports_through_the_dag(s
     )
     assert luigi.build([Evaluate(config=str(path)), Export(config=str(path))], local_scheduler=True)
 
-    test = split_cache(layout, "test")
+    test = read_cache(layout.features_cache("test"), config.features)
     model = load_trained_model(config, layout.train_run.best, test.n_input, 29)
     alphabet = model_alphabet(config, layout.alphabet)
     smoothed = run_split(model, test, alphabet, 4)
@@ -320,7 +324,7 @@ def test_an_objective_of_ones_own_trains_evaluates_and_exports_through_the_dag(s
     mean = float(np.mean([r.loss for r in smoothed]))
     assert evaluation["loss"] == pytest.approx(mean, rel=1e-4)
     assert abs(mean - float(np.mean([r.loss for r in plain]))) > 0.01 * mean  # not CTC's loss
-    dev = run_split(model, split_cache(layout, "dev"), alphabet, 4)
+    dev = run_split(model, read_cache(layout.features_cache("dev"), config.features), alphabet, 4)
     validated = json.loads(layout.train_run.report.read_text())["best_dev"]["dev_loss"]
     assert validated == pytest.approx(float(np.mean([r.loss for r in dev])), rel=1e-4)
     assert OBJECTIVE.min_outputs([1, 1, 2]) == 4
@@ -337,10 +341,11 @@ def test_an_objective_of_ones_own_trains_evaluates_and_exports_through_the_dag(s
 def _plain_ctc_forward(model, blank_index: int):
     """The model's forward pass scored by plain CTC."""
     from pipeline.evaluation.run import make_forward
+    from pipeline.model.normalization import normalized
     from pipeline.model.objectives import model_objective
 
     def run(features, lengths):
-        return model(features, training=False), lengths
+        return model(normalized(model, features), training=False), lengths
 
     return make_forward(run, model_objective("ctc"), blank_index)
 

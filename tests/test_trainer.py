@@ -25,7 +25,6 @@ from pipeline.model.deepspeech_net import make_windows
 from pipeline.model.weights import named_weights
 from pipeline.reports import TrainReport, read_report
 from pipeline.stages.evaluate import evaluate_stage
-from pipeline.stages.features import global_stats
 from pipeline.stages.train import train_stage
 from pipeline.train.determinism import ops_are_deterministic
 from pipeline.train.distribute import make_strategy
@@ -47,10 +46,8 @@ FAMILY_MODELS = {
 
 def _trainer(config, run_dir, train=None):
     alphabet = load_alphabet(Layout(config).alphabet)
-    train = train or read_cache(
-        Layout(config).features_cache("train"), config.features, global_stats(Layout(config))
-    )
-    dev = read_cache(Layout(config).features_cache("dev"), config.features, global_stats(Layout(config)))
+    train = train or read_cache(Layout(config).features_cache("train"), config.features)
+    dev = read_cache(Layout(config).features_cache("dev"), config.features)
     return Trainer(config, run_dir, [TaskData.only(train, dev, alphabet)], make_strategy(config.distribution))
 
 
@@ -340,7 +337,7 @@ def _poisoned(cache, config, copy, start: int, stop: int):
     shutil.copyfile(cache, copy)
     with h5py.File(copy, "r+") as h5:
         h5["features"][start:stop] = np.nan
-    return read_cache(copy, config.features, global_stats(Layout(config)))
+    return read_cache(copy, config.features)
 
 
 def test_non_finite_batches_are_skipped_and_logged(small_config, caplog, tmp_path):
@@ -349,7 +346,7 @@ def test_non_finite_batches_are_skipped_and_logged(small_config, caplog, tmp_pat
     )
     build_features(config)
     cache = Layout(config).features_cache("train")
-    train = read_cache(cache, config.features, global_stats(Layout(config)))
+    train = read_cache(cache, config.features)
     poisoned = int(np.argmax(train.lengths))
     train = _poisoned(
         cache, config, tmp_path / "poisoned.h5", train.offsets[poisoned], train.offsets[poisoned] + 5
@@ -384,11 +381,11 @@ def test_a_nan_validation_never_becomes_the_best(small_config, tmp_path):
     config = load_config(small_config(limit_train=8, extra="training:\n  epochs: 1\n"))
     build_features(config, ("train", "dev"))
     layout = Layout(config)
-    dev = read_cache(layout.features_cache("dev"), config.features, global_stats(Layout(config)))
+    dev = read_cache(layout.features_cache("dev"), config.features)
     nan_dev = _poisoned(
         layout.features_cache("dev"), config, tmp_path / "nan-dev.h5", 0, int(dev.lengths.sum())
     )
-    train = read_cache(layout.features_cache("train"), config.features, global_stats(Layout(config)))
+    train = read_cache(layout.features_cache("train"), config.features)
     alphabet, strategy = load_alphabet(layout.alphabet), make_strategy(config.distribution)
     run_dir = tmp_path / "run"
     first = Trainer(config, run_dir, [TaskData.only(train, nan_dev, alphabet)], strategy).fit()

@@ -14,6 +14,7 @@ from pipeline.batches.dataset import SplitReader, checked, eval_dataset
 from pipeline.evaluation.metrics import SampleResult, greedy_decode, score_sample
 from pipeline.features.cache import CacheIndex
 from pipeline.model import model_family
+from pipeline.model.normalization import normalized
 from pipeline.model.objectives import model_objective
 
 # on_logits(sample index, logits [time, classes])
@@ -42,7 +43,7 @@ def model_forward(model, blank_index: int, full_context: bool = False):
     context = {"full_context": True} if full_context else {}
 
     def run(features, lengths):
-        return family.forward(model, features, lengths, training=False, **context)
+        return family.forward(model, normalized(model, features), lengths, training=False, **context)
 
     return make_forward(run, model_objective(model.model_config.objective), blank_index)
 

@@ -6,7 +6,8 @@ windows ``[1, n_steps, window, n_input]`` for DeepSpeech, or frames ``[1, lookba
 n_input]``),
 the family's state tensors (``previous_state_h``/``_c`` for DeepSpeech) in and out, ``logits``. For a family
 without one, the export's one signature is ``utterance``: a whole utterance's features ``[1, time,
-n_input]`` in, its logits ``[1, time / stride, n_classes]`` out.
+n_input]`` in, its logits ``[1, time / stride, n_classes]`` out. Every signature takes raw features: a
+model trained with ``features.normalize: global`` normalises them itself (``pipeline.model.normalization``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import tensorflow as tf
 
 from pipeline.model import StateTensor, model_family
 from pipeline.model.family import WINDOWS, StreamInput
+from pipeline.model.normalization import normalized
 
 SIGNATURE = "stream"
 UTTERANCE = "utterance"
@@ -79,14 +81,14 @@ class InferenceGraph(tf.Module):
         )
 
     def _stream(self, inputs, *state):
-        logits, *new_state = self.form.step(inputs, *state)
+        logits, *new_state = self.form.step(normalized(self.model, inputs), *state)
         out = {LOGITS: tf.identity(logits, name=LOGITS)}
         for spec, value in zip(self.state_tensors, new_state, strict=True):
             out[spec.output] = tf.identity(value, name=spec.output)
         return out
 
     def _stream_batch(self, inputs, *state):
-        logits, *new_state = self.form.batch_step(inputs, *state)
+        logits, *new_state = self.form.batch_step(normalized(self.model, inputs), *state)
         out = {LOGITS: tf.identity(logits, name=LOGITS)}
         for spec, value in zip(self.state_tensors, new_state, strict=True):
             out[spec.output] = tf.identity(value, name=spec.output)
@@ -103,10 +105,11 @@ class InferenceGraph(tf.Module):
         return found
 
     def _utterance(self, inputs):
-        return {LOGITS: self.form.utterance(inputs)}
+        return {LOGITS: self.form.utterance(normalized(self.model, inputs))}
 
     def _features_utterance(self, features):
-        return {LOGITS: tf.identity(self.family.utterance(self.model, features), name=LOGITS)}
+        logits = self.family.utterance(self.model, normalized(self.model, features))
+        return {LOGITS: tf.identity(logits, name=LOGITS)}
 
     @property
     def main(self):

@@ -11,11 +11,10 @@ from tensorflow.python.framework.convert_to_constants import convert_variables_t
 
 from native_client.alphabet import Labels
 from native_client.arpa import is_arpa
-from native_client.cmvn import GlobalStats
 from native_client.metadata import FORMAT, FORMAT_VERSION
 from pipeline.config import Config
 from pipeline.export.inference_graph import BATCH_SIGNATURE, SIGNATURE, UTTERANCE, InferenceGraph
-from pipeline.features.frontend import feature_pipeline
+from pipeline.features.frontend import client_features
 from pipeline.lm.files import read_lm_report, verify_lm_files
 from pipeline.model import model_family
 from pipeline.model.family import WINDOWS
@@ -34,7 +33,6 @@ def build_metadata(
     train_report: Path,
     fingerprint: str,
     train_fingerprint: str,
-    stats: GlobalStats | None = None,
 ) -> ExportRecord:
     """The metadata a client needs: features, geometry, the output labels (an alphabet, or ``output:
     bytes``), the text settings the client applies (``data.text``), versions, fingerprints, and the
@@ -42,14 +40,9 @@ def build_metadata(
     has no Train report, e.g. an untrained model in a benchmark); the family's output stride and streaming
     input (``streaming``: None without a streaming form); the task, for a task of a multi-task config.
     ``tensors``: the inference graph's tensor names (``InferenceGraph.tensors``). ``fingerprint``,
-    ``train_fingerprint``: the Export's and the Train run's; ``train_report``: that run's report; ``stats``:
-    the train split's statistics of ``features.normalize: global`` (recorded as the features' ``mean`` and
-    ``std``)."""
-    if (config.features.normalize == "global") != (stats is not None):
-        raise ValueError(
-            f"{config.source}: features.normalize is {config.features.normalize!r}: the export records the "
-            f"train split's statistics with global normalisation, and only with it"
-        )
+    ``train_fingerprint``: the Export's and the Train run's; ``train_report``: that run's report. The
+    ``features`` are what the client computes (``client_features``); ``normalization: global`` says the
+    graph normalises them with the training set's statistics, which are weights of the model."""
     train = read_report(train_report, TrainReport) if train_report.is_file() else None
     family = model_family(config.model.architecture)
     streaming = None  # what one streaming call takes; None: the export runs whole utterances only
@@ -67,7 +60,8 @@ def build_metadata(
         global_step=train and train.global_step,
         best_dev=train and train.best_dev,
         architecture=config.model.architecture,
-        features=feature_pipeline(config.features, stats).to_dict(),
+        features=client_features(config.features).to_dict(),
+        normalization="global" if config.features.normalize == "global" else None,
         n_context=streaming["context"] if streaming and streaming["input"] == WINDOWS else 0,
         stride=family.stride(config.model),
         streaming=streaming,

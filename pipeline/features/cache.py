@@ -30,7 +30,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from native_client.cmvn import GlobalStats
 from pipeline.config import FeaturesConfig
 from pipeline.features.frontend import feature_pipeline
 from pipeline.files import atomic_path
@@ -81,20 +80,18 @@ class CacheIndex:
     transcripts: list[str]
     paths: list[str]
     durations: np.ndarray  # [n] float32 seconds
-    # ``features.normalize: global``: the train split's statistics, applied to every frame read.
-    stats: GlobalStats | None = None
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     def reader(self) -> FeatureReader:
         """A reader of this cache's features (open one per process or thread that reads)."""
-        return FeatureReader(self.path, self.offsets, self.lengths, self.n_input, self.stats)
+        return FeatureReader(self.path, self.offsets, self.lengths, self.n_input)
 
 
 class FeatureReader:
-    """Reads utterances' features from a cache file: a run of consecutive utterances is one read. With
-    ``stats`` (``features.normalize: global``) every frame read is normalised with them (padding stays 0)."""
+    """Reads utterances' features from a cache file: a run of consecutive utterances is one read. Frames
+    come as the front end computed them: global normalisation is the model's (``pipeline.model``)."""
 
     def __init__(
         self,
@@ -102,13 +99,11 @@ class FeatureReader:
         offsets: np.ndarray,
         lengths: np.ndarray,
         n_input: int,
-        stats: GlobalStats | None = None,
     ):
         self.path = Path(path)
         self.offsets = offsets
         self.lengths = lengths
         self.n_input = n_input
-        self.stats = stats
         self._file = None
 
     def _features(self) -> h5py.Dataset:
@@ -125,7 +120,7 @@ class FeatureReader:
             frames = self._features()[start:stop]
         except OSError as error:
             raise damaged(self.path, error) from None
-        return frames if self.stats is None else self.stats.apply(frames)
+        return frames
 
     def utterance(self, index: int) -> np.ndarray:
         """The ``[frames, n_input]`` features of one utterance."""
@@ -300,16 +295,10 @@ def check_settings(path: Path, features: FeaturesConfig) -> None:
         raise CacheError(f"{path}: made with other feature settings ({'; '.join(differ)}); rerun Features")
 
 
-def read_cache(path: Path, features: FeaturesConfig, stats: GlobalStats | None = None) -> CacheIndex:
+def read_cache(path: Path, features: FeaturesConfig) -> CacheIndex:
     """The per-utterance index of a cache, after checking its settings match ``features``;
-    the features themselves are read later, batch by batch. ``stats``: the train split's statistics, which
-    ``features.normalize: global`` needs (``pipeline.features.cmvn``); the reader applies them."""
+    the features themselves are read later, batch by batch."""
     path = Path(path)
-    if (features.normalize == "global") != (stats is not None):
-        raise ValueError(
-            f"{path}: features.normalize is {features.normalize!r}: the train split's statistics go with "
-            f"global normalisation, and only with it"
-        )
     if not path.exists():
         raise CacheError(f"{path}: feature cache does not exist; run the Features task")
     check_settings(path, features)
@@ -317,7 +306,6 @@ def read_cache(path: Path, features: FeaturesConfig, stats: GlobalStats | None =
         index = _read_index(path)
     except (OSError, KeyError) as error:
         raise damaged(path, error) from None
-    index.stats = stats
     if len(index) == 0:
         # Features refuses to write one now; an empty split would score a perfect WER, or crash training.
         raise CacheError(

@@ -23,7 +23,14 @@ def model_family(name: str) -> ModelFamily:
     return found
 
 
-def build_model(config, n_input: int, n_classes: int, precision: str = "float32"):
+def build_model(config, n_input: int, n_classes: int, precision: str = "float32", normalized: bool = False):
     """The training model of ``config`` (a ``ModelConfig``) with its weights made (deterministic per
-    ``random_seed``); ``precision`` is a Keras dtype policy, the variables stay float32."""
-    return model_family(config.architecture).build(config, n_input, n_classes, precision)
+    ``random_seed``); ``precision`` is a Keras dtype policy, the variables stay float32. ``normalized``
+    (``features.normalize: global``): with the feature normalisation layer (``normalization.py``), the
+    identity until its statistics are set or restored."""
+    model = model_family(config.architecture).build(config, n_input, n_classes, precision)
+    if normalized:
+        from pipeline.model.normalization import add_normalization
+
+        add_normalization(model, n_input)
+    return model

@@ -188,7 +188,7 @@ def load_averaged_model(config: Config, prefixes: Sequence[str], n_input: int, n
     one weight at a time: memory holds one weight's sum, not the checkpoints). For a task of a multi-task
     config (its view), the task's single-task model, as ``load_trained_model`` reads it: the shared part
     and the task's head or network, each the mean over the same checkpoints."""
-    model = build_model(config.model, n_input, n_classes)
+    model = build_model(config.model, n_input, n_classes, normalized=config.features.normalize == "global")
     stored = task_weight_names(config, model)
     readers = []
     for prefix in prefixes:

@@ -12,6 +12,7 @@ import tensorflow as tf
 from pipeline.config import Config
 from pipeline.model import build_model, model_family
 from pipeline.model.heads import task_weight_names
+from pipeline.model.normalization import is_normalization_weight
 from pipeline.model.weights import named_weights
 from pipeline.workdir import TrainRun, init_digest
 
@@ -96,7 +97,9 @@ def warm_start(
     this project, or a model the family imports (``ModelFamily.import_weights``, e.g. a DeepSpeech/Coqui
     ``.tflite`` or TF1 checkpoint), checked against ``config`` and ``alphabet`` when given.
 
-    Returns the names of the weights copied. Optimizer state is not touched.
+    Returns the names of the weights copied. Optimizer state is not touched, nor the feature normalisation
+    (``features.normalize: global``): it keeps the statistics of the new run's training set, whatever the
+    source normalised with (a run of the earlier layout and DeepSpeech/Coqui models hold none).
     """
     family = model_family(model.model_config.architecture)
     try:
@@ -124,8 +127,8 @@ def warm_start(
     copied = []
     for name, variable in named_weights(model).items():
         plain = plain_of(name)
-        if plain.split(".")[0] in dropped:
-            continue
+        if plain.split(".")[0] in dropped or is_normalization_weight(plain):
+            continue  # the normalisation keeps the new run's own training statistics
         value = stored(name)
         if value is None and plain != name:
             value = stored(plain)
@@ -148,7 +151,7 @@ def load_trained_model(config: Config, checkpoint: str | Path, n_input: int, n_c
     config (its view), the task's single-task model: the shared part and its head or network
     (``pipeline.model.heads.task_weight_names``)."""
     prefix = resolve_checkpoint(checkpoint)
-    model = build_model(config.model, n_input, n_classes)
+    model = build_model(config.model, n_input, n_classes, normalized=config.features.normalize == "global")
     stored = task_weight_names(config, model)
     try:
         check_geometry(prefix, model, checkpoint, stored)

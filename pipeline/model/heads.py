@@ -22,7 +22,8 @@ import keras
 import tensorflow as tf
 
 from pipeline.config import ModelConfig
-from pipeline.model import model_family
+from pipeline.model import build_model, model_family
+from pipeline.model.normalization import normalized as normalized_features
 from pipeline.model.objectives import model_objective
 from pipeline.model.weights import named_weights, rng_states, weight_name
 
@@ -50,6 +51,7 @@ class MultiTaskModel(keras.Model):
         n_input: int,
         n_classes: tuple[int, ...],
         precision: str = "float32",
+        normalized: bool = False,
         **kwargs,
     ):
         super().__init__(dtype=precision, **kwargs)
@@ -64,7 +66,9 @@ class MultiTaskModel(keras.Model):
         self.family = model_family(config.architecture)
         self.objective = model_objective(config.objective)
         count = len(n_classes) if sharing == "separate" else 1
-        self.networks = [self.family.build(config, n_input, n_classes[i], precision) for i in range(count)]
+        self.networks = [
+            build_model(config, n_input, n_classes[i], precision, normalized) for i in range(count)
+        ]
         self.extra_heads = []
         if sharing == "heads":
             first = self.family.output_layer(self.networks[0])
@@ -87,6 +91,7 @@ class MultiTaskModel(keras.Model):
     def forward(self, index: int, features, lengths, training: bool):
         """``(logits [batch, time', classes] float32, output lengths)`` of task ``index``."""
         network = self.network(index)
+        features = normalized_features(network, features)
         if self.sharing != "heads":
             return self.family.forward(network, features, lengths, training)
         hidden, output_lengths = self.family.encode(network, features, lengths, training)
@@ -175,7 +180,9 @@ class OneTask:
 
     def forward(self, index: int, features, lengths, training: bool):
         """The family's forward pass: (logits, output lengths)."""
-        return self.family.forward(self.model, features, lengths, training=training)
+        return self.family.forward(
+            self.model, normalized_features(self.model, features), lengths, training=training
+        )
 
     def task_variables(self, indices) -> list:
         """Every trainable variable: the one task uses them all."""

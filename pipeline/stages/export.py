@@ -42,7 +42,6 @@ from pipeline.model import model_family
 from pipeline.model.averaging import stage_model
 from pipeline.model.labels import model_alphabet
 from pipeline.reports import report_to_dict, write_report
-from pipeline.stages.features import global_stats
 from pipeline.workdir import EXPORT_STAGING_PREFIX, LEFTOVER_PATTERNS, ExportFiles
 
 log = logging.getLogger(__name__)
@@ -140,7 +139,6 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
             train_report=layout.train_run.report,
             fingerprint=layout.export_fingerprint,
             train_fingerprint=layout.train_fingerprint,
-            stats=global_stats(layout),
         )
         graph = InferenceGraph(model, config.export.n_steps, report_to_dict(metadata))
         on_status("writing the SavedModel", 10)

@@ -12,11 +12,8 @@ import logging
 from collections import Counter
 from pathlib import Path
 
-from native_client.cmvn import GlobalStats, stats_from_metadata
 from pipeline.data.manifests import read_manifests
 from pipeline.data.text import unreachable_labels
-from pipeline.features.cache import CacheError, CacheIndex, read_cache
-from pipeline.features.cmvn import train_statistics
 from pipeline.features.extract import (
     FeaturesError,
     FeaturesSummary,
@@ -24,13 +21,13 @@ from pipeline.features.extract import (
     existing_summary,
     extract_split,
 )
-from pipeline.files import remove_leftovers, write_json_atomic
+from pipeline.files import remove_leftovers
 from pipeline.layout import Layout
 from pipeline.locks import stage_lock
 from pipeline.model import model_family
 from pipeline.model.labels import model_alphabet
 from pipeline.model.objectives import model_objective
-from pipeline.workdir import LEFTOVER_PATTERNS, TrainRun
+from pipeline.workdir import LEFTOVER_PATTERNS
 
 log = logging.getLogger(__name__)
 
@@ -107,39 +104,3 @@ def _import_rejects(layout: Layout, split: str) -> tuple[Counter, tuple[Path, ..
             found.update(rejected)
             files.append(imported.rejects)
     return found, tuple(files)
-
-
-def global_stats(layout: Layout, run: TrainRun | None = None) -> GlobalStats | None:
-    """The training set's statistics ``features.normalize: global`` normalises with (None with another
-    setting): those Train kept in its run (``run``, default the layout's), so Evaluate, TuneDecoder and
-    Export use what the checkpoints were trained with and need no train cache; else of every task's train
-    cache (one encoder, one input distribution in a multi-task config). CacheError naming a kept file that
-    does not read."""
-    if layout.config.features.normalize != "global":
-        return None
-    kept = (run or layout.train_run).feature_stats
-    if kept.exists():
-        try:
-            entry = json.loads(kept.read_text(encoding="utf-8"))
-            return stats_from_metadata(entry["mean"], entry["std"], len(entry["mean"]))
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            raise CacheError(
-                f"{kept}: the run's feature statistics do not read ({error}); make rerun STAGE=Train"
-            ) from None
-    tasks = layout.config.tasks or ("",)
-    return train_statistics([layout.for_task(task).features_cache("train") for task in tasks])
-
-
-def keep_global_stats(run: TrainRun, stats: GlobalStats | None) -> None:
-    """Write ``stats`` into ``run`` (``TrainRun.feature_stats``) unless it holds them already: from the
-    run's start on, every stage normalises with the numbers its checkpoints were trained with."""
-    if stats is not None and not run.feature_stats.exists():
-        run.root.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(run.feature_stats, stats.to_dict())
-
-
-def split_cache(layout: Layout, split: str, run: TrainRun | None = None) -> CacheIndex:
-    """The cache index of ``split`` as the model reads it (``read_cache``: settings checked; with global
-    normalisation, the training set's statistics, ``global_stats`` of ``run``, applied to every frame
-    read)."""
-    return read_cache(layout.features_cache(split), layout.config.features, global_stats(layout, run))

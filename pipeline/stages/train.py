@@ -9,12 +9,12 @@ import tensorflow as tf
 import yaml
 
 from pipeline.config_loader import config_to_dict
+from pipeline.features.cache import read_cache
 from pipeline.files import write_text_atomic
 from pipeline.layout import Layout
 from pipeline.locks import stage_lock
 from pipeline.model.labels import model_alphabet
 from pipeline.reports import TrainReport, write_report
-from pipeline.stages.features import global_stats, keep_global_stats, split_cache
 from pipeline.train.determinism import deterministic_ops
 from pipeline.train.distribute import DistributionError, configure_devices, make_strategy, training_role
 from pipeline.train.hooks import TrainHooks
@@ -47,14 +47,10 @@ def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks |
     configure_devices(config.distribution)
     role = training_role(config.distribution)
     strategy = make_strategy(config.distribution)
-    if (
-        role.is_chief
-    ):  # before any split is read: every worker then reads the chief's numbers or the same sums
-        keep_global_stats(run, global_stats(layout, run))
     if config.tasks:
-        tasks = task_data(layout, run)
+        tasks = task_data(layout)
     else:
-        tasks = [TaskData.only(*_splits(layout, run), model_alphabet(layout.config, layout.alphabet))]
+        tasks = [TaskData.only(*_splits(layout), model_alphabet(layout.config, layout.alphabet))]
     if role.is_chief:
         run.root.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run.resolved_config, yaml.safe_dump(config_to_dict(config), sort_keys=False))
@@ -92,21 +88,20 @@ def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks |
     return report
 
 
-def _splits(layout: Layout, run: TrainRun | None = None):
-    """(the train split's cache index, the dev split's or None without a dev split) of ``layout``,
-    normalised with ``run``'s statistics (``global_stats``)."""
+def _splits(layout: Layout):
+    """(the train split's cache index, the dev split's or None without a dev split) of ``layout``."""
     config = layout.config
-    train = split_cache(layout, "train", run)
-    dev = split_cache(layout, "dev", run) if config.has_split("dev") else None
+    train = read_cache(layout.features_cache("train"), config.features)
+    dev = read_cache(layout.features_cache("dev"), config.features) if config.has_split("dev") else None
     return train, dev
 
 
-def task_data(layout: Layout, run: TrainRun | None = None) -> list[TaskData]:
+def task_data(layout: Layout) -> list[TaskData]:
     """Every task of a multi-task config as the trainer reads it: its weight, splits and labels."""
     found = []
     for entry in layout.config.multitask.tasks:
         task = layout.for_task(entry.name)
-        train, dev = _splits(task, run)
+        train, dev = _splits(task)
         found.append(
             TaskData(entry.name, entry.weight, train, dev, model_alphabet(task.config, task.alphabet))
         )

@@ -59,3 +59,14 @@ def _set(determinism: bool, tf32: bool) -> None:
     else:
         tf_config.disable_op_determinism()
     tf.config.experimental.enable_tensor_float_32_execution(tf32)
+
+
+def record_session_determinism(state) -> None:
+    """Fold this session's op determinism into the run's record, ``state.deterministic_ops`` (a
+    ``TrainState``: -1 unrecorded, 0 some session ran without it, 1 every one with it). Called at a
+    session's first step; a run resumed from a checkpoint from before the record stays unrecorded."""
+    now, recorded = int(ops_are_deterministic()), int(state.deterministic_ops.numpy())
+    if recorded >= 0:
+        state.deterministic_ops.assign(min(recorded, now))
+    elif int(state.global_step.numpy()) == 0:  # a new run
+        state.deterministic_ops.assign(now)

@@ -33,7 +33,7 @@ from pipeline.config import Config
 from pipeline.reports import TrainReport
 from pipeline.train.agreement import chiefs_verdict
 from pipeline.train.checkpointing import BatchPlan, RunCheckpoints, TrainingError
-from pipeline.train.determinism import ops_are_deterministic
+from pipeline.train.determinism import record_session_determinism
 from pipeline.train.distribute import ClusterRole
 from pipeline.train.epoch_ends import EpochEnds
 from pipeline.train.epochs import epoch_target
@@ -156,8 +156,8 @@ class Trainer:
         ``step.ballot``."""
         epoch, step = int(self.state.epoch.numpy()), int(self.state.step_in_epoch.numpy())
         tasks, batches, specs = self.inputs.next_batches(epoch, step)
-        if not self._session_recorded:
-            self._record_determinism()
+        if not self._session_recorded:  # at a session's first step: one that trains none changes nothing
+            record_session_determinism(self.state)
             self._session_recorded = True
         result = self._train_step(tasks, batches, specs, vote=vote)
         self.inputs.drawn(tasks)
@@ -356,16 +356,6 @@ class Trainer:
         if checkpoints.scratch is not None:
             shutil.rmtree(checkpoints.scratch, ignore_errors=True)
         return train_report(self, target, time.monotonic() - started)
-
-    def _record_determinism(self) -> None:
-        """Fold this session's op determinism into the run's record (``TrainState.deterministic_ops``)
-        at its first step: a session that trains no step (the run finished, or stopped on an epoch's
-        last step) changes nothing."""
-        now, recorded = int(ops_are_deterministic()), int(self.state.deterministic_ops.numpy())
-        if recorded >= 0:
-            self.state.deterministic_ops.assign(min(recorded, now))
-        elif int(self.state.global_step.numpy()) == 0:  # a new run; else a checkpoint from before the record
-            self.state.deterministic_ops.assign(now)
 
     def _train(self, target: int, started: float) -> None:
         """Run steps and epochs from the restored position to ``target`` or an early stop."""

@@ -36,8 +36,10 @@ from pipeline.batches.dataset import (
 from pipeline.batches.tasks import epoch_tasks, steps_per_epoch, task_batches_per_epoch, tasks_digest
 from pipeline.config import Config
 from pipeline.features.cache import CacheIndex, damage_in
+from pipeline.features.cmvn import train_statistics
 from pipeline.model import build_model
 from pipeline.model.heads import MultiTaskModel, OneTask
+from pipeline.model.normalization import set_statistics
 from pipeline.train.checkpointing import TrainingError
 
 # Seeds of the tasks' batch orders: task i goes round its plan in the order of shuffle_seed + i * this.
@@ -122,14 +124,23 @@ def plan_windows(plan: list[np.ndarray], epoch: int, seed: int, accumulate: int)
 
 def task_model(config: Config, tasks: list[TaskData]) -> tuple[keras.Model, object]:
     """(the Keras model of ``tasks``, built in the caller's strategy scope; its view for the step and the
-    dev forward passes: ``forward(index, ...)``, ``task_variables``, ``family``, ``objective``)."""
+    dev forward passes: ``forward(index, ...)``, ``task_variables``, ``family``, ``objective``). With
+    ``features.normalize: global`` its normalisation layer holds the statistics of every task's train cache
+    (one encoder, one input distribution); a restored checkpoint overwrites them with its own."""
     precision, n_input = config.training.precision, tasks[0].train.n_input
+    normalized = config.features.normalize == "global"
     if not config.tasks:
-        model = build_model(config.model, n_input, tasks[0].alphabet.n_classes, precision)
-        return model, OneTask(model)
-    names, classes = tuple(t.name for t in tasks), tuple(t.alphabet.n_classes for t in tasks)
-    model = MultiTaskModel(config.model, config.multitask.sharing, names, n_input, classes, precision)
-    return model, model
+        model = build_model(config.model, n_input, tasks[0].alphabet.n_classes, precision, normalized)
+        view = OneTask(model)
+    else:
+        names, classes = tuple(t.name for t in tasks), tuple(t.alphabet.n_classes for t in tasks)
+        model = MultiTaskModel(
+            config.model, config.multitask.sharing, names, n_input, classes, precision, normalized
+        )
+        view = model
+    if normalized:
+        set_statistics(model, train_statistics([task.train.path for task in tasks]))
+    return model, view
 
 
 def global_batch_size(config: Config, towers: int) -> tuple[int, int]:

@@ -1,0 +1,89 @@
+"""Global feature normalisation as a layer of the model (``features.normalize: global``).
+
+The training set's mean and standard deviation per coefficient are two non-trainable weights of the
+model, ``feature_normalization.mean`` and ``feature_normalization.std``: filled from the train caches'
+recorded sums when a run starts, saved with every checkpoint (a resumed run restores them, a warm start
+leaves them at the new run's statistics), and carried by every export, whose graph normalises the raw
+features the client feeds it. No stage and no client handles the statistics apart from the model.
+
+An all-zero input frame is padding (a batch's, or the zero frames past an utterance's edges a streaming
+call takes) and stays zero, as it did when the statistics were applied before padding: training, whole
+utterances and streaming calls all see the same numbers.
+
+The pipeline adds the layer to the family's model after the family built it, so a family knows nothing of
+it: every call of a family's forward pass, encoder or inference form goes through ``normalized``.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from native_client.cmvn import STD_FLOOR, GlobalStats
+
+NAME = "feature_normalization"
+
+
+class FeatureNormalization(keras.layers.Layer):
+    """``(x - mean) / std`` over the last axis of any input (frames or context windows), float32; an
+    all-zero frame stays zero."""
+
+    def __init__(self, n_input: int, **kwargs):
+        super().__init__(name=NAME, dtype="float32", trainable=False, **kwargs)
+        self.n_input = int(n_input)
+
+    def build(self, input_shape=None):
+        """The two weights: the identity (mean 0, deviation 1) until ``set_statistics`` fills them."""
+        self.mean = self.add_weight(shape=(self.n_input,), initializer="zeros", trainable=False, name="mean")
+        self.std = self.add_weight(shape=(self.n_input,), initializer="ones", trainable=False, name="std")
+
+    def call(self, features):
+        """The normalised features, padding frames left at zero."""
+        features = tf.cast(features, tf.float32)
+        padding = tf.reduce_all(tf.equal(features, 0.0), axis=-1, keepdims=True)
+        return tf.where(padding, tf.zeros_like(features), (features - self.mean) / self.std)
+
+
+def add_normalization(model, n_input: int):
+    """Give ``model`` (a family's built Keras model) its normalisation layer, the identity until
+    ``set_statistics``; returns the model."""
+    # Keras locks a built model's state; the layer is the pipeline's, added after the family built its
+    # model, so the family contract does not change. Built inside the model's name scope, its weights are
+    # named ``feature_normalization.mean`` and ``.std`` like the model's own.
+    with keras.name_scope(model.name, caller=model):
+        layer = FeatureNormalization(n_input)
+        layer.build()
+    model._tracker.unlock()
+    try:
+        model.feature_normalization = layer
+    finally:
+        model._tracker.lock()
+    return model
+
+
+def normalized(model, features):
+    """``features`` as ``model`` takes them: normalised by its layer when it has one, else unchanged."""
+    layer = getattr(model, NAME, None)
+    return features if layer is None else layer(features)
+
+
+def set_statistics(model, stats: GlobalStats) -> None:
+    """Fill ``model``'s normalisation layer (every network's, in a multi-task model) with ``stats``, the
+    standard deviation floored at ``STD_FLOOR``. ValueError for a model without the layer or statistics of
+    another width."""
+    layers = [getattr(network, NAME, None) for network in getattr(model, "networks", [model])]
+    if not layers or None in layers:
+        raise ValueError("the model has no feature normalisation layer (features.normalize is not global)")
+    mean = np.asarray(stats.mean, np.float32)
+    std = np.maximum(np.asarray(stats.std, np.float64), STD_FLOOR).astype(np.float32)
+    for layer in layers:
+        if mean.shape != tuple(layer.mean.shape):
+            raise ValueError(f"statistics of {mean.shape[0]} coefficients for a model of {layer.n_input}")
+        layer.mean.assign(mean)
+        layer.std.assign(std)
+
+
+def is_normalization_weight(name: str) -> bool:
+    """Whether a checkpoint name (a single-task model's) is one of the normalisation layer's weights."""
+    return name.split(".")[0] == NAME
