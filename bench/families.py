@@ -11,7 +11,7 @@ Conformer, whose export runs chunks of ``chunk_frames`` labels, the greedy test 
 computation beside (``*_full_context``) and the chunked CER's gap to it.
 
 The Conformer's streaming figures (``conformer_streaming``), at configs/en-conformer.yaml's size (int8
-TFLite, untrained, one core, one thread, ``features.normalize: false`` as a streaming deployment has it)
+TFLite, untrained, one core, one thread, ``features.normalize: false``: no normalisation in the graph)
 for ``chunk_frames`` 8 and 16: one streaming call's p50 and p95 (a chunk with its look-back frames and the
 caches, state carried), the RTF of streaming the sample clips through the client (features included,
 0.1 s blocks), and the algorithmic latency (the chunk plus the look-ahead, in ms of audio). First line:

@@ -132,7 +132,11 @@ def step_ops(config, n_input: int, n_classes: int) -> int:
     from pipeline.model.heads import OneTask
     from pipeline.train.step import task_gradients
 
-    model = OneTask(build_model(config.model, n_input, n_classes, config.training.precision))
+    model = OneTask(
+        build_model(
+            config.model, n_input, n_classes, config.training.precision, config.features.normalize == "global"
+        )
+    )
     step = task_gradients(model, (0,), [n_classes - 1], keras.optimizers.Adam(), config.training)
     step = step if hasattr(step, "get_concrete_function") else tf.function(step)
     graph = step.get_concrete_function((_batch_spec(n_input),), tf.TensorSpec([1], tf.float32))
@@ -154,7 +158,15 @@ def step_ops_outside_xla(config, n_input: int, n_classes: int) -> int:
 
     strategy = make_strategy(replace(config.distribution, strategy="one_device"))
     with strategy.scope():
-        model = OneTask(build_model(config.model, n_input, n_classes, config.training.precision))
+        model = OneTask(
+            build_model(
+                config.model,
+                n_input,
+                n_classes,
+                config.training.precision,
+                config.features.normalize == "global",
+            )
+        )
         adam, applies, _ = optimizers(config.training, model.trainable_variables)
     training = replace(config.training, accumulate_batches=1)
     step = TrainingStep(model, [1.0], [n_classes - 1], adam, applies, strategy, training, 1)

@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def export_untrained(config_path: Path, out: Path, quantize: bool, features: dict | None = None) -> Path:
     """Export an untrained model of ``config_path``'s geometry (``features``: other feature settings)
-    with the real Export code; ``normalize: global`` is exported as false (no training set to take statistics
-    from)."""
+    with the real Export code; with ``normalize: global`` the graph normalises with the identity (mean 0,
+    deviation 1: an untrained model has no training set), the same operations as a trained one's."""
     import tensorflow as tf
 
     from pipeline.config_loader import load_config
@@ -51,14 +51,12 @@ def export_untrained(config_path: Path, out: Path, quantize: bool, features: dic
         **({"features": features} if features else {}),
     }
     config = load_config(config_path, overrides)
-    if config.features.normalize == "global":
-        # An untrained model has no training set to take statistics from; normalising each frame with
-        # them, (x - mean) / std, costs nothing next to the model.
-        overrides["features"] = {**(features or {}), "normalize": False}
-        config = load_config(config_path, overrides)
     from pipeline.features.frontend import feature_pipeline
 
-    model = build_model(config.model, feature_pipeline(config.features).feature_size, 29)
+    normalized = config.features.normalize == "global"
+    model = build_model(
+        config.model, feature_pipeline(config.features).feature_size, 29, normalized=normalized
+    )
     prefix = tf.train.Checkpoint(weights=named_weights(model)).write(str(out / "ckpt" / "untrained"))
     return export_stage(Layout(config), checkpoint=prefix).root
 

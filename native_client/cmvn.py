@@ -43,11 +43,16 @@ class GlobalStats:
         """Coefficients per frame."""
         return len(self.mean)
 
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, standard deviation) as float32 arrays, the deviation floored at ``STD_FLOOR``: the numbers
+        every normalisation divides by."""
+        mean = np.asarray(self.mean, np.float32)
+        return mean, np.maximum(np.asarray(self.std, np.float64), STD_FLOOR).astype(np.float32)
+
     def apply(self, frames: np.ndarray) -> np.ndarray:
         """``frames`` ``[n, feature_size]`` normalised: ``(frames - mean) / std`` in float32 (the standard
         deviation floored at ``STD_FLOOR``)."""
-        mean = np.asarray(self.mean, np.float32)
-        std = np.maximum(np.asarray(self.std, np.float64), STD_FLOOR).astype(np.float32)
+        mean, std = self.arrays()
         return (np.asarray(frames, np.float32) - mean) / std
 
     def to_dict(self) -> dict:

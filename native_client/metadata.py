@@ -265,6 +265,12 @@ def parse_metadata(raw: dict, directory: Path, plugins: Iterable[str] = ()) -> E
     except (KeyError, ValueError, TypeError, PluginError) as error:
         detail = f"missing key {error.args[0]!r}" if isinstance(error, KeyError) else str(error)
         raise ExportError(f"{source}: features: {detail}") from None
+    if raw["format_version"] >= 6 and features.normalize == "global":
+        # Format 6 normalises in the graph (``normalization``): statistics here would be applied twice.
+        raise ExportError(
+            f"{source}: features: normalize: global is format 5's (the client normalised); a format "
+            f"{raw['format_version']} export's graph normalises, and its features say normalize: false"
+        )
     output = raw.get("output", "characters")
     if output not in OUTPUTS:
         raise ExportError(f"{source}: output: {output!r} is not one of {', '.join(OUTPUTS)}")

@@ -356,8 +356,9 @@ class FeaturesConfig:
         "Feature normalisation. true: each utterance to zero mean, unit variance with its own statistics "
         "(a streaming client must wait for the utterance's end). global: with the mean and standard "
         "deviation of each coefficient over the train split's features (computed once as its cache is "
-        "written; a multi-task config pools every task's train split), applied frame by frame in training, "
-        "evaluation and the client, and recorded in the export: a model that streams. false: none.",
+        "written; a multi-task config pools every task's train split), weights of the model's first layer, "
+        "which normalises each frame in training and in the export's graph: a model that streams. "
+        "false: none.",
     )
     workers: int = _opt(
         0,

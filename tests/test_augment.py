@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 
@@ -51,6 +53,33 @@ def test_noise_touches_real_frames_only():
     difference = noisy - features.numpy()
     assert abs(difference[0].std() - 0.5) < 0.05
     assert (difference[3, 20:] == 0).all()
+
+
+def test_with_global_normalisation_the_model_sees_what_augmenting_normalised_features_gave():
+    """``features.normalize: global`` normalises in the model, after augmentation: masks set the
+    training set's mean (0 once normalised) and the noise is in units of its deviation, so the model's
+    input is what augmenting normalised frames gave (the masks and draws are the same); padding frames
+    stay all zero, which the model keeps at zero."""
+    from native_client.cmvn import GlobalStats
+    from pipeline.model.normalization import FeatureNormalization
+
+    features, lengths = _batch()
+    stats = GlobalStats(tuple(np.linspace(1.2, 1.8, 26)), tuple(np.linspace(0.1, 2.0, 26)))
+    layer = FeatureNormalization(26)
+    layer.build()
+    layer.mean.assign(np.float32(stats.mean))
+    layer.std.assign(np.float32(stats.std))
+    real = tf.sequence_mask(lengths, 120, dtype=tf.float32)[:, :, None]
+    normalised = layer(features) * real
+    settings = dataclasses.replace(MASKS, feature_noise_std=0.3)
+    seed = batch_seed(7, 3, 11, 0)
+    seen = layer(augment_features(features, lengths, settings, seed, stats)).numpy()
+    expected = augment_features(normalised, lengths, settings, seed).numpy()
+    np.testing.assert_allclose(seen, expected, atol=2e-5)
+    assert (seen[3, 20:] == 0).all() and (expected[3, 20:] == 0).all()
+    masked = augment_features(features, lengths, MASKS, seed, stats).numpy()
+    changed = masked != features.numpy()
+    assert changed.any() and (layer(masked).numpy()[changed] == 0).all()  # a masked value is the mean
 
 
 def test_augmented_training_batches_resume_exactly_and_dev_batches_are_never_augmented(small_config):

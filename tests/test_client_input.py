@@ -178,6 +178,15 @@ def test_an_edited_metadata_is_one_line_naming_the_key(tmp_path, capsys, key, va
     assert error.startswith(f"error: {export / 'metadata.json'}: ") and says in error, error
 
 
+def test_global_statistics_in_a_format_6_metadata_are_refused(tmp_path, capsys):
+    """Format 6 normalises in the graph: statistics in its features entry would be applied twice."""
+    raw = _set(_set(valid_metadata(), "features", _global()), "format_version", 6)
+    export = write_export(tmp_path / "export", raw)
+    error = _one_line_error(["--model", str(export), "--audio", "x.wav"], capsys)
+    assert "features: normalize: global is format 5's (the client normalised); a format 6" in error, error
+    load_metadata(write_export(tmp_path / "five", _set(raw, "format_version", 5)))  # format 5: read
+
+
 def test_a_deepspeech_front_end_of_three_million_channels_is_refused(tmp_path, capsys):
     raw = valid_metadata()
     raw["features"] = {"type": "deepspeech", "sample_rate": 16000, "normalize": False, "numcep": 26}

@@ -276,8 +276,7 @@ class FeaturePipeline:
 
     def utterance_frames(self, samples: np.ndarray) -> np.ndarray:
         """Features of a whole utterance as the feature cache holds them: normalised per utterance when
-        ``normalize`` is true; the global statistics are not applied (training applies them as it reads
-        the cache)."""
+        ``normalize`` is true; global statistics are not applied (the model's own layer applies them)."""
         out = self.frontend.frames(samples)
         return normalize_frames(out) if self.per_utterance and len(out) else out
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from native_client.cmvn import GlobalStats
 from pipeline.config import AugmentConfig
 
 
@@ -39,29 +40,39 @@ def _masks(seed, count: int, max_width, size, batch: int, lengths=None):
 
 
 def augment_features(
-    features: tf.Tensor, lengths: tf.Tensor, settings: AugmentConfig, seed: tf.Tensor
+    features: tf.Tensor,
+    lengths: tf.Tensor,
+    settings: AugmentConfig,
+    seed: tf.Tensor,
+    stats: GlobalStats | None = None,
 ) -> tf.Tensor:
     """``features`` ``[batch, time, n_input]`` with frequency masks, time masks (each at most
-    ``time_mask_fraction`` of its utterance) and Gaussian noise on the real frames, all set to 0 or
-    drawn from ``seed``. Padding frames stay zero."""
+    ``time_mask_fraction`` of its utterance) and Gaussian noise on the real frames, all drawn from
+    ``seed``. Padding frames stay zero. A masked value is 0 and the noise's deviation
+    ``feature_noise_std``, in the model's input: with ``stats`` (``features.normalize: global``, which the
+    model applies after this), 0 is the training set's mean and the deviation is in units of its own."""
     shape = tf.shape(features)
     batch, time, n_input = shape[0], shape[1], shape[2]
     freq_seed, time_seed, noise_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 3))
-    keep = tf.ones_like(features, tf.bool)
+    real = tf.sequence_mask(lengths, time)[:, :, None]
+    mean, scale = (0.0, 1.0) if stats is None else (tf.constant(a) for a in stats.arrays())
+    masked = tf.zeros_like(features, tf.bool)
     if settings.freq_masks:
         freq = _masks(freq_seed, settings.freq_masks, min(settings.freq_mask_max, 10**6), n_input, batch)
-        keep &= ~freq[:, None, :]
+        masked |= freq[:, None, :]
     if settings.time_masks:
         widest = tf.minimum(
             tf.cast(settings.time_mask_max, tf.float32),
             tf.floor(settings.time_mask_fraction * tf.cast(lengths, tf.float32)),
         )
-        times = _masks(time_seed, settings.time_masks, widest, time, batch, lengths)
-        keep &= ~times[:, :, None]
-    augmented = tf.where(keep, features, tf.zeros_like(features))
+        masked |= _masks(time_seed, settings.time_masks, widest, time, batch, lengths)[:, :, None]
+    augmented = tf.where(masked & real, mean + tf.zeros_like(features), features)  # padding never masked
     if settings.feature_noise_std:
-        real = tf.sequence_mask(lengths, time, dtype=features.dtype)[:, :, None]
-        augmented += real * tf.random.stateless_normal(
-            shape, noise_seed, stddev=settings.feature_noise_std, dtype=features.dtype
+        augmented += (
+            tf.cast(real, features.dtype)
+            * scale
+            * tf.random.stateless_normal(
+                shape, noise_seed, stddev=settings.feature_noise_std, dtype=features.dtype
+            )
         )
     return augmented

@@ -27,6 +27,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from native_client.cmvn import GlobalStats
 from pipeline.batches.augment import augment_features, batch_seed
 from pipeline.batches.buckets import ShapeGrid
 from pipeline.config import AugmentConfig
@@ -124,7 +125,7 @@ class SplitReader:
     length-ordered cache), so tf.data makes batches in parallel threads and no
     Python code runs per sample. With ``grid`` a batch's frames and labels are padded to its shape on
     the grid (``pipeline.batches.buckets``), else to the batch's longest. ``readers``: the batches made
-    at once (each read holds h5py's lock, the padding and normalisation do not).
+    at once (each read holds h5py's lock, the padding does not).
     """
 
     def __init__(self, index: CacheIndex, grid: ShapeGrid | None = None, readers: int = PARALLEL_BATCHES):
@@ -193,16 +194,20 @@ def _sliced(flat, starts, sizes) -> tf.data.Dataset:
 
 
 def _batches(
-    reader: SplitReader, indices: tf.data.Dataset, augment: AugmentConfig | None = None
+    reader: SplitReader,
+    indices: tf.data.Dataset,
+    augment: AugmentConfig | None = None,
+    stats: GlobalStats | None = None,
 ) -> tf.data.Dataset:
     """Batches (features, lengths, labels, label lengths, indices) of a dataset of sample-index arrays,
     in order. With ``augment`` (training), elements are (indices, epoch, step, tower) and the features
-    are augmented with draws seeded by those."""
+    are augmented with draws seeded by those (``stats``: the normalisation the model applies after)."""
 
     def make(batch, *position):
         features, lengths, labels, label_lengths, batch = reader.gather(batch)
         if augment is not None:
-            features = augment_features(features, lengths, augment, batch_seed(augment.seed, *position))
+            seed = batch_seed(augment.seed, *position)
+            features = augment_features(features, lengths, augment, seed, stats)
         return features, lengths, labels, label_lengths, batch
 
     # Fixed, small buffers: AUTOTUNE grows them towards half the machine's RAM when the model is the
@@ -232,6 +237,7 @@ def train_dataset(
     seed: int,
     augment: AugmentConfig | None = None,
     accumulate: int = 1,
+    stats: GlobalStats | None = None,
 ) -> tf.data.Dataset:
     """The per-replica batches of the local towers for epochs ``first_epoch`` (from ``start_step``) to
     ``end_epoch`` - 1.
@@ -242,7 +248,8 @@ def train_dataset(
     epoch's order is computed when tf.data reaches it, so memory holds one
     epoch's indices, not the run's. With ``augment`` (feature-level augmentation on), each tower's batch
     is augmented from a seed of (epoch, step in the epoch, tower). ``accumulate``: the steps of an update
-    window (``epoch_batches``).
+    window (``epoch_batches``). ``stats``: the training set's statistics with ``features.normalize: global``
+    (the augmentation masks and noise in the normalised scale the model sees).
     """
 
     def epoch_elements(epoch) -> tuple[np.ndarray, ...]:
@@ -271,7 +278,7 @@ def train_dataset(
         )
 
     epochs = tf.data.Dataset.range(first_epoch, end_epoch)
-    return _batches(reader, epochs.flat_map(one_epoch), augment)
+    return _batches(reader, epochs.flat_map(one_epoch), augment, stats)
 
 
 def eval_dataset(reader: SplitReader, batch_size: int, max_batch_frames: int = 0) -> tf.data.Dataset:

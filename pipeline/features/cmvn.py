@@ -2,10 +2,11 @@
 the train split's features, from the float64 sums its cache's writer recorded (no pass over the frames).
 
 The sums are attributes of the cache, written with it under its temporary name and renamed into place
-with it, so they exist exactly when the whole cache does. Every process (each tower's input, each worker of
-a multi-worker run, Evaluate, TuneDecoder, Export) pools the same recorded sums in the same order, so each
-uses the very same numbers. A multi-task config pools every task's train cache: the tasks share one
-encoder, which takes one input distribution.
+with it, so they exist exactly when the whole cache does. Train pools them when a run starts (every worker
+of a multi-worker run the same recorded sums in the same order, so the very same numbers) into the model's
+normalisation layer (``pipeline.model.normalization``), whose checkpoints carry them to every later stage.
+A multi-task config pools every task's train cache: the tasks share one encoder, which takes one input
+distribution.
 """
 
 from __future__ import annotations

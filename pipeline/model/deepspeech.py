@@ -125,16 +125,16 @@ class DeepSpeech(ModelFamily):
 
 
 def _check_features(source, theirs, config) -> None:
-    """ValueError unless the run's front end computes the features ``theirs`` (a FrontEnd) computes. Global
-    normalisation is the model's own first layer, filled from the run's training set (a warm start leaves
-    it), so it may be on; per-utterance normalisation changes what the copied layers see, so it may not."""
+    """ValueError unless the run's front end computes the features ``theirs`` (a FrontEnd) computes, and
+    does not normalise them: their layers were trained on raw features (global normalisation's statistics
+    are not folded into their first layer)."""
     from pipeline.features.frontend import feature_pipeline
 
     ours = feature_pipeline(config.features)
     settings = {**theirs.describe(), "final_window": False}
     same = (
         ours.type_name == theirs.name
-        and ours.normalize in (False, "global")
+        and not ours.normalize
         and ours.sample_rate == theirs.sample_rate
         and {**ours.frontend.describe(), "final_window": False} == settings
     )
@@ -143,7 +143,7 @@ def _check_features(source, theirs, config) -> None:
         raise ValueError(
             f"{source} was trained on DeepSpeech's features ({theirs.sample_rate} Hz, {wanted}); the run "
             f"computes features.type {ours.type_name!r}: set features.type: deepspeech with those settings, "
-            f"features.sample_rate: {theirs.sample_rate} and features.normalize: false (or global)"
+            f"features.sample_rate: {theirs.sample_rate} and features.normalize: false"
         )
 
 

@@ -17,10 +17,9 @@ it: every call of a family's forward pass, encoder or inference form goes throug
 from __future__ import annotations
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from native_client.cmvn import STD_FLOOR, GlobalStats
+from native_client.cmvn import GlobalStats
 
 NAME = "feature_normalization"
 
@@ -70,13 +69,12 @@ def normalized(model, features):
 
 def set_statistics(model, stats: GlobalStats) -> None:
     """Fill ``model``'s normalisation layer (every network's, in a multi-task model) with ``stats``, the
-    standard deviation floored at ``STD_FLOOR``. ValueError for a model without the layer or statistics of
-    another width."""
+    standard deviation floored (``GlobalStats.arrays``). ValueError for a model without the layer or
+    statistics of another width."""
     layers = [getattr(network, NAME, None) for network in getattr(model, "networks", [model])]
     if not layers or None in layers:
         raise ValueError("the model has no feature normalisation layer (features.normalize is not global)")
-    mean = np.asarray(stats.mean, np.float32)
-    std = np.maximum(np.asarray(stats.std, np.float64), STD_FLOOR).astype(np.float32)
+    mean, std = stats.arrays()
     for layer in layers:
         if mean.shape != tuple(layer.mean.shape):
             raise ValueError(f"statistics of {mean.shape[0]} coefficients for a model of {layer.n_input}")

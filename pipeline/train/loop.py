@@ -114,7 +114,7 @@ class Trainer:
         self.steps_per_epoch, self.plan_digest = self.inputs.steps_per_epoch, self.inputs.digest
         training = config.training
         with strategy.scope():
-            self.model, view = task_model(config, self.tasks)
+            self.model, view = task_model(config, self.tasks, self.inputs.stats)
             self.optimizer, self.step_optimizer, loss_scale = optimizers(
                 training, self.model.trainable_variables
             )

@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from native_client.alphabet import Labels
+from native_client.cmvn import GlobalStats
 from pipeline.batches.buckets import shape_grid
 from pipeline.batches.dataset import (
     SplitReader,
@@ -122,11 +123,21 @@ def plan_windows(plan: list[np.ndarray], epoch: int, seed: int, accumulate: int)
     )
 
 
-def task_model(config: Config, tasks: list[TaskData]) -> tuple[keras.Model, object]:
+def input_statistics(config: Config, tasks: list[TaskData]) -> GlobalStats | None:
+    """The statistics of ``features.normalize: global`` (None without it): of every task's train cache,
+    pooled (one encoder, one input distribution)."""
+    if config.features.normalize != "global":
+        return None
+    return train_statistics([task.train.path for task in tasks])
+
+
+def task_model(
+    config: Config, tasks: list[TaskData], stats: GlobalStats | None = None
+) -> tuple[keras.Model, object]:
     """(the Keras model of ``tasks``, built in the caller's strategy scope; its view for the step and the
     dev forward passes: ``forward(index, ...)``, ``task_variables``, ``family``, ``objective``). With
-    ``features.normalize: global`` its normalisation layer holds the statistics of every task's train cache
-    (one encoder, one input distribution); a restored checkpoint overwrites them with its own."""
+    ``features.normalize: global`` its normalisation layer holds ``stats`` (``input_statistics``); a
+    restored checkpoint overwrites them with its own."""
     precision, n_input = config.training.precision, tasks[0].train.n_input
     normalized = config.features.normalize == "global"
     if not config.tasks:
@@ -139,7 +150,7 @@ def task_model(config: Config, tasks: list[TaskData]) -> tuple[keras.Model, obje
         )
         view = model
     if normalized:
-        set_statistics(model, train_statistics([task.train.path for task in tasks]))
+        set_statistics(model, stats or input_statistics(config, tasks))
     return model, view
 
 
@@ -165,6 +176,7 @@ class TaskInputs:
         self, config: Config, tasks: list[TaskData], strategy: tf.distribute.Strategy, global_batch: int
     ):
         self.config, self.tasks, self.strategy = config, tasks, strategy
+        self.stats = input_statistics(config, tasks)  # what the model normalises with, and augmentation
         self.several = bool(config.tasks)
         mean_weight = sum(task.weight for task in tasks) / len(tasks)
         self.factors = [task.weight / mean_weight for task in tasks]  # the tasks' loss factors
@@ -256,7 +268,7 @@ class TaskInputs:
             local = context.num_replicas_in_sync // context.num_input_pipelines
             offset = context.input_pipeline_id * local
             return train_dataset(
-                reader, plan, towers, offset, local, rounds, start, end, seed, augment, accumulate
+                reader, plan, towers, offset, local, rounds, start, end, seed, augment, accumulate, self.stats
             )
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
