@@ -132,6 +132,35 @@ def test_every_weight_of_the_tflite_loads_and_runs_as_the_tflite_does(tflite, im
         assert score_sample("", best_path(theirs, alphabet), best_path(floating, alphabet), 0).cer <= 0.25
 
 
+def test_under_global_normalisation_the_first_layer_is_folded_to_compute_what_the_source_did(
+    tflite, armspeech_model, imported
+):
+    """``features.normalize: global`` with a Coqui model: the run's statistics fill the normalisation
+    layer and are folded into ``layer_1``, so on normalised windows it gives what the source's gave on raw
+    ones (windows inside the utterance); the logits differ only by what the edges' padding carries."""
+    from native_client.cmvn import GlobalStats
+    from pipeline.model.normalization import normalized, set_statistics
+
+    raw_model, _ = imported
+    samples = soundfile.read(ARMENIAN / "00.flac", dtype="int16")[0]
+    frames = tflite.metadata.features.frames(samples)
+    stats = GlobalStats(tuple(map(float, frames.mean(0))), tuple(map(float, frames.std(0))))
+    config = config_for(armspeech_model, normalize="global")
+    alphabet = load_alphabet(config.paths.alphabet)
+    model = build_model(config.model, 26, alphabet.n_classes, normalized=True)
+    set_statistics(model, stats)
+    copied = warm_start(model, armspeech_model, 0, config, alphabet)
+    assert len(copied) == 13  # the normalisation keeps the run's statistics
+    np.testing.assert_array_equal(model.feature_normalization.mean.numpy(), np.float32(stats.mean))
+    windows = window_view(frames, 9)[9:-9].reshape(-1, 494)  # windows with no padding frame
+    theirs = raw_model.layer_1(windows).numpy()
+    ours = model.layer_1(window_view(stats.apply(frames), 9)[9:-9].reshape(-1, 494)).numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-3)
+    before = raw_model(frames[None]).numpy()[0].argmax(1)
+    after = model(normalized(model, frames[None])).numpy()[0].argmax(1)
+    assert (before == after).mean() > 0.95
+
+
 def test_the_lstm_gates_are_reordered_and_no_forget_bias_is_added(armspeech_model, imported):
     model, _ = imported
     tf1 = read_tflite(armspeech_model)

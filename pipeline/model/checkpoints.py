@@ -12,7 +12,7 @@ import tensorflow as tf
 from pipeline.config import Config
 from pipeline.model import build_model, model_family
 from pipeline.model.heads import task_weight_names
-from pipeline.model.normalization import is_normalization_weight
+from pipeline.model.normalization import is_normalization_weight, normalization_of
 from pipeline.model.weights import named_weights
 from pipeline.workdir import TrainRun, init_digest
 
@@ -99,7 +99,9 @@ def warm_start(
 
     Returns the names of the weights copied. Optimizer state is not touched, nor the feature normalisation
     (``features.normalize: global``): it keeps the statistics of the new run's training set, whatever the
-    source normalised with (a run of the earlier layout and DeepSpeech/Coqui models hold none).
+    source normalised with (a run of the earlier layout holds none); a model the family imports was
+    trained on raw features, so the family folds those statistics into its weights
+    (``ModelFamily.fold_normalization``).
     """
     family = model_family(model.model_config.architecture)
     try:
@@ -113,6 +115,11 @@ def warm_start(
             key = checkpoint_key(name)
             return reader.get_tensor(key) if reader.has_tensor(key) else None
     else:
+        if normalization_of(model) is not None:  # trained on raw features: fold the run's statistics in
+            try:
+                imported = family.fold_normalization(imported, *normalization_of(model))
+            except ValueError as error:
+                raise CheckpointMismatchError(f"training.init_from: {source}: {error}") from None
         stored = imported.get
     layers = family.layers(model)
     if drop_layers > len(layers):

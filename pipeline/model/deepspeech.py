@@ -94,6 +94,22 @@ class DeepSpeech(ModelFamily):
 
         return DeepSpeechStreaming(model, n_steps)
 
+    def fold_normalization(self, weights: dict, mean, std) -> dict:
+        """``layer_1`` takes context windows of frames: on a window of normalised frames ``(x - mean) /
+        std`` its kernel times ``std`` and its bias plus ``mean`` through the kernel give what the source
+        gave on raw frames (each value tiled over the window's frames). Padding differs: a window's zero
+        frames past an utterance's edges stand for raw frames at the mean, where the source saw zeros."""
+        import numpy as np
+
+        kernel = np.asarray(weights["layer_1.kernel"], np.float64)
+        window = kernel.shape[0] // len(mean)
+        scale, shift = np.tile(np.float64(std), window), np.tile(np.float64(mean), window)
+        return {
+            **weights,
+            "layer_1.kernel": (kernel * scale[:, None]).astype(np.float32),
+            "layer_1.bias": (np.float64(weights["layer_1.bias"]) + shift @ kernel).astype(np.float32),
+        }
+
     def layers(self, model) -> tuple[str, ...]:
         """``layer_1``, ``layer_2``, ``layer_3``, ``lstm``, ``layer_5``, ``layer_6``."""
         return ("layer_1", "layer_2", "layer_3", "lstm", "layer_5", "layer_6")
@@ -125,16 +141,16 @@ class DeepSpeech(ModelFamily):
 
 
 def _check_features(source, theirs, config) -> None:
-    """ValueError unless the run's front end computes the features ``theirs`` (a FrontEnd) computes, and
-    does not normalise them: their layers were trained on raw features (global normalisation's statistics
-    are not folded into their first layer)."""
+    """ValueError unless the run's front end computes the features ``theirs`` (a FrontEnd) computes, not
+    normalised per utterance: their layers were trained on raw features (global normalisation's statistics
+    are folded into the first layer by the warm start: ``fold_normalization``)."""
     from pipeline.features.frontend import feature_pipeline
 
     ours = feature_pipeline(config.features)
     settings = {**theirs.describe(), "final_window": False}
     same = (
         ours.type_name == theirs.name
-        and not ours.normalize
+        and ours.normalize in (False, "global")
         and ours.sample_rate == theirs.sample_rate
         and {**ours.frontend.describe(), "final_window": False} == settings
     )
@@ -143,7 +159,7 @@ def _check_features(source, theirs, config) -> None:
         raise ValueError(
             f"{source} was trained on DeepSpeech's features ({theirs.sample_rate} Hz, {wanted}); the run "
             f"computes features.type {ours.type_name!r}: set features.type: deepspeech with those settings, "
-            f"features.sample_rate: {theirs.sample_rate} and features.normalize: false"
+            f"features.sample_rate: {theirs.sample_rate} and features.normalize: false or global"
         )
 
 

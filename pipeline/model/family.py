@@ -207,6 +207,16 @@ class ModelFamily(abc.ABC):
         naming what differs. Default: no foreign models."""
         return None
 
+    def fold_normalization(self, weights: dict, mean, std) -> dict:
+        """``weights`` (``import_weights``'s, of a model trained on raw features) changed so that the model
+        gives the same outputs on features normalised with ``mean`` and ``std`` (float32 arrays, one value
+        per coefficient): what a warm start from a foreign model needs under ``features.normalize:
+        global``. Default: ValueError (the family cannot)."""
+        raise ValueError(
+            f"the {self.name} family cannot fold global normalisation into a model trained on raw "
+            f"features; set features.normalize: false"
+        )
+
     @abc.abstractmethod
     def layers(self, model) -> tuple[str, ...]:
         """The model's layers from input to output, as the first part of its weight names

@@ -82,6 +82,13 @@ def set_statistics(model, stats: GlobalStats) -> None:
         layer.std.assign(std)
 
 
+def normalization_of(model) -> tuple | None:
+    """(mean, standard deviation) float32 arrays of ``model``'s normalisation layer (a multi-task model's
+    first network's: every network holds the same), None for a model without one."""
+    layer = getattr(getattr(model, "networks", [model])[0], NAME, None)
+    return None if layer is None else (layer.mean.numpy(), layer.std.numpy())
+
+
 def is_normalization_weight(name: str) -> bool:
     """Whether a checkpoint name (a single-task model's) is one of the normalisation layer's weights."""
     return name.split(".")[0] == NAME
