@@ -83,7 +83,8 @@ def check_geometry(prefix: str, model, directory: str | Path, names: dict[str, s
     differences = shape_differences(prefix, model, names)
     if differences:
         raise CheckpointMismatchError(
-            f"checkpoint in {directory} does not fit the model (changed alphabet or n_hidden?): "
+            f"checkpoint in {directory} does not fit the model (changed alphabet, n_hidden or "
+            f"features.normalize?): "
             + "; ".join(differences)
             + ". Use another paths.work_dir, or training.init_from with training.drop_source_layers "
             "to start from it."
