@@ -260,17 +260,18 @@ def parse_metadata(raw: dict, directory: Path, plugins: Iterable[str] = ()) -> E
             f"{source}: format_version {raw['format_version']} is newer than this client "
             f"understands ({FORMAT_VERSION}); update the client"
         )
-    try:
-        features = features_from_metadata(raw["features"], plugins)
-    except (KeyError, ValueError, TypeError, PluginError) as error:
-        detail = f"missing key {error.args[0]!r}" if isinstance(error, KeyError) else str(error)
-        raise ExportError(f"{source}: features: {detail}") from None
-    if raw["format_version"] >= 6 and features.normalize == "global":
+    features_entry = raw["features"] if isinstance(raw["features"], dict) else {}
+    if raw["format_version"] >= 6 and features_entry.get("normalize") == "global":
         # Format 6 normalises in the graph (``normalization``): statistics here would be applied twice.
         raise ExportError(
             f"{source}: features: normalize: global is format 5's (the client normalised); a format "
             f"{raw['format_version']} export's graph normalises, and its features say normalize: false"
         )
+    try:
+        features = features_from_metadata(raw["features"], plugins)
+    except (KeyError, ValueError, TypeError, PluginError) as error:
+        detail = f"missing key {error.args[0]!r}" if isinstance(error, KeyError) else str(error)
+        raise ExportError(f"{source}: features: {detail}") from None
     output = raw.get("output", "characters")
     if output not in OUTPUTS:
         raise ExportError(f"{source}: output: {output!r} is not one of {', '.join(OUTPUTS)}")

@@ -935,7 +935,8 @@ class AugmentConfig:
     )
     feature_noise_std: float = _opt(
         0.0,
-        "Gaussian noise of this standard deviation added to the features (0 = none).",
+        "Gaussian noise of this standard deviation added to the features (0 = none); with "
+        "features.normalize: global, in units of each coefficient's deviation over the training set.",
         minimum=0.0,
         when={"train": _features_augmented},
     )

@@ -185,6 +185,11 @@ def test_global_statistics_in_a_format_6_metadata_are_refused(tmp_path, capsys):
     error = _one_line_error(["--model", str(export), "--audio", "x.wav"], capsys)
     assert "features: normalize: global is format 5's (the client normalised); a format 6" in error, error
     load_metadata(write_export(tmp_path / "five", _set(raw, "format_version", 5)))  # format 5: read
+    bare = _set(raw, "features", {k: v for k, v in raw["features"].items() if k not in ("mean", "std")})
+    error = _one_line_error(
+        ["--model", str(write_export(tmp_path / "bare", bare)), "--audio", "x.wav"], capsys
+    )
+    assert "normalize: global is format 5's" in error, error  # not "the mean and std are missing"
 
 
 def test_a_deepspeech_front_end_of_three_million_channels_is_refused(tmp_path, capsys):

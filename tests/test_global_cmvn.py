@@ -224,6 +224,25 @@ def test_export_needs_no_train_cache_and_a_warm_start_takes_its_own_statistics(t
     np.testing.assert_array_equal(model.feature_normalization.mean.numpy(), np.float32(own.mean))
 
 
+def test_a_normalising_checkpoint_is_refused_by_a_model_that_does_not_normalise(trained):
+    """Loading (Evaluate, Export with a checkpoint given) or warm-starting from a run trained with global
+    normalisation into a model without it would leave its statistics unread: one line each."""
+    import dataclasses
+
+    from pipeline.model import build_model
+    from pipeline.model.checkpoints import CheckpointMismatchError, warm_start
+
+    config, _, _ = trained
+    layout = Layout(config)
+    raw = dataclasses.replace(config, features=dataclasses.replace(config.features, normalize=False))
+    with pytest.raises(
+        CheckpointMismatchError, match="feature_normalization: in the checkpoint, not in the model"
+    ):
+        load_trained_model(raw, layout.train_run.best, 26, 29)
+    with pytest.raises(CheckpointMismatchError, match="trained on globally normalised features"):
+        warm_start(build_model(raw.model, 26, 29), layout.train_run.best, 0, raw)
+
+
 def test_an_export_of_the_earlier_format_still_runs_in_the_client():
     """tests/data/export-format-5: a tiny model exported by the release before the normalisation moved
     into the model (its metadata holds the mean and std, the client normalises): it loads, gives the logits

@@ -55,7 +55,7 @@ def augment_features(
     batch, time, n_input = shape[0], shape[1], shape[2]
     freq_seed, time_seed, noise_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 3))
     real = tf.sequence_mask(lengths, time)[:, :, None]
-    mean, scale = (0.0, 1.0) if stats is None else (tf.constant(a) for a in stats.arrays())
+    mean, scale = (0.0, 1.0) if stats is None else (tf.constant(a, features.dtype) for a in stats.arrays())
     masked = tf.zeros_like(features, tf.bool)
     if settings.freq_masks:
         freq = _masks(freq_seed, settings.freq_masks, min(settings.freq_mask_max, 10**6), n_input, batch)

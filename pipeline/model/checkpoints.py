@@ -12,7 +12,7 @@ import tensorflow as tf
 from pipeline.config import Config
 from pipeline.model import build_model, model_family
 from pipeline.model.heads import task_weight_names
-from pipeline.model.normalization import is_normalization_weight, normalization_of
+from pipeline.model.normalization import NAME, is_normalization_weight, normalization_of
 from pipeline.model.weights import named_weights
 from pipeline.workdir import TrainRun, init_digest
 
@@ -74,7 +74,14 @@ def shape_differences(prefix: str, model, names: dict[str, str] | None = None) -
             differences.append(f"{name}: missing from the checkpoint")
         elif list(stored[key]) != list(variable.shape):
             differences.append(f"{name}: checkpoint {list(stored[key])} vs model {list(variable.shape)}")
+    if normalization_of(model) is None and _normalizes(stored):  # its statistics would be left unread
+        differences.append("feature_normalization: in the checkpoint, not in the model")
     return differences
+
+
+def _normalizes(stored_keys) -> bool:
+    """Whether a checkpoint's variable names hold a feature normalisation layer's weights."""
+    return any(NAME in key.split("/")[1].split(".") for key in stored_keys if key.startswith("weights/"))
 
 
 def check_geometry(prefix: str, model, directory: str | Path, names: dict[str, str] | None = None) -> None:
@@ -102,7 +109,7 @@ def warm_start(
     (``features.normalize: global``): it keeps the statistics of the new run's training set, whatever the
     source normalised with (a run of the earlier layout holds none); a model the family imports was
     trained on raw features, so the family folds those statistics into its weights
-    (``ModelFamily.fold_normalization``).
+    (``ModelFamily.fold_normalization``). A checkpoint that normalises is refused by a model that does not.
     """
     family = model_family(model.model_config.architecture)
     try:
@@ -111,6 +118,11 @@ def warm_start(
         raise CheckpointMismatchError(f"training.init_from: {str(error).strip(chr(39))}") from None
     if imported is None:
         reader = tf.train.load_checkpoint(resolve_checkpoint(source))
+        if normalization_of(model) is None and _normalizes(reader.get_variable_to_shape_map()):
+            raise CheckpointMismatchError(
+                f"training.init_from: {source} was trained on globally normalised features (its checkpoint "
+                f"holds feature_normalization); set features.normalize: global for the run too"
+            )
 
         def stored(name):
             key = checkpoint_key(name)

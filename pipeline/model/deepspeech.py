@@ -103,6 +103,10 @@ class DeepSpeech(ModelFamily):
 
         kernel = np.asarray(weights["layer_1.kernel"], np.float64)
         window = kernel.shape[0] // len(mean)
+        if window * len(mean) != kernel.shape[0]:
+            raise ValueError(
+                f"layer_1 takes {kernel.shape[0]} values, not windows of {len(mean)} coefficients"
+            )
         scale, shift = np.tile(np.float64(std), window), np.tile(np.float64(mean), window)
         return {
             **weights,
