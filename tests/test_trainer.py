@@ -110,8 +110,9 @@ def test_global_batch_must_split_over_towers(small_config):
 @pytest.mark.parametrize(
     "family, weights",
     [
-        pytest.param("deepspeech", 13, marks=pytest.mark.long),
-        pytest.param("conformer", 66, marks=pytest.mark.long),
+        # the family's weights and the normalisation's mean and std (the sample normalises globally)
+        pytest.param("deepspeech", 15, marks=pytest.mark.long),
+        pytest.param("conformer", 68, marks=pytest.mark.long),
     ],
 )
 def test_two_towers_give_the_same_update_as_one_device(small_config, tmp_path, family, weights):
@@ -638,7 +639,7 @@ def test_a_run_moved_to_other_towers_with_the_same_global_batch_resumes_exactly(
     restored = [line for line in log.splitlines() if "Restored" in line]
     assert restored and " step 5 " in restored[0], restored
     moved, uninterrupted = np.load(f"{two}.weights.npz"), np.load(f"{clean}.weights.npz")
-    assert len(moved.files) == 13
+    assert len(moved.files) == 15  # DeepSpeech's 13 and the normalisation's mean and std
     # Measured 5e-5 apart after 24 such steps (float32 sums over one tower or two, through Adam);
     # batches out of place (another shuffle_seed: measured 0.048) move them far more.
     difference = max(float(np.max(np.abs(moved[k] - uninterrupted[k]))) for k in moved.files)
