@@ -261,6 +261,14 @@ def parse_metadata(raw: dict, directory: Path, plugins: Iterable[str] = ()) -> E
             f"understands ({FORMAT_VERSION}); update the client"
         )
     features_entry = raw["features"] if isinstance(raw["features"], dict) else {}
+    if raw.get("normalization") not in (None, "global") or (
+        raw.get("normalization") and features_entry.get("normalize") is not False
+    ):
+        raise ExportError(
+            f'{source}: normalization: expected "global" (the graph normalises; features.normalize '
+            f"then false) or none, got {raw.get('normalization')!r} with features.normalize "
+            f"{features_entry.get('normalize')!r}"
+        )
     if raw["format_version"] >= 6 and features_entry.get("normalize") == "global":
         # Format 6 normalises in the graph (``normalization``): statistics here would be applied twice.
         raise ExportError(

@@ -190,6 +190,12 @@ def test_global_statistics_in_a_format_6_metadata_are_refused(tmp_path, capsys):
         ["--model", str(write_export(tmp_path / "bare", bare)), "--audio", "x.wav"], capsys
     )
     assert "normalize: global is format 5's" in error, error  # not "the mean and std are missing"
+    for normalization, normalize in (("yes", False), ("global", True)):
+        odd = _set(_set(valid_metadata(), "normalization", normalization), "features.normalize", normalize)
+        error = _one_line_error(
+            ["--model", str(write_export(tmp_path / f"odd-{normalization}", odd)), "--audio", "x"], capsys
+        )
+        assert 'normalization: expected "global" (the graph normalises' in error, error
 
 
 def test_a_deepspeech_front_end_of_three_million_channels_is_refused(tmp_path, capsys):

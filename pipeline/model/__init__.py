@@ -23,14 +23,16 @@ def model_family(name: str) -> ModelFamily:
     return found
 
 
-def build_model(config, n_input: int, n_classes: int, precision: str = "float32", normalized: bool = False):
+def build_model(
+    config, n_input: int, n_classes: int, precision: str = "float32", normalized: bool = False, stats=None
+):
     """The training model of ``config`` (a ``ModelConfig``) with its weights made (deterministic per
     ``random_seed``); ``precision`` is a Keras dtype policy, the variables stay float32. ``normalized``
-    (``features.normalize: global``): with the feature normalisation layer (``normalization.py``), the
-    identity until its statistics are set or restored."""
+    (``features.normalize: global``): with the feature normalisation layer (``normalization.py``), holding
+    ``stats`` (a ``GlobalStats``), else the identity until its statistics are set or restored."""
     model = model_family(config.architecture).build(config, n_input, n_classes, precision)
     if normalized:
         from pipeline.model.normalization import add_normalization
 
-        add_normalization(model, n_input)
+        add_normalization(model, n_input, stats)
     return model

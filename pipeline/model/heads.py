@@ -52,6 +52,7 @@ class MultiTaskModel(keras.Model):
         n_classes: tuple[int, ...],
         precision: str = "float32",
         normalized: bool = False,
+        stats=None,
         **kwargs,
     ):
         super().__init__(dtype=precision, **kwargs)
@@ -67,7 +68,7 @@ class MultiTaskModel(keras.Model):
         self.objective = model_objective(config.objective)
         count = len(n_classes) if sharing == "separate" else 1
         self.networks = [
-            build_model(config, n_input, n_classes[i], precision, normalized) for i in range(count)
+            build_model(config, n_input, n_classes[i], precision, normalized, stats) for i in range(count)
         ]
         self.extra_heads = []
         if sharing == "heads":

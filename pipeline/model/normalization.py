@@ -28,14 +28,21 @@ class FeatureNormalization(keras.layers.Layer):
     """``(x - mean) / std`` over the last axis of any input (frames or context windows), float32; an
     all-zero frame stays zero."""
 
-    def __init__(self, n_input: int, **kwargs):
+    def __init__(self, n_input: int, stats: GlobalStats | None = None, **kwargs):
         super().__init__(name=NAME, dtype="float32", trainable=False, **kwargs)
         self.n_input = int(n_input)
+        self.stats = stats
 
     def build(self, input_shape=None):
-        """The two weights: the identity (mean 0, deviation 1) until ``set_statistics`` fills them."""
-        self.mean = self.add_weight(shape=(self.n_input,), initializer="zeros", trainable=False, name="mean")
-        self.std = self.add_weight(shape=(self.n_input,), initializer="ones", trainable=False, name="std")
+        """The two weights, made holding ``stats`` (a strategy of several workers then sends every worker
+        the chief's), else the identity (mean 0, deviation 1) until ``set_statistics`` or a restore."""
+        mean, std = ("zeros", "ones") if self.stats is None else self.stats.arrays()
+        if self.stats is not None:
+            if mean.shape != (self.n_input,):
+                raise ValueError(f"statistics of {mean.shape[0]} coefficients for a model of {self.n_input}")
+            mean, std = keras.initializers.Constant(mean), keras.initializers.Constant(std)
+        self.mean = self.add_weight(shape=(self.n_input,), initializer=mean, trainable=False, name="mean")
+        self.std = self.add_weight(shape=(self.n_input,), initializer=std, trainable=False, name="std")
 
     def call(self, features):
         """The normalised features, padding frames left at zero."""
@@ -44,14 +51,14 @@ class FeatureNormalization(keras.layers.Layer):
         return tf.where(padding, tf.zeros_like(features), (features - self.mean) / self.std)
 
 
-def add_normalization(model, n_input: int):
-    """Give ``model`` (a family's built Keras model) its normalisation layer, the identity until
-    ``set_statistics``; returns the model."""
+def add_normalization(model, n_input: int, stats: GlobalStats | None = None):
+    """Give ``model`` (a family's built Keras model) its normalisation layer, holding ``stats`` (else the
+    identity until ``set_statistics`` or a restore); returns the model."""
     # Keras locks a built model's state; the layer is the pipeline's, added after the family built its
     # model, so the family contract does not change. Built inside the model's name scope, its weights are
     # named ``feature_normalization.mean`` and ``.std`` like the model's own.
     with keras.name_scope(model.name, caller=model):
-        layer = FeatureNormalization(n_input)
+        layer = FeatureNormalization(n_input, stats)
         layer.build()
     model._tracker.unlock()
     try:
@@ -87,6 +94,13 @@ def normalization_of(model) -> tuple | None:
     first network's: every network holds the same), None for a model without one."""
     layer = getattr(getattr(model, "networks", [model])[0], NAME, None)
     return None if layer is None else (layer.mean.numpy(), layer.std.numpy())
+
+
+def model_statistics(model) -> GlobalStats | None:
+    """The statistics ``model``'s normalisation layer holds (after a restore, the checkpoint's), None for a
+    model without one."""
+    found = normalization_of(model)
+    return None if found is None else GlobalStats(*(tuple(float(v) for v in a) for a in found))
 
 
 def is_normalization_weight(name: str) -> bool:

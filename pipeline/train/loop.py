@@ -30,6 +30,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from pipeline.config import Config
+from pipeline.model.normalization import model_statistics
 from pipeline.reports import TrainReport
 from pipeline.train.agreement import chiefs_verdict
 from pipeline.train.checkpointing import BatchPlan, RunCheckpoints, TrainingError
@@ -382,6 +383,7 @@ class Trainer:
         # One iterator for the whole run: re-creating distributed datasets every epoch stalled
         # for up to a minute at each epoch boundary (tearing down the previous iterator).
         where = str(self.run.checkpoints)
+        self.inputs.stats = model_statistics(self.model)  # augmentation's scale: what the model normalises by
         self.inputs.start(int(self.state.epoch.numpy()), int(self.state.step_in_epoch.numpy()), target, where)
         while not self._run_over(target):
             epoch = int(self.state.epoch.numpy())

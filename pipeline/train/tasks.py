@@ -40,7 +40,6 @@ from pipeline.features.cache import CacheIndex, damage_in
 from pipeline.features.cmvn import train_statistics
 from pipeline.model import build_model
 from pipeline.model.heads import MultiTaskModel, OneTask
-from pipeline.model.normalization import set_statistics
 from pipeline.train.checkpointing import TrainingError
 
 # Seeds of the tasks' batch orders: task i goes round its plan in the order of shuffle_seed + i * this.
@@ -136,22 +135,20 @@ def task_model(
 ) -> tuple[keras.Model, object]:
     """(the Keras model of ``tasks``, built in the caller's strategy scope; its view for the step and the
     dev forward passes: ``forward(index, ...)``, ``task_variables``, ``family``, ``objective``). With
-    ``features.normalize: global`` its normalisation layer holds ``stats`` (``input_statistics``); a
-    restored checkpoint overwrites them with its own."""
+    ``features.normalize: global`` its normalisation layer is made holding ``stats`` (``input_statistics``;
+    in a multi-worker run the chief's, as every variable's first value); a restored checkpoint overwrites
+    them with its own."""
     precision, n_input = config.training.precision, tasks[0].train.n_input
     normalized = config.features.normalize == "global"
+    stats = (stats or input_statistics(config, tasks)) if normalized else None
     if not config.tasks:
-        model = build_model(config.model, n_input, tasks[0].alphabet.n_classes, precision, normalized)
-        view = OneTask(model)
-    else:
-        names, classes = tuple(t.name for t in tasks), tuple(t.alphabet.n_classes for t in tasks)
-        model = MultiTaskModel(
-            config.model, config.multitask.sharing, names, n_input, classes, precision, normalized
-        )
-        view = model
-    if normalized:
-        set_statistics(model, stats or input_statistics(config, tasks))
-    return model, view
+        model = build_model(config.model, n_input, tasks[0].alphabet.n_classes, precision, normalized, stats)
+        return model, OneTask(model)
+    names, classes = tuple(t.name for t in tasks), tuple(t.alphabet.n_classes for t in tasks)
+    model = MultiTaskModel(
+        config.model, config.multitask.sharing, names, n_input, classes, precision, normalized, stats
+    )
+    return model, model
 
 
 def global_batch_size(config: Config, towers: int) -> tuple[int, int]:
@@ -176,7 +173,8 @@ class TaskInputs:
         self, config: Config, tasks: list[TaskData], strategy: tf.distribute.Strategy, global_batch: int
     ):
         self.config, self.tasks, self.strategy = config, tasks, strategy
-        self.stats = input_statistics(config, tasks)  # what the model normalises with, and augmentation
+        # The model's first statistics; augmentation's are the model's as it starts (a checkpoint's).
+        self.stats = input_statistics(config, tasks)
         self.several = bool(config.tasks)
         mean_weight = sum(task.weight for task in tasks) / len(tasks)
         self.factors = [task.weight / mean_weight for task in tasks]  # the tasks' loss factors
