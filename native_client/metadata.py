@@ -262,7 +262,7 @@ def parse_metadata(raw: dict, directory: Path, plugins: Iterable[str] = ()) -> E
         )
     features_entry = raw["features"] if isinstance(raw["features"], dict) else {}
     if raw.get("normalization") not in (None, "global") or (
-        raw.get("normalization") and features_entry.get("normalize") is not False
+        raw.get("normalization") and features_entry.get("normalize", False) is not False
     ):
         raise ExportError(
             f'{source}: normalization: expected "global" (the graph normalises; features.normalize '

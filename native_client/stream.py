@@ -215,7 +215,8 @@ class Utterance:
     the rest ready (zero-padded). Exports with per-utterance normalisation need the whole utterance's
     statistics, and a model without a streaming form runs once over all of it: nothing is ready before
     ``finish`` (``rerun`` gives the chunks of the audio so far, for a partial result from a zero state).
-    Global normalisation (``normalize: global``) is applied to each frame as it comes: incremental.
+    Global normalisation is the graph's (format 6), or for a format 5 export applied to each frame as it
+    comes: incremental either way.
     """
 
     def __init__(self, runner: StepRunner):
@@ -343,8 +344,8 @@ class Stream:
     ``finish`` once: an ``Utterance`` whose chunks run on one runner as they are ready, and decoders.
 
     Without per-utterance normalisation the model runs as audio arrives, ``n_steps`` time
-    steps at a time, carrying the recurrent state (``normalize: global`` normalises each frame with the
-    training set's statistics as it comes, so it streams too). With per-utterance normalisation
+    steps at a time, carrying the recurrent state (global normalisation is done frame by frame, by the
+    graph or for a format 5 export by the client, so it streams too). With per-utterance normalisation
     (``features.normalize: true`` in the export), features need the whole utterance's statistics: the
     stream keeps the frames and runs the
     model when a transcript is asked for, normalising with the statistics so far; ``finish``

@@ -31,16 +31,14 @@ class FeatureNormalization(keras.layers.Layer):
     def __init__(self, n_input: int, stats: GlobalStats | None = None, **kwargs):
         super().__init__(name=NAME, dtype="float32", trainable=False, **kwargs)
         self.n_input = int(n_input)
-        self.stats = stats
+        self.initial_stats = stats  # the weights' first values only: a restore replaces them
 
     def build(self, input_shape=None):
         """The two weights, made holding ``stats`` (a strategy of several workers then sends every worker
         the chief's), else the identity (mean 0, deviation 1) until ``set_statistics`` or a restore."""
-        mean, std = ("zeros", "ones") if self.stats is None else self.stats.arrays()
-        if self.stats is not None:
-            if mean.shape != (self.n_input,):
-                raise ValueError(f"statistics of {mean.shape[0]} coefficients for a model of {self.n_input}")
-            mean, std = keras.initializers.Constant(mean), keras.initializers.Constant(std)
+        mean, std = ("zeros", "ones") if self.initial_stats is None else self.initial_stats.arrays()
+        if self.initial_stats is not None and mean.shape != (self.n_input,):
+            raise ValueError(f"statistics of {mean.shape[0]} coefficients for a model of {self.n_input}")
         self.mean = self.add_weight(shape=(self.n_input,), initializer=mean, trainable=False, name="mean")
         self.std = self.add_weight(shape=(self.n_input,), initializer=std, trainable=False, name="std")
 
