@@ -203,9 +203,9 @@ def child_run(spec: dict, args) -> int:
     """The child's run: train ``spec`` through the Train stage, print ``RUN`` and its row."""
     import tensorflow as tf
 
-    from pipeline.features.cache import read_cache
     from pipeline.layout import Layout
     from pipeline.stages.features import features_stage
+    from pipeline.stages.outputs import split_cache
     from pipeline.stages.train import train_stage
     from pipeline.train.hooks import TrainHooks
 
@@ -217,7 +217,7 @@ def child_run(spec: dict, args) -> int:
     for split in ("train", "dev"):
         features_stage(layout, split)
     # Enough epochs of the (small) training split for the steps asked for; epochs is in no fingerprint.
-    train = read_cache(layout.features_cache("train"), config.features)
+    train = split_cache(layout, "train")
     per_epoch = -(-len(train) // (config.training.batch_size * spec["towers"]))
     epochs = -(-args.steps // per_epoch)
     config = run_config(

@@ -36,9 +36,9 @@ import numpy as np
 from pipeline.batches.buckets import shape_grid
 from pipeline.batches.dataset import SplitReader, batch_plan, train_dataset
 from pipeline.config_loader import load_config
-from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
 from pipeline.stages.features import features_stage
+from pipeline.stages.outputs import split_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 ANCHORS = {"h100_tf32": 4183.0, "h100_bf16": 8933.0}  # audio s/s of one H100 (the figures)
@@ -75,7 +75,7 @@ def sample_split(work: Path):
     layout = Layout(load_config(ROOT / "configs" / "sample.yaml", {"paths": {"work_dir": str(work)}}))
     if not layout.features_cache("train").exists():
         features_stage(layout, "train")
-    return layout.config, read_cache(layout.features_cache("train"), layout.config.features)
+    return layout.config, split_cache(layout, "train")
 
 
 def needed(bytes_per_audio_s: float) -> dict:

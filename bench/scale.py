@@ -148,9 +148,9 @@ def stage_train(manifest: Path, work: Path, steps: int) -> dict:
 
     from native_client.alphabet import load_alphabet
     from pipeline.batches.dataset import epoch_batches
-    from pipeline.features.cache import read_cache
     from pipeline.layout import Layout
     from pipeline.model.weights import named_weights
+    from pipeline.stages.outputs import split_cache
     from pipeline.train.distribute import make_strategy
     from pipeline.train.hooks import StepInfo, TrainHooks
     from pipeline.train.loop import Trainer
@@ -158,7 +158,7 @@ def stage_train(manifest: Path, work: Path, steps: int) -> dict:
 
     config = _config(manifest, work)
     layout = Layout(config)
-    data = read_cache(layout.features_cache("train"), config.features)
+    data = split_cache(layout, "train")
     marks: list[float] = []
 
     def on_step(info: StepInfo) -> None:

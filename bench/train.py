@@ -37,7 +37,7 @@ import tensorflow as tf
 from native_client.alphabet import load_alphabet
 from pipeline.batches.dataset import SplitReader, batch_plan, train_dataset
 from pipeline.config_loader import load_config
-from pipeline.features.cache import CacheIndex, FeatureReader, read_cache
+from pipeline.features.cache import CacheIndex, FeatureReader
 from pipeline.features.cmvn import train_statistics
 from pipeline.features.frontend import feature_pipeline
 from pipeline.layout import Layout
@@ -45,6 +45,7 @@ from pipeline.model import build_model
 from pipeline.model.ctc import KERNEL, ctc_loss
 from pipeline.model.normalization import normalized, set_statistics
 from pipeline.stages.features import features_stage
+from pipeline.stages.outputs import split_cache as stage_split_cache
 from pipeline.train.distribute import make_strategy
 from pipeline.train.hooks import TrainHooks
 from pipeline.train.loop import Trainer
@@ -213,7 +214,7 @@ def split_cache(config) -> CacheIndex:
     """The train split's features of ``config``, built into its work dir."""
     layout = Layout(config)
     features_stage(layout, "train")
-    return read_cache(layout.features_cache("train"), config.features)
+    return stage_split_cache(layout, "train")
 
 
 def main(argv=None) -> int:

@@ -112,13 +112,14 @@ def warm_start(
     (``ModelFamily.fold_normalization``). A checkpoint that normalises is refused by a model that does not.
     """
     family = model_family(model.model_config.architecture)
+    own = normalization_of(model)  # the run's statistics, with features.normalize: global
     try:
         imported = family.import_weights(Path(source), config, alphabet)
     except (ValueError, KeyError) as error:
         raise CheckpointMismatchError(f"training.init_from: {str(error).strip(chr(39))}") from None
     if imported is None:
         reader = tf.train.load_checkpoint(resolve_checkpoint(source))
-        if normalization_of(model) is None and _normalizes(reader.get_variable_to_shape_map()):
+        if own is None and _normalizes(reader.get_variable_to_shape_map()):
             raise CheckpointMismatchError(
                 f"training.init_from: {source} was trained on globally normalised features (its checkpoint "
                 f"holds feature_normalization); set features.normalize: global for the run too"
@@ -128,9 +129,9 @@ def warm_start(
             key = checkpoint_key(name)
             return reader.get_tensor(key) if reader.has_tensor(key) else None
     else:
-        if normalization_of(model) is not None:  # trained on raw features: fold the run's statistics in
+        if own is not None:  # trained on raw features: fold the run's statistics in
             try:
-                imported = family.fold_normalization(imported, *normalization_of(model))
+                imported = family.fold_normalization(imported, *own)
             except ValueError as error:
                 raise CheckpointMismatchError(f"training.init_from: {source}: {error}") from None
         stored = imported.get

@@ -76,7 +76,7 @@ def set_statistics(model, stats: GlobalStats) -> None:
     """Fill ``model``'s normalisation layer (every network's, in a multi-task model) with ``stats``, the
     standard deviation floored (``GlobalStats.arrays``). ValueError for a model without the layer or
     statistics of another width."""
-    layers = [getattr(network, NAME, None) for network in getattr(model, "networks", [model])]
+    layers = _layers(model)
     if not layers or None in layers:
         raise ValueError("the model has no feature normalisation layer (features.normalize is not global)")
     mean, std = stats.arrays()
@@ -90,7 +90,7 @@ def set_statistics(model, stats: GlobalStats) -> None:
 def normalization_of(model) -> tuple | None:
     """(mean, standard deviation) float32 arrays of ``model``'s normalisation layer (a multi-task model's
     first network's: every network holds the same), None for a model without one."""
-    layer = getattr(getattr(model, "networks", [model])[0], NAME, None)
+    layer = _layers(model)[0]
     return None if layer is None else (layer.mean.numpy(), layer.std.numpy())
 
 
@@ -99,6 +99,12 @@ def model_statistics(model) -> GlobalStats | None:
     model without one."""
     found = normalization_of(model)
     return None if found is None else GlobalStats(*(tuple(float(v) for v in a) for a in found))
+
+
+def _layers(model) -> list:
+    """The normalisation layer of each network of ``model`` (one, or a multi-task model's), None where
+    a network has none."""
+    return [getattr(network, NAME, None) for network in getattr(model, "networks", [model])]
 
 
 def is_normalization_weight(name: str) -> bool:

@@ -24,7 +24,6 @@ from pipeline.evaluation.metrics import (
     score_sample,
 )
 from pipeline.evaluation.run import model_forward, run_split
-from pipeline.features.cache import read_cache
 from pipeline.files import atomic_path, remove_leftovers, write_text_atomic
 from pipeline.layout import Layout
 from pipeline.lm.files import lm_built, verify_lm_files
@@ -33,6 +32,7 @@ from pipeline.model import model_family
 from pipeline.model.averaging import Averaging, stage_model
 from pipeline.model.labels import model_alphabet
 from pipeline.reports import EvaluationReport, TrainReport, read_report, write_report
+from pipeline.stages.outputs import split_cache
 from pipeline.workdir import LEFTOVER_PATTERNS
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def evaluate_stage(
     greedy pass, the full-context pass and the beam decoding, utterance by utterance."""
     out_dir = Path(out_dir or layout.evaluate_dir)
     alphabet = model_alphabet(layout.config, layout.alphabet)
-    test_data = read_cache(layout.features_cache("test"), layout.config.features)
+    test_data = split_cache(layout, "test")
     beam = beam or (beam is None and lm_built(layout.lm))
     if beam:
         verify_lm_files(layout.lm, deep=True)  # before the greedy pass, not after it
@@ -141,7 +141,7 @@ def _average_on_dev(layout, model, alphabet, averaging: Averaging, report, text)
     config = layout.config
     dev = None
     if config.has_split("dev"):
-        data = read_cache(layout.features_cache("dev"), layout.config.features)
+        data = split_cache(layout, "dev")
         results = run_split(
             model,
             data,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pipeline.config import Config
 from pipeline.dag import upstream
+from pipeline.features.cache import CacheIndex, read_cache
 from pipeline.layout import Layout
 from pipeline.locks import lock_path
 from pipeline.workdir import (
@@ -33,6 +34,12 @@ from pipeline.workdir import (
 STAGE_DIRS = (IMPORT_DIR, PHONEMES_DIR, ALPHABET_DIR, FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR)
 # Path keys that name where the pipeline writes, not what it reads.
 _OUTPUT_KEYS = {("paths", "work_dir"), ("paths", "export_dir")}
+
+
+def split_cache(layout: Layout, split: str) -> CacheIndex:
+    """The index of ``split``'s feature cache as a stage reads it (``read_cache``: its settings checked
+    against the config's)."""
+    return read_cache(layout.features_cache(split), layout.config.features)
 
 
 def node_outputs(layout: Layout, name: str, params: dict) -> list[Path]:

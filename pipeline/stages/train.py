@@ -9,12 +9,12 @@ import tensorflow as tf
 import yaml
 
 from pipeline.config_loader import config_to_dict
-from pipeline.features.cache import read_cache
 from pipeline.files import write_text_atomic
 from pipeline.layout import Layout
 from pipeline.locks import stage_lock
 from pipeline.model.labels import model_alphabet
 from pipeline.reports import TrainReport, write_report
+from pipeline.stages.outputs import split_cache
 from pipeline.train.determinism import deterministic_ops
 from pipeline.train.distribute import DistributionError, configure_devices, make_strategy, training_role
 from pipeline.train.hooks import TrainHooks
@@ -91,8 +91,8 @@ def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks |
 def _splits(layout: Layout):
     """(the train split's cache index, the dev split's or None without a dev split) of ``layout``."""
     config = layout.config
-    train = read_cache(layout.features_cache("train"), config.features)
-    dev = read_cache(layout.features_cache("dev"), config.features) if config.has_split("dev") else None
+    train = split_cache(layout, "train")
+    dev = split_cache(layout, "dev") if config.has_split("dev") else None
     return train, dev
 
 

@@ -14,7 +14,6 @@ from pipeline.decode.settings import configured_settings, decode_pool, decoder_s
 from pipeline.evaluation.logits_store import LogitsStore
 from pipeline.evaluation.metrics import corpus_rates, headline_metric
 from pipeline.evaluation.run import run_split
-from pipeline.features.cache import read_cache
 from pipeline.files import remove_leftovers
 from pipeline.layout import Layout
 from pipeline.lm.files import verify_lm_files
@@ -22,6 +21,7 @@ from pipeline.locks import stage_lock
 from pipeline.model.averaging import stage_model
 from pipeline.model.labels import model_alphabet
 from pipeline.reports import TunedPair, TuneReport, write_report
+from pipeline.stages.outputs import split_cache
 from pipeline.workdir import LEFTOVER_PATTERNS
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def tune_stage(
     Writes ``tune.json`` (default: the fingerprinted TuneDecoder directory's) with the best pair and
     every trial."""
     alphabet = model_alphabet(layout.config, layout.alphabet)
-    dev = read_cache(layout.features_cache("dev"), layout.config.features)
+    dev = split_cache(layout, "dev")
     verify_lm_files(layout.lm, deep=True)  # before the greedy pass, not after it
     with stage_lock(layout.tune_dir):
         # Every TuneDecoder writing here holds this lock: the scratch files found now are dead.

@@ -115,7 +115,7 @@ class Trainer:
         self.steps_per_epoch, self.plan_digest = self.inputs.steps_per_epoch, self.inputs.digest
         training = config.training
         with strategy.scope():
-            self.model, view = task_model(config, self.tasks, self.inputs.stats)
+            self.model, view = task_model(config, self.tasks)
             self.optimizer, self.step_optimizer, loss_scale = optimizers(
                 training, self.model.trainable_variables
             )
@@ -382,9 +382,10 @@ class Trainer:
         asked, agreed = None, False
         # One iterator for the whole run: re-creating distributed datasets every epoch stalled
         # for up to a minute at each epoch boundary (tearing down the previous iterator).
-        where = str(self.run.checkpoints)
-        self.inputs.stats = model_statistics(self.model)  # augmentation's scale: what the model normalises by
-        self.inputs.start(int(self.state.epoch.numpy()), int(self.state.step_in_epoch.numpy()), target, where)
+        where, stats = str(self.run.checkpoints), model_statistics(self.model)  # a checkpoint's, if restored
+        self.inputs.start(
+            int(self.state.epoch.numpy()), int(self.state.step_in_epoch.numpy()), target, where, stats
+        )
         while not self._run_over(target):
             epoch = int(self.state.epoch.numpy())
             self._train_step.start(epoch, int(self.state.step_in_epoch.numpy()))

@@ -130,17 +130,15 @@ def input_statistics(config: Config, tasks: list[TaskData]) -> GlobalStats | Non
     return train_statistics([task.train.path for task in tasks])
 
 
-def task_model(
-    config: Config, tasks: list[TaskData], stats: GlobalStats | None = None
-) -> tuple[keras.Model, object]:
+def task_model(config: Config, tasks: list[TaskData]) -> tuple[keras.Model, object]:
     """(the Keras model of ``tasks``, built in the caller's strategy scope; its view for the step and the
     dev forward passes: ``forward(index, ...)``, ``task_variables``, ``family``, ``objective``). With
-    ``features.normalize: global`` its normalisation layer is made holding ``stats`` (``input_statistics``;
-    in a multi-worker run the chief's, as every variable's first value); a restored checkpoint overwrites
-    them with its own."""
+    ``features.normalize: global`` its normalisation layer is made holding ``input_statistics`` (in a
+    multi-worker run the chief's, as every variable's first value); a restored checkpoint overwrites them
+    with its own."""
     precision, n_input = config.training.precision, tasks[0].train.n_input
     normalized = config.features.normalize == "global"
-    stats = (stats or input_statistics(config, tasks)) if normalized else None
+    stats = input_statistics(config, tasks)
     if not config.tasks:
         model = build_model(config.model, n_input, tasks[0].alphabet.n_classes, precision, normalized, stats)
         return model, OneTask(model)
@@ -173,8 +171,6 @@ class TaskInputs:
         self, config: Config, tasks: list[TaskData], strategy: tf.distribute.Strategy, global_batch: int
     ):
         self.config, self.tasks, self.strategy = config, tasks, strategy
-        # The model's first statistics; augmentation's are the model's as it starts (a checkpoint's).
-        self.stats = input_statistics(config, tasks)
         self.several = bool(config.tasks)
         mean_weight = sum(task.weight for task in tasks) / len(tasks)
         self.factors = [task.weight / mean_weight for task in tasks]  # the tasks' loss factors
@@ -234,10 +230,11 @@ class TaskInputs:
     def _per_epoch(self, index: int) -> int:
         return task_batches_per_epoch(self.sampling, self.sizes, index)
 
-    def start(self, epoch: int, step: int, target: int, where: str) -> None:
+    def start(self, epoch: int, step: int, target: int, where: str, stats: GlobalStats | None = None) -> None:
         """Open every task's batches from the run's position (``step`` of ``epoch``) to as far as epoch
-        ``target`` reaches. Several tasks' checkpointed positions must be where that position puts them,
-        else the checkpoint (``where``) is of another plan (TrainingError)."""
+        ``target`` reaches; ``stats``: what the model normalises with (``features.normalize: global``),
+        the scale of the augmentation. Several tasks' checkpointed positions must be where that position
+        puts them, else the checkpoint (``where``) is of another plan (TrainingError)."""
         expected = np.array([epoch * self._per_epoch(i) for i in range(len(self.tasks))])
         for tasks in self.epoch_tasks(epoch)[:step]:
             expected[list(tasks)] += 1
@@ -250,11 +247,12 @@ class TaskInputs:
                 f"epoch {epoch + 1}, step {step} puts them ({expected.tolist()}): the checkpoint is of "
                 f"another batch plan; delete the run (make rerun STAGE=Train) to start again"
             )
-        self._datasets = [self._dataset(index, target) for index in range(len(self.tasks))]
+        self._datasets = [self._dataset(index, target, stats) for index in range(len(self.tasks))]
         self._iterators = [iter(dataset) for dataset in self._datasets]
 
-    def _dataset(self, index: int, target: int):
-        """Task ``index``'s distributed batches from its position to as far as epoch ``target`` reaches."""
+    def _dataset(self, index: int, target: int, stats: GlobalStats | None):
+        """Task ``index``'s distributed batches from its position to as far as epoch ``target`` reaches,
+        augmented in the scale of ``stats`` (``start``)."""
         reader, plan, towers = self.readers[index], self.plans[index], self.towers
         rounds, start = divmod(int(self.positions[index].numpy()), len(plan))
         # Through the round that holds draw target * per-epoch - 1; nothing when none is left to draw.
@@ -266,7 +264,7 @@ class TaskInputs:
             local = context.num_replicas_in_sync // context.num_input_pipelines
             offset = context.input_pipeline_id * local
             return train_dataset(
-                reader, plan, towers, offset, local, rounds, start, end, seed, augment, accumulate, self.stats
+                reader, plan, towers, offset, local, rounds, start, end, seed, augment, accumulate, stats
             )
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
