@@ -1,17 +1,17 @@
-"""The DAG, declared once: each stage's upstream stages. Its config keys are tagged in the schema.
+"""The DAG's vocabulary, and the DAG itself found from the stages' own declarations.
 
-A stage's fingerprint (``pipeline.layout.Layout.fingerprint``) hashes the config
-keys whose ``stages`` tag names it (``pipeline.config``: ``_opt(..., stages=...)``),
-the digests of the input files among them, the few values the layout resolves
-for it from the config and the data (``pipeline.fingerprints.derived_inputs``: a corpus's files, a
-family's output stride; never what the machine has: tools on PATH, their
-versions, the clock), and the fingerprints of the stages ``upstream`` lists;
-the Luigi tasks' ``requires()`` come from the same ``upstream``
-(``tasks.base``). So a stage's dependencies are written in one place, and
-neither the tasks nor the layout repeat them.
+Each stage declares itself once, in its own module: ``pipeline/stages/<module>.py`` has a ``STAGE``
+(a ``Stage``: its name, which is the tag its config keys carry, its parameters, the stages whose
+outputs it reads, whether a config's pipeline has an instance, what its result depends on beyond
+config keys), beside the stage function; ``tasks/<module>.py`` has the Luigi task that runs it.
+``stages()`` finds the declarations by reading ``pipeline/stages`` (as families and front ends are
+found by name), so no list of stages is kept anywhere else.
 
-To add a stage: a function in ``pipeline/stages/<name>.py``, an entry here, the
-``stages`` tag on the keys it reads, a thin task in ``tasks/`` naming it.
+A stage's fingerprint (``pipeline.layout.Layout.fingerprint``) hashes the config keys whose
+``stages`` tag names it (``pipeline.config``), what its declaration ``derived`` resolves (never what
+the machine has: tools on PATH, their versions, the clock) and the fingerprints of the instances its
+``upstream`` lists; the Luigi tasks' ``requires()`` come from the same ``upstream`` (``tasks.base``).
+What re-runs a stage is therefore its tagged keys and its declaration, nothing else.
 
 A multi-task config (``multitask.tasks``) has an instance of each stage that depends on one task per
 task (the ``task`` parameter: ``--task fr``) and one Train over all of them; the instance's config keys
@@ -21,12 +21,24 @@ follows, never en's. A single-task config's instances have no task.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+from native_client.plugins import builtin_names
 from pipeline.config import Config
 
+if TYPE_CHECKING:
+    from pipeline.fingerprints import FingerprintInputs
+    from pipeline.layout import Layout
+
 SPLITS = ("train", "dev", "test")
+# Where the stages declare themselves: a module of this package with a STAGE.
+STAGE_PACKAGE = "pipeline.stages"
 
 # (stage name, its parameters) of one stage instance: ("features", {"split": "dev"})
 Node = tuple[str, dict]
@@ -34,19 +46,48 @@ Node = tuple[str, dict]
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of the DAG: its name (the tag its config keys carry), the task that runs it, its
-    parameters, the stages whose outputs it reads, the task that runs all its instances, and whether a
-    config's pipeline has an instance."""
+    """One stage of the DAG, as its module declares it (``STAGE``)."""
 
-    name: str
-    task: str  # the Luigi task that runs it (tasks/)
+    name: str  # the tag its config keys carry (``stages=("train",)``), and its node name
+    task: str  # the Luigi task that runs it: a class of ``tasks/<module>.py`` of that name
     params: tuple[str, ...] = ()
+    # The stage instances an instance reads: its fingerprint's inputs and its Luigi requires().
     upstream: Callable[[Config, dict], list[Node]] = field(default=lambda config, params: [])
     # The Luigi task that runs every instance of a stage with parameters (Features: every split).
     group: str = ""
     # Whether the config's pipeline has this instance: the DAG's roots are the instances it has that no
     # other one reads (``make rerun`` runs them).
     runs: Callable[[Config, dict], bool] = field(default=lambda config, params: True)
+    # What the result depends on beyond the config's tagged keys and the upstream fingerprints, resolved
+    # from the config and the data (an Import's corpus files, the family's output stride), as JSON.
+    derived: Callable[[FingerprintInputs, dict], dict] = field(default=lambda inputs, params: {})
+    # The folder of the work directory its instances write in, which gc walks ("": it writes elsewhere,
+    # as Export does), and the paths an instance writes there, the one its writer locks first.
+    directory: str = ""
+    outputs: Callable[[Layout, dict], list[Path]] = field(default=lambda layout, params: [])
+    module: str = ""  # filled by ``stages()``: the module that declared it
+
+
+@functools.cache
+def stages() -> dict[str, Stage]:
+    """Every stage of the DAG by name: the ``STAGE`` of each module of ``pipeline/stages`` that declares
+    one (read once per process). A stage module imports without TensorFlow: what its function needs
+    that loads it, the function imports."""
+    found: dict[str, Stage] = {}
+    for module in builtin_names(STAGE_PACKAGE, "STAGE"):
+        declared = importlib.import_module(f"{STAGE_PACKAGE}.{module}").STAGE
+        if declared.name in found:
+            raise TypeError(
+                f"{STAGE_PACKAGE}.{module}: stage {declared.name!r} is declared by "
+                f"{found[declared.name].module} too"
+            )
+        found[declared.name] = dataclasses.replace(declared, module=module)
+    return found
+
+
+def stage(name: str) -> Stage:
+    """The declaration of stage ``name``."""
+    return stages()[name]
 
 
 def task_param(params: dict | None) -> dict:
@@ -67,35 +108,30 @@ def shared_alphabet(config: Config) -> bool:
     return bool(config.tasks) and config.multitask.sharing == "shared"
 
 
-def _is_instance(config: Config, params: dict) -> bool:
+def is_instance(config: Config, params: dict) -> bool:
     """Whether an instance's task fits the config: one of its tasks in a multi-task config, none else."""
     task = task_param(params).get("task")
     return task in config.tasks if config.tasks else task is None
 
 
-def _imports(config: Config, params: dict | None = None) -> list[Node]:
-    """The Import of every corpus of the task's ``data.corpora`` (``data.corpora``): the manifests its
-    Features splits and LM text read (none for a phonemes task: see ``_sources``)."""
+def imports_of(config: Config, params: dict | None = None) -> list[Node]:
+    """The Import of every corpus of the task's ``data.corpora``: the manifests its Features splits and
+    LM text read (none for a phonemes task: see ``sources_of``)."""
     view = task_config(config, params)
     if view.phonemes_of:
         return []
     return [("import", {"corpus": corpus.key, **task_param(params)}) for corpus in view.data.corpora]
 
 
-def _sources(config: Config, params: dict | None = None) -> list[Node]:
+def sources_of(config: Config, params: dict | None = None) -> list[Node]:
     """Where the manifests of the instance's task come from: its imports, or for a phonemes task
     (``targets: phonemes``) the Phonemes stage that writes them from its ``of`` task's."""
     if task_config(config, params).phonemes_of:
         return [("phonemes", task_param(params))]
-    return _imports(config, params)
+    return imports_of(config, params)
 
 
-def _phonemes_inputs(config: Config, params: dict) -> list[Node]:
-    """What the Phonemes stage reads: the imports of its ``of`` task."""
-    return _imports(config, {"task": task_config(config, params).phonemes_of})
-
-
-def _alphabet(config: Config, params: dict | None = None) -> list[Node]:
+def alphabet_of(config: Config, params: dict | None = None) -> list[Node]:
     """The Alphabet stage, for the stages that read the alphabet, when it builds it (``paths.alphabet:
     auto``): the task's own, or the one every task shares; a hand-written alphabet is a file their
     fingerprints digest instead."""
@@ -104,187 +140,51 @@ def _alphabet(config: Config, params: dict | None = None) -> list[Node]:
     return [("alphabet", {} if shared_alphabet(config) else task_param(params))]
 
 
-def _alphabet_inputs(config: Config, params: dict) -> list[Node]:
-    """What the Alphabet stage reads: the task's imports; with one shared alphabet, every task's."""
-    if shared_alphabet(config) and not task_param(params):
-        return [node for task in config.tasks for node in _sources(config, {"task": task})]
-    return _sources(config, params)
-
-
-def _alphabet_runs(config: Config, params: dict) -> bool:
-    """Whether the pipeline has this Alphabet instance: the task's alphabet is built (``auto``), by an
-    instance of its own, or by the one without a task that every task shares."""
-    if shared_alphabet(config):
-        return not task_param(params) and config.task_view(config.tasks[0]).alphabet_auto
-    return _is_instance(config, params) and task_config(config, params).alphabet_auto
-
-
-def _train(config: Config, params: dict) -> list[Node]:
-    """The train features, and the dev features when there is a dev split (without one, no validation), and
-    the Alphabet stage when it builds the alphabet: of every task in a multi-task config."""
-    nodes: list[Node] = []
-    for task in config.tasks or ("",):
-        task_params = {"task": task} if task else {}
-        view = task_config(config, task_params)
-        splits = [split for split in ("train", "dev") if split == "train" or view.has_split(split)]
-        nodes += [("features", {"split": split, **task_params}) for split in splits]
-        nodes += [node for node in _alphabet(config, task_params) if node not in nodes]
-    return nodes
-
-
-def _decoding(config: Config, params: dict | None = None) -> list[Node]:
+def decoding_of(config: Config, params: dict | None = None) -> list[Node]:
     """What decoding with the LM needs: the LM, and the tuned weights when ``decoder.tune`` is on."""
     task = task_param(params)
     return [("lm", task)] + ([("tune", task)] if task_config(config, params).decoder.tune else [])
 
 
-def _exported(config: Config, params: dict) -> bool:
+def exported(config: Config, params: dict) -> bool:
     """Whether the pipeline exports the instance's task (``multitask.tasks[].export``)."""
     task = task_param(params).get("task")
     return task is None or config.multitask.task(task).export
 
 
-def _average_dev(config: Config, params: dict | None = None) -> list[Node]:
-    """The dev features, for Evaluate's dev figures of an averaged model (``export.average``): of the
-    instance's task, when it has a dev split."""
-    if not (config.export.average.count and task_config(config, params).has_split("dev")):
-        return []
-    return [("features", {"split": "dev", **task_param(params)})]
-
-
-STAGES: dict[str, Stage] = {
-    stage.name: stage
-    for stage in (
-        Stage(
-            "import",
-            "Import",
-            params=("corpus", "task"),
-            group="Imports",
-            runs=lambda config, params: (
-                _is_instance(config, params)
-                and any(node[1]["corpus"] == params["corpus"] for node in _imports(config, params))
-            ),
-        ),
-        Stage(
-            "phonemes",
-            "Phonemes",
-            params=("task",),
-            upstream=_phonemes_inputs,
-            runs=lambda config, params: (
-                _is_instance(config, params) and bool(task_config(config, params).phonemes_of)
-            ),
-        ),
-        Stage(
-            "alphabet",
-            "Alphabet",
-            params=("task",),
-            upstream=_alphabet_inputs,
-            runs=lambda config, params: _alphabet_runs(config, params),
-        ),
-        Stage(
-            "features",
-            "FeaturesSplit",
-            params=("split", "task"),
-            upstream=lambda config, params: [*_sources(config, params), *_alphabet(config, params)],
-            group="Features",
-            runs=lambda config, params: (
-                _is_instance(config, params)
-                and (params["split"] == "train" or task_config(config, params).has_split(params["split"]))
-            ),
-        ),
-        Stage("train", "Train", upstream=_train),
-        Stage(
-            "lm",
-            "LanguageModel",
-            params=("task",),
-            upstream=lambda config, params: [*_sources(config, params), *_alphabet(config, params)],
-            runs=lambda config, params: _is_instance(config, params),
-        ),
-        Stage(
-            "tune",
-            "TuneDecoder",
-            params=("task",),
-            upstream=lambda config, params: [
-                ("train", {}),
-                ("lm", task_param(params)),
-                ("features", {"split": "dev", **task_param(params)}),
-                *_alphabet(config, params),
-            ],
-            runs=lambda config, params: (
-                _is_instance(config, params) and task_config(config, params).decoder.tune
-            ),
-        ),
-        Stage(
-            "evaluate",
-            "Evaluate",
-            params=("task",),
-            upstream=lambda config, params: [
-                ("train", {}),
-                ("features", {"split": "test", **task_param(params)}),
-                *_average_dev(config, params),
-                *_decoding(config, params),
-                *_alphabet(config, params),
-            ],
-            runs=lambda config, params: _is_instance(config, params),
-        ),
-        Stage(
-            "export",
-            "Export",
-            params=("task",),
-            upstream=lambda config, params: [
-                ("train", {}),
-                *_decoding(config, params),
-                *_alphabet(config, params),
-                *([("evaluate", task_param(params))] if config.export.card.evaluation else []),
-            ],
-            runs=lambda config, params: _is_instance(config, params) and _exported(config, params),
-        ),
-        Stage(
-            "transcribe",
-            "Transcribe",
-            params=("audio", "task"),
-            upstream=lambda config, params: [("export", task_param(params))],
-            runs=lambda config, params: (
-                bool(params["audio"]) and _is_instance(config, params) and _exported(config, params)
-            ),
-        ),
-    )
-}
-
-
-def instances(config: Config, stage: Stage, given: dict) -> list[dict]:
-    """The parameters of every instance of ``stage`` the config's pipeline has (``Stage.runs``) with the
-    values ``given``: a stage with a parameter other than the task only when it is given; a stage that
-    takes a task, for the task given, else for every task of a multi-task config (and without one, where the
-    config's pipeline has that instance)."""
-    values = {p: given.get(p) for p in stage.params if p != "task"}
+def instances(config: Config, declared: Stage, given: dict) -> list[dict]:
+    """The parameters of every instance of the ``declared`` stage the config's pipeline has
+    (``Stage.runs``) with the values ``given``: a stage with a parameter other than the task only when it
+    is given; a stage that takes a task, for the task given, else for every task of a multi-task config
+    (and without one, where the config's pipeline has that instance)."""
+    values = {p: given.get(p) for p in declared.params if p != "task"}
     if not all(values.values()):
         return []
     # A multi-task config's stage may also have an instance without a task: the one Alphabet every task
     # shares (``multitask.sharing: shared``).
     tasks = (given["task"],) if given.get("task") else ("", *config.tasks)
     found = []
-    for task in tasks if "task" in stage.params else ("",):
+    for task in tasks if "task" in declared.params else ("",):
         params = {**values, **({"task": task} if task else {})}
-        if stage.runs(config, params):
+        if declared.runs(config, params):
             found.append(params)
     return found
 
 
 def upstream(config: Config, name: str, params: dict | None = None) -> list[Node]:
     """The stage instances ``name`` (with ``params``) reads, as the declaration gives them."""
-    return STAGES[name].upstream(config, dict(params or {}))
+    return stage(name).upstream(config, dict(params or {}))
 
 
 def describe_tag(tag: str) -> str:
     """A stage tag as a user reads it: the task's name, with the parameter (``FeaturesSplit(train)``)."""
-    stage, _, value = tag.partition(":")
-    return STAGES[stage].task + (f"({value})" if value else "")
+    name, _, value = tag.partition(":")
+    return stage(name).task + (f"({value})" if value else "")
 
 
 def tag_applies(tag: str, name: str, params: dict) -> bool:
     """Whether a key's stage tag (``train``, ``features:dev``) names the stage instance (name, params)."""
-    stage, _, value = tag.partition(":")
-    if stage != name:
+    tagged, _, value = tag.partition(":")
+    if tagged != name:
         return False
     return not value or value in {str(v) for v in params.values()}

@@ -2,8 +2,9 @@
 
 A fingerprint is the hash of three things: the config keys tagged with the stage (``stage_keys``: the
 schema's ``stages=`` tags, paths by their content's digest), what the stage depends on beyond the keys
-(``derived_inputs``: an Import's corpus files, a phonemes task's manifests, the family's output rate, the
-objective's too-short rule) and the fingerprints of its upstream stages (``pipeline.dag``). Never the
+(``derived_inputs``: its declaration's ``derived``, e.g. an Import's corpus files, a phonemes task's
+manifests, the family's output rate, the objective's too-short rule) and the fingerprints of its upstream
+stages (its declaration's ``upstream``; ``pipeline.dag``). Never the
 machine's: which tools are on PATH, their versions, the clock (the stages' reports record those).
 ``Layout.fingerprint`` puts them together, once per instance.
 """
@@ -17,10 +18,8 @@ from pathlib import Path
 from typing import Protocol
 
 from pipeline.config import Config, field_stages
-from pipeline.dag import tag_applies
+from pipeline.dag import stage, tag_applies
 from pipeline.digests import path_digest
-from pipeline.model import model_family
-from pipeline.model.objectives import model_objective
 
 
 class FingerprintInputs(Protocol):
@@ -117,49 +116,8 @@ def stage_keys(inputs: FingerprintInputs, stage: str, params: dict) -> dict:
     return found
 
 
-def derived_inputs(inputs: FingerprintInputs, stage: str, params: dict) -> dict:
-    """What a stage's result depends on beyond the config's keys: an Import's corpus as resolved (its
-    root, parts and options) and its files' names, sizes and modification times; a phonemes task's
-    inputs; the family's output stride and the objective's too-short rule; for Train, global normalisation
-    inside the model. The builder that made an LM
-    and espeak-ng's version are the machine's: the stages' reports record them."""
-    config = inputs.config
-    if stage == "lm":
-        # decoder.lm_builder as written: auto stays auto whichever builder it finds (lm_report.json says
-        # which).
-        return {"lm_builder": config.decoder.lm_builder}
-    if stage == "import":
-        return {"corpus": inputs.import_fingerprint(params["corpus"])}
-    if stage == "phonemes":
-        return _phonemes_inputs(inputs)
-    if stage == "train" and config.features.normalize == "global":
-        # The statistics are weights of the model (pipeline.model.normalization): its checkpoints and
-        # exports hold them, as those of runs that normalised outside the model did not.
-        return {"normalization": "in_model"}
-    if stage == "features":
-        # The too-short check counts the family's output labels by the objective's rule: nothing is added
-        # for one label per frame and CTC's rule, so those caches keep their names.
-        stride = model_family(config.model.architecture).stride(config.model)
-        rule = model_objective(config.model.objective).data_rule
-        return {
-            **({"output_stride": stride} if stride != 1 else {}),
-            **({"too_short_rule": rule} if rule != "ctc" else {}),
-        }
-    return {}
-
-
-def _phonemes_inputs(inputs: FingerprintInputs) -> dict:
-    """What a phonemes task's IPA manifests depend on beyond its upstream imports: its ``of`` task's
-    manifest files (by content) and text settings (its language is the voice), the limits (only the
-    rows they take are spoken). Not espeak-ng's version, which is the machine's: the stage's report
-    records it (``phonemes_report.json``)."""
-    config = inputs.config
-    source = inputs.for_task(config.phonemes_of)
-    return {
-        "of": config.phonemes_of,
-        "manifests": {
-            split: [[path, inputs.input_digest(path)] for path in source.config.split_files(split)]
-            for split in ("train", "dev", "test")
-        },
-        "text": source.config.data.text.to_dict(),
-    }
+def derived_inputs(inputs: FingerprintInputs, name: str, params: dict) -> dict:
+    """What a stage's result depends on beyond the config's keys, as its declaration resolves it
+    (``Stage.derived``: an Import's corpus files, the family's output stride, ...). Never the machine's:
+    the builder that made an LM and espeak-ng's version are in the stages' reports."""
+    return stage(name).derived(inputs, params)

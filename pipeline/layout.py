@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from pipeline.config import Config, ConfigError, CorpusConfig
-from pipeline.dag import STAGES, shared_alphabet, task_param, upstream
+from pipeline.dag import shared_alphabet, stage, task_param, upstream
 from pipeline.data.importing import (
     ImportPlan,
     Listing,
@@ -35,12 +35,9 @@ from pipeline.workdir import (
     ALPHABET_DIR,
     CONVERTED_DIR,
     DEFAULT_ALPHABET,
-    EVALUATE_DIR,
     FEATURES_DIR,
     IMPORT_DIR,
     LM_DIR,
-    PHONEMES_DIR,
-    TRAIN_DIR,
     TUNE_DIR,
     AlphabetFiles,
     EvaluateFiles,
@@ -113,23 +110,23 @@ class Layout:
         """The task this layout is of (``""``: the pipeline's own)."""
         return self.config.task
 
-    def _task_params(self, stage: str) -> dict:
-        """The ``task`` parameter a task's layout gives an instance of ``stage`` (none for Train, and for
-        the one alphabet every task shares)."""
-        if self._root is None or "task" not in STAGES[stage].params:
+    def _task_params(self, name: str) -> dict:
+        """The ``task`` parameter a task's layout gives an instance of stage ``name`` (none for Train, and
+        for the one alphabet every task shares)."""
+        if self._root is None or "task" not in stage(name).params:
             return {}
-        if stage == "alphabet" and shared_alphabet(self._root.config):
+        if name == "alphabet" and shared_alphabet(self._root.config):
             return {}
         return {"task": self.task}
 
-    def _check_instance(self, stage: str, task: str) -> None:
+    def _check_instance(self, name: str, task: str) -> None:
         """ConfigError when a multi-task config's stage that runs per task is asked for without one."""
         tasks = self.config.tasks
-        if tasks and not task and "task" in STAGES[stage].params:
-            if stage == "alphabet" and shared_alphabet(self.config):
+        if tasks and not task and "task" in stage(name).params:
+            if name == "alphabet" and shared_alphabet(self.config):
                 return
             raise ConfigError(
-                f"{self.config.source}: a multi-task config runs {STAGES[stage].task} once per task: give "
+                f"{self.config.source}: a multi-task config runs {stage(name).task} once per task: give "
                 f"its task (--task {' | '.join(tasks)})"
             )
 
@@ -225,12 +222,20 @@ class Layout:
         what this layout's fingerprints were computed from: files edited after the run was scheduled."""
         return [path for path, digest in read.items() if self._digests_used.get(str(path), digest) != digest]
 
+    def stage_dir(self, name: str, **params) -> Path:
+        """The output folder of an instance of stage ``name`` that keeps its file map in its own module:
+        ``<work_dir>/<its directory>/<its parameters' values>-<fingerprint>`` (a task's name first in a
+        multi-task config's: ``align/fr-books-<fingerprint>``)."""
+        declared = stage(name)
+        values = [str(params[p]) for p in declared.params if p != "task" and params.get(p)]
+        fingerprint = self.fingerprint(name, **params)
+        task = self._task_params(name).get("task") or params.get("task") or ""
+        return self.work_dir / declared.directory / task_dir_name("-".join([*values, fingerprint]), task)
+
     @functools.cached_property
     def phonemes_files(self) -> PhonemesFiles:
         """A phonemes task's IPA manifests: ``phonemes/<task>-<fingerprint>``."""
-        return PhonemesFiles(
-            self.work_dir / PHONEMES_DIR / task_dir_name(self.fingerprint("phonemes"), self.task)
-        )
+        return PhonemesFiles(self.stage_dir("phonemes"))
 
     def features_fingerprint(self, split: str) -> str:
         """The Features fingerprint of ``split``."""
@@ -354,7 +359,7 @@ class Layout:
     @functools.cached_property
     def train_run(self) -> TrainRun:
         """The Train run directory (checkpoints, best-dev checkpoint, summaries, report)."""
-        return TrainRun(self.work_dir / TRAIN_DIR / self.train_fingerprint)
+        return TrainRun(self.stage_dir("train"))
 
     @functools.cached_property
     def lm(self) -> LMFiles:
@@ -379,7 +384,7 @@ class Layout:
     @functools.cached_property
     def evaluate_dir(self) -> Path:
         """The Evaluate report directory: ``evaluate/<fingerprint>`` (a task's: ``<task>-<fingerprint>``)."""
-        return self.work_dir / EVALUATE_DIR / task_dir_name(self.evaluate_fingerprint, self.task)
+        return self.stage_dir("evaluate")
 
     @staticmethod
     def evaluation_report(directory: Path) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import logging
 import os
 import signal
@@ -19,7 +20,7 @@ from tqdm import tqdm
 from native_client.quiet import import_tensorflow_quietly
 from pipeline.config import Config
 from pipeline.config_loader import load_config
-from pipeline.dag import STAGES, upstream
+from pipeline.dag import Stage, stage, stages, upstream
 from pipeline.layout import Layout
 from pipeline.locks import LockBusy, shared_locks
 from pipeline.stages.outputs import read_locks, warm_start_lock
@@ -74,9 +75,6 @@ luigi.interface.core.ignore_unconsumed = set(luigi.interface.core.ignore_unconsu
     "rpc_log_retries",
 }
 
-# stage name (pipeline.dag) -> the task that runs it; filled as task classes are defined
-TASK_OF_STAGE: dict[str, type] = {}
-
 
 def task_parameter() -> luigi.Parameter:
     """``--task``: which task of a multi-task config (``multitask.tasks[].name``) a stage instance is of;
@@ -84,6 +82,46 @@ def task_parameter() -> luigi.Parameter:
     return luigi.Parameter(
         default="", description="The task of a multi-task config (multitask.tasks[].name); none otherwise."
     )
+
+
+@functools.cache
+def task_class(name: str) -> type[ConfigTask]:
+    """The Luigi task that runs stage ``name`` (``find_task`` of its declaration)."""
+    return find_task(stage(name))
+
+
+def find_task(declared: Stage) -> type[ConfigTask]:
+    """The Luigi task that runs the ``declared`` stage: the class of ``tasks/<module>.py`` (the module
+    beside ``pipeline/stages/<module>.py``, which declares the stage) whose ``stage`` names it, with the
+    name the declaration gives. TypeError naming the module when there is none, or more than one."""
+    module = importlib.import_module(f"tasks.{declared.module}")
+    found = [
+        value
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and issubclass(value, ConfigTask)
+        and value.__dict__.get("stage") == declared.name
+    ]
+    if len(found) != 1 or found[0].__name__ != declared.task:
+        names = ", ".join(cls.__name__ for cls in found) or "none"
+        raise TypeError(
+            f"tasks/{declared.module}.py: stage {declared.name!r} is run by one ConfigTask named "
+            f"{declared.task} with stage = {declared.name!r} (found: {names})"
+        )
+    return found[0]
+
+
+def pipeline_tasks() -> dict[str, type[luigi.Task]]:
+    """Every task a command line can name, by name: each stage's task and the task that runs every
+    instance of a stage with parameters (``Features``, ``Imports``), in the stages' order."""
+    found: dict[str, type[luigi.Task]] = {}
+    for declared in stages().values():
+        if declared.group:
+            found[declared.group] = getattr(
+                importlib.import_module(f"tasks.{declared.module}"), declared.group
+            )
+        found[declared.task] = task_class(declared.name)
+    return found
 
 
 class ConfigTask(luigi.Task):
@@ -99,14 +137,9 @@ class ConfigTask(luigi.Task):
     # Stages that load TensorFlow have it imported first with its start-up chatter filtered.
     needs_tensorflow = False
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if cls.__dict__.get("stage"):  # a subclass of a task does not take over its stage
-            TASK_OF_STAGE[cls.stage] = cls
-
     def stage_params(self) -> dict:
         """This task's stage parameters (its Luigi parameters other than ``config``)."""
-        return {name: getattr(self, name) for name in STAGES[self.stage].params}
+        return {name: getattr(self, name) for name in stage(self.stage).params}
 
     def requires(self):
         """The tasks of the stages the declaration says this one reads: ``{"train": Train(...),
@@ -118,7 +151,7 @@ class ConfigTask(luigi.Task):
         needs = {}
         for name, params in nodes:
             key = "_".join([name, *(str(value) for value in params.values())])
-            needs[key] = TASK_OF_STAGE[name](config=self.config, **params)
+            needs[key] = task_class(name)(config=self.config, **params)
         return needs
 
     @property

@@ -31,20 +31,6 @@ USAGE = (
     "   (remove old outputs)\n"
     "--workers N: run up to N independent stages at once, within luigi.cfg's [resources] (cpu, gpu)"
 )
-TASKS = (
-    "Imports",
-    "Import",
-    "Phonemes",
-    "Alphabet",
-    "Features",
-    "FeaturesSplit",
-    "Train",
-    "LanguageModel",
-    "TuneDecoder",
-    "Evaluate",
-    "Export",
-    "Transcribe",
-)
 
 
 def _options(argv: list[str]) -> argparse.Namespace:
@@ -121,8 +107,11 @@ def main(argv=None) -> int:
         from pipeline.stages.gc import main as gc_main
 
         return gc_main(argv[1:])
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in TASKS:
-        print(f"usage: {USAGE}\ntasks: {', '.join(TASKS)}", file=sys.stderr)
+    from tasks.base import pipeline_tasks
+
+    names = list(pipeline_tasks())
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in names:
+        print(f"usage: {USAGE}\ntasks: {', '.join(names)}", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     options = _options(argv[1:])
     debug = (options.log_level or "").upper() == "DEBUG"

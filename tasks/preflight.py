@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pipeline.config import Config
 from pipeline.config_checks import task_source
-from pipeline.dag import STAGES, instances
+from pipeline.dag import instances, stage, stages
 from pipeline.data.phonemes import PhonemizerError, check_voice, phoneme_voice
 from pipeline.layout import Layout
 from pipeline.lm.kenlm_tools import TOOLS_MISSING, find_tools
@@ -94,7 +94,7 @@ def stage_tasks(config: Config, name: str, given: dict) -> list[str]:
     ``--task``) for a stage without tasks, a task that runs every instance itself (``Features``) and a
     single-task config. PreflightError naming ``--task`` (or the task's missing key) otherwise."""
     src, task = config.source, given.get("task") or ""
-    stage = next((s for s in STAGES.values() if name in (s.task, s.group)), None)
+    stage = next((s for s in stages().values() if name in (s.task, s.group)), None)
     if stage is not None and "task" not in stage.params and task:
         raise PreflightError(f"{src}: --task {task}: {name} is one stage over every task; give no --task")
     if stage is None or "task" not in stage.params:
@@ -125,21 +125,21 @@ def stage_tasks(config: Config, name: str, given: dict) -> list[str]:
     return found
 
 
-def _no_instance(config: Config, stage: str, task: str) -> str:
-    """Why the pipeline has no instance of ``stage`` for ``task``, one of its tasks."""
+def _no_instance(config: Config, name: str, task: str) -> str:
+    """Why the pipeline has no instance of stage ``name`` for ``task``, one of its tasks."""
     entry = config.multitask.task(task)
     view = config.task_view(task)
-    if stage in ("export", "transcribe") and not entry.export:
+    if name in ("export", "transcribe") and not entry.export:
         return "the task has export: false (it is trained and evaluated, never exported)"
-    if stage == "phonemes":
+    if name == "phonemes":
         return "the task has no targets: phonemes"
-    if stage == "alphabet" and config.multitask.sharing == "shared":
+    if name == "alphabet" and config.multitask.sharing == "shared":
         return "with multitask.sharing: shared one Alphabet builds every task's: run Alphabet without --task"
-    if stage == "alphabet":
+    if name == "alphabet":
         return f"the task's paths.alphabet is {view.paths.alphabet} (Alphabet builds only auto)"
-    if stage == "tune":
+    if name == "tune":
         return "the task's decoder.tune is off"
-    return f"the pipeline has no {STAGES[stage].task} for it"
+    return f"the pipeline has no {stage(name).task} for it"
 
 
 def _check_inputs(config: Config, layout: Layout) -> None:
@@ -179,7 +179,7 @@ def runs_train(config: Config, name: str) -> bool:
     from pipeline.reports import ReportError, TrainReport, read_report
     from pipeline.train.epochs import training_done
 
-    stage = next((s for s in STAGES.values() if name in (s.task, s.group)), None)
+    stage = next((s for s in stages().values() if name in (s.task, s.group)), None)
     if stage is None or stage.name not in TRAIN_READERS:
         return False
     report = Layout(config).train_run.report

@@ -23,21 +23,23 @@ import luigi
 
 import tasks
 from pipeline.config_loader import load_config
-from pipeline.dag import STAGES as DAG
-from pipeline.dag import Stage, instances
+from pipeline.dag import Stage, instances, stages
 from pipeline.files import remove_entry
 from pipeline.locks import in_use, lock_path, try_locks
-from tasks.base import TASK_OF_STAGE
+from tasks.base import task_class
 from tasks.preflight import PreflightError, stage_tasks
 from tasks.reenable import dag
 
 log = logging.getLogger("luigi-interface")
-# What the command line names, from the DAG's declaration: each stage's task (FeaturesSplit), and the task
-# running every instance of a stage with parameters (Features).
-STAGES: dict[str, Stage] = {
-    **{stage.task: stage for stage in DAG.values()},
-    **{stage.group: stage for stage in DAG.values() if stage.group},
-}
+
+
+def named_stages() -> dict[str, Stage]:
+    """What the command line names, from the stages' declarations: each stage's task (FeaturesSplit), and
+    the task running every instance of a stage with parameters (Features)."""
+    return {
+        **{stage.task: stage for stage in stages().values()},
+        **{stage.group: stage for stage in stages().values() if stage.group},
+    }
 
 
 def dag_roots(config: str, given: dict) -> list:
@@ -46,8 +48,8 @@ def dag_roots(config: str, given: dict) -> list:
     other one requires."""
     cfg = load_config(config)
     candidates = [
-        TASK_OF_STAGE[stage.name](config=config, **params)
-        for stage in DAG.values()
+        task_class(stage.name)(config=config, **params)
+        for stage in stages().values()
         for params in instances(cfg, stage, {**given, "task": ""})
     ]
     required = set()
@@ -99,7 +101,8 @@ def main(argv=None) -> int:
     """Remove the stage's outputs and its dependents', then run the roots; exit 0 on success, 30 on failure,
     2 when an output is in use by a running pipeline (nothing is removed then)."""
     parser = argparse.ArgumentParser(prog="python -m tasks.rerun", description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=sorted(STAGES))
+    named = named_stages()
+    parser.add_argument("stage", choices=sorted(named))
     parser.add_argument("--config", required=True)
     parser.add_argument("--split", choices=("train", "dev", "test"), help="for FeaturesSplit")
     parser.add_argument(
@@ -112,7 +115,7 @@ def main(argv=None) -> int:
     parser.add_argument("--scheduler-port", type=int, help="central scheduler port (default: luigi.cfg)")
     parser.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     args = parser.parse_args(argv)
-    stage = STAGES[args.stage]
+    stage = named[args.stage]
     for param in stage.params if args.stage == stage.task else ():
         if param != "task" and not getattr(args, param):
             parser.error(f"{args.stage} needs --{param}")
@@ -133,7 +136,7 @@ def main(argv=None) -> int:
     else:
         given = {p: getattr(args, p) for p in stage.params}
         found = instances(load_config(args.config), stage, given) if "task" in stage.params else [given]
-        targets = [TASK_OF_STAGE[stage.name](config=args.config, **params) for params in found]
+        targets = [task_class(stage.name)(config=args.config, **params) for params in found]
     doomed = dependents({t.task_id for t in targets}, graph)
     # Stage outputs are computed before anything is removed: Export and Transcribe find theirs by content.
     paths = [(task_id, path) for task_id in sorted(doomed) for path in graph[task_id].stage_paths()]

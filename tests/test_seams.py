@@ -20,7 +20,7 @@ from pipeline.model.checkpoints import load_trained_model
 from pipeline.model.normalization import normalized
 from pipeline.model.objectives import model_objective
 from tasks import Evaluate, Export
-from tests.conftest import SAMPLE
+from tests.conftest import ROOT, SAMPLE
 
 pytestmark = pytest.mark.usefixtures("tasks_in_process")
 CLIP = SAMPLE / "test" / "00002.flac"
@@ -209,24 +209,70 @@ def test_logfbank_trains_through_the_whole_dag_and_the_client_uses_it(small_conf
     assert model.metadata.features.frontend.feature_size == 30
 
 
-def test_every_stage_has_its_task_and_the_commands_know_it():
-    import tasks  # noqa: F401  (defines every task)
-    from pipeline.dag import STAGES
-    from tasks.base import TASK_OF_STAGE
-    from tasks.cli import TASKS
-    from tasks.rerun import STAGES as RERUN
+def test_every_stage_is_declared_once_and_its_task_found_beside_it():
+    """The DAG is the stages' own declarations (``STAGE`` in ``pipeline/stages/<module>.py``), found
+    without a list; each stage's task is the class of ``tasks/<module>.py`` the declaration names, and the
+    command line and ``make rerun`` know every one from the same declarations."""
+    import tasks
+    from pipeline.dag import stages
+    from tasks.base import pipeline_tasks, task_class
+    from tasks.rerun import named_stages
 
-    assert {s.name: s.task for s in STAGES.values()} == {
-        name: cls.__name__ for name, cls in TASK_OF_STAGE.items()
-    }
-    assert {s.task for s in STAGES.values()} <= set(RERUN) & set(TASKS)
+    declared = stages()
+    built_in = "import phonemes alphabet features train lm tune evaluate export transcribe"
+    assert set(declared) == set(built_in.split())
+    for name, stage in declared.items():
+        cls = task_class(name)
+        assert (cls.__name__, cls.__module__, cls.stage) == (stage.task, f"tasks.{stage.module}", name)
+        assert getattr(tasks, stage.task) is cls
+    assert (
+        set(pipeline_tasks())
+        == set(named_stages())
+        == {
+            *(s.task for s in declared.values()),
+            "Features",
+            "Imports",
+        }
+    )
+
+
+def test_the_stage_modules_declare_the_dag_without_loading_tensorflow():
+    """Reading the DAG (every fingerprint, every Luigi requires()) imports each stage's module: none of
+    them may load TensorFlow or Optuna at import (their functions do), or every task, the scheduler side
+    included, would pay for it."""
+    code = (
+        "import sys\n"
+        "import tasks\n"
+        "from pipeline.dag import stages\n"
+        "assert len(stages()) == 10\n"
+        "print(sorted(m for m in ('tensorflow', 'optuna', 'keras') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_a_task_that_does_not_match_its_stages_declaration_is_named():
+    """A stage whose task module has no task of the declared name is a TypeError naming the module."""
+    import dataclasses
+
+    from pipeline.dag import stage
+    from tasks.base import find_task
+
+    renamed = dataclasses.replace(stage("alphabet"), task="Letters")
+    with pytest.raises(
+        TypeError, match=r"tasks/alphabet.py: stage 'alphabet' is run by one ConfigTask named Letters"
+    ):
+        find_task(renamed)
+    moved = dataclasses.replace(stage("alphabet"), module="evaluate")
+    with pytest.raises(TypeError, match=r"tasks/evaluate.py: .* \(found: none\)"):
+        find_task(moved)
 
 
 def test_rerun_runs_the_roots_the_dag_declares_and_they_reach_every_stage(small_config):
     """``make rerun`` takes its roots from ``pipeline.dag``: the stages a config's pipeline has that no other
     one reads. From them every stage of that pipeline is reached (so a removed output is rebuilt), and a
     stage the config does not run (TuneDecoder without decoder.tune) is not run."""
-    from pipeline.dag import STAGES
+    from pipeline.dag import stages
     from tasks.rerun import dag, dag_roots
 
     plain = str(small_config("plain.yaml"))
@@ -236,7 +282,7 @@ def test_rerun_runs_the_roots_the_dag_declares_and_they_reach_every_stage(small_
     assert "TuneDecoder" not in {type(t).__name__ for t in dag(dag_roots(plain, {"audio": None})).values()}
     reached = {type(t).__name__ for t in dag(dag_roots(full, {"audio": "a.wav"})).values()}
     # the sample has no corpora, and no multitask phonemes task
-    assert reached == {stage.task for stage in STAGES.values()} - {"Import", "Phonemes"}
+    assert reached == {stage.task for stage in stages().values()} - {"Import", "Phonemes"}
 
 
 def test_keys_that_change_no_result_in_a_config_move_no_fingerprint():

@@ -25,6 +25,8 @@ from collections import Counter
 from collections.abc import Callable
 
 from native_client.alphabet import Alphabet
+from pipeline.config import Config
+from pipeline.dag import Node, Stage, is_instance, shared_alphabet, sources_of, task_config, task_param
 from pipeline.data.manifests import iter_transcripts
 from pipeline.data.text import TranscriptRejected
 from pipeline.files import write_text_atomic
@@ -32,13 +34,39 @@ from pipeline.layout import Layout
 from pipeline.locks import stage_lock
 from pipeline.model.labels import alphabet_intact
 from pipeline.reports import AlphabetReport, read_report, write_report
-from pipeline.workdir import AlphabetFiles
+from pipeline.workdir import ALPHABET_DIR, AlphabetFiles
 
 log = logging.getLogger(__name__)
 
 # How many of the rows a left-out character costs the report names.
 EXAMPLES = 10
 PROGRESS_EVERY = 10_000
+
+
+def _alphabet_upstream(config: Config, params: dict) -> list[Node]:
+    """What the Alphabet stage reads: the task's imports; with one shared alphabet, every task's."""
+    if shared_alphabet(config) and not task_param(params):
+        return [node for task in config.tasks for node in sources_of(config, {"task": task})]
+    return sources_of(config, params)
+
+
+def _alphabet_runs(config: Config, params: dict) -> bool:
+    """Whether the pipeline has this Alphabet instance: the task's alphabet is built (``auto``), by an
+    instance of its own, or by the one without a task that every task shares."""
+    if shared_alphabet(config):
+        return not task_param(params) and config.task_view(config.tasks[0]).alphabet_auto
+    return is_instance(config, params) and task_config(config, params).alphabet_auto
+
+
+STAGE = Stage(
+    "alphabet",
+    "Alphabet",
+    params=("task",),
+    upstream=_alphabet_upstream,
+    runs=_alphabet_runs,
+    directory=ALPHABET_DIR,
+    outputs=lambda layout, params: [layout.alphabet_files.root],
+)
 
 
 def _describe(char: str, count: int) -> dict:

@@ -10,9 +10,12 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipeline.config import Config
+from pipeline.dag import Node, Stage, alphabet_of, decoding_of, is_instance, task_config, task_param
 from pipeline.decode.settings import decode_pool, decoder_settings, decoder_spec, describe
 from pipeline.evaluation.logits_store import LogitsStore
 from pipeline.evaluation.metrics import (
@@ -23,19 +26,45 @@ from pipeline.evaluation.metrics import (
     headline_text,
     score_sample,
 )
-from pipeline.evaluation.run import model_forward, run_split
 from pipeline.files import atomic_path, remove_leftovers, write_text_atomic
 from pipeline.layout import Layout
 from pipeline.lm.files import lm_built, verify_lm_files
 from pipeline.locks import stage_lock
 from pipeline.model import model_family
-from pipeline.model.averaging import Averaging, stage_model
 from pipeline.model.labels import model_alphabet
 from pipeline.reports import EvaluationReport, TrainReport, read_report, write_report
 from pipeline.stages.outputs import split_cache
-from pipeline.workdir import LEFTOVER_PATTERNS
+from pipeline.workdir import EVALUATE_DIR, LEFTOVER_PATTERNS
+
+if TYPE_CHECKING:
+    from pipeline.model.averaging import Averaging
 
 log = logging.getLogger(__name__)
+
+
+def _average_dev(config: Config, params: dict) -> list[Node]:
+    """The dev features, for the dev figures of an averaged model (``export.average``): of the instance's
+    task, when it has a dev split."""
+    if not (config.export.average.count and task_config(config, params).has_split("dev")):
+        return []
+    return [("features", {"split": "dev", **task_param(params)})]
+
+
+STAGE = Stage(
+    "evaluate",
+    "Evaluate",
+    params=("task",),
+    upstream=lambda config, params: [
+        ("train", {}),
+        ("features", {"split": "test", **task_param(params)}),
+        *_average_dev(config, params),
+        *decoding_of(config, params),
+        *alphabet_of(config, params),
+    ],
+    runs=is_instance,
+    directory=EVALUATE_DIR,
+    outputs=lambda layout, params: [layout.evaluate_dir],
+)
 
 
 def evaluate_stage(
@@ -72,6 +101,10 @@ def _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progres
     """The greedy pass (logits to a scratch file, each result to ``samples.jsonl``), then the beam pass over
     the stored logits (each result to ``samples_lm.jsonl``): per-utterance results are streamed to files,
     only the figures and the best and worst samples stay in memory."""
+    # TensorFlow is loaded here, not when the DAG reads this module's declaration.
+    from pipeline.evaluation.run import run_split
+    from pipeline.model.averaging import stage_model
+
     config = layout.config
     model, checkpoint, averaging = stage_model(
         config, layout.train_run, checkpoint, test_data.n_input, alphabet.n_classes
@@ -138,6 +171,8 @@ def _average_on_dev(layout, model, alphabet, averaging: Averaging, report, text)
     report (its validation: the same pass over the same split), in the report's ``average`` and its text;
     for a task of a multi-task run, the task's dev split and its figures in the best checkpoint's
     validation. Without a dev split the average's are None."""
+    from pipeline.evaluation.run import run_split
+
     config = layout.config
     dev = None
     if config.has_split("dev"):
@@ -172,6 +207,8 @@ def _average_on_dev(layout, model, alphabet, averaging: Averaging, report, text)
 def _full_context_pass(layout, model, alphabet, test_data, report, text, on_progress):
     """The greedy figures of the family's full-context computation (no file of samples: the chunked pass's
     are the export's); returns the report and text with them added."""
+    from pipeline.evaluation.run import model_forward, run_split
+
     config = layout.config
     board = ScoreBoard(0, None, report.headline)
     total = len(test_data)

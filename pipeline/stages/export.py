@@ -24,27 +24,36 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-import tensorflow as tf
-
 from native_client.metadata import MANIFEST_NAME, METADATA_NAME, write_manifest
+from pipeline.dag import Stage, alphabet_of, decoding_of, exported, is_instance, task_param
 from pipeline.decode.settings import decoder_settings
 from pipeline.export.coqui_tflite import write_coqui_tflite
-from pipeline.export.inference_graph import SIGNATURE, InferenceGraph, tensor_names
 from pipeline.export.model_card import card_language, write_model_card
-from pipeline.export.onnx_export import write_onnx
-from pipeline.export.writers import build_metadata, copy_language_model, write_frozen_graph, write_tflite
 from pipeline.features.frontend import feature_pipeline
 from pipeline.files import publish_entries, remove_leftovers
 from pipeline.layout import Layout
 from pipeline.lm.files import lm_built
 from pipeline.locks import in_use, lock_path, stage_lock
 from pipeline.model import model_family
-from pipeline.model.averaging import stage_model
 from pipeline.model.labels import model_alphabet
 from pipeline.reports import report_to_dict, write_report
 from pipeline.workdir import EXPORT_STAGING_PREFIX, LEFTOVER_PATTERNS, ExportFiles
 
 log = logging.getLogger(__name__)
+
+
+STAGE = Stage(
+    "export",
+    "Export",
+    params=("task",),
+    upstream=lambda config, params: [
+        ("train", {}),
+        *decoding_of(config, params),
+        *alphabet_of(config, params),
+        *([("evaluate", task_param(params))] if config.export.card.evaluation else []),
+    ],
+    runs=lambda config, params: is_instance(config, params) and exported(config, params),
+)
 
 
 def claim_version(root: Path) -> int:
@@ -114,6 +123,14 @@ def export_stage(
 
 def _export(layout, destination: ExportFiles, version, checkpoint, on_status, with_lm):
     """Assemble the export in a staging directory inside ``destination`` and publish it there."""
+    # TensorFlow is loaded here, not when the DAG reads this module's declaration.
+    import tensorflow as tf
+
+    from pipeline.export.inference_graph import SIGNATURE, InferenceGraph, tensor_names
+    from pipeline.export.onnx_export import write_onnx
+    from pipeline.export.writers import build_metadata, copy_language_model, write_frozen_graph, write_tflite
+    from pipeline.model.averaging import stage_model
+
     config = layout.config
     staging = ExportFiles(destination.staging())
     shutil.rmtree(staging.root, ignore_errors=True)

@@ -12,6 +12,7 @@ import logging
 from collections import Counter
 from pathlib import Path
 
+from pipeline.dag import Stage, alphabet_of, is_instance, sources_of, task_config
 from pipeline.data.manifests import read_manifests
 from pipeline.data.text import unreachable_labels
 from pipeline.features.extract import (
@@ -22,14 +23,47 @@ from pipeline.features.extract import (
     extract_split,
 )
 from pipeline.files import remove_leftovers
+from pipeline.fingerprints import FingerprintInputs
 from pipeline.layout import Layout
 from pipeline.locks import stage_lock
 from pipeline.model import model_family
 from pipeline.model.labels import model_alphabet
 from pipeline.model.objectives import model_objective
-from pipeline.workdir import LEFTOVER_PATTERNS
+from pipeline.workdir import FEATURES_DIR, LEFTOVER_PATTERNS
 
 log = logging.getLogger(__name__)
+
+
+def _too_short_rule(inputs: FingerprintInputs, params: dict) -> dict:
+    """The too-short check counts the family's output labels by the objective's rule: nothing is added
+    for one label per frame and CTC's rule, so those caches keep their names."""
+    config = inputs.config
+    stride = model_family(config.model.architecture).stride(config.model)
+    rule = model_objective(config.model.objective).data_rule
+    return {
+        **({"output_stride": stride} if stride != 1 else {}),
+        **({"too_short_rule": rule} if rule != "ctc" else {}),
+    }
+
+
+STAGE = Stage(
+    "features",
+    "FeaturesSplit",
+    params=("split", "task"),
+    upstream=lambda config, params: [*sources_of(config, params), *alphabet_of(config, params)],
+    group="Features",
+    runs=lambda config, params: (
+        is_instance(config, params)
+        and (params["split"] == "train" or task_config(config, params).has_split(params["split"]))
+    ),
+    derived=_too_short_rule,
+    directory=FEATURES_DIR,
+    outputs=lambda layout, params: [
+        layout.features_cache(params["split"]),
+        layout.rejects_report(params["split"]),
+        layout.features_parts(params["split"]),
+    ],
+)
 
 
 def features_stage(layout: Layout, split: str, progress: ProgressFn | None = None) -> FeaturesSummary:

@@ -64,7 +64,7 @@ from pipeline.layout import Layout
 from pipeline.locks import held, in_use, lock_path, try_locks
 from pipeline.model.averaged_epochs import epoch_end_number, wanted_epochs
 from pipeline.reports import DevFigures, ReportError, TrainReport, read_report
-from pipeline.stages.outputs import STAGE_DIRS, config_inputs, node_outputs, stage_entries
+from pipeline.stages.outputs import config_inputs, node_outputs, stage_dirs, stage_entries
 from pipeline.workdir import CONVERTED_DIR, IMPORT_DIR, REMOVED_PATTERN, TRAIN_DIR, TrainRun
 
 # The DAG's roots: every stage a config runs is upstream of one of them.
@@ -162,7 +162,7 @@ def unreachable(configs: list[Config], symlinks: list[Path] | None = None) -> li
     kept = reached | {path.with_name(path.name + ".lock") for path in reached}
     found = []
     for work_dir in sorted(dirs.roots):
-        for stage_dir in STAGE_DIRS:
+        for stage_dir in stage_dirs():
             folder = work_dir / stage_dir
             if folder.is_symlink():  # its entries are elsewhere, maybe shared: never followed
                 if symlinks is not None:

@@ -14,16 +14,39 @@ import logging
 import shutil
 from collections.abc import Callable
 
+from pipeline.dag import Stage, imports_of, is_instance
 from pipeline.data.importing import import_corpus
 from pipeline.files import remove_leftovers, replace_directory
+from pipeline.fingerprints import FingerprintInputs
 from pipeline.layout import Layout
 from pipeline.locks import stage_lock
-from pipeline.workdir import LEFTOVER_PATTERNS, ImportFiles
+from pipeline.workdir import IMPORT_DIR, LEFTOVER_PATTERNS, ImportFiles
 
 log = logging.getLogger(__name__)
 
 # progress(rows read, rows kept, rows dropped, estimated fraction done)
 ProgressFn = Callable[[int, int, int, float], None]
+
+
+def _corpus_inputs(inputs: FingerprintInputs, params: dict) -> dict:
+    """The corpus as resolved (its root, parts and options) and its files' names, sizes and modification
+    times (``pipeline.data.importing.import_fingerprint``)."""
+    return {"corpus": inputs.import_fingerprint(params["corpus"])}
+
+
+STAGE = Stage(
+    "import",
+    "Import",
+    params=("corpus", "task"),
+    group="Imports",
+    runs=lambda config, params: (
+        is_instance(config, params)
+        and any(node[1]["corpus"] == params["corpus"] for node in imports_of(config, params))
+    ),
+    derived=_corpus_inputs,
+    directory=IMPORT_DIR,
+    outputs=lambda layout, params: [layout.import_files(params["corpus"]).root],
+)
 
 
 def import_intact(files: ImportFiles) -> bool:

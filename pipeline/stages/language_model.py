@@ -18,6 +18,7 @@ from pathlib import Path
 
 from native_client.alphabet import Labels
 from native_client.arpa import arpa_counts, arpa_unigrams, is_arpa
+from pipeline.dag import Stage, alphabet_of, is_instance, sources_of
 from pipeline.files import fsync_path, fsync_tree, write_text_atomic
 from pipeline.layout import Layout
 from pipeline.lm.files import LanguageModelDamaged, lm_file_records, verify_lm_files
@@ -27,9 +28,22 @@ from pipeline.lm.text import HeldOutCheck, char_tokens, lm_sentences
 from pipeline.locks import stage_lock
 from pipeline.model.labels import model_alphabet
 from pipeline.reports import LMReport, read_report, write_report
-from pipeline.workdir import LMFiles
+from pipeline.workdir import LM_DIR, LMFiles
 
 log = logging.getLogger(__name__)
+
+
+STAGE = Stage(
+    "lm",
+    "LanguageModel",
+    params=("task",),
+    upstream=lambda config, params: [*sources_of(config, params), *alphabet_of(config, params)],
+    runs=is_instance,
+    # decoder.lm_builder as written: auto stays auto whichever builder it finds (lm_report.json says which).
+    derived=lambda inputs, params: {"lm_builder": inputs.config.decoder.lm_builder},
+    directory=LM_DIR,
+    outputs=lambda layout, params: [layout.lm.root, layout.lm.staging],
+)
 
 
 def language_model_stage(

@@ -16,22 +16,12 @@ import re
 from pathlib import Path
 
 from pipeline.config import Config
-from pipeline.dag import upstream
+from pipeline.dag import stage, stages, upstream
 from pipeline.features.cache import CacheIndex, read_cache
 from pipeline.layout import Layout
 from pipeline.locks import lock_path
-from pipeline.workdir import (
-    ALPHABET_DIR,
-    EVALUATE_DIR,
-    FEATURES_DIR,
-    IMPORT_DIR,
-    LM_DIR,
-    PHONEMES_DIR,
-    TRAIN_DIR,
-    TUNE_DIR,
-)
+from pipeline.workdir import TRAIN_DIR
 
-STAGE_DIRS = (IMPORT_DIR, PHONEMES_DIR, ALPHABET_DIR, FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DIR)
 # Path keys that name where the pipeline writes, not what it reads.
 _OUTPUT_KEYS = {("paths", "work_dir"), ("paths", "export_dir")}
 
@@ -44,26 +34,13 @@ def split_cache(layout: Layout, split: str) -> CacheIndex:
 
 def node_outputs(layout: Layout, name: str, params: dict) -> list[Path]:
     """The paths a stage instance writes in the fingerprinted stage directories, the one its writer locks
-    first (none for Export and Transcribe, which gc never touches)."""
-    layout = layout.for_task(params.get("task", ""))
-    if name == "import":
-        return [layout.import_files(params["corpus"]).root]
-    if name == "alphabet":
-        return [layout.alphabet_files.root]
-    if name == "phonemes":
-        return [layout.phonemes_files.root, layout.phonemes_files.staging]
-    if name == "features":
-        split = params["split"]
-        return [layout.features_cache(split), layout.rejects_report(split), layout.features_parts(split)]
-    if name == "train":
-        return [layout.train_run.root]
-    if name == "lm":
-        return [layout.lm.root, layout.lm.staging]
-    if name == "tune":
-        return [layout.tune_dir]
-    if name == "evaluate":
-        return [layout.evaluate_dir]
-    return []
+    first (its declaration's ``outputs``; none for Export and Transcribe, which gc never touches)."""
+    return stage(name).outputs(layout.for_task(params.get("task", "")), params)
+
+
+def stage_dirs() -> tuple[str, ...]:
+    """The folders of a work directory the stages write in (their declarations' ``directory``)."""
+    return tuple(declared.directory for declared in stages().values() if declared.directory)
 
 
 def _field_paths(f: dataclasses.Field, value) -> list[str]:
@@ -102,7 +79,7 @@ def stage_entries(path: str | Path) -> list[Path]:
     found = []
     for spelled in dict.fromkeys((Path(os.path.abspath(path)), Path(os.path.realpath(path)))):
         for ancestor in (spelled, *spelled.parents):
-            if ancestor.parent.name in STAGE_DIRS:
+            if ancestor.parent.name in stage_dirs():
                 found.append(Path(os.path.realpath(ancestor.parent)) / ancestor.name)
                 break
     return found

@@ -19,19 +19,55 @@ from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
 
-from pipeline.dag import SPLITS
+from pipeline.config import Config
+from pipeline.dag import SPLITS, Node, Stage, imports_of, is_instance, task_config
 from pipeline.data.manifests import manifest_folder, manifest_rows
 from pipeline.data.phonemes import check_voice, espeak_version, phoneme_voice, phonemize
 from pipeline.data.text import TranscriptRejected, normalise_transcript
 from pipeline.files import fsync_path, fsync_tree
+from pipeline.fingerprints import FingerprintInputs
 from pipeline.layout import Layout
 from pipeline.locks import stage_lock
 from pipeline.reports import PhonemesReport, ReportError, read_report, write_report
-from pipeline.workdir import PhonemesFiles
+from pipeline.workdir import PHONEMES_DIR, PhonemesFiles
 
 COLUMNS = ("wav_filename", "wav_filesize", "transcript", "offset", "duration")
 # Rows handed to espeak-ng at a time (only they are in memory).
 BLOCK = 256
+
+
+def _phonemes_upstream(config: Config, params: dict) -> list[Node]:
+    """What the Phonemes stage reads: the imports of its ``of`` task."""
+    return imports_of(config, {"task": task_config(config, params).phonemes_of})
+
+
+def _phonemes_inputs(inputs: FingerprintInputs, params: dict) -> dict:
+    """What a phonemes task's IPA manifests depend on beyond its upstream imports: its ``of`` task's
+    manifest files (by content) and text settings (its language is the voice), the limits (only the
+    rows they take are spoken). Not espeak-ng's version, which is the machine's: the stage's report
+    records it (``phonemes_report.json``)."""
+    config = inputs.config
+    source = inputs.for_task(config.phonemes_of)
+    return {
+        "of": config.phonemes_of,
+        "manifests": {
+            split: [[path, inputs.input_digest(path)] for path in source.config.split_files(split)]
+            for split in SPLITS
+        },
+        "text": source.config.data.text.to_dict(),
+    }
+
+
+STAGE = Stage(
+    "phonemes",
+    "Phonemes",
+    params=("task",),
+    upstream=_phonemes_upstream,
+    runs=lambda config, params: is_instance(config, params) and bool(task_config(config, params).phonemes_of),
+    derived=_phonemes_inputs,
+    directory=PHONEMES_DIR,
+    outputs=lambda layout, params: [layout.phonemes_files.root, layout.phonemes_files.staging],
+)
 
 
 def phonemes_intact(files: PhonemesFiles) -> bool:

@@ -4,32 +4,68 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import TYPE_CHECKING
 
-import tensorflow as tf
 import yaml
 
+from pipeline.config import Config
 from pipeline.config_loader import config_to_dict
+from pipeline.dag import Node, Stage, alphabet_of, task_config
 from pipeline.files import write_text_atomic
+from pipeline.fingerprints import FingerprintInputs
 from pipeline.layout import Layout
 from pipeline.locks import stage_lock
 from pipeline.model.labels import model_alphabet
 from pipeline.reports import TrainReport, write_report
 from pipeline.stages.outputs import split_cache
-from pipeline.train.determinism import deterministic_ops
-from pipeline.train.distribute import DistributionError, configure_devices, make_strategy, training_role
 from pipeline.train.hooks import TrainHooks
-from pipeline.train.loop import Trainer
-from pipeline.train.tasks import TaskData
-from pipeline.workdir import TrainRun
+from pipeline.workdir import TRAIN_DIR, TrainRun
 
-# What a collective operation raises when a peer worker died or stopped answering.
-LOST_WORKER_ERRORS = (
-    tf.errors.UnavailableError,
-    tf.errors.DeadlineExceededError,
-    tf.errors.AbortedError,
-    tf.errors.CancelledError,
-    tf.errors.InternalError,
+if TYPE_CHECKING:
+    from pipeline.train.tasks import TaskData
+
+
+def _train_upstream(config: Config, params: dict) -> list[Node]:
+    """The train features, and the dev features when there is a dev split (without one, no validation), and
+    the Alphabet stage when it builds the alphabet: of every task in a multi-task config."""
+    nodes: list[Node] = []
+    for task in config.tasks or ("",):
+        task_params = {"task": task} if task else {}
+        view = task_config(config, task_params)
+        splits = [split for split in ("train", "dev") if split == "train" or view.has_split(split)]
+        nodes += [("features", {"split": split, **task_params}) for split in splits]
+        nodes += [node for node in alphabet_of(config, task_params) if node not in nodes]
+    return nodes
+
+
+def _normalization(inputs: FingerprintInputs, params: dict) -> dict:
+    """With ``features.normalize: global`` the statistics are weights of the model
+    (``pipeline.model.normalization``): its checkpoints and exports hold them, as those of runs that
+    normalised outside the model did not."""
+    return {"normalization": "in_model"} if inputs.config.features.normalize == "global" else {}
+
+
+STAGE = Stage(
+    "train",
+    "Train",
+    upstream=_train_upstream,
+    derived=_normalization,
+    directory=TRAIN_DIR,
+    outputs=lambda layout, params: [layout.train_run.root],
 )
+
+
+def _lost_worker_errors() -> tuple[type, ...]:
+    """What a collective operation raises when a peer worker died or stopped answering."""
+    import tensorflow as tf
+
+    return (
+        tf.errors.UnavailableError,
+        tf.errors.DeadlineExceededError,
+        tf.errors.AbortedError,
+        tf.errors.CancelledError,
+        tf.errors.InternalError,
+    )
 
 
 def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks | None = None) -> TrainReport:
@@ -42,6 +78,14 @@ def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks |
     ``distribution.strategy: multi_worker``; then only the chief writes the config and the report (the
     report returned by another worker is its own account of the same run, which it does not write).
     """
+    # TensorFlow is loaded here, not when the DAG reads this module's declaration.
+    import tensorflow as tf
+
+    from pipeline.train.determinism import deterministic_ops
+    from pipeline.train.distribute import DistributionError, configure_devices, make_strategy, training_role
+    from pipeline.train.loop import Trainer
+    from pipeline.train.tasks import TaskData
+
     config = layout.config
     run = run or layout.train_run
     configure_devices(config.distribution)
@@ -74,7 +118,7 @@ def train_stage(layout: Layout, run: TrainRun | None = None, hooks: TrainHooks |
         )
         try:
             report = trainer.fit()
-        except LOST_WORKER_ERRORS as error:
+        except _lost_worker_errors() as error:
             if role.count == 1:
                 raise
             raise DistributionError(
@@ -98,6 +142,8 @@ def _splits(layout: Layout):
 
 def task_data(layout: Layout) -> list[TaskData]:
     """Every task of a multi-task config as the trainer reads it: its weight, splits and labels."""
+    from pipeline.train.tasks import TaskData
+
     found = []
     for entry in layout.config.multitask.tasks:
         task = layout.for_task(entry.name)

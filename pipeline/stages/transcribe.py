@@ -9,7 +9,7 @@ from pathlib import Path
 
 from native_client import open_model
 from native_client.export_decoder import decoder_for_export
-from pipeline.dag import SPLITS
+from pipeline.dag import SPLITS, Stage, exported, is_instance, task_param
 from pipeline.data.manifests import find_reference
 from pipeline.data.text import TranscriptRejected, normalise_transcript
 from pipeline.files import write_json_atomic
@@ -17,6 +17,17 @@ from pipeline.layout import Layout
 from pipeline.workdir import ExportFiles
 
 log = logging.getLogger(__name__)
+
+
+STAGE = Stage(
+    "transcribe",
+    "Transcribe",
+    params=("audio", "task"),
+    upstream=lambda config, params: [("export", task_param(params))],
+    runs=lambda config, params: (
+        bool(params["audio"]) and is_instance(config, params) and exported(config, params)
+    ),
+)
 
 
 def stored_transcript(layout: Layout, export: ExportFiles, audio: str | Path) -> dict | None:

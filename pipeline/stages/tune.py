@@ -6,28 +6,46 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import optuna
-
-from pipeline.decode.pool import DecodePool
+from pipeline.dag import Stage, alphabet_of, is_instance, task_config, task_param
 from pipeline.decode.settings import configured_settings, decode_pool, decoder_spec, rescore
 from pipeline.evaluation.logits_store import LogitsStore
 from pipeline.evaluation.metrics import corpus_rates, headline_metric
-from pipeline.evaluation.run import run_split
 from pipeline.files import remove_leftovers
 from pipeline.layout import Layout
 from pipeline.lm.files import verify_lm_files
 from pipeline.locks import stage_lock
-from pipeline.model.averaging import stage_model
 from pipeline.model.labels import model_alphabet
 from pipeline.reports import TunedPair, TuneReport, write_report
 from pipeline.stages.outputs import split_cache
-from pipeline.workdir import LEFTOVER_PATTERNS
+from pipeline.workdir import LEFTOVER_PATTERNS, TUNE_DIR
+
+if TYPE_CHECKING:
+    import optuna
+
+    from pipeline.decode.pool import DecodePool
 
 log = logging.getLogger(__name__)
 
 ALPHA_RANGE = (0.0, 5.0)
 BETA_RANGE = (-2.0, 5.0)
+
+
+STAGE = Stage(
+    "tune",
+    "TuneDecoder",
+    params=("task",),
+    upstream=lambda config, params: [
+        ("train", {}),
+        ("lm", task_param(params)),
+        ("features", {"split": "dev", **task_param(params)}),
+        *alphabet_of(config, params),
+    ],
+    runs=lambda config, params: is_instance(config, params) and task_config(config, params).decoder.tune,
+    directory=TUNE_DIR,
+    outputs=lambda layout, params: [layout.tune_dir],
+)
 
 
 def tune_stage(
@@ -50,6 +68,10 @@ def tune_stage(
 
 
 def _tune(layout, alphabet, dev, on_trial, report_path) -> TuneReport:
+    # TensorFlow is loaded here, not when the DAG reads this module's declaration.
+    from pipeline.evaluation.run import run_split
+    from pipeline.model.averaging import stage_model
+
     config = layout.config
     model, _, _ = stage_model(config, layout.train_run, None, dev.n_input, alphabet.n_classes)
     base = configured_settings(config)
@@ -113,6 +135,8 @@ def _search(
 ) -> list[dict]:
     """Optuna's TPE search over (alpha, beta), starting from the configured pair, minimising the
     ``headline`` rate; every trial, in order."""
+    import optuna
+
     other = "cer" if headline == "wer" else "wer"
     trials = []
 

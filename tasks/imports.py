@@ -70,7 +70,7 @@ class Imports(luigi.WrapperTask):
     def requires(self):
         """An Import per ``data.corpora`` entry (of every task of a multi-task config)."""
         from pipeline.config_loader import load_config
-        from pipeline.dag import STAGES, instances, task_config
+        from pipeline.dag import instances, stage, task_config
 
         config = load_config(self.config)
         keys = dict.fromkeys(
@@ -81,5 +81,5 @@ class Imports(luigi.WrapperTask):
         return [
             Import(config=self.config, **params)
             for key in keys
-            for params in instances(config, STAGES["import"], {"corpus": key})
+            for params in instances(config, stage("import"), {"corpus": key})
         ]
