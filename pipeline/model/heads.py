@@ -17,11 +17,14 @@ model the way the trainer sees a multi-task one.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import keras
 import tensorflow as tf
 
-from pipeline.config import ModelConfig
+from native_client.cmvn import GlobalStats
+from pipeline.config import Config, ModelConfig
+from pipeline.features.cmvn import train_statistics
 from pipeline.model import build_model, model_family
 from pipeline.model.normalization import normalized as normalized_features
 from pipeline.model.objectives import model_objective
@@ -203,3 +206,31 @@ def task_weight_names(config, model) -> dict[str, str]:
         weight_name(v): v.name for v in model_family(config.model.architecture).output_layer(model).weights
     }
     return {name: f"heads.{config.task}.{head[name]}" if name in head else name for name in names}
+
+
+def input_statistics(config: Config, tasks: Sequence) -> GlobalStats | None:
+    """The statistics of ``features.normalize: global`` (None without it): of every task's train cache,
+    pooled (one encoder, one input distribution)."""
+    if config.features.normalize != "global":
+        return None
+    return train_statistics([task.train.path for task in tasks])
+
+
+def task_model(config: Config, tasks: Sequence) -> tuple[keras.Model, object]:
+    """(the Keras model of ``tasks`` (the run's ``pipeline.train.tasks.TaskData``: names, train caches,
+    labels), built in the caller's strategy scope; its view for the step and the
+    dev forward passes: ``forward(index, ...)``, ``task_variables``, ``family``, ``objective``). With
+    ``features.normalize: global`` its normalisation layer is made holding ``input_statistics`` (in a
+    multi-worker run the chief's, as every variable's first value); a restored checkpoint overwrites them
+    with its own."""
+    precision, n_input = config.training.precision, tasks[0].train.n_input
+    normalized = config.features.normalize == "global"
+    stats = input_statistics(config, tasks)
+    if not config.tasks:
+        model = build_model(config.model, n_input, tasks[0].alphabet.n_classes, precision, normalized, stats)
+        return model, OneTask(model)
+    names, classes = tuple(t.name for t in tasks), tuple(t.alphabet.n_classes for t in tasks)
+    model = MultiTaskModel(
+        config.model, config.multitask.sharing, names, n_input, classes, precision, normalized, stats
+    )
+    return model, model

@@ -30,6 +30,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from pipeline.config import Config
+from pipeline.model.heads import task_model
 from pipeline.model.normalization import model_statistics
 from pipeline.reports import TrainReport
 from pipeline.train.agreement import chiefs_verdict
@@ -55,7 +56,7 @@ from pipeline.train.report import train_report
 from pipeline.train.step import StepResult, TrainingStep, ballot
 from pipeline.train.stop_signals import stop_vote, stopped_with_the_others
 from pipeline.train.summaries import LossWatch, Summaries
-from pipeline.train.tasks import TaskData, TaskInputs, global_batch_size, task_model
+from pipeline.train.tasks import TaskData, TaskInputs, global_batch_size
 from pipeline.train.validation import TaskValidation
 from pipeline.workdir import TrainRun
 

@@ -19,7 +19,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -37,9 +36,6 @@ from pipeline.batches.dataset import (
 from pipeline.batches.tasks import epoch_tasks, steps_per_epoch, task_batches_per_epoch, tasks_digest
 from pipeline.config import Config
 from pipeline.features.cache import CacheIndex, damage_in
-from pipeline.features.cmvn import train_statistics
-from pipeline.model import build_model
-from pipeline.model.heads import MultiTaskModel, OneTask
 from pipeline.train.checkpointing import TrainingError
 
 # Seeds of the tasks' batch orders: task i goes round its plan in the order of shuffle_seed + i * this.
@@ -120,33 +116,6 @@ def plan_windows(plan: list[np.ndarray], epoch: int, seed: int, accumulate: int)
     return task_windows(
         [(0,)] * len(order), [0], lambda _, draw: len(plan[order[draw]]), [1.0], [len(w) for w in windows]
     )
-
-
-def input_statistics(config: Config, tasks: list[TaskData]) -> GlobalStats | None:
-    """The statistics of ``features.normalize: global`` (None without it): of every task's train cache,
-    pooled (one encoder, one input distribution)."""
-    if config.features.normalize != "global":
-        return None
-    return train_statistics([task.train.path for task in tasks])
-
-
-def task_model(config: Config, tasks: list[TaskData]) -> tuple[keras.Model, object]:
-    """(the Keras model of ``tasks``, built in the caller's strategy scope; its view for the step and the
-    dev forward passes: ``forward(index, ...)``, ``task_variables``, ``family``, ``objective``). With
-    ``features.normalize: global`` its normalisation layer is made holding ``input_statistics`` (in a
-    multi-worker run the chief's, as every variable's first value); a restored checkpoint overwrites them
-    with its own."""
-    precision, n_input = config.training.precision, tasks[0].train.n_input
-    normalized = config.features.normalize == "global"
-    stats = input_statistics(config, tasks)
-    if not config.tasks:
-        model = build_model(config.model, n_input, tasks[0].alphabet.n_classes, precision, normalized, stats)
-        return model, OneTask(model)
-    names, classes = tuple(t.name for t in tasks), tuple(t.alphabet.n_classes for t in tasks)
-    model = MultiTaskModel(
-        config.model, config.multitask.sharing, names, n_input, classes, precision, normalized, stats
-    )
-    return model, model
 
 
 def global_batch_size(config: Config, towers: int) -> tuple[int, int]:

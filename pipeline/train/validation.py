@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 def task_forward(view, index: int, blank_index: int):
     """``make_forward`` (``pipeline.evaluation.run``) for task ``index`` of a model's task view
-    (``tasks.task_model``)."""
+    (``pipeline.model.heads.task_model``)."""
 
     def run(features, lengths):
         return view.forward(index, features, lengths, training=False)
