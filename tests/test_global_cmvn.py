@@ -243,6 +243,50 @@ def test_a_normalising_checkpoint_is_refused_by_a_model_that_does_not_normalise(
         warm_start(build_model(raw.model, 26, 29), layout.train_run.best, 0, raw)
 
 
+def test_a_warm_start_from_a_run_on_raw_features_folds_the_statistics_in(tmp_path):
+    """A run of this project that normalised nothing (its config.yaml says so), warm-started into a
+    config with global normalisation, is folded as a DeepSpeech/Coqui model is: on normalised windows the
+    new model's first layer gives what the source's gave on raw ones. A Conformer cannot fold: one line."""
+    import dataclasses
+
+    from native_client.cmvn import GlobalStats
+    from native_client.windows import window_view
+    from pipeline.model import build_model
+    from pipeline.model.checkpoints import CheckpointMismatchError, warm_start
+    from pipeline.model.normalization import set_statistics
+
+    (tmp_path / "base.yaml").write_text(
+        small_config_text(tmp_path / "work", limit_train=8, limit_dev=4, limit_test=4, n_hidden=32)
+    )
+    (tmp_path / "raw.yaml").write_text("extends: base.yaml\nfeatures: {normalize: false}\n")
+    raw = load_config(tmp_path / "raw.yaml")
+    build_features(raw, ("train", "dev"))
+    run = Layout(raw).train_run
+    train_stage(Layout(raw))
+    source = load_trained_model(raw, run.best, 26, 29)
+    frames = _frames(Layout(raw).features_cache("train"))[:300]
+    stats = GlobalStats(tuple(map(float, frames.mean(0) + 1.0)), tuple(map(float, frames.std(0) * 2.0)))
+    wanted = dataclasses.replace(raw, features=dataclasses.replace(raw.features, normalize="global"))
+    model = build_model(wanted.model, 26, 29, normalized=True)
+    set_statistics(model, stats)
+    warm_start(model, run.best, 0, wanted)
+    np.testing.assert_array_equal(model.feature_normalization.std.numpy(), np.float32(stats.std))
+    n_context = raw.model.options.n_context
+    inside = slice(n_context, -n_context)  # windows with no padding frame
+
+    def first_layer(net, x):
+        return net.layer_1(window_view(x, n_context)[inside].reshape(-1, 26 * (2 * n_context + 1))).numpy()
+
+    theirs, ours = first_layer(source, frames), first_layer(model, stats.apply(frames))
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+
+    conformer = load_config(ROOT / "configs" / "sample-conformer.yaml")
+    conformer = dataclasses.replace(conformer, features=dataclasses.replace(raw.features, normalize="global"))
+    other = build_model(conformer.model, 26, 29, normalized=True)
+    with pytest.raises(CheckpointMismatchError, match="cannot fold global normalisation"):
+        warm_start(other, run.best, 0, conformer)
+
+
 def test_an_export_of_the_earlier_format_still_runs_in_the_client():
     """tests/data/export-format-5: a tiny model exported by the release before the normalisation moved
     into the model (its metadata holds the mean and std, the client normalises): it loads, gives the logits

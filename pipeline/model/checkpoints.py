@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 import tensorflow as tf
+import yaml
 
 from pipeline.config import Config
 from pipeline.model import build_model, model_family
@@ -79,6 +80,28 @@ def shape_differences(prefix: str, model, names: dict[str, str] | None = None) -
     return differences
 
 
+def _weights_of(reader) -> dict:
+    """Every weight a checkpoint of this project holds, by its name (``checkpoint_key`` read back)."""
+    prefix, suffix = "weights/", "/.ATTRIBUTES/VARIABLE_VALUE"
+    return {
+        key[len(prefix) : -len(suffix)].replace("..", "."): reader.get_tensor(key)
+        for key in reader.get_variable_to_shape_map()
+        if key.startswith(prefix) and key.endswith(suffix)
+    }
+
+
+def trained_on_raw_features(prefix: str) -> bool:
+    """Whether checkpoint ``prefix`` is of a Train run whose config (its ``config.yaml``, beside the
+    checkpoint folders) had no global normalisation. False when there is no such file (a checkpoint
+    copied out of its run: what it was trained on is unknown, and it is used as it is)."""
+    run = TrainRun(Path(prefix).parent.parent)
+    try:
+        resolved = yaml.safe_load(run.resolved_config.read_text(encoding="utf-8"))
+        return resolved["features"].get("normalize") != "global"
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
+        return False
+
+
 def _normalizes(stored_keys) -> bool:
     """Whether a checkpoint's variable names hold a feature normalisation layer's weights."""
     return any(NAME in key.split("/")[1].split(".") for key in stored_keys if key.startswith("weights/"))
@@ -109,7 +132,8 @@ def warm_start(
     (``features.normalize: global``): it keeps the statistics of the new run's training set, whatever the
     source normalised with (a run of the earlier layout holds none); a model the family imports was
     trained on raw features, so the family folds those statistics into its weights
-    (``ModelFamily.fold_normalization``). A checkpoint that normalises is refused by a model that does not.
+    (``ModelFamily.fold_normalization``), as it does for a run of this project that normalised nothing
+    (``trained_on_raw_features``). A checkpoint that normalises is refused by a model that does not.
     """
     family = model_family(model.model_config.architecture)
     own = normalization_of(model)  # the run's statistics, with features.normalize: global
@@ -128,11 +152,19 @@ def warm_start(
         def stored(name):
             key = checkpoint_key(name)
             return reader.get_tensor(key) if reader.has_tensor(key) else None
-    else:
+
+        if own is not None and trained_on_raw_features(resolve_checkpoint(source)):
+            imported = _weights_of(reader)
+            if any(name.startswith("tasks.") for name in imported):
+                raise CheckpointMismatchError(
+                    f"training.init_from: {source} has a network per task trained on raw features: its "
+                    f"statistics cannot be folded in; set features.normalize: false"
+                )
+    if imported is not None:
         if own is not None:  # trained on raw features: fold the run's statistics in
             try:
                 imported = family.fold_normalization(imported, *own)
-            except ValueError as error:
+            except (ValueError, KeyError) as error:
                 raise CheckpointMismatchError(f"training.init_from: {source}: {error}") from None
         stored = imported.get
     layers = family.layers(model)
