@@ -19,10 +19,6 @@ class Alphabet(ConfigTask):
         """The report (written last)."""
         return luigi.LocalTarget(str(self.layout.alphabet_files.report))
 
-    def stage_paths(self):
-        """The Alphabet folder."""
-        return [self.layout.alphabet_files.root]
-
     def stage_complete(self):
         """Whether the alphabet is there with the digest its report recorded (two small files read)."""
         from pipeline.model.labels import alphabet_intact

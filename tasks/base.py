@@ -23,7 +23,7 @@ from pipeline.config_loader import load_config
 from pipeline.dag import Stage, stage, stages, upstream
 from pipeline.layout import Layout
 from pipeline.locks import LockBusy, shared_locks
-from pipeline.stages.outputs import read_locks, warm_start_lock
+from pipeline.stages.outputs import node_outputs, read_locks, warm_start_lock
 from tasks.errors import StageError
 
 log = logging.getLogger("luigi-interface")
@@ -257,8 +257,9 @@ class ConfigTask(luigi.Task):
         raise NotImplementedError(type(self).__name__)
 
     def stage_paths(self) -> list[Path]:
-        """Everything this stage wrote (what a forced re-run removes); by default its output."""
-        return [Path(self.output().path)]
+        """Everything this stage wrote (what a forced re-run removes): what its declaration says an
+        instance writes (``Stage.outputs``), else its output."""
+        return node_outputs(self.layout, self.stage, self.stage_params()) or [Path(self.output().path)]
 
     def tell_scheduler(self, percent: float | None = None, message: str | None = None) -> None:
         """Luigi's ``set_progress_percentage``/``set_status_message`` (which Luigi's worker sets on the task

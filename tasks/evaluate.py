@@ -18,9 +18,6 @@ class Evaluate(ConfigTask):
     def output(self):
         return luigi.LocalTarget(str(self.layout.evaluation_report(self.layout.evaluate_dir)))
 
-    def stage_paths(self):
-        return [self.layout.evaluate_dir]
-
     def run_stage(self):
         from pipeline.evaluation.metrics import headline_text
         from pipeline.stages.evaluate import evaluate_stage

@@ -24,13 +24,6 @@ class FeaturesSplit(ConfigTask):
     def output(self):
         return luigi.LocalTarget(str(self.layout.features_cache(self.split)), format=luigi.format.Nop)
 
-    def stage_paths(self):
-        return [
-            self.layout.features_cache(self.split),
-            self.layout.rejects_report(self.split),
-            self.layout.features_parts(self.split),
-        ]
-
     def run_stage(self):
         name = f"{self.task} {self.split}" if self.task else self.split
         progress = Progress(self, total=1, unit="file", description=f"features {name}")

@@ -22,10 +22,6 @@ class Import(ConfigTask):
         """The import's ``report.json`` (written last)."""
         return luigi.LocalTarget(str(self.layout.import_files(self.corpus).report))
 
-    def stage_paths(self):
-        """The import folder (the converted copies under ``imports/converted`` are shared and kept)."""
-        return [self.layout.import_files(self.corpus).root]
-
     def stage_complete(self):
         """Whether the import folder holds every file its report recorded, at the recorded size."""
         from pipeline.stages.imports import import_intact

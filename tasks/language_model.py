@@ -16,9 +16,6 @@ class LanguageModel(ConfigTask):
     def output(self):
         return luigi.LocalTarget(str(self.layout.lm.report))
 
-    def stage_paths(self):
-        return [self.layout.lm.root]
-
     def stage_complete(self):
         from pipeline.stages.language_model import lm_intact
 

@@ -18,10 +18,6 @@ class Phonemes(ConfigTask):
         """The report (written last)."""
         return luigi.LocalTarget(str(self.layout.phonemes_files.report))
 
-    def stage_paths(self):
-        """The Phonemes folder."""
-        return [self.layout.phonemes_files.root]
-
     def stage_complete(self):
         """Whether the report and every manifest it counted are there."""
         from pipeline.stages.phonemes import phonemes_intact

@@ -28,9 +28,6 @@ class Train(ConfigTask):
     def output(self):
         return luigi.LocalTarget(str(self.layout.train_run.report))
 
-    def stage_paths(self):
-        return [self.layout.train_run.root]
-
     def stage_complete(self):
         report = self.layout.train_run.report
         return report.is_file() and training_done(self.cfg.training.epochs, read_report(report, TrainReport))

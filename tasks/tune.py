@@ -18,9 +18,6 @@ class TuneDecoder(ConfigTask):
     def output(self):
         return luigi.LocalTarget(str(self.layout.tune_report))
 
-    def stage_paths(self):
-        return [self.layout.tune_dir]
-
     def run_stage(self):
         from pipeline.stages.tune import tune_stage
 
