@@ -4,8 +4,10 @@ Each stage declares itself once, in its own module: ``pipeline/stages/<module>.p
 (a ``Stage``: its name, which is the tag its config keys carry, its parameters, the stages whose
 outputs it reads, whether a config's pipeline has an instance, what its result depends on beyond
 config keys), beside the stage function; ``tasks/<module>.py`` has the Luigi task that runs it.
-``stages()`` finds the declarations by reading ``pipeline/stages`` (as families and front ends are
-found by name), so no list of stages is kept anywhere else.
+``stages()`` finds the declarations in ``pipeline/stages`` at run time (as families and front ends are
+found by name: the one place this floor reaches the stages' own, so the import layers do not see it),
+and the DAG, its roots, the Luigi tasks, gc's stage folders and ``make rerun`` all come from them: no
+list of stages is kept anywhere else.
 
 A stage's fingerprint (``pipeline.layout.Layout.fingerprint``) hashes the config keys whose
 ``stages`` tag names it (``pipeline.config``), what its declaration ``derived`` resolves (never what
@@ -24,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.util
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,19 +74,39 @@ class Stage:
 
 @functools.cache
 def stages() -> dict[str, Stage]:
-    """Every stage of the DAG by name: the ``STAGE`` of each module of ``pipeline/stages`` that declares
-    one (read once per process). A stage module imports without TensorFlow: what its function needs
-    that loads it, the function imports."""
+    """Every stage of the DAG by name, in the order of their modules' names: the ``STAGE`` of each
+    module of ``pipeline/stages`` that declares one (read once per process; a module whose source is
+    not shipped is imported to see). A stage module imports without TensorFlow: what its function
+    needs that loads it, the function imports."""
     found: dict[str, Stage] = {}
-    for module in builtin_names(STAGE_PACKAGE, "STAGE"):
-        declared = importlib.import_module(f"{STAGE_PACKAGE}.{module}").STAGE
+    for module in _stage_modules():
+        declared = getattr(importlib.import_module(f"{STAGE_PACKAGE}.{module}"), "STAGE", None)
+        if declared is None:
+            continue
         if declared.name in found:
             raise TypeError(
                 f"{STAGE_PACKAGE}.{module}: stage {declared.name!r} is declared by "
                 f"{found[declared.name].module} too"
             )
         found[declared.name] = dataclasses.replace(declared, module=module)
+    if not found:
+        raise TypeError(f"{STAGE_PACKAGE}: no module declares a STAGE")
     return found
+
+
+def _stage_modules() -> list[str]:
+    """The modules of ``pipeline/stages`` that may declare a stage: those whose source defines ``STAGE``
+    (read, not imported: the others, gc's and the train launcher's, need not load), and any shipped
+    without its source."""
+    spec = importlib.util.find_spec(STAGE_PACKAGE)
+    names = sorted(info.name for info in pkgutil.iter_modules(spec.submodule_search_locations))
+    declaring = set(builtin_names(STAGE_PACKAGE, "STAGE"))
+    return [
+        name
+        for name in names
+        if name in declaring
+        or not any((Path(p) / f"{name}.py").is_file() for p in spec.submodule_search_locations)
+    ]
 
 
 def stage(name: str) -> Stage:

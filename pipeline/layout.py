@@ -226,10 +226,10 @@ class Layout:
         """The output folder of an instance of stage ``name`` that keeps its file map in its own module:
         ``<work_dir>/<its directory>/<its parameters' values>-<fingerprint>`` (a task's name first in a
         multi-task config's: ``align/fr-books-<fingerprint>``)."""
-        declared = stage(name)
+        declared, params = stage(name), {**self._task_params(name), **params}
         values = [str(params[p]) for p in declared.params if p != "task" and params.get(p)]
         fingerprint = self.fingerprint(name, **params)
-        task = self._task_params(name).get("task") or params.get("task") or ""
+        task = params.get("task") or ""
         return self.work_dir / declared.directory / task_dir_name("-".join([*values, fingerprint]), task)
 
     @functools.cached_property

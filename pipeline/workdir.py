@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from xdg import BaseDirectory
 
 from native_client.metadata import MANIFEST_NAME, METADATA_NAME
@@ -125,6 +126,24 @@ def checkpoint_prefix(path: str | Path) -> Path | None:
             if Path(f"{prefix}.index").is_file():
                 return prefix
     return None
+
+
+def trained_on_raw_features(path: str | Path) -> bool:
+    """Whether what ``training.init_from`` (``path``) loads is a checkpoint of a Train run of this project
+    trained on raw features: its run's ``config.yaml`` (the checkpoint in the run's ``best/``,
+    ``checkpoints/`` or ``epoch_ends/``) says ``features.normalize: false``. False for anything else: a
+    checkpoint out of its run, whose features are unknown, is used as it is."""
+    prefix = checkpoint_prefix(path)
+    if prefix is None:
+        return False
+    run = TrainRun(prefix.parent.parent)
+    if prefix.parent not in (run.best, run.checkpoints, run.epoch_ends):
+        return False
+    try:
+        resolved = yaml.safe_load(run.resolved_config.read_text(encoding="utf-8"))
+        return resolved["features"]["normalize"] is False
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
+        return False
 
 
 def init_digest(path: str | Path) -> str:

@@ -113,7 +113,7 @@ def find_task(declared: Stage) -> type[ConfigTask]:
 
 def pipeline_tasks() -> dict[str, type[luigi.Task]]:
     """Every task a command line can name, by name: each stage's task and the task that runs every
-    instance of a stage with parameters (``Features``, ``Imports``), in the stages' order."""
+    instance of a stage with parameters (``Features``, ``Imports``), in the order of ``stages()``."""
     found: dict[str, type[luigi.Task]] = {}
     for declared in stages().values():
         if declared.group:

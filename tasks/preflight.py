@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pipeline.config import Config
 from pipeline.config_checks import task_source
-from pipeline.dag import instances, stage, stages
+from pipeline.dag import instances, stage, stages, upstream
 from pipeline.data.phonemes import PhonemizerError, check_voice, phoneme_voice
 from pipeline.layout import Layout
 from pipeline.lm.kenlm_tools import TOOLS_MISSING, find_tools
@@ -169,8 +169,18 @@ def _check_inputs(config: Config, layout: Layout) -> None:
         raise PreflightError(f"{config.source}: {TOOLS_MISSING}")
 
 
-# The stages that run Train first when it is not done (they read its model: pipeline.dag).
-TRAIN_READERS = ("train", "tune", "evaluate", "export", "transcribe")
+def reads_train(config: Config, name: str) -> bool:
+    """Whether stage ``name`` is Train or reads what it trains, through the stages it reads (their
+    declared upstream)."""
+    seen, todo = set(), [name]
+    while todo:
+        node = todo.pop()
+        if node == "train":
+            return True
+        if node not in seen:
+            seen.add(node)
+            todo.extend(upstream_name for upstream_name, _ in upstream(config, node, {}))
+    return False
 
 
 def runs_train(config: Config, name: str) -> bool:
@@ -180,7 +190,7 @@ def runs_train(config: Config, name: str) -> bool:
     from pipeline.train.epochs import training_done
 
     stage = next((s for s in stages().values() if name in (s.task, s.group)), None)
-    if stage is None or stage.name not in TRAIN_READERS:
+    if stage is None or not reads_train(config, stage.name):
         return False
     report = Layout(config).train_run.report
     try:

@@ -248,6 +248,7 @@ def test_a_warm_start_from_a_run_on_raw_features_folds_the_statistics_in(tmp_pat
     config with global normalisation, is folded as a DeepSpeech/Coqui model is: on normalised windows the
     new model's first layer gives what the source's gave on raw ones. A Conformer cannot fold: one line."""
     import dataclasses
+    import shutil
 
     from native_client.cmvn import GlobalStats
     from native_client.windows import window_view
@@ -279,6 +280,20 @@ def test_a_warm_start_from_a_run_on_raw_features_folds_the_statistics_in(tmp_pat
 
     theirs, ours = first_layer(source, frames), first_layer(model, stats.apply(frames))
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+
+    # The Train fingerprint says so; a copy of the run that says it normalised per utterance is not folded.
+    from pipeline.fingerprints import derived_inputs
+    from pipeline.workdir import trained_on_raw_features
+
+    warm = dataclasses.replace(wanted, training=dataclasses.replace(wanted.training, init_from=str(run.best)))
+    assert derived_inputs(Layout(warm), "train", {})["init_from"] == "raw features, folded"
+    assert "init_from" not in derived_inputs(Layout(wanted), "train", {})
+    copy = tmp_path / "copy"
+    shutil.copytree(run.root, copy)
+    resolved = (copy / "config.yaml").read_text()
+    assert trained_on_raw_features(copy) and trained_on_raw_features(copy / "best")
+    (copy / "config.yaml").write_text(resolved.replace("normalize: false", "normalize: true"))
+    assert not trained_on_raw_features(copy)
 
     conformer = load_config(ROOT / "configs" / "sample-conformer.yaml")
     conformer = dataclasses.replace(conformer, features=dataclasses.replace(raw.features, normalize="global"))

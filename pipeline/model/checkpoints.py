@@ -8,14 +8,13 @@ import logging
 from pathlib import Path
 
 import tensorflow as tf
-import yaml
 
 from pipeline.config import Config
 from pipeline.model import build_model, model_family
 from pipeline.model.heads import task_weight_names
 from pipeline.model.normalization import NAME, is_normalization_weight, normalization_of
 from pipeline.model.weights import named_weights
-from pipeline.workdir import TrainRun, init_digest
+from pipeline.workdir import TrainRun, init_digest, trained_on_raw_features
 
 log = logging.getLogger(__name__)
 
@@ -90,18 +89,6 @@ def _weights_of(reader) -> dict:
     }
 
 
-def trained_on_raw_features(prefix: str) -> bool:
-    """Whether checkpoint ``prefix`` is of a Train run whose config (its ``config.yaml``, beside the
-    checkpoint folders) had no global normalisation. False when there is no such file (a checkpoint
-    copied out of its run: what it was trained on is unknown, and it is used as it is)."""
-    run = TrainRun(Path(prefix).parent.parent)
-    try:
-        resolved = yaml.safe_load(run.resolved_config.read_text(encoding="utf-8"))
-        return resolved["features"].get("normalize") != "global"
-    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
-        return False
-
-
 def _normalizes(stored_keys) -> bool:
     """Whether a checkpoint's variable names hold a feature normalisation layer's weights."""
     return any(NAME in key.split("/")[1].split(".") for key in stored_keys if key.startswith("weights/"))
@@ -153,7 +140,7 @@ def warm_start(
             key = checkpoint_key(name)
             return reader.get_tensor(key) if reader.has_tensor(key) else None
 
-        if own is not None and trained_on_raw_features(resolve_checkpoint(source)):
+        if own is not None and trained_on_raw_features(source):
             imported = _weights_of(reader)
             if any(name.startswith("tasks.") for name in imported):
                 raise CheckpointMismatchError(

@@ -58,7 +58,7 @@ from pathlib import Path
 
 from pipeline.config import Config, ConfigError
 from pipeline.config_loader import load_config
-from pipeline.dag import Node, upstream
+from pipeline.dag import Node, instances, stages, upstream
 from pipeline.files import remove_entry, writer_gone
 from pipeline.layout import Layout
 from pipeline.locks import held, in_use, lock_path, try_locks
@@ -66,9 +66,6 @@ from pipeline.model.averaged_epochs import epoch_end_number, wanted_epochs
 from pipeline.reports import DevFigures, ReportError, TrainReport, read_report
 from pipeline.stages.outputs import config_inputs, node_outputs, stage_dirs, stage_entries
 from pipeline.workdir import CONVERTED_DIR, IMPORT_DIR, REMOVED_PATTERN, TRAIN_DIR, TrainRun
-
-# The DAG's roots: every stage a config runs is upstream of one of them.
-ROOTS: tuple[Node, ...] = (("evaluate", {}), ("export", {}), ("tune", {}))
 
 
 @dataclass(frozen=True)
@@ -82,10 +79,15 @@ class Entry:
 
 
 def reached_nodes(config: Config) -> list[Node]:
-    """Every stage instance the config's DAG reaches from its roots (``ROOTS``, of every task of a
-    multi-task config)."""
+    """Every stage instance the config's DAG reaches: each one its pipeline has that takes no parameter
+    but its task (``pipeline.dag.instances``: Evaluate, Export, ... of every task of a multi-task
+    config), and what they read."""
     seen: dict[str, Node] = {}
-    todo = [(name, {"task": task} if task else {}) for task in config.tasks or ("",) for name, _ in ROOTS]
+    todo = [
+        (declared.name, params)
+        for declared in stages().values()
+        for params in instances(config, declared, {})
+    ]
     while todo:
         name, params = todo.pop()
         key = f"{name}{sorted(params.items())}"

@@ -19,7 +19,7 @@ from pipeline.model.labels import model_alphabet
 from pipeline.reports import TrainReport, write_report
 from pipeline.stages.outputs import split_cache
 from pipeline.train.hooks import TrainHooks
-from pipeline.workdir import TRAIN_DIR, TrainRun
+from pipeline.workdir import TRAIN_DIR, TrainRun, trained_on_raw_features
 
 if TYPE_CHECKING:
     from pipeline.train.tasks import TaskData
@@ -41,8 +41,14 @@ def _train_upstream(config: Config, params: dict) -> list[Node]:
 def _normalization(inputs: FingerprintInputs, params: dict) -> dict:
     """With ``features.normalize: global`` the statistics are weights of the model
     (``pipeline.model.normalization``): its checkpoints and exports hold them, as those of runs that
-    normalised outside the model did not."""
-    return {"normalization": "in_model"} if inputs.config.features.normalize == "global" else {}
+    normalised outside the model did not; a warm start from a run trained on raw features folds them
+    into its first weights (``pipeline.model.checkpoints.warm_start``)."""
+    config = inputs.config
+    if config.features.normalize != "global":
+        return {}
+    init_from = config.training.init_from
+    folded = {"init_from": "raw features, folded"} if init_from and trained_on_raw_features(init_from) else {}
+    return {"normalization": "in_model", **folded}
 
 
 STAGE = Stage(
