@@ -75,9 +75,9 @@ class Stage:
 @functools.cache
 def stages() -> dict[str, Stage]:
     """Every stage of the DAG by name, in the order of their modules' names: the ``STAGE`` of each
-    module of ``pipeline/stages`` that declares one (read once per process; a module whose source is
-    not shipped is imported to see). A stage module imports without TensorFlow: what its function
-    needs that loads it, the function imports."""
+    module of ``pipeline/stages`` that declares one (read once per process; where the sources are not
+    shipped, every module is imported to see, and the train launcher's imports load TensorFlow). A stage
+    module imports without TensorFlow: what its function needs that loads it, the function imports."""
     found: dict[str, Stage] = {}
     for module in _stage_modules():
         declared = getattr(importlib.import_module(f"{STAGE_PACKAGE}.{module}"), "STAGE", None)

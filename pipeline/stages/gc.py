@@ -5,8 +5,9 @@ Every changed setting leaves the outputs of the old fingerprints behind (a
 features cache per fingerprint: 36 MiB per audio hour). ``gc`` walks each given
 config's DAG (``pipeline.dag``) from its roots, asks the layout for the
 outputs of every stage instance it reaches, and removes every other entry of the
-fingerprinted stage directories (imports, alphabet, features, train, lm, tune,
-evaluate) of the configs' work directories. Never removed:
+fingerprinted stage directories (the folders the stages declare: imports, phonemes,
+alphabet, features, train, lm, tune, evaluate) of the configs' work directories.
+Never removed:
 
 - what any given config reaches (and the lock files beside those outputs);
 - Train runs (``train/``) unless ``--include-train`` is given: the default work
