@@ -179,7 +179,9 @@ def reads_train(config: Config, name: str) -> bool:
             return True
         if node not in seen:
             seen.add(node)
-            todo.extend(upstream_name for upstream_name, _ in upstream(config, node, {}))
+            # Which stages an instance reads does not depend on its parameters' values: none is given.
+            unnamed = dict.fromkeys(stage(node).params, "")
+            todo.extend(upstream_name for upstream_name, _ in upstream(config, node, unnamed))
     return False
 
 
