@@ -114,6 +114,26 @@ def stage(name: str) -> Stage:
     return stages()[name]
 
 
+def stages_by_task() -> dict[str, Stage]:
+    """Each stage by the names a command line gives it: the task that runs every instance of a stage
+    with parameters (``Features``), then its task (``FeaturesSplit``), in the order of ``stages()``."""
+    found: dict[str, Stage] = {}
+    for declared in stages().values():
+        found.update({declared.group: declared} if declared.group else {})
+        found[declared.task] = declared
+    return found
+
+
+def pipeline_instances(config: Config, given: dict | None = None) -> list[Node]:
+    """Every instance of every stage the config's pipeline has (``instances``) with the values
+    ``given``."""
+    return [
+        (declared.name, params)
+        for declared in stages().values()
+        for params in instances(config, declared, dict(given or {}))
+    ]
+
+
 def task_param(params: dict | None) -> dict:
     """``{"task": name}`` of a stage instance of a multi-task config's task; ``{}`` otherwise (a
     single-task pipeline's instances have no task, so their fingerprints are what they always were)."""

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from native_client.quiet import import_tensorflow_quietly
 from pipeline.config import Config
 from pipeline.config_loader import load_config
-from pipeline.dag import Stage, stage, stages, upstream
+from pipeline.dag import Stage, stage, stages_by_task, upstream
 from pipeline.layout import Layout
 from pipeline.locks import LockBusy, shared_locks
 from pipeline.stages.outputs import node_outputs, read_locks, warm_start_lock
@@ -114,14 +114,12 @@ def find_task(declared: Stage) -> type[ConfigTask]:
 def pipeline_tasks() -> dict[str, type[luigi.Task]]:
     """Every task a command line can name, by name: each stage's task and the task that runs every
     instance of a stage with parameters (``Features``, ``Imports``), in the order of ``stages()``."""
-    found: dict[str, type[luigi.Task]] = {}
-    for declared in stages().values():
-        if declared.group:
-            found[declared.group] = getattr(
-                importlib.import_module(f"tasks.{declared.module}"), declared.group
-            )
-        found[declared.task] = task_class(declared.name)
-    return found
+    return {
+        name: task_class(declared.name)
+        if name == declared.task
+        else getattr(importlib.import_module(f"tasks.{declared.module}"), name)
+        for name, declared in stages_by_task().items()
+    }
 
 
 class ConfigTask(luigi.Task):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pipeline.config import Config
 from pipeline.config_checks import task_source
-from pipeline.dag import instances, stage, stages, upstream
+from pipeline.dag import instances, stage, stages_by_task, upstream
 from pipeline.data.phonemes import PhonemizerError, check_voice, phoneme_voice
 from pipeline.layout import Layout
 from pipeline.lm.kenlm_tools import TOOLS_MISSING, find_tools
@@ -94,7 +94,7 @@ def stage_tasks(config: Config, name: str, given: dict) -> list[str]:
     ``--task``) for a stage without tasks, a task that runs every instance itself (``Features``) and a
     single-task config. PreflightError naming ``--task`` (or the task's missing key) otherwise."""
     src, task = config.source, given.get("task") or ""
-    stage = next((s for s in stages().values() if name in (s.task, s.group)), None)
+    stage = stages_by_task().get(name)
     if stage is not None and "task" not in stage.params and task:
         raise PreflightError(f"{src}: --task {task}: {name} is one stage over every task; give no --task")
     if stage is None or "task" not in stage.params:
@@ -191,7 +191,7 @@ def runs_train(config: Config, name: str) -> bool:
     from pipeline.reports import ReportError, TrainReport, read_report
     from pipeline.train.epochs import training_done
 
-    stage = next((s for s in stages().values() if name in (s.task, s.group)), None)
+    stage = stages_by_task().get(name)
     if stage is None or not reads_train(config, stage.name):
         return False
     report = Layout(config).train_run.report

@@ -23,7 +23,7 @@ import luigi
 
 import tasks
 from pipeline.config_loader import load_config
-from pipeline.dag import Stage, instances, stages
+from pipeline.dag import instances, pipeline_instances, stages_by_task
 from pipeline.files import remove_entry
 from pipeline.locks import in_use, lock_path, try_locks
 from tasks.base import task_class
@@ -33,24 +33,14 @@ from tasks.reenable import dag
 log = logging.getLogger("luigi-interface")
 
 
-def named_stages() -> dict[str, Stage]:
-    """What the command line names, from the stages' declarations: each stage's task (FeaturesSplit), and
-    the task running every instance of a stage with parameters (Features)."""
-    return {
-        **{stage.task: stage for stage in stages().values()},
-        **{stage.group: stage for stage in stages().values() if stage.group},
-    }
-
-
 def dag_roots(config: str, given: dict) -> list:
     """The tasks no other task of the config's pipeline reads: one for each stage instance the config's
     pipeline has (``instances``: Transcribe with ``--audio``, every task's in a multi-task config) that no
     other one requires."""
     cfg = load_config(config)
     candidates = [
-        task_class(stage.name)(config=config, **params)
-        for stage in stages().values()
-        for params in instances(cfg, stage, {**given, "task": ""})
+        task_class(name)(config=config, **params)
+        for name, params in pipeline_instances(cfg, {**given, "task": ""})
     ]
     required = set()
     for task in candidates:
@@ -101,7 +91,7 @@ def main(argv=None) -> int:
     """Remove the stage's outputs and its dependents', then run the roots; exit 0 on success, 30 on failure,
     2 when an output is in use by a running pipeline (nothing is removed then)."""
     parser = argparse.ArgumentParser(prog="python -m tasks.rerun", description=__doc__.splitlines()[0])
-    named = named_stages()
+    named = stages_by_task()
     parser.add_argument("stage", choices=sorted(named))
     parser.add_argument("--config", required=True)
     parser.add_argument("--split", choices=("train", "dev", "test"), help="for FeaturesSplit")

@@ -40,11 +40,14 @@ def check_init_from(source: str | Path, scheduled: str) -> None:
         )
 
 
+# A weight's key in a checkpoint of this project: its name between these.
+KEY_PREFIX, KEY_SUFFIX = "weights/", "/.ATTRIBUTES/VARIABLE_VALUE"
+
+
 def checkpoint_key(name: str) -> str:
     """The key of weight ``name`` (``pipeline.model.weights``) in a checkpoint of this project."""
     # tf.train.Checkpoint escapes "." in object names as "..".
-    escaped = name.replace(".", "..")
-    return f"weights/{escaped}/.ATTRIBUTES/VARIABLE_VALUE"
+    return KEY_PREFIX + name.replace(".", "..") + KEY_SUFFIX
 
 
 def resolve_checkpoint(path: str | Path) -> str:
@@ -81,17 +84,16 @@ def shape_differences(prefix: str, model, names: dict[str, str] | None = None) -
 
 def _weights_of(reader) -> dict:
     """Every weight a checkpoint of this project holds, by its name (``checkpoint_key`` read back)."""
-    prefix, suffix = "weights/", "/.ATTRIBUTES/VARIABLE_VALUE"
     return {
-        key[len(prefix) : -len(suffix)].replace("..", "."): reader.get_tensor(key)
+        key[len(KEY_PREFIX) : -len(KEY_SUFFIX)].replace("..", "."): reader.get_tensor(key)
         for key in reader.get_variable_to_shape_map()
-        if key.startswith(prefix) and key.endswith(suffix)
+        if key.startswith(KEY_PREFIX) and key.endswith(KEY_SUFFIX)
     }
 
 
 def _normalizes(stored_keys) -> bool:
     """Whether a checkpoint's variable names hold a feature normalisation layer's weights."""
-    return any(NAME in key.split("/")[1].split(".") for key in stored_keys if key.startswith("weights/"))
+    return any(NAME in key.split("/")[1].split(".") for key in stored_keys if key.startswith(KEY_PREFIX))
 
 
 def check_geometry(prefix: str, model, directory: str | Path, names: dict[str, str] | None = None) -> None:

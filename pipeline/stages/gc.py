@@ -59,7 +59,7 @@ from pathlib import Path
 
 from pipeline.config import Config, ConfigError
 from pipeline.config_loader import load_config
-from pipeline.dag import Node, instances, stages, upstream
+from pipeline.dag import Node, pipeline_instances, upstream
 from pipeline.files import remove_entry, writer_gone
 from pipeline.layout import Layout
 from pipeline.locks import held, in_use, lock_path, try_locks
@@ -84,11 +84,7 @@ def reached_nodes(config: Config) -> list[Node]:
     but its task (``pipeline.dag.instances``: Evaluate, Export, ... of every task of a multi-task
     config), and what they read."""
     seen: dict[str, Node] = {}
-    todo = [
-        (declared.name, params)
-        for declared in stages().values()
-        for params in instances(config, declared, {})
-    ]
+    todo = pipeline_instances(config)
     while todo:
         name, params = todo.pop()
         key = f"{name}{sorted(params.items())}"
