@@ -190,8 +190,9 @@ class CorpusConfig:
     importer: str = _opt(
         "",
         "The importer that reads the corpus's layout: librispeech, mls, common_voice, tedlium, timit, "
-        "mailabs, kaldi, folder (modules of pipeline/data/importers/), or the dotted name of a module of "
-        "your own defining IMPORTER.",
+        "mailabs, kaldi, folder, recordings (long recordings with their whole text, cut into utterances "
+        "by the Align stage with the model its align: settings name; docs/DATA.md) (modules of "
+        "pipeline/data/importers/), or the dotted name of a module of your own defining IMPORTER.",
         required=True,
     )
     path: str = _opt("", "The corpus folder, as its release unpacks.", path=True, required=True)
@@ -237,6 +238,37 @@ class CorpusConfig:
 
 
 @dataclass(frozen=True)
+class CleanConfig:
+    """``data.clean``: the Clean stage, which scores every transcript of the cleaned splits against a model
+    and leaves out those it does not believe (docs/DATA.md "Finding wrong transcripts")."""
+
+    STAGES: ClassVar[tuple[str, ...]] = ("clean",)
+
+    model: str | None = _opt(
+        None,
+        "The model that scores the transcripts: an export directory of this project, or a DeepSpeech/Coqui "
+        ".tflite (its alphabet from its own metadata). Unset (default): no Clean stage.",
+        path=True,
+    )
+    max_cer: float = _opt(
+        0.5,
+        "Reject an utterance whose greedy character error rate against the model's transcript is above this.",
+        minimum=0.0,
+    )
+    min_score: float = _opt(
+        -5.0,
+        "... or whose forced-alignment score (the log-probability of its transcript's best CTC path, per "
+        "character: 0 is certain) is below this. On the sample, right transcripts score -0.5 to -5 and "
+        "swapped ones -7 to -11 (docs/DATA.md).",
+    )
+    splits: tuple[str, ...] = _opt(
+        ("train", "dev"),
+        "The splits cleaned. Not test by default: cleaning the test split would flatter the reported "
+        "accuracy.",
+    )
+
+
+@dataclass(frozen=True)
 class DataConfig:
     """The corpus: DeepSpeech CSV manifests per split, and corpora imported from their own layouts."""
 
@@ -278,9 +310,10 @@ class DataConfig:
     corpora: tuple[CorpusConfig, ...] = _opt(
         (),
         "Corpora in their own layout (LibriSpeech, Common Voice, a folder of audio with .txt files, ...), "
-        "a list of mappings with the keys below; an Import task per corpus writes its train/dev/test "
-        "manifests, which follow data.train_files, data.dev_files and data.test_files in their splits.",
-        stages=("import",),
+        "a list of mappings with the keys below; an Import task per corpus (an Align task for one with "
+        "align: settings) writes its train/dev/test manifests, which follow data.train_files, "
+        "data.dev_files and data.test_files in their splits.",
+        stages=("import", "align"),
         keyed_by="corpus",
     )
     text: TextSettings = _opt(
@@ -309,6 +342,11 @@ class DataConfig:
         minimum=0.0,
         maximum=1.0,
         stages=(),
+    )
+    clean: CleanConfig = _opt(
+        CleanConfig(),
+        "The Clean stage (off unless its model is set): the keys below.",
+        stages=("clean",),
     )
     max_duration_s: float = _opt(
         40.0,

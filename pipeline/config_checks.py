@@ -63,6 +63,11 @@ def validate_config(config: Config) -> None:
             f"{src}: export.average.best ranks checkpoints by their validation, and this config has none "
             f"(no dev split, or training.validation_epochs 0); use export.average.last"
         )
+    unknown = sorted(set(config.data.clean.splits) - {"train", "dev", "test"})
+    if unknown:
+        raise ConfigError(
+            f"{src}: data.clean.splits: unknown split(s) {', '.join(unknown)}; expected train, dev, test"
+        )
     if config.training.epochs == 0:
         raise ConfigError(f"{src}: training.epochs: expected a non-zero integer, got 0")
     _check_schedule(config.training, src)

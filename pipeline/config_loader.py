@@ -323,11 +323,33 @@ def _check_corpora(config: Config) -> None:
         keys[corpus.key] = index
         spec = corpus_spec(corpus, config.data.text)
         try:
-            check_spec(spec, where)
+            chosen, options, _ = check_spec(spec, where)
+            if chosen.stage == "align":
+                _check_model(options.align.model, f"{where}.align.model", src)
             if Path(corpus.path).is_dir():
                 plan_import(spec, where)
         except ValueError as error:  # CorpusLayoutError and PluginError are ValueErrors
             raise corpus_error(error, where, src) from None
+    if config.data.clean.model:
+        try:
+            _check_model(config.data.clean.model, "data.clean.model", src)
+        except ValueError as error:
+            raise ConfigError(f"{src}: {error}") from None
+
+
+def _check_model(model: str, where: str, src: str) -> None:
+    """ValueError naming ``where`` when a model key names nothing, or names the config itself (a model
+    that is a config's export: that config must be another)."""
+    if not model:
+        raise ValueError(
+            f"{where}: name the model (an export directory of this project, a DeepSpeech/Coqui .tflite, or "
+            "a config whose export it is)"
+        )
+    path = Path(model).expanduser()
+    if not path.is_absolute() and Path(src).is_file():
+        path = Path(src).parent / path
+    if path.suffix in (".yaml", ".yml") and Path(src).is_file() and path.resolve() == Path(src).resolve():
+        raise ValueError(f"{where}: {model} is this config itself; name another config, or a model")
 
 
 def load_config(path: str | Path, overrides: dict[str, dict[str, Any]] | None = None) -> Config:

@@ -216,8 +216,10 @@ def _mapping(value, where: str) -> tuple:
     def frozen(item, at):
         if isinstance(item, list):
             return tuple(frozen(v, f"{at}[{i}]") for i, v in enumerate(item))
+        if isinstance(item, dict):  # a nested mapping (an importer's ``align:``), as sorted pairs too
+            return _mapping(item, at)
         if item is None or isinstance(item, (str, bool, int, float)):
             return item
-        raise ConfigError(f"{at}: expected a number, string, boolean or list, got {item!r}")
+        raise ConfigError(f"{at}: expected a number, string, boolean, list or mapping, got {item!r}")
 
     return tuple(sorted((str(k), frozen(v, f"{where}.{k}")) for k, v in value.items()))

@@ -159,12 +159,21 @@ def is_instance(config: Config, params: dict) -> bool:
 
 
 def imports_of(config: Config, params: dict | None = None) -> list[Node]:
-    """The Import of every corpus of the task's ``data.corpora``: the manifests its Features splits and
-    LM text read (none for a phonemes task: see ``sources_of``)."""
+    """The Import (or for long recordings the Align) of every corpus of the task's ``data.corpora``: the
+    manifests its Features splits and LM text read (none for a phonemes task: see ``sources_of``)."""
     view = task_config(config, params)
     if view.phonemes_of:
         return []
-    return [("import", {"corpus": corpus.key, **task_param(params)}) for corpus in view.data.corpora]
+    return [
+        (corpus_stage(corpus), {"corpus": corpus.key, **task_param(params)}) for corpus in view.data.corpora
+    ]
+
+
+def corpus_stage(corpus) -> str:
+    """The stage that writes a ``data.corpora`` entry's manifests: ``align`` for a corpus of long
+    recordings, which has ``align:`` settings (the ``recordings`` importer needs them: the config loader
+    says so), else ``import``."""
+    return "align" if dict(corpus.options).get("align") is not None else "import"
 
 
 def sources_of(config: Config, params: dict | None = None) -> list[Node]:
@@ -173,6 +182,29 @@ def sources_of(config: Config, params: dict | None = None) -> list[Node]:
     if task_config(config, params).phonemes_of:
         return [("phonemes", task_param(params))]
     return imports_of(config, params)
+
+
+def cleans(config: Config, split: str) -> bool:
+    """Whether the Clean stage cleans ``split`` of this (task's) config: ``data.clean.model`` set and the
+    split among ``data.clean.splits`` (a phonemes task's manifests are its ``of`` task's, not cleaned)."""
+    clean = config.data.clean
+    return bool(clean.model) and split in clean.splits and not config.phonemes_of
+
+
+def manifests_of(config: Config, params: dict | None, split: str) -> list[Node]:
+    """Where the manifests of ``split`` the instance's task reads come from: the Clean stage when it
+    cleans that split, else the task's sources (``sources_of``)."""
+    if cleans(task_config(config, params), split):
+        return [("clean", task_param(params))]
+    return sources_of(config, params)
+
+
+def every_split_of(config: Config, params: dict | None = None) -> list[Node]:
+    """Where the manifests of every split of the instance's task come from (``manifests_of``), each once."""
+    found: list[Node] = []
+    for split in SPLITS:
+        found += [node for node in manifests_of(config, params, split) if node not in found]
+    return found
 
 
 def alphabet_of(config: Config, params: dict | None = None) -> list[Node]:

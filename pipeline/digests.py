@@ -50,3 +50,11 @@ def path_digest(path: str | Path) -> str:
     for item in sorted(p for p in path.rglob("*") if p.is_file()):
         digest.update(f"{item.relative_to(path).as_posix()}\n{file_digest(item)}\n".encode())
     return digest.hexdigest()
+
+
+def model_digest(path: str | Path) -> str:
+    """The digest of a model for the stages that run one (Align's aligner, Clean's scorer): an export
+    directory's ``manifest.json``, which holds every file's SHA-256 (the directory itself also gets
+    transcripts and a lock), or the model file's (a DeepSpeech/Coqui ``.tflite``)."""
+    path = Path(path)
+    return file_digest(path / "manifest.json" if path.is_dir() else path)

@@ -35,6 +35,12 @@ class FingerprintInputs(Protocol):
     def import_fingerprint(self, key: str) -> str:
         """The digest of corpus ``key``'s import settings and files."""
 
+    def aligner(self, key: str) -> Path:
+        """What ``align.model`` of corpus ``key`` names (a ``recordings`` corpus)."""
+
+    def model_fingerprint(self, named: str | Path) -> str:
+        """The digest of a model a stage runs, or of the config whose export it is."""
+
     def for_task(self, name: str) -> FingerprintInputs:
         """The inputs of task ``name`` of a multi-task config."""
 

@@ -19,7 +19,8 @@ import re
 from pathlib import Path
 
 from pipeline.config import Config, ConfigError, CorpusConfig
-from pipeline.dag import shared_alphabet, stage, task_param, upstream
+from pipeline.config_loader import load_config
+from pipeline.dag import cleans, corpus_stage, shared_alphabet, stage, task_param, upstream
 from pipeline.data.importing import (
     ImportPlan,
     Listing,
@@ -29,7 +30,7 @@ from pipeline.data.importing import (
     import_fingerprint,
     plan_import,
 )
-from pipeline.digests import path_digest
+from pipeline.digests import model_digest, path_digest
 from pipeline.fingerprints import derived_inputs, fingerprint_hash, node_name, stage_keys
 from pipeline.workdir import (
     ALPHABET_DIR,
@@ -40,6 +41,7 @@ from pipeline.workdir import (
     LM_DIR,
     TUNE_DIR,
     AlphabetFiles,
+    CleanFiles,
     EvaluateFiles,
     ExportFiles,
     FeaturesFiles,
@@ -316,6 +318,53 @@ class Layout:
         """The Import output directory of corpus ``key``: ``imports/<key>-<fingerprint>``."""
         return ImportFiles(self.work_dir / IMPORT_DIR / f"{key}-{self.fingerprint('import', corpus=key)}")
 
+    def align_files(self, key: str) -> ImportFiles:
+        """The Align output directory of corpus ``key`` (a ``recordings`` corpus):
+        ``align/<key>-<fingerprint>``, the files of an Import's."""
+        return ImportFiles(self.stage_dir("align", corpus=key))
+
+    def corpus_files(self, key: str) -> ImportFiles:
+        """Where corpus ``key``'s manifests are: its Align folder for long recordings, else its Import's."""
+        if corpus_stage(self.corpus(key)) == "align":
+            return self.align_files(key)
+        return self.import_files(key)
+
+    def aligner(self, key: str) -> Path:
+        """What corpus ``key``'s ``align.model`` names (a relative path is the config file's; the config
+        loader checked it is given): an export directory, a ``.tflite``, or a config (``model_config``)."""
+        model = Path(self.import_plan(key).options.align.model).expanduser()
+        if not model.is_absolute() and Path(self.config.source).is_file():
+            model = Path(self.config.source).parent / model
+        return model
+
+    # -- a model a stage runs (Align's aligner, Clean's scorer) ------------------------------------
+    @staticmethod
+    def model_config(named: str | Path) -> Path | None:
+        """The config a model key names when it names one (a ``.yaml``/``.yml`` file: the model is that
+        config's export, which its Export task builds first), else None."""
+        return Path(named) if Path(named).suffix in (".yaml", ".yml") else None
+
+    def model_path(self, named: str | Path) -> Path:
+        """The model a key names: the export of a named config (ConfigError when it is not built), else
+        the path itself."""
+        config = self.model_config(named)
+        if config is None:
+            return Path(named)
+        found = Layout(load_config(config)).find_export()
+        if found is None:
+            raise ConfigError(
+                f"{config}: its export is not built; run: deepspeech-train Export --config {config}"
+            )
+        return found.root
+
+    def model_fingerprint(self, named: str | Path) -> str:
+        """What a stage running the model a key names depends on: a named config's Export fingerprint
+        (known before its export is built), else the model's digest (``pipeline.digests.model_digest``)."""
+        config = self.model_config(named)
+        if config is None:
+            return model_digest(named)
+        return f"export of {config.name}: {Layout(load_config(config)).export_fingerprint}"
+
     @functools.cached_property
     def converted_dir(self) -> Path:
         """Where imports keep the converted copies of audio libsndfile cannot read (shared by all)."""
@@ -329,12 +378,24 @@ class Layout:
         return [(self.split_manifests("train"), self.config.data.limit_train, self.config.data.text)]
 
     def split_manifests(self, split: str) -> tuple[str, ...]:
-        """Every manifest of ``split``: ``data.<split>_files``, then each imported corpus's, in
-        ``data.corpora`` order; a phonemes task's: its IPA manifest."""
+        """The manifests the stages read for ``split``: the Clean stage's when it cleans that split
+        (``data.clean``), else its sources (``source_manifests``)."""
+        if cleans(self.config, split):
+            return (str(self.clean_files.manifest(split)),)
+        return self.source_manifests(split)
+
+    def source_manifests(self, split: str) -> tuple[str, ...]:
+        """Every manifest of ``split`` as the data gives it: ``data.<split>_files``, then each corpus's
+        (imported or aligned), in ``data.corpora`` order; a phonemes task's: its IPA manifest."""
         if self.config.phonemes_of:  # the splits its ``of`` task has
             return (str(self.phonemes_files.manifest(split)),) if self.config.has_split(split) else ()
-        imported = tuple(str(self.import_files(key).manifest(split)) for key in self.corpora)
+        imported = tuple(str(self.corpus_files(key).manifest(split)) for key in self.corpora)
         return tuple(self.config.split_files(split)) + imported
+
+    @functools.cached_property
+    def clean_files(self) -> CleanFiles:
+        """The Clean stage's folder: ``clean/<fingerprint>`` (``data.clean``)."""
+        return CleanFiles(self.stage_dir("clean"))
 
     # -- Features ------------------------------------------------------------------------------
     def features_files(self, split: str) -> FeaturesFiles:

@@ -39,6 +39,10 @@ IMPORT_DIR, ALPHABET_DIR, FEATURES_DIR, TRAIN_DIR, LM_DIR, TUNE_DIR, EVALUATE_DI
     "evaluate",
     "export",
 )
+# The Align stage's folders: a corpus of long recordings cut into utterances (pipeline.stages.align).
+ALIGN_DIR = "align"
+# The Clean stage's folders: the cleaned manifests and every utterance's scores (pipeline.stages.clean).
+CLEAN_DIR = "clean"
 # A multi-task config's phonemes tasks (targets: phonemes): their IPA manifests, under the work directory.
 PHONEMES_DIR = "phonemes"
 # Run logs of deepspeech-train, under the work directory.
@@ -182,6 +186,41 @@ class ImportFiles:
     def staging(self) -> Path:
         """A hidden directory beside ``root`` where an import is written before it is renamed into place."""
         return self.root.with_name(f".{self.root.name}.staging-{writer_tag()}")
+
+
+@dataclass(frozen=True)
+class CleanFiles:
+    """The files of the Clean stage's folder."""
+
+    root: Path
+
+    def manifest(self, split: str) -> Path:
+        """The cleaned manifest of ``split``."""
+        return self.root / manifest_name(split)
+
+    @property
+    def rejects(self) -> Path:
+        """The suspect rows."""
+        return self.root / "rejects.csv"
+
+    @property
+    def scores(self) -> Path:
+        """Every row's scores, worst first."""
+        return self.root / "scores.csv"
+
+    @property
+    def report(self) -> Path:
+        """``report.json``: rows kept, rejected and unscored per split, the thresholds, the files' sizes."""
+        return self.root / REPORT_NAME
+
+    def staging(self) -> Path:
+        """A hidden directory beside ``root``, where the outputs are written before they are renamed in."""
+        return self.root.with_name(f".{self.root.name}.staging-{writer_tag()}")
+
+    @property
+    def journal(self) -> Path:
+        """The rows scored so far, beside the folder until it is whole (a rerun resumes there)."""
+        return self.root.with_name(f".{self.root.name}.journal.csv")
 
 
 @dataclass(frozen=True)

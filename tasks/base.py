@@ -152,6 +152,15 @@ class ConfigTask(luigi.Task):
             needs[key] = task_class(name)(config=self.config, **params)
         return needs
 
+    def model_export(self, named) -> dict:
+        """``{"model_export": Export(config=...)}`` when the model key ``named(layout)`` gives names a config
+        (Align's aligner, Clean's scorer: that config's export, built first), else ``{}``."""
+        try:
+            config = self.layout.model_config(named(self.layout))
+        except _unusable_errors():
+            return {}
+        return {} if config is None else {"model_export": task_class("export")(config=str(config))}
+
     @property
     def resources(self) -> dict:
         """What the stage takes of the machine (``tasks.resources``): a ``cpu`` share, ``gpu`` towers."""

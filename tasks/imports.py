@@ -65,17 +65,22 @@ class Imports(luigi.WrapperTask):
 
     def requires(self):
         """An Import per ``data.corpora`` entry (of every task of a multi-task config)."""
-        from pipeline.config_loader import load_config
-        from pipeline.dag import instances, stage, task_config
+        return corpus_tasks(self.config, "import", Import)
 
-        config = load_config(self.config)
-        keys = dict.fromkeys(
-            corpus.key
-            for task in config.tasks or ("",)
-            for corpus in task_config(config, {"task": task}).data.corpora
-        )
-        return [
-            Import(config=self.config, **params)
-            for key in keys
-            for params in instances(config, stage("import"), {"corpus": key})
-        ]
+
+def corpus_tasks(config_path: str, name: str, task_class) -> list:
+    """A ``task_class`` per instance of stage ``name`` over the corpora of every task of a config."""
+    from pipeline.config_loader import load_config
+    from pipeline.dag import instances, stage, task_config
+
+    config = load_config(config_path)
+    keys = dict.fromkeys(
+        corpus.key
+        for task in config.tasks or ("",)
+        for corpus in task_config(config, {"task": task}).data.corpora
+    )
+    return [
+        task_class(config=config_path, **params)
+        for key in keys
+        for params in instances(config, stage(name), {"corpus": key})
+    ]

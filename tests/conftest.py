@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -159,3 +160,41 @@ def run_with_peak_rss(argv: list[str], **kwargs) -> tuple[subprocess.CompletedPr
         result = subprocess.run([sys.executable, "-c", _PEAK_LAUNCHER, str(peak), *argv], **kwargs)
         code, kib = (int(value) for value in peak.read_text().split())
     return subprocess.CompletedProcess(argv, code, result.stdout, result.stderr), kib / 1024
+
+
+@pytest.fixture(scope="session")
+def sample_aligner(tmp_path_factory) -> Path:
+    """The export of configs/sample.yaml (fewer epochs: an aligner needs less than a recogniser), trained
+    through the DAG in a subprocess."""
+    folder = tmp_path_factory.mktemp("aligner")
+    config = yaml.safe_load((ROOT / "configs/sample.yaml").read_text(encoding="utf-8"))
+    config["paths"] = {
+        "alphabet": str(ROOT / "data/alphabet.txt"),
+        "work_dir": str(folder / "work"),
+        "export_dir": str(folder / "export"),
+    }
+    for key in ("train_files", "dev_files", "test_files"):
+        config["data"][key] = [str(ROOT / "data/sample" / Path(p).name) for p in config["data"][key]]
+    config["decoder"]["lm_corpus_files"] = [str(ROOT / "data/sample/lm_corpus.txt")]
+    config["decoder"]["tune"] = False
+    config["training"]["epochs"] = 8
+    path = folder / "aligner.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "luigi",
+            "--module",
+            "tasks",
+            "Export",
+            "--config",
+            str(path),
+            "--local-scheduler",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder / "export"

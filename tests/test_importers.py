@@ -392,5 +392,15 @@ def test_every_builtin_importer_is_found_by_name():
     from native_client.plugins import builtin_names
 
     names = builtin_names("pipeline.data.importers", "IMPORTER")
-    assert names == ["common_voice", "folder", "kaldi", "librispeech", "mailabs", "mls", "tedlium", "timit"]
+    assert names == [
+        "common_voice",
+        "folder",
+        "kaldi",
+        "librispeech",
+        "mailabs",
+        "mls",
+        "recordings",
+        "tedlium",
+        "timit",
+    ]
     assert all(importer(name).name == name for name in names)

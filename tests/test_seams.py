@@ -218,7 +218,7 @@ def test_every_stage_is_declared_once_and_its_task_found_beside_it():
     from tasks.base import pipeline_tasks, task_class
 
     declared = stages()
-    built_in = "import phonemes alphabet features train lm tune evaluate export transcribe"
+    built_in = "import align clean phonemes alphabet features train lm tune evaluate export transcribe"
     assert set(declared) == set(built_in.split())
     for name, stage in declared.items():
         cls = task_class(name)
@@ -228,6 +228,7 @@ def test_every_stage_is_declared_once_and_its_task_found_beside_it():
         *(s.task for s in declared.values()),
         "Features",
         "Imports",
+        "Alignments",
     }
 
 
@@ -239,7 +240,7 @@ def test_the_stage_modules_declare_the_dag_without_loading_tensorflow():
         "import sys\n"
         "import tasks\n"
         "from pipeline.dag import stages\n"
-        "assert len(stages()) == 10\n"
+        "assert len(stages()) == 12\n"
         "print(sorted(m for m in ('tensorflow', 'optuna', 'keras') if m in sys.modules))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
@@ -276,8 +277,8 @@ def test_rerun_runs_the_roots_the_dag_declares_and_they_reach_every_stage(small_
     assert [type(t).__name__ for t in dag_roots(plain, {"audio": "a.wav"})] == ["Evaluate", "Transcribe"]
     assert "TuneDecoder" not in {type(t).__name__ for t in dag(dag_roots(plain, {"audio": None})).values()}
     reached = {type(t).__name__ for t in dag(dag_roots(full, {"audio": "a.wav"})).values()}
-    # the sample has no corpora, and no multitask phonemes task
-    assert reached == {stage.task for stage in stages().values()} - {"Import", "Phonemes"}
+    # the sample has no corpora (nothing to import or align), no multitask phonemes task, no data.clean
+    assert reached == {stage.task for stage in stages().values()} - {"Import", "Align", "Phonemes", "Clean"}
 
 
 def test_keys_that_change_no_result_in_a_config_move_no_fingerprint():

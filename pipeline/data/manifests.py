@@ -217,7 +217,7 @@ def _check_row(row: dict, base: Path, source: str, alphabet: Labels, text: TextS
             "characters not in the alphabet: " + " ".join(repr(c) for c in unknown),
         )
     try:
-        offset, duration = _segment(row)
+        offset, duration = row_segment(row)
     except ValueError as error:
         return Reject(source, str(path), "malformed_row", str(error))
     try:
@@ -229,7 +229,7 @@ def _check_row(row: dict, base: Path, source: str, alphabet: Labels, text: TextS
     )
 
 
-def _segment(row: dict) -> tuple[float, float | None]:
+def row_segment(row: dict) -> tuple[float, float | None]:
     """The row's (offset, duration) from the optional columns; ValueError naming a bad value."""
     values = []
     for column in ("offset", "duration"):

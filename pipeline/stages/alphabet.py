@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from native_client.alphabet import Alphabet
 from pipeline.config import Config
-from pipeline.dag import Node, Stage, is_instance, shared_alphabet, sources_of, task_config, task_param
+from pipeline.dag import Node, Stage, is_instance, manifests_of, shared_alphabet, task_config, task_param
 from pipeline.data.manifests import iter_transcripts
 from pipeline.data.text import TranscriptRejected
 from pipeline.files import write_text_atomic
@@ -46,8 +46,8 @@ PROGRESS_EVERY = 10_000
 def _alphabet_upstream(config: Config, params: dict) -> list[Node]:
     """What the Alphabet stage reads: the task's imports; with one shared alphabet, every task's."""
     if shared_alphabet(config) and not task_param(params):
-        return [node for task in config.tasks for node in sources_of(config, {"task": task})]
-    return sources_of(config, params)
+        return [node for task in config.tasks for node in manifests_of(config, {"task": task}, "train")]
+    return manifests_of(config, params, "train")
 
 
 def _alphabet_runs(config: Config, params: dict) -> bool:

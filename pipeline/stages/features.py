@@ -12,7 +12,7 @@ import logging
 from collections import Counter
 from pathlib import Path
 
-from pipeline.dag import Stage, alphabet_of, is_instance, sources_of, task_config
+from pipeline.dag import Stage, alphabet_of, is_instance, manifests_of, task_config
 from pipeline.data.manifests import read_manifests
 from pipeline.data.text import unreachable_labels
 from pipeline.features.extract import (
@@ -50,7 +50,10 @@ STAGE = Stage(
     "features",
     "FeaturesSplit",
     params=("split", "task"),
-    upstream=lambda config, params: [*sources_of(config, params), *alphabet_of(config, params)],
+    upstream=lambda config, params: [
+        *manifests_of(config, params, params["split"]),
+        *alphabet_of(config, params),
+    ],
     group="Features",
     runs=lambda config, params: (
         is_instance(config, params)
@@ -132,7 +135,7 @@ def _import_rejects(layout: Layout, split: str) -> tuple[Counter, tuple[Path, ..
         return Counter(), ()
     found, files = Counter(), []
     for key in layout.corpora:
-        imported = layout.import_files(key)
+        imported = layout.corpus_files(key)
         rejected = json.loads(imported.report.read_text(encoding="utf-8"))["rejected_by_split"][split]
         if rejected:
             found.update(rejected)

@@ -41,7 +41,9 @@ STAGE = Stage(
     group="Imports",
     runs=lambda config, params: (
         is_instance(config, params)
-        and any(node[1]["corpus"] == params["corpus"] for node in imports_of(config, params))
+        and any(
+            node == "import" and p["corpus"] == params["corpus"] for node, p in imports_of(config, params)
+        )
     ),
     derived=_corpus_inputs,
     directory=IMPORT_DIR,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from native_client.alphabet import Labels
 from native_client.arpa import arpa_counts, arpa_unigrams, is_arpa
-from pipeline.dag import Stage, alphabet_of, is_instance, sources_of
+from pipeline.dag import Stage, alphabet_of, every_split_of, is_instance
 from pipeline.files import fsync_path, fsync_tree, write_text_atomic
 from pipeline.layout import Layout
 from pipeline.lm.files import LanguageModelDamaged, lm_file_records, verify_lm_files
@@ -37,7 +37,7 @@ STAGE = Stage(
     "lm",
     "LanguageModel",
     params=("task",),
-    upstream=lambda config, params: [*sources_of(config, params), *alphabet_of(config, params)],
+    upstream=lambda config, params: [*every_split_of(config, params), *alphabet_of(config, params)],
     runs=is_instance,
     # decoder.lm_builder as written: auto stays auto whichever builder it finds (lm_report.json says which).
     derived=lambda inputs, params: {"lm_builder": inputs.config.decoder.lm_builder},

@@ -132,7 +132,7 @@ def _build(layout: Layout, staging: PhonemesFiles, progress: Callable[[int], Non
         with open(staging.manifest(split), "w", newline="", encoding="utf-8") as handle:
             writer = csv.writer(handle)
             writer.writerow(COLUMNS)
-            pending = _rows(source.split_manifests(split), text)
+            pending = _rows(source.source_manifests(split), text)
             while block := list(islice(pending, BLOCK)):
                 spoken = phonemize((transcript for _, transcript in block), voice, workers)
                 for ((audio, size, offset, duration), _), ipa in zip(block, spoken, strict=True):

@@ -67,7 +67,7 @@ def transcribe_stage(layout: Layout, export: ExportFiles, audio: str | Path) -> 
         plugins=allowed,
     )
     result = model.transcribe_file(audio, convert_rate=layout.config.features.resample)
-    manifests = [f for split in SPLITS for f in layout.split_manifests(split)]
+    manifests = [f for split in SPLITS for f in layout.source_manifests(split)]
     reference = find_reference(manifests, audio)
     if reference is not None:  # as Features made the training text of it (data.text)
         try:

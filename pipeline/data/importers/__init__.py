@@ -87,6 +87,9 @@ class CorpusImporter:
     values; ``SELECTIONS`` names the drop reasons that leave rows out on purpose."""
 
     name: str = ""
+    # The stage that turns the corpus into manifests: ``import``, or ``align`` for long recordings with
+    # their whole text (``recordings``: the Align stage cuts them into utterances).
+    stage: str = "import"
     Options: type = NoOptions
     CHOICES: typing.ClassVar[dict[str, tuple]] = {}
     # Drop reasons that are the corpus's own exclusions, made by design or by the importer's options
@@ -237,7 +240,13 @@ def parse_options(
             value = float(value)
         if expected in (int, float, str) and (not isinstance(value, expected) or isinstance(value, bool)):
             raise ValueError(f"{where}.{key}: expected {expected.__name__}, got {value!r}")
-        if typing.get_origin(expected) is tuple:
+        if dataclasses.is_dataclass(expected):
+            if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in value):
+                value = dict(value)  # a nested mapping as the config keeps it: sorted pairs
+            if not isinstance(value, Mapping):
+                raise ValueError(f"{where}.{key}: expected a mapping of its keys, got {value!r}")
+            value = parse_options(expected, value, f"{where}.{key}", {})
+        elif typing.get_origin(expected) is tuple:
             if isinstance(value, str) or not isinstance(value, (list, tuple)):
                 raise ValueError(f"{where}.{key}: expected a list, got {value!r}")
             value = tuple(str(item) for item in value)

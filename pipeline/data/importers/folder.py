@@ -111,8 +111,11 @@ class Folder(CorpusImporter):
             if isinstance(text, UnicodeDecodeError):
                 yield bad_encoding(str(folder / transcript), text, str(path))
                 continue
-            text = " ".join(line.strip() for line in text.splitlines())
-            yield Utterance(str(path), text, speaker, f"{folder / transcript}:1")
+            yield Utterance(str(path), self.transcript(text), speaker, f"{folder / transcript}:1")
+
+    def transcript(self, text: str) -> str:
+        """The transcript of an audio file whose ``.txt`` holds ``text``: its lines joined by spaces."""
+        return " ".join(line.strip() for line in text.splitlines())
 
 
 IMPORTER = Folder()
