@@ -47,6 +47,7 @@ def make_recording(folder: Path, minutes: int) -> Path:
 
 def align_child(model: str, audio: str) -> dict:
     """In the child: align one recording on one thread; seconds of audio, wall seconds, utterances."""
+    from native_client.audio import probe
     from pipeline.data.align_recording import align_recording
     from pipeline.data.aligner import Aligner
     from pipeline.data.importers import Utterance
@@ -58,7 +59,9 @@ def align_child(model: str, audio: str) -> dict:
     row = Utterance(audio, text, "reader", f"{Path(audio).with_suffix('.txt')}:1")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
-        result = align_recording(row, TextSettings(), AlignOptions(model=model), aligner, Path(scratch) / "p")
+        result = align_recording(
+            row, audio, probe(audio), TextSettings(), AlignOptions(model=model), aligner, Path(scratch) / "p"
+        )
     wall = time.perf_counter() - started
     return {
         "audio_s": result["seconds"],

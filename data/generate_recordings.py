@@ -8,7 +8,7 @@ last sample above a quiet threshold), which is what the tests check an aligner a
 (``tests/recordings_factory.py``). ``--unread`` adds a paragraph the reader never reads to the first
 chapter's text, as a book's preface is: the Align stage must reject it. Needs espeak-ng and sox.
 
-    python data/generate_recordings.py --out data/recordings     # the committed sample (4 chapters)
+    python data/generate_recordings.py --out data/recordings --sentences 24   # the committed sample
 """
 
 from __future__ import annotations

@@ -187,6 +187,9 @@ class CorpusConfig:
     an option of its importer (docs/DATA.md lists them, e.g. ``train_from_validated: true`` for
     common_voice)."""
 
+    # Importer options that are paths, resolved from the file that wrote them as path keys are.
+    OPTION_PATHS: ClassVar[tuple[str, ...]] = ("align.model",)
+
     importer: str = _opt(
         "",
         "The importer that reads the corpus's layout: librispeech, mls, common_voice, tedlium, timit, "
@@ -260,6 +263,7 @@ class CleanConfig:
         "... or whose forced-alignment score (the log-probability of its transcript's best CTC path, per "
         "character: 0 is certain) is below this. On the sample, right transcripts score -0.5 to -5 and "
         "swapped ones -7 to -11 (docs/DATA.md).",
+        maximum=0.0,
     )
     splits: tuple[str, ...] = _opt(
         ("train", "dev"),

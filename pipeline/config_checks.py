@@ -64,6 +64,10 @@ def validate_config(config: Config) -> None:
             f"(no dev split, or training.validation_epochs 0); use export.average.last"
         )
     unknown = sorted(set(config.data.clean.splits) - {"train", "dev", "test"})
+    if len(set(config.data.clean.splits)) < len(config.data.clean.splits):
+        raise ConfigError(
+            f"{src}: data.clean.splits: a split is named twice: {list(config.data.clean.splits)}"
+        )
     if unknown:
         raise ConfigError(
             f"{src}: data.clean.splits: unknown split(s) {', '.join(unknown)}; expected train, dev, test"

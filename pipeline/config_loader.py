@@ -326,6 +326,7 @@ def _check_corpora(config: Config) -> None:
             chosen, options, _ = check_spec(spec, where)
             if chosen.stage == "align":
                 _check_model(options.align.model, f"{where}.align.model", src)
+                _check_align(options.align, config.data.max_duration_s, f"{where}.align")
             if Path(corpus.path).is_dir():
                 plan_import(spec, where)
         except ValueError as error:  # CorpusLayoutError and PluginError are ValueErrors
@@ -335,6 +336,21 @@ def _check_corpora(config: Config) -> None:
             _check_model(config.data.clean.model, "data.clean.model", src)
         except ValueError as error:
             raise ConfigError(f"{src}: {error}") from None
+
+
+def _check_align(align, max_duration_s: float, where: str) -> None:
+    """ValueError naming the key when an ``align`` setting is out of its range: ``max_seconds`` above 0 and
+    at most ``data.max_duration_s`` (Features would reject what Align made), ``min_score`` at most 0 (a
+    mean log-probability)."""
+    if align.max_seconds <= 0 or (max_duration_s and align.max_seconds > max_duration_s):
+        raise ValueError(
+            f"{where}.max_seconds: expected a value above 0 and at most data.max_duration_s "
+            f"({max_duration_s:g}), got {align.max_seconds:g}"
+        )
+    if align.min_score > 0:
+        raise ValueError(
+            f"{where}.min_score: expected a value at most 0 (a mean log-probability), got {align.min_score:g}"
+        )
 
 
 def _check_model(model: str, where: str, src: str) -> None:

@@ -136,11 +136,30 @@ def _entry(value: dict, cls: type, where: str, base_dir: Path | None):
                 f"{at}: unknown key; {did_you_mean(key, known)}expected one of {', '.join(known)}"
             )
     if extra:
+        for dotted in getattr(cls, "OPTION_PATHS", ()):
+            extra = _resolve_option_path(extra, dotted.split("."), base_dir)
         values[rest] = tuple(sorted({**dict(values.get(rest, ())), **dict(_mapping(extra, where))}.items()))
     for name, f in known.items():
         if f.metadata.get("required") and values.get(name) in (None, ""):
             raise ConfigError(f"{where}.{name}: required, not given")
     return cls(**values)
+
+
+def _resolve_option_path(options: dict, keys: list[str], base_dir: Path | None) -> dict:
+    """``options`` with the path at ``keys`` (``["align", "model"]``) resolved against ``base_dir``, the
+    folder of the file that wrote it, as every path key is (a copy; the rest as it was)."""
+    head, *tail = keys
+    value = options.get(head)
+    if tail:
+        return (
+            {**options, head: _resolve_option_path(value, tail, base_dir)}
+            if isinstance(value, dict)
+            else options
+        )
+    if not isinstance(value, str) or not value or base_dir is None:
+        return options
+    path = Path(value).expanduser()
+    return {**options, head: str(path if path.is_absolute() else (base_dir / path).resolve())}
 
 
 def _override(value, meta: dict, where: str, base_dir: Path | None) -> SectionOverride:

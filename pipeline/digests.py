@@ -54,7 +54,15 @@ def path_digest(path: str | Path) -> str:
 
 def model_digest(path: str | Path) -> str:
     """The digest of a model for the stages that run one (Align's aligner, Clean's scorer): an export
-    directory's ``manifest.json``, which holds every file's SHA-256 (the directory itself also gets
-    transcripts and a lock), or the model file's (a DeepSpeech/Coqui ``.tflite``)."""
+    directory's ``manifest.json`` (of its newest numbered version, as the client loads), which holds every
+    file's SHA-256 (the directory itself also gets transcripts and a lock), or the model file's (a
+    DeepSpeech/Coqui ``.tflite``)."""
     path = Path(path)
-    return file_digest(path / "manifest.json" if path.is_dir() else path)
+    if not path.is_dir():
+        return file_digest(path)
+    from native_client.metadata import ExportError, resolve_export_dir
+
+    try:
+        return file_digest(resolve_export_dir(path) / "manifest.json")  # a versioned root: its newest
+    except ExportError:
+        return "missing"

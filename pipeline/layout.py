@@ -350,7 +350,7 @@ class Layout:
         config = self.model_config(named)
         if config is None:
             return Path(named)
-        found = Layout(load_config(config)).find_export()
+        found = self._model_layout(config).find_export()
         if found is None:
             raise ConfigError(
                 f"{config}: its export is not built; run: deepspeech-train Export --config {config}"
@@ -363,7 +363,29 @@ class Layout:
         config = self.model_config(named)
         if config is None:
             return model_digest(named)
-        return f"export of {config.name}: {Layout(load_config(config)).export_fingerprint}"
+        return f"export of {config.name}: {self._model_layout(config).export_fingerprint}"
+
+    def _model_layout(self, config: Path) -> Layout:
+        """The layout of a config named as a model; ConfigError when it names configs as models itself (a
+        chain, or a cycle, of configs) or exports where this config does (each would overwrite the other's
+        export)."""
+        named = load_config(config)
+        if (
+            named.data.clean.model
+            and self.model_config(named.data.clean.model)
+            or any(
+                self.model_config(dict(dict(c.options).get("align") or {}).get("model", ""))
+                for c in named.data.corpora
+            )
+        ):
+            raise ConfigError(f"{config}: a config named as a model must not name configs as models itself")
+        layout = Layout(named)
+        if layout.export_root.resolve() == self.export_root.resolve():
+            raise ConfigError(
+                f"{self.config.source}: paths.export_dir: {self.export_root} is also the export folder of "
+                f"{config}, named as a model; set another paths.export_dir"
+            )
+        return layout
 
     @functools.cached_property
     def converted_dir(self) -> Path:
@@ -395,7 +417,22 @@ class Layout:
     @functools.cached_property
     def clean_files(self) -> CleanFiles:
         """The Clean stage's folder: ``clean/<fingerprint>`` (``data.clean``)."""
-        return CleanFiles(self.stage_dir("clean"))
+        return CleanFiles(self.stage_dir("clean"), self.clean_scores_key())
+
+    def clean_scores_key(self) -> str:
+        """What the Clean stage's scores depend on: its fingerprint without ``max_cer`` and ``min_score``
+        (the model, the splits and what gives their manifests), so that a changed threshold reuses them."""
+        clean = self.config.data.clean
+        node = ("clean", self._task_params("clean"))
+        sources = upstream(self.config, *node)
+        return fingerprint_hash(
+            {
+                "model": self.model_fingerprint(clean.model),
+                "splits": list(clean.splits),
+                "sources": {node_name(n, p, ""): self.fingerprint(n, **p) for n, p in sources},
+                "files": derived_inputs(self, *node)["files"],
+            }
+        )
 
     # -- Features ------------------------------------------------------------------------------
     def features_files(self, split: str) -> FeaturesFiles:

@@ -68,6 +68,17 @@ LEFTOVER_PATTERNS = (
     rf"\.logits-{_WRITER}\.h5",
     rf"\..+\.removed-{_WRITER}",
 )
+# The resume state a stage keeps beside its output folder until the folder is whole (Align's aligned
+# recordings): ``.<folder>.<what>``; gc removes it with the folder it belongs to.
+RESUME_STATE_PATTERN = r"\.(?P<owner>.+)\.aligned"
+
+
+def resume_state_owner(path: Path) -> Path | None:
+    """The output folder whose resume state ``path`` is (``RESUME_STATE_PATTERN``), else None."""
+    found = re.fullmatch(RESUME_STATE_PATTERN, Path(path).name)
+    return Path(path).with_name(found.group("owner")) if found else None
+
+
 # An entry files.remove_entry was deleting when its process died.
 REMOVED_PATTERN = LEFTOVER_PATTERNS[-1]
 # The staging directories inside an export directory (all made under its lock).
@@ -190,9 +201,10 @@ class ImportFiles:
 
 @dataclass(frozen=True)
 class CleanFiles:
-    """The files of the Clean stage's folder."""
+    """The files of the Clean stage's folder, and its scores beside it."""
 
     root: Path
+    scores_key: str
 
     def manifest(self, split: str) -> Path:
         """The cleaned manifest of ``split``."""
@@ -219,8 +231,9 @@ class CleanFiles:
 
     @property
     def journal(self) -> Path:
-        """The rows scored so far, beside the folder until it is whole (a rerun resumes there)."""
-        return self.root.with_name(f".{self.root.name}.journal.csv")
+        """Every row's scores against the model (``scores-<key>.csv`` beside the folder, ``key`` the
+        model's and the data's: not the thresholds, so that a changed threshold only judges again)."""
+        return self.root.with_name(f"scores-{self.scores_key}.csv")
 
 
 @dataclass(frozen=True)

@@ -122,31 +122,53 @@ def _rows(path: Path) -> list[dict]:
         return list(csv.DictReader(handle))
 
 
+def _cut_errors(
+    cuts: list[tuple[float, float, str]], order: list[str], spans: list
+) -> tuple[int, list[float]]:
+    """(sentences found, boundary errors) of utterances ``cuts`` (start, end, transcript) of a recording whose
+    sentences ``order`` are spoken at ``spans``. A cut is right anywhere in the silence between two
+    sentences (the audio's neighbours, said in the text or not): its error is how far it is from it."""
+    found, errors = 0, []
+    for start, end, text in cuts:
+        first = next(i for i, s in enumerate(order) if text.startswith(s))
+        last = next(i for i in range(len(order) - 1, -1, -1) if text.endswith(order[i]))
+        before = spans[first - 1][1] if first else 0.0
+        after = spans[last + 1][0] if last + 1 < len(order) else end + 1
+        errors += [
+            max(0.0, start - spans[first][0], before - start),
+            max(0.0, spans[last][1] - end, end - after),
+        ]
+        found += last - first + 1
+    return found, errors
+
+
 @pytest.mark.long
 def test_long_recordings_are_cut_at_their_sentences_and_hostile_ones_named(
     tmp_path, sample_aligner, tasks_in_process
 ):
+    from pipeline.data.align import align_units
+    from pipeline.data.aligner import Aligner
     from tasks import Alignments
 
     corpus = tmp_path / "chapters"
     corpus.mkdir()
-    truth = {}
-    sentences = list(SENTENCES)
+    truth, sentences = {}, list(SENTENCES)
     for seed in range(3):
         name = f"chapter{seed}"
         order = sentences[seed:] + sentences[:seed]
         truth[name] = (order, make_recording(corpus / f"{name}.flac", order, seed))
-        (corpus / f"{name}.txt").write_text(
-            "\n".join(s.capitalize() + "." for s in order) + "\n", encoding="utf-8"
-        )
-    # text the reader never read: a preface, and a paragraph in the middle
-    preface = (
+    written = {name: [s.capitalize() + "." for s in order] for name, (order, _) in truth.items()}
+    # text the reader never read: a preface and a paragraph in the middle; a paragraph at the end
+    unread = (
         "This edition was prepared by the editors and is not read aloud. It has notes on the translation."
     )
-    lines = (corpus / "chapter0.txt").read_text(encoding="utf-8").splitlines()
-    (corpus / "chapter0.txt").write_text(
-        "\n".join([preface, *lines[:10], preface, *lines[10:]]) + "\n", encoding="utf-8"
-    )
+    written["chapter0"] = [unread, *written["chapter0"][:10], unread, *written["chapter0"][10:]]
+    written["chapter1"] = [*written["chapter1"], unread]
+    # speech the text does not hold: five sentences of chapter2 are left out of its text
+    said = list(range(5)) + list(range(10, len(sentences)))
+    written["chapter2"] = [written["chapter2"][i] for i in said]
+    for name, lines in written.items():
+        (corpus / f"{name}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     # hostile recordings: each refused in one line naming its file, the rest going on
     shutil.copy(corpus / "chapter1.flac", corpus / "nowords.flac")
     (corpus / "nowords.txt").write_text("... --- !!!\n", encoding="utf-8")
@@ -174,33 +196,50 @@ def test_long_recordings_are_cut_at_their_sentences_and_hostile_ones_named(
     assert refused["latin1"]["reason"] == "bad_encoding" and "latin1.txt" in refused["latin1"]["detail"]
     assert all("\n" not in r["detail"] for r in rejects)
     # the unread paragraphs are rejected, never smeared over their neighbours
-    unread = [r for r in rejects if r["reason"] == "misaligned" and "chapter0.txt" in r["source"]]
-    assert {r["source"].rsplit(":", 1)[1] for r in unread} == {"1", "12"}
-    assert report["dropped_by_reason"]["misaligned"] == len(
-        [r for r in rejects if r["reason"] == "misaligned"]
-    )
+    misaligned = {r["source"].rsplit("/", 1)[1] for r in rejects if r["reason"] == "misaligned"}
+    assert misaligned == {"chapter0.txt:1", "chapter0.txt:12", "chapter1.txt:21"}
+    assert report["dropped_by_reason"]["misaligned"] == 6  # each unread paragraph is two sentences long
 
     found, errors = 0, []
     for name, (order, spans) in truth.items():
-        mine = [r for r in rows if Path(r["wav_filename"]).stem == name]
-        for row in mine:
-            start, end = float(row["offset"]), float(row["offset"]) + float(row["duration"])
-            text = row["transcript"]
-            first = next(i for i, s in enumerate(order) if text.startswith(s))
-            last = next(i for i in range(len(order) - 1, -1, -1) if text.endswith(order[i]))
-            # a cut is right anywhere in the silence between two sentences: its error is how far it is from it
-            before = spans[first - 1][1] if first else 0.0
-            after = spans[last + 1][0] if last + 1 < len(order) else end + 1
-            errors += [
-                max(0.0, start - spans[first][0], before - start),
-                max(0.0, spans[last][1] - end, end - after),
-            ]
-            found += last - first + 1
-    total = sum(len(order) for order, _ in truth.values())
+        cuts = [
+            (float(r["offset"]), float(r["offset"]) + float(r["duration"]), r["transcript"])
+            for r in rows
+            if Path(r["wav_filename"]).stem == name
+        ]
+        counted, more = _cut_errors(cuts, order, spans)
+        found, errors = found + counted, errors + more
+    total = sum(len(order) for order, _ in truth.values()) - 5  # the five sentences chapter2's text lacks
     assert found >= 0.95 * total, (found, total)
     assert statistics.median(errors) < 0.06, sorted(errors)[-5:]
     assert float(np.percentile(errors, 90)) < 0.2, sorted(errors)[-5:]
     assert not list(folder.root.parent.glob(".*.aligned"))
+
+    # the same in windows of 20 s (a long recording's 4 minutes): unread text and speech the text lacks,
+    # and sentences crossing a window's end
+    aligner = Aligner(sample_aligner)
+    found, errors, total = 0, [], 0
+    for name in ("chapter0", "chapter2"):
+        order, spans = truth[name]
+        posteriors = aligner.posteriors(corpus / f"{name}.flac", tmp_path / f"{name}.posteriors")
+        lines = [line.rstrip(".").lower() for line in written[name]]
+        placed = align_units(
+            posteriors,
+            [aligner.labels(line)[0] for line in lines],
+            aligner.blank,
+            aligner.seconds_per_frame,
+            -3.0,
+            aligner.alphabet.space_index,
+            window_s=20.0,
+        )
+        assert [p is None for p, line in zip(placed, lines, strict=True) if line not in order] == [True] * (
+            len(lines) - sum(line in order for line in lines)
+        )
+        cuts = [(p.start, p.end, line) for p, line in zip(placed, lines, strict=True) if p is not None]
+        counted, more = _cut_errors(cuts, order, spans)
+        found, errors, total = found + counted, errors + more, total + sum(line in order for line in lines)
+    assert found >= 0.95 * total, (found, total)
+    assert statistics.median(errors) < 0.06, sorted(errors)[-5:]
 
 
 @pytest.mark.long

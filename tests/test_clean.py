@@ -147,7 +147,20 @@ def test_an_interrupted_clean_resumes_at_the_row_it_stopped_at(tmp_path, sample_
     with pytest.raises(KeyboardInterrupt):
         clean_module.clean_stage(layout, stop)
     assert not layout.clean_files.report.exists() and layout.clean_files.journal.exists()
+    assert layout.clean_files.journal.parent == layout.clean_files.root.parent
+    with open(layout.clean_files.journal, "a", encoding="utf-8") as journal:
+        journal.write("dev,/data/sample/dev.csv:52,/torn/by/a/kill")  # a line cut short, no line end
     first = len(scored)
     report = clean_module.clean_stage(layout)
     assert first == 50 and len(scored) == 59  # the other 9 only
-    assert report["splits"]["dev"]["rows"] == 59 and not layout.clean_files.journal.exists()
+    assert report["splits"]["dev"]["rows"] == 59
+    # another threshold judges the same scores again: another folder, nothing scored again
+    stricter = Layout(
+        load_config(
+            _config(tmp_path, f"  clean:\n    model: {sample_aligner}\n    splits: [dev]\n    max_cer: 0.3\n")
+        )
+    )
+    assert stricter.clean_files.root != layout.clean_files.root
+    assert stricter.clean_files.journal == layout.clean_files.journal
+    again = clean_module.clean_stage(stricter)
+    assert len(scored) == 59 and again["splits"]["dev"]["rejected"] >= report["splits"]["dev"]["rejected"]

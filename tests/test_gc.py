@@ -264,3 +264,25 @@ def test_gc_keeps_the_epoch_ends_a_continued_run_wrote_after_its_report(small_co
         load_alphabet(Layout(config).alphabet).n_classes,
     )
     assert (averaging.epochs, averaging.missing) == ((3, 4), ())
+
+
+def test_gc_removes_an_abandoned_alignments_resume_state_under_its_folders_lock(small_config):
+    """Align keeps a killed run's recordings in ``.<folder>.aligned`` beside its folder: gc removes that of a
+    folder no config reaches, and keeps it while a process holds the folder's lock; a writer's temporary
+    files stay the stage's own."""
+    config = load_config(small_config("plain.yaml"))
+    work = Layout(config).work_dir
+    folder = work / "align" / "books-0123456789ab"
+    aligned = folder.with_name(f".{folder.name}.aligned")
+    aligned.mkdir(parents=True)
+    (aligned / "recording.json").write_text("{}", encoding="utf-8")
+    staging = folder.with_name(f".{folder.name}.staging-{host_name()}-{os.getpid()}")
+    staging.mkdir()
+    found = {e.path: e for e in unreachable([config])}
+    assert aligned in found and staging not in found
+    assert _owner(aligned) == _owner(folder)
+    with stage_lock(folder):  # Align of that folder runs again
+        assert not remove_group([found[aligned]])
+    assert aligned.exists()
+    assert remove_group([found[aligned]])
+    assert not aligned.exists() and staging.exists()

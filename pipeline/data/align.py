@@ -16,6 +16,11 @@ Written here, because the package lacks them:
   so a paragraph that is never read squeezes into its neighbours' audio and spoils them. Within a window
   the worst unit below ``min_score`` is taken out and the window aligned again, until every unit left
   scores at least ``min_score``: the unread text is rejected, its neighbours keep their places.
+- **Speech that is not in the text** (a talk the transcript leaves out, music): the package's path must
+  cover every frame between two units with a blank or a character, whose log-probabilities in speech
+  are very low, so it would rather squeeze the neighbours over the gap. Each unit is aligned after a
+  "garbage" class of constant log-probability (``GARBAGE_LOG_PROB``) that can take any stretch of audio
+  at that cost; where nothing fits in a whole window, the next one starts half a window on.
 - **Boundaries and score**: the package's utterance boundaries pad up to 0.5 s into the neighbours'
   silence and score that padding too; here a unit runs from its first to its last character's frame,
   padded by ``PAD_S`` before and ``PAD_AFTER_S`` after into the silence around it (never past the middle
@@ -34,6 +39,13 @@ import numpy as np
 # Audio aligned at once; the band of frames the dynamic programming keeps per character; the share of a
 # window the units given to it are expected to fill (at the recording's mean speaking rate).
 WINDOW_S, BAND_S, WINDOW_FILL = 240.0, 60.0, 0.6
+# The log-probability per frame of speech the text does not hold (a talk left out of a transcript, music):
+# between two units the path may cross any stretch of audio at this cost, so that a stretch the text lacks
+# does not pull its neighbours over it. Below a character's on the right path (about -1 for a trained
+# model), above a pause's blank or space in speech (-5 and less).
+GARBAGE_LOG_PROB = -4.0
+# A unit found within this of a window's end may run past it: it waits for the next window.
+EDGE_S = 1.0
 # Silence kept before a unit's first character and after its last (at most half the gap to a neighbour): more
 # after, as a character's spike comes early in its sound and a word's last sound may last a while.
 PAD_S, PAD_AFTER_S = 0.15, 0.3
@@ -109,21 +121,34 @@ def align_units(
     docstring. ``window_s``: the audio aligned at once."""
     frames = len(log_probs)
     window = max(1, round(window_s / seconds_per_frame))
+    edge = round(EDGE_S / seconds_per_frame)
     rate = sum(len(t) for t in tokens) / max(frames, 1)  # labels per frame, over the whole recording
     found: list[Aligned | None] = [None] * len(tokens)
     first, start = 0, 0
     while first < len(tokens):
         end = min(frames, start + window)
+        chosen = _units_for(tokens, first, rate * (end - start) * WINDOW_FILL, end - start, end == frames)
+        if end < frames and chosen[-1] == len(tokens) - 1:
+            # every unit left fits the budget: they are looked for in the rest of the recording
+            end = frames
+            chosen = _units_for(tokens, first, 0, end - start, True)
         last_window = end == frames
-        chosen = _units_for(tokens, first, rate * (end - start) * WINDOW_FILL, last_window)
+        if not chosen:  # the audio left is too short for even the next unit: it is not there
+            break
         active, results = _align_window(
             log_probs[start:end], tokens, chosen, (blank, space), seconds_per_frame, min_score
         )
-        final = last_window or chosen[-1] == len(tokens) - 1
-        # the window's last unit may run past its end: it is aligned again in the next one
-        kept = active if final else [i for i in active if i != chosen[-1]]
-        if not kept:  # nothing held in this window: the first unit is not in the audio here
-            first += 1
+        # a unit that may run past the window's end (its last unit, one ending near the end) is aligned
+        # again in the next window
+        ends_before = (end - start - edge) * seconds_per_frame
+        kept = (
+            active if last_window else [i for i in active if i != chosen[-1] and results[i].end < ends_before]
+        )
+        if not kept:
+            if last_window:  # the audio is used up: the first unit is not in it
+                first += 1
+            else:  # none of these units is in this stretch of audio (music, talk not in the text): on
+                start += max(1, window // 2)
             continue
         for index in kept:
             a = results[index]
@@ -131,19 +156,21 @@ def align_units(
                 a.start + start * seconds_per_frame, a.end + start * seconds_per_frame, a.score
             )
         # units taken out before the last one kept are not in the audio; later ones get another window
-        first = len(tokens) if final else kept[-1] + 1
+        first = len(tokens) if last_window else kept[-1] + 1
         start = max(start + 1, int(found[kept[-1]].end / seconds_per_frame))
     return found
 
 
-def _units_for(tokens: list[np.ndarray], first: int, budget: float, last_window: bool) -> list[int]:
-    """The units from ``first`` a window takes: every one left in the last window, else as many as the
-    ``budget`` of labels holds (at least two, so that one is kept)."""
-    if last_window:
-        return list(range(first, len(tokens)))
-    chosen, total = [], 0
+def _units_for(
+    tokens: list[np.ndarray], first: int, budget: float, frames: int, last_window: bool
+) -> list[int]:
+    """The units from ``first`` a window of ``frames`` takes: as many as the ``budget`` of labels holds (at
+    least two, so that one is kept), or in the last window every one left; never more than its frames can
+    hold (a CTC path takes a frame per label, one between repeats, and the separators between units)."""
+    chosen, total, needed = [], 0, 2
     for index in range(first, len(tokens)):
-        if len(chosen) >= 2 and total + len(tokens[index]) > budget:
+        needed += min_frames(tokens[index]) + 3
+        if needed > frames or (not last_window and len(chosen) >= 2 and total + len(tokens[index]) > budget):
             break
         chosen.append(index)
         total += len(tokens[index])
@@ -159,19 +186,17 @@ def _align_window(
     min_score: float,
 ) -> tuple[list[int], dict[int, Aligned]]:
     """(the units of ``chosen`` kept, where each was found in this window): while some unit scores under
-    ``min_score``, the one of them whose removal leaves the most units at or above it (then the highest
-    total score) is taken out and the window aligned again. Text that is not in the audio spoils its
+    ``min_score``, the one of them whose removal leaves the most units at or above it (of equals, the one
+    that scored worst) is taken out and the window aligned again. Text that is not in the audio spoils its
     neighbours too; taking out a neighbour leaves the text still bad, taking out the text mends both."""
     window = np.ascontiguousarray(log_probs, dtype=np.float32)
 
     def align(units: list[int]) -> dict[int, Aligned]:
-        return dict(
-            zip(
-                units,
-                _segment(window, [tokens[i] for i in units], *blank_space, seconds_per_frame),
-                strict=True,
-            )
-        )
+        try:
+            placed = _segment(window, [tokens[i] for i in units], *blank_space, seconds_per_frame)
+        except (AssertionError, IndexError):  # the package found no path (text too long for the audio)
+            placed = [Aligned(0.0, 0.0, float("-inf"))] * len(units)
+        return dict(zip(units, placed, strict=True))
 
     def merit(results: dict[int, Aligned]) -> tuple[int, float]:
         return sum(r.score >= min_score for r in results.values()), sum(r.score for r in results.values())
@@ -183,10 +208,27 @@ def _align_window(
         if not bad:
             break
         trials = {i: align([j for j in active if j != i]) for i in bad}
-        removed = max(bad, key=lambda i: merit(trials[i]))
+        best = max(merit(trials[i])[0] for i in bad)
+        tied = [i for i in bad if merit(trials[i])[0] == best]
+        if len(tied) > 1:  # a paragraph of unread text spoils a neighbour as much as either spoils the
+            # other: look one removal further, then take the unit that scored worst
+            removed = max(
+                tied, key=lambda i: (_after_one_more(trials[i], align, min_score), -results[i].score)
+            )
+        else:
+            removed = tied[0]
         active.remove(removed)
         results = trials[removed]
     return [i for i in active if results[i].score >= min_score], results
+
+
+def _after_one_more(results: dict[int, Aligned], align, min_score: float) -> int:
+    """The most units at or above ``min_score`` one more removal of a unit under it leaves (the units
+    there are when none is under it)."""
+    bad = [i for i, r in results.items() if r.score < min_score]
+    if not bad or len(results) < 2:
+        return sum(r.score >= min_score for r in results.values())
+    return max(sum(r.score >= min_score for r in align([j for j in results if j != i]).values()) for i in bad)
 
 
 def _segment(
@@ -200,16 +242,20 @@ def _segment(
     the pause before it. So each unit is aligned after a space, which takes the pause."""
     from ctc_segmentation import CtcSegmentationParameters, ctc_segmentation, prepare_token_list
 
-    classes = log_probs.shape[1]
+    # a "speech not in the text" class of constant probability, which each unit is aligned after
+    classes = log_probs.shape[1] + 1
+    log_probs = np.concatenate(
+        [log_probs, np.full((len(log_probs), 1), GARBAGE_LOG_PROB, np.float32)], axis=1
+    )
     config = CtcSegmentationParameters(
         blank=blank,
         index_duration=seconds_per_frame,
         min_window_size=max(1, round(BAND_S / seconds_per_frame)),
         char_list=[str(i) for i in range(classes)],  # names for its trace only
     )
-    lead = 0 if space is None else 1
-    if lead:
-        tokens = [np.concatenate([[space], t]) for t in tokens]
+    before = [classes - 1] if space is None else [classes - 1, space]
+    lead = len(before)
+    tokens = [np.concatenate([before, t]) for t in tokens]
     ground_truth, begins = prepare_token_list(config, tokens)
     timings, char_probs, _ = ctc_segmentation(config, log_probs, ground_truth)
     span = max(1, round(SCORE_SPAN_S / seconds_per_frame))
@@ -235,13 +281,16 @@ def transcript_score(log_probs: np.ndarray, labels: np.ndarray, blank: int) -> f
     -inf when there are no labels or more than the frames can hold."""
     from ctc_segmentation import CtcSegmentationParameters, ctc_segmentation, prepare_token_list
 
-    if not len(labels) or min_frames(labels) > len(log_probs):
+    if not len(labels) or min_frames(labels) + 3 > len(log_probs):  # the package's path needs 3 more
         return float("-inf")
     config = CtcSegmentationParameters(
         blank=blank, min_window_size=len(log_probs), char_list=[str(i) for i in range(log_probs.shape[1])]
     )
     ground_truth, _ = prepare_token_list(config, [np.asarray(labels)])
-    _, char_probs, _ = ctc_segmentation(config, np.ascontiguousarray(log_probs, np.float32), ground_truth)
+    try:
+        _, char_probs, _ = ctc_segmentation(config, np.ascontiguousarray(log_probs, np.float32), ground_truth)
+    except (AssertionError, IndexError):  # no path: the transcript cannot be this audio's
+        return float("-inf")
     return float(np.sum(char_probs)) / len(labels)
 
 

@@ -1,11 +1,13 @@
 """One long recording and its whole text -> its utterances (offset, duration, transcript, score) and the
 rows rejected, as the Align stage keeps them (a JSON-able dict).
 
-The recording is refused whole, in one line naming the file, when it cannot be aligned at all: unreadable
-audio, a text with no words, a text in a script the aligner's alphabet lacks, or a text that needs more
-frames than the audio has (one per character and one between repeated ones: a CTC path cannot be shorter).
-Otherwise its text is cut into units (``pipeline.data.align.split_text``), aligned, and each unit not
-found is rejected as ``misaligned`` with its ``file:line``.
+The recording is refused whole, in one line naming the file, when it cannot be aligned at all: a text
+with no words, a text in a script the aligner's alphabet lacks, a text that needs more frames than the
+audio has (one per character, one between repeated ones and the separators: a CTC path cannot be
+shorter), or audio that fails while it is read. Otherwise its text is cut into units
+(``pipeline.data.align.split_text``) and aligned; a unit not found is rejected as ``misaligned`` with its
+``file:line``, one whose text ``data.text`` refuses (digits, with ``digits: reject``) with that reason,
+and one with no letters at all (a scene break's ``* * *``) is left out silently: it is not speech.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from native_client.audio import AudioError, probe
+from native_client.audio import AudioError, AudioInfo
 from pipeline.data.align import align_units, merge_units, min_frames, split_text
 from pipeline.data.importers import Utterance
 from pipeline.data.text import TextSettings, TranscriptRejected, normalise_transcript
@@ -22,26 +24,28 @@ from pipeline.data.text import TextSettings, TranscriptRejected, normalise_trans
 MISALIGNED = "misaligned"
 # A text whose characters the aligner's alphabet mostly lacks is in another script: the recording is refused.
 MIN_KNOWN_SHARE = 0.5
-# Characters per second of the fastest reading expected: with ``max_seconds`` it says how long a unit of
-# text may be before it is cut (an estimate: the alignment measures the real length).
-FAST_READING_CPS = 20.0
+# Characters per second of a slow reading: with ``max_seconds`` it says how long a sentence may be before
+# it is cut (read faster, its pieces are shorter; neighbours are joined again up to ``max_seconds``).
+SLOW_READING_CPS = 10.0
 
 
-def align_recording(row: Utterance, text_settings: TextSettings, options, aligner, scratch: Path) -> dict:
+def align_recording(
+    row: Utterance, audio: str, info: AudioInfo, text_settings: TextSettings, options, aligner, scratch: Path
+) -> dict:
     """``{"seconds": the recording's length, "utterances": [[audio, size, transcript, offset, duration,
-    score], ...], "rejects": [[source, audio, reason, detail, offset, duration, score], ...]}``."""
+    score], ...], "rejects": [[source, audio, reason, detail, offset, duration, score], ...]}`` of the
+    recording ``row`` whose audio is read from ``audio`` (its header ``info``: a converted copy when
+    libsndfile cannot read the original)."""
     text_file = row.source.rsplit(":", 1)[0]
-    try:
-        info = probe(row.audio)
-    except AudioError as error:
-        return _refused(row, error.reason, str(error), 0.0)
-    units = split_text(row.transcript, max(1, round(options.max_seconds * FAST_READING_CPS)))
-    transcripts, labels, unknown = [], [], set()
-    for unit in units:
+    units = split_text(row.transcript, max(1, round(options.max_seconds * SLOW_READING_CPS)))
+    units = [u for u in units if any(ch.isalnum() for ch in u.text)]  # not speech: "* * *", "---"
+    transcripts, labels, unknown, refused = [], [], set(), {}
+    for index, unit in enumerate(units):
         try:
             transcripts.append(normalise_transcript(unit.text, text_settings))
-        except TranscriptRejected:
+        except TranscriptRejected as rejected:
             transcripts.append("")
+            refused[index] = rejected
         found, lacking = aligner.labels(unit.text)
         labels.append(found)
         unknown |= lacking
@@ -60,7 +64,7 @@ def align_recording(row: Utterance, text_settings: TextSettings, options, aligne
             info.duration,
         )
     frames = int(info.duration / aligner.seconds_per_frame)
-    needed = sum(min_frames(t) for t in labels)
+    needed = 2 + sum(min_frames(t) + 3 for t in labels)  # the separators and the space before each unit
     if needed > frames:
         return _refused(
             row,
@@ -69,7 +73,14 @@ def align_recording(row: Utterance, text_settings: TextSettings, options, aligne
             f"{row.audio} lasts {info.duration:.1f} s: is it the text of this recording?",
             info.duration,
         )
-    log_probs = aligner.posteriors(row.audio, scratch)
+    try:
+        log_probs = aligner.posteriors(audio, scratch)
+    except AudioError as error:
+        return _refused(row, error.reason, f"{row.audio}: {error}", info.duration)
+    except (OSError, RuntimeError) as error:  # a file cut short or damaged past its header (libsndfile)
+        return _refused(
+            row, "unreadable_audio", f"{row.audio}: cannot be read to its end: {error}", info.duration
+        )
     usable = [i for i, t in enumerate(labels) if len(t) and transcripts[i]]
     found = [None] * len(units)
     placed = align_units(
@@ -78,40 +89,43 @@ def align_recording(row: Utterance, text_settings: TextSettings, options, aligne
         aligner.blank,
         aligner.seconds_per_frame,
         options.min_score,
-        space=aligner.alphabet.space_index,
+        space=space,
     )
     for index, aligned in zip(usable, placed, strict=True):
         found[index] = aligned
-    del log_probs
-    size = Path(row.audio).stat().st_size
+    size = Path(audio).stat().st_size
     utterances = []
     for indices, span in merge_units(units, found, options.max_seconds):
         duration = span.end - span.start
-        transcript = " ".join(transcripts[i] for i in indices)
         utterances.append(
             [
-                row.audio,
+                audio,
                 int(size * duration / info.duration),
-                transcript,
+                " ".join(transcripts[i] for i in indices),
                 f"{span.start:.3f}",
                 f"{duration:.3f}",
                 f"{span.score:.3f}",
             ]
         )
-    rejects = [
-        [
-            f"{text_file}:{unit.line}",
-            row.audio,
-            MISALIGNED,
-            f"{text_file}:{unit.line}: {unit.text[:60]!r}: not found in the audio "
-            f"(or scoring under align.min_score {options.min_score:g})",
-            "",
-            "",
-            "",
-        ]
-        for unit, aligned in zip(units, found, strict=True)
-        if aligned is None
-    ]
+    rejects = []
+    for index, (unit, aligned) in enumerate(zip(units, found, strict=True)):
+        if aligned is not None:
+            continue
+        where = f"{text_file}:{unit.line}"
+        if index in refused:
+            reason, detail = refused[index].reason, f"{where}: {refused[index]}"
+        elif not len(labels[index]):
+            reason, detail = (
+                "alphabet_mismatch",
+                f"{where}: {unit.text[:60]!r}: none of it is in the aligner's alphabet",
+            )
+        else:
+            reason = MISALIGNED
+            detail = (
+                f"{where}: {unit.text[:60]!r}: not found in the audio "
+                f"(or scoring under align.min_score {options.min_score:g})"
+            )
+        rejects.append([where, row.audio, reason, detail, "", "", ""])
     return {"seconds": info.duration, "utterances": utterances, "rejects": rejects}
 
 

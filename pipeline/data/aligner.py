@@ -63,8 +63,8 @@ class Aligner:
 
     def posteriors(self, audio: str | Path, scratch: Path) -> np.ndarray:
         """The log-posteriors ``[frames, classes]`` of the whole recording ``audio`` (resampled to the
-        model's rate when it has another), written to ``scratch`` as they come and returned as a read-only
-        memory map of it."""
+        model's rate when it has another), written to ``scratch`` as they come, and returned as a
+        ``PosteriorsFile`` of it."""
         runner = self.model.runner
         utterance = Utterance(runner)
         frames = 0
@@ -83,6 +83,28 @@ class Aligner:
                 run_ready()
             utterance.finish()
             run_ready()
-        if frames == 0:
-            return np.zeros((0, self.alphabet.n_classes), np.float32)
-        return np.memmap(scratch, np.float32, "r", shape=(frames, self.alphabet.n_classes))
+        return PosteriorsFile(scratch, frames, self.alphabet.n_classes)
+
+
+class PosteriorsFile:
+    """Log-posteriors ``[frames, classes]`` kept in a file, read a slice at a time (a memory map's pages
+    would stay in the process's memory as they are read: hundreds of MB for hours of a byte model)."""
+
+    def __init__(self, path: Path, frames: int, classes: int):
+        self.path, self.frames, self.classes = Path(path), frames, classes
+
+    def __len__(self) -> int:
+        return self.frames
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(frames, classes)``."""
+        return self.frames, self.classes
+
+    def __getitem__(self, frames: slice) -> np.ndarray:
+        start, stop, step = frames.indices(self.frames)
+        if step != 1:
+            raise IndexError("posteriors are read in contiguous slices")
+        count = max(0, stop - start) * self.classes
+        values = np.fromfile(self.path, np.float32, count=count, offset=start * self.classes * 4)
+        return values.reshape(-1, self.classes)

@@ -26,12 +26,18 @@ from pipeline.data.align import transcript_score
 from pipeline.data.manifests import manifest_folder, manifest_rows, row_segment
 
 SUSPECT = "suspect_transcript"
+SCORED = "scored"
+MALFORMED = "malformed_row"
+# More of a split than this judged suspect means the model does not fit the data (another language,
+# another alphabet): the stage stops rather than drop most of the corpus.
+MAX_SUSPECT_SHARE = 0.5
 
 
 @dataclass(frozen=True)
 class Scored:
-    """One manifest row and what the model made of it: ``verdict`` is ``keep``, ``suspect_transcript`` or
-    ``unscored`` (passed on unjudged; ``detail`` says why)."""
+    """One manifest row and what the model made of it: ``verdict`` is ``scored`` (then ``judge`` makes it
+    ``keep`` or ``suspect_transcript``), ``malformed_row`` (left out, as Features would reject it) or
+    ``unscored`` (passed on unjudged: its audio is for Features to judge; ``detail`` says why)."""
 
     split: str
     source: str  # file:line
@@ -59,8 +65,9 @@ def split_rows(split: str, manifests: tuple[str, ...]) -> Iterator[tuple[str, di
             yield f"{manifest}:{line}", row
 
 
-def score_row(split: str, source: str, row: dict, model, max_cer: float, min_score: float) -> Scored:
-    """The scores and verdict of one row against ``model`` (a ``pipeline.data.aligner.Aligner``)."""
+def score_row(split: str, source: str, row: dict, model) -> Scored:
+    """The scores of one row against ``model`` (a ``pipeline.data.aligner.Aligner``); its ``verdict`` is
+    ``scored`` (``judge`` says more), ``unscored`` or ``malformed_row``."""
     # one line per row in the stage's journal: a line break in a field is a space (transcripts' whitespace
     # is one space once normalised anyway)
     row = {
@@ -76,10 +83,9 @@ def score_row(split: str, source: str, row: dict, model, max_cer: float, min_sco
         "duration": row.get("duration", "") or "",
         "speaker": row.get("speaker", "") or "",
     }
-    if "_fields" in row:
-        return Scored(
-            **fields, heard="", cer=math.nan, score=math.nan, verdict="unscored", detail="malformed row"
-        )
+    if "_fields" in row:  # its columns cannot be told apart: written on, it would be another row
+        detail = f"{row['_fields']} fields, the header has {row['_expected']}"
+        return Scored(**fields, heard="", cer=math.nan, score=math.nan, verdict=MALFORMED, detail=detail)
     try:
         offset, duration = row_segment(row)
         samples = load_checked(
@@ -93,5 +99,12 @@ def score_row(split: str, source: str, row: dict, model, max_cer: float, min_sco
     cer = Levenshtein.distance(heard, expected) / max(len(expected), 1)
     labels, _ = model.labels(fields["transcript"])
     score = transcript_score(log_softmax(logits), labels, model.blank)
-    suspect = cer > max_cer or score < min_score
-    return Scored(**fields, heard=heard, cer=cer, score=score, verdict=SUSPECT if suspect else "keep")
+    return Scored(**fields, heard=heard, cer=cer, score=score, verdict=SCORED)
+
+
+def judge(scored: Scored, max_cer: float, min_score: float) -> str:
+    """``suspect_transcript`` for a scored row whose CER is above ``max_cer`` or score below ``min_score``,
+    ``keep`` for another scored row, else the row's own verdict (``unscored``, ``malformed_row``)."""
+    if scored.verdict != SCORED:
+        return scored.verdict
+    return SUSPECT if scored.cer > max_cer or scored.score < min_score else "keep"

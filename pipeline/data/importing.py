@@ -244,7 +244,7 @@ def import_fingerprint(plan: ImportPlan, listing: Listing | None = None) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
 
 
-class _Headers:
+class AudioHeaders:
     """The last ``HEADER_CACHE`` audio headers read (or their errors), and the converted copies made."""
 
     def __init__(self, convert_dir: Path | None):
@@ -303,8 +303,8 @@ def import_corpus(
     tallies = {split: _SplitTally() for split in SPLITS}
     dropped: Counter[str] = Counter()
     rejected = {split: Counter() for split in SPLITS}  # the drops that are not selections, by reason
-    headers = _Headers(convert_dir)
-    taken: set[int] = set()  # _audio_identity of every row kept
+    headers = AudioHeaders(convert_dir)
+    taken: set[int] = set()  # audio_identity of every row kept
     read = 0
     files = {REJECTS_NAME: REJECT_COLUMNS, **{manifest_name(s): MANIFEST_COLUMNS for s in SPLITS}}
     with contextlib.ExitStack() as stack:
@@ -330,7 +330,7 @@ def import_corpus(
                     drop(row.source, row.audio, row.reason, row.detail, official_split or "train")
                     continue
                 split = official_split or split_of(row.speaker, plan.fractions, plan.spec.salt)
-                identity = _audio_identity(row)
+                identity = audio_identity(row)
                 if identity in taken:
                     real = os.path.realpath(row.audio) if not row.command else row.audio
                     drop(row.source, row.audio, DUPLICATE, f"{real}: the same audio as an earlier row", split)
@@ -362,7 +362,7 @@ def import_corpus(
     return report
 
 
-def _audio_identity(row: Utterance) -> int:
+def audio_identity(row: Utterance) -> int:
     """A 64-bit digest of the audio a row reads: the file's resolved path (or the command and where it
     runs) and the segment. Two rows with the same identity read the same audio."""
     where = f"\0{row.command_dir}\0{row.command}" if row.command else os.path.realpath(row.audio)

@@ -24,16 +24,26 @@ import csv
 import hashlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from native_client.audio import AudioError
 from pipeline.dag import Stage, imports_of, is_instance
 from pipeline.data.align_recording import MISALIGNED, align_recording
 from pipeline.data.importers import Dropped, Utterance
-from pipeline.data.importing import MANIFEST_COLUMNS, REJECTS_NAME, REPORT_NAME, manifest_name
+from pipeline.data.importing import (
+    DUPLICATE,
+    MANIFEST_COLUMNS,
+    REJECTS_NAME,
+    REPORT_NAME,
+    AudioHeaders,
+    audio_identity,
+    manifest_name,
+)
 from pipeline.data.splits import SPLITS, split_of
 from pipeline.digests import model_digest
 from pipeline.files import atomic_path, remove_leftovers, replace_directory, write_json_atomic
@@ -112,7 +122,7 @@ def align_stage(layout: Layout, key: str, progress: ProgressFn | None = None) ->
         staging.mkdir(parents=True)
         try:
             expected = max(layout.import_listing(key).audio_files, 1)
-            report = _align_corpus(plan, aligner, staging, done, expected, progress)
+            report = _align_corpus(plan, aligner, staging, done, layout.converted_dir, expected, progress)
             report["aligner"] = {"model": str(model), "digest": model_digest(model)}
             report["files"] = {
                 name: (staging / name).stat().st_size
@@ -135,9 +145,14 @@ def align_stage(layout: Layout, key: str, progress: ProgressFn | None = None) ->
     return report
 
 
-def _align_corpus(plan, aligner, out_dir: Path, done: Path, expected: int, progress) -> dict:
+def _align_corpus(
+    plan, aligner, out_dir: Path, done: Path, convert_dir: Path, expected: int, progress
+) -> dict:
     """Every recording of ``plan`` aligned (or taken from ``done``) into the manifests and rejects of
-    ``out_dir``; the report (without its file sizes)."""
+    ``out_dir``; the report (without its file sizes). As Import does: a format libsndfile cannot read is
+    converted once into ``convert_dir``, and the same recording reached twice (a symbolic link) is taken
+    once (``duplicate_audio``, not a reject)."""
+    headers, taken = AudioHeaders(convert_dir), set()
     dropped, rejected = Counter(), {split: Counter() for split in SPLITS}
     tallies = {
         split: {"utterances": 0, "seconds": 0.0, "recordings": 0, "speakers": set()} for split in SPLITS
@@ -151,20 +166,18 @@ def _align_corpus(plan, aligner, out_dir: Path, done: Path, expected: int, progr
         rejects.writerow(REJECT_COLUMNS)
         for part, official in _part_splits(plan):
             for row in plan.importer.utterances(plan.root, part, plan.options):
-                split = official or split_of(getattr(row, "speaker", ""), plan.fractions, plan.spec.salt)
                 if isinstance(row, Dropped):
-                    result = {
-                        "rejects": [[row.source, row.audio, row.reason, row.detail, "", "", ""]],
-                        "seconds": 0,
-                    }
+                    split = official or "train"
+                    result = _dropped(row.source, row.audio, row.reason, row.detail)
                 else:
-                    result = _recording_result(row, plan, aligner, done)
+                    split = official or split_of(row.speaker, plan.fractions, plan.spec.salt)
+                    result = _recording_result(row, plan, aligner, done, headers, taken)
                 recordings += 1
                 seconds += result["seconds"]
                 for reject in result["rejects"]:
                     rejects.writerow(reject)
                     dropped[reject[2]] += 1
-                    if reject[2] != MISALIGNED:
+                    if reject[2] not in (MISALIGNED, DUPLICATE):
                         rejected[split][reject[2]] += 1
                 tally = tallies[split]
                 for utterance in result.get("utterances", ()):
@@ -231,18 +244,32 @@ def _part_splits(plan) -> list[tuple[str, str | None]]:
     return pairs
 
 
-def _recording_result(row: Utterance, plan, aligner, done: Path) -> dict:
+def _dropped(source: str, audio: str, reason: str, detail: str) -> dict:
+    """The result of a row that is no recording to align."""
+    return {"rejects": [[source, audio, reason, detail, "", "", ""]], "seconds": 0}
+
+
+def _recording_result(row: Utterance, plan, aligner, done: Path, headers: AudioHeaders, taken: set) -> dict:
     """The utterances and rejects of one recording: kept in ``done`` from an earlier run, else aligned
     now and kept there at once (a rerun after a crash resumes after it)."""
+    identity = audio_identity(row)
+    if identity in taken:
+        real = os.path.realpath(row.audio)
+        return _dropped(row.source, row.audio, DUPLICATE, f"{real}: the same audio as an earlier recording")
+    taken.add(identity)
     key = hashlib.blake2b(f"{row.audio}\0{row.source}".encode(), digest_size=12).hexdigest()
     kept = done / f"{key}.json"
     try:
         return json.loads(kept.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         pass
+    try:
+        audio, info = headers.get(row)
+    except AudioError as error:
+        return _dropped(row.source, row.audio, error.reason, str(error))
     with tempfile.TemporaryDirectory(dir=done) as scratch:
         result = align_recording(
-            row, plan.spec.text, plan.options.align, aligner, Path(scratch) / "posteriors"
+            row, audio, info, plan.spec.text, plan.options.align, aligner, Path(scratch) / "posteriors"
         )
     write_json_atomic(kept, result)
     return result

@@ -9,16 +9,18 @@ paths, segments and speakers kept, the transcripts as written), ``rejects.csv`` 
 reads to fix a corpus) and ``report.json`` (last). Alphabet, Features and the LanguageModel then read the
 cleaned manifest of a cleaned split (``Layout.split_manifests``); a split not cleaned is read as before.
 
-Resumable at the row it stopped at: every row's scores go to a journal (``.<folder>.journal.csv`` beside
-the output, flushed as it goes); a rerun keeps the rows it holds and scores on from the next. The outputs
-are written in a staging folder and renamed into place whole. Its fingerprint: ``data.clean``, the scoring
-model's digest and the fingerprints of what gives the manifests (imports, alignments; ``data.*_files`` by
-their digests).
+Resumable at the row it stopped at: every row's scores go to a scores file (``clean/scores-<key>.csv``,
+flushed as it goes), whose key is the model's and the data's but not the thresholds'; a rerun keeps the
+rows it holds and scores on from the next, and a config with other thresholds judges the same scores
+without scoring again. The outputs are written in a staging folder and renamed into place whole. Its
+fingerprint: ``data.clean``, the scoring model's digest and the fingerprints of what gives the manifests
+(imports, alignments; ``data.*_files`` by their digests).
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import logging
 import math
@@ -30,7 +32,7 @@ from dataclasses import astuple, fields
 from pathlib import Path
 
 from pipeline.dag import Stage, is_instance, sources_of, task_config
-from pipeline.data.clean import SUSPECT, Scored, score_row, split_rows
+from pipeline.data.clean import MALFORMED, MAX_SUSPECT_SHARE, SUSPECT, Scored, judge, score_row, split_rows
 from pipeline.data.importing import MANIFEST_COLUMNS, REPORT_NAME, manifest_name
 from pipeline.digests import model_digest
 from pipeline.files import remove_leftovers, replace_directory, write_json_atomic
@@ -101,64 +103,92 @@ STAGE = Stage(
 
 
 def clean_stage(layout: Layout, progress: ProgressFn | None = None) -> dict:
-    """Score the cleaned splits into the Clean folder unless a finished one is there; returns its report."""
+    """Score the cleaned splits (the rows the scores file lacks) and write the Clean folder, unless a
+    finished one is there; returns its report."""
     files = layout.clean_files
     clean = layout.config.data.clean
     with stage_lock(files.root):
         remove_leftovers(files.root.parent, LEFTOVER_PATTERNS, locked_prefixes=(f".{files.root.name}.",))
         if import_intact(files):
             return json.loads(files.report.read_text(encoding="utf-8"))
-        from native_client.metadata import ExportError
-        from pipeline.config import ConfigError
-        from pipeline.data.aligner import Aligner
-
-        try:
-            model = Aligner(layout.model_path(clean.model))
-        except (ExportError, OSError, ValueError) as error:
-            raise ConfigError(f"{layout.config.source}: data.clean.model: {clean.model}: {error}") from None
         manifests = {split: layout.source_manifests(split) for split in clean.splits}
-        done = _journal_rows(files.journal)  # rows an interrupted run scored
         # one cheap pass over the manifests for the progress bar's total (scoring costs a thousand times more)
         rows = sum(1 for split in clean.splits for _ in split_rows(split, manifests[split]))
-        total = done
-        with open(files.journal, "a", newline="", encoding="utf-8") as handle:
-            journal = csv.writer(handle)
-            if done == 0:
-                handle.truncate(0)
-                journal.writerow(JOURNAL_COLUMNS)
-            seen = 0
-            for split in clean.splits:
-                for source, row in split_rows(split, manifests[split]):
-                    seen += 1
-                    if seen <= done:
-                        continue
-                    scored = score_row(split, source, row, model, clean.max_cer, clean.min_score)
-                    journal.writerow(astuple(scored))
-                    total += 1
-                    if total % 50 == 0:
-                        handle.flush()
-                        os.fsync(handle.fileno())
-                        if progress is not None:
-                            progress(total, rows)
-        staging = files.staging()
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        try:
-            report = _write_outputs(files.journal, staging, clean)
-            path = layout.model_path(clean.model)
-            report["model"] = {"path": str(path), "digest": model_digest(path)}
-            names = ["rejects.csv", "scores.csv", *(manifest_name(s) for s in clean.splits)]
-            report["files"] = {name: (staging / name).stat().st_size for name in names}
-            write_json_atomic(staging / REPORT_NAME, report)
-            replace_directory(staging, files.root)
-        finally:
+        with stage_lock(files.journal):  # another config with other thresholds shares the scores
+            done = _journal_rows(
+                files.journal
+            )  # rows scored before (by a killed run, or for other thresholds)
+            if done < rows:
+                _score(layout, manifests, files.journal, done, rows, progress)
+            if progress is not None:
+                progress(rows, rows)
+            staging = files.staging()
             shutil.rmtree(staging, ignore_errors=True)
-        files.journal.unlink(missing_ok=True)
+            staging.mkdir(parents=True)
+            try:
+                report = _write_outputs(files.journal, staging, clean)
+                _check_share(report, files.journal, layout.config.source)
+                path = layout.model_path(clean.model)
+                report["model"] = {"path": str(path), "digest": model_digest(path)}
+                report["scores"] = files.journal.name
+                names = ["rejects.csv", "scores.csv", *(manifest_name(s) for s in clean.splits)]
+                report["files"] = {name: (staging / name).stat().st_size for name in names}
+                write_json_atomic(staging / REPORT_NAME, report)
+                replace_directory(staging, files.root)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
     log.info(
         "Clean: %s",
         ", ".join(f"{s} {r['rejected']} of {r['rows']} rejected" for s, r in report["splits"].items()),
     )
     return report
+
+
+def _score(layout: Layout, manifests: dict, journal_path: Path, done: int, rows: int, progress) -> None:
+    """Score the rows after the first ``done`` of the cleaned splits into the scores file (flushed every
+    50 rows)."""
+    from native_client.metadata import ExportError
+    from pipeline.config import ConfigError
+    from pipeline.data.aligner import Aligner
+
+    clean = layout.config.data.clean
+    try:
+        model = Aligner(layout.model_path(clean.model))
+    except (ExportError, OSError, ValueError) as error:
+        raise ConfigError(f"{layout.config.source}: data.clean.model: {clean.model}: {error}") from None
+    total = done
+    with open(journal_path, "a", newline="", encoding="utf-8") as handle:
+        journal = csv.writer(handle)
+        if done == 0:
+            handle.truncate(0)
+            journal.writerow(JOURNAL_COLUMNS)
+        seen = 0
+        for split in clean.splits:
+            for source, row in split_rows(split, manifests[split]):
+                seen += 1
+                if seen <= done:
+                    continue
+                journal.writerow(astuple(score_row(split, source, row, model)))
+                total += 1
+                if total % 50 == 0:
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                    if progress is not None:
+                        progress(total, rows)
+
+
+def _check_share(report: dict, journal: Path, source: str) -> None:
+    """ConfigError (one line, final) when a split lost more than ``MAX_SUSPECT_SHARE`` of its rows: the
+    model does not fit the data. The scores stay in the journal it names."""
+    from pipeline.config import ConfigError
+
+    for split, counts in report["splits"].items():
+        if counts["rows"] and counts["rejected"] > MAX_SUSPECT_SHARE * counts["rows"]:
+            raise ConfigError(
+                f"{source}: data.clean: {counts['rejected']} of {counts['rows']} rows of {split} scored as "
+                f"suspect: is data.clean.model a model of this data's language and alphabet? (every row's "
+                f"scores: {journal})"
+            )
 
 
 def _journal_rows(journal: Path) -> int:
@@ -191,15 +221,16 @@ def _write_outputs(journal: Path, out: Path, clean) -> dict:
             rejects = csv.writer(rejects_handle)
             rejects.writerow(REJECT_COLUMNS)
             for offset, row in _journal(journal):
+                row = dataclasses.replace(row, verdict=judge(row, clean.max_cer, clean.min_score))
                 counts[row.split]["rows"] += 1
-                if row.verdict == SUSPECT:
-                    counts[row.split]["rejected"] += 1
+                if row.verdict in (SUSPECT, MALFORMED):
+                    counts[row.split]["rejected" if row.verdict == SUSPECT else "malformed"] += 1
                     rejects.writerow(
                         [
                             row.audio,
-                            SUSPECT,
-                            f"{row.cer:.3f}",
-                            f"{row.score:.3f}",
+                            row.verdict,
+                            _number(row.cer),
+                            _number(row.score),
                             row.transcript,
                             row.heard,
                             row.offset,
@@ -214,7 +245,7 @@ def _write_outputs(journal: Path, out: Path, clean) -> dict:
                     )
                 cer = -1.0 if math.isnan(row.cer) else row.cer
                 score = math.inf if math.isnan(row.score) else row.score
-                order.append(((row.verdict != SUSPECT, -cer, score), offset))
+                order.append(((row.verdict not in (SUSPECT, MALFORMED), -cer, score), offset))
     finally:
         for handle in handles.values():
             handle.close()
@@ -225,6 +256,7 @@ def _write_outputs(journal: Path, out: Path, clean) -> dict:
         for _, offset in order:
             source.seek(offset)
             row = _parse(next(csv.reader([source.readline().decode("utf-8")])))
+            row = dataclasses.replace(row, verdict=judge(row, clean.max_cer, clean.min_score))
             writer.writerow(
                 [
                     row.split,
@@ -242,7 +274,7 @@ def _write_outputs(journal: Path, out: Path, clean) -> dict:
     return {
         "thresholds": {"max_cer": clean.max_cer, "min_score": clean.min_score},
         "splits": {
-            split: {key: c[key] for key in ("rows", "kept", "rejected", "unscored")}
+            split: {key: c[key] for key in ("rows", "kept", "rejected", "malformed", "unscored")}
             for split, c in counts.items()
         },
     }

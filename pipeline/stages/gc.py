@@ -5,7 +5,7 @@ Every changed setting leaves the outputs of the old fingerprints behind (a
 features cache per fingerprint: 36 MiB per audio hour). ``gc`` walks each given
 config's DAG (``pipeline.dag``) from its roots, asks the layout for the
 outputs of every stage instance it reaches, and removes every other entry of the
-fingerprinted stage directories (the folders the stages declare: imports, phonemes,
+fingerprinted stage directories (the folders the stages declare: imports, align, clean, phonemes,
 alphabet, features, train, lm, tune, evaluate) of the configs' work directories.
 Never removed:
 
@@ -32,7 +32,8 @@ Never removed:
 - hidden entries (a running or killed writer's temporary files: the stage that
   owns them removes its own leftovers when it runs), except what a killed gc or
   ``make rerun`` was deleting (``.<name>.removed-<host>-<pid>``) when that
-  process is gone.
+  process is gone, and the resume state of an Align no config reaches
+  (``.<folder>.aligned``), removed under its folder's lock.
 
 - the stage-directory entries holding a file a given config names itself (``paths.alphabet`` under
   ``alphabet/``, a ``training.init_from`` run under ``train/``: ``outputs.config_inputs``);
@@ -66,7 +67,14 @@ from pipeline.locks import held, in_use, lock_path, try_locks
 from pipeline.model.averaged_epochs import epoch_end_number, wanted_epochs
 from pipeline.reports import DevFigures, ReportError, TrainReport, read_report
 from pipeline.stages.outputs import config_inputs, node_outputs, stage_dirs, stage_entries
-from pipeline.workdir import CONVERTED_DIR, IMPORT_DIR, REMOVED_PATTERN, TRAIN_DIR, TrainRun
+from pipeline.workdir import (
+    CONVERTED_DIR,
+    IMPORT_DIR,
+    REMOVED_PATTERN,
+    TRAIN_DIR,
+    TrainRun,
+    resume_state_owner,
+)
 
 
 @dataclass(frozen=True)
@@ -172,8 +180,11 @@ def unreachable(configs: list[Config], symlinks: list[Path] | None = None) -> li
             folder = dirs.canonical(folder)  # a bind mount's first spelling, as ``reached`` has it
             for entry in sorted(folder.iterdir()):
                 if entry.name.startswith("."):
+                    owner = resume_state_owner(entry)
                     if writer_gone(entry.name, REMOVED_PATTERN):
                         found.append(Entry(entry, _size(entry)))
+                    elif owner is not None and entry not in kept and owner not in kept:
+                        found.append(Entry(entry, _size(entry), in_use(owner)))  # an abandoned run's
                     continue
                 if entry in kept or (stage_dir == IMPORT_DIR and entry.name == CONVERTED_DIR):
                     continue
@@ -261,6 +272,7 @@ def _holder(entry: Path) -> Path | None:
 
 
 def _owner(path: Path) -> tuple[Path, str]:
+    path = resume_state_owner(path) or path  # a stage's resume state goes with its folder
     if path.name.startswith("."):  # a killed remover's entry: on its own
         return path.parent, path.name
     return path.parent, path.name.split(".", 1)[0]
@@ -277,6 +289,8 @@ def remove_group(entries: list[Entry], say=lambda entry: None) -> bool:
     remover's hidden entry needs none. The lock files go last, still held. ``say(entry)`` is called
     before each removal. False (nothing removed) when a live process holds one of the locks."""
     paths = [entry.path for entry in entries if not entry.path.name.startswith(".")]
+    # a stage's resume state is held by its folder's lock (the folder itself may be gone)
+    paths += [owner for entry in entries if (owner := resume_state_owner(entry.path)) and owner not in paths]
     locks = [path for path in paths if _is_lock(path)] or [lock_path(path) for path in paths]
     with try_locks(locks) as taken:
         if not taken:
