@@ -74,12 +74,12 @@ def align_child(model: str, audio: str) -> dict:
 def clean_child(model: str) -> dict:
     """In the child: score the sample's dev and test clips on one thread; rows and wall seconds."""
     from pipeline.data.aligner import Aligner
-    from pipeline.data.clean import score_row, split_rows
+    from pipeline.data.clean import judge, score_row, split_rows
 
     scorer = Aligner(model, threads=1)
     rows = list(split_rows("dev", (str(ROOT / "data/sample/dev.csv"), str(ROOT / "data/sample/test.csv"))))
     started = time.perf_counter()
-    verdicts = [score_row("dev", source, row, scorer, 0.5, -5.0).verdict for source, row in rows]
+    verdicts = [judge(score_row("dev", source, row, scorer), 0.5, -5.0) for source, row in rows]
     return {
         "rows": len(rows),
         "wall_s": time.perf_counter() - started,
