@@ -429,6 +429,8 @@ class Layout:
             {
                 "model": self.model_fingerprint(clean.model),
                 "splits": list(clean.splits),
+                # the rows are resumed by position: the manifests in their order
+                "manifests": {split: list(self.source_manifests(split)) for split in clean.splits},
                 "sources": {node_name(n, p, ""): self.fingerprint(n, **p) for n, p in sources},
                 "files": derived_inputs(self, *node)["files"],
             }

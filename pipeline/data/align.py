@@ -11,7 +11,9 @@ Written here, because the package lacks them:
   the text), which for an hour of speech (about 50,000 characters) is gigabytes. ``align_units`` aligns
   a window of audio at a time (``WINDOW_S``) with the units the speaking rate says it holds, keeps all
   but the last unit found there and starts the next window where the last one kept ends: memory stays
-  flat however long the recording, and each unit is aligned once.
+  flat however long the recording. A window that holds none of its units is aligned again with up to
+  eight times the text (what is read after an unread page is found, the page taken out); if it still
+  holds none, half a window of audio is passed (or, when the text lags far behind, its first unit).
 - **Text that is not in the audio**: CTC segmentation places every character of its text somewhere,
   so a paragraph that is never read squeezes into its neighbours' audio and spoils them. Within a window
   the worst unit below ``min_score`` is taken out and the window aligned again, until every unit left
@@ -123,41 +125,72 @@ def align_units(
     window = max(1, round(window_s / seconds_per_frame))
     edge = round(EDGE_S / seconds_per_frame)
     rate = sum(len(t) for t in tokens) / max(frames, 1)  # labels per frame, over the whole recording
+    before = np.cumsum([0] + [len(t) for t in tokens])  # labels before each unit
     found: list[Aligned | None] = [None] * len(tokens)
     first, start = 0, 0
+
+    def align(units: list[int], begin: int, stop: int) -> tuple[list[int], dict[int, Aligned]]:
+        return _align_window(
+            log_probs[begin:stop], tokens, units, (blank, space), seconds_per_frame, min_score
+        )
+
     while first < len(tokens):
         end = min(frames, start + window)
-        chosen = _units_for(tokens, first, rate * (end - start) * WINDOW_FILL, end - start, end == frames)
-        if end < frames and chosen[-1] == len(tokens) - 1:
-            # every unit left fits the budget: they are looked for in the rest of the recording
-            end = frames
-            chosen = _units_for(tokens, first, 0, end - start, True)
         last_window = end == frames
-        if not chosen:  # the audio left is too short for even the next unit: it is not there
-            break
-        active, results = _align_window(
-            log_probs[start:end], tokens, chosen, (blank, space), seconds_per_frame, min_score
-        )
-        # a unit that may run past the window's end (its last unit, one ending near the end) is aligned
-        # again in the next window
+        budget = rate * (end - start) * WINDOW_FILL
+        chosen = _units_for(tokens, first, budget, end - start, last_window)
+        if not chosen:
+            if last_window:  # the audio left cannot hold the next unit: the rest is not in it
+                break
+            first += 1  # one unit longer than a whole window: it cannot be aligned
+            continue
+        active, results = align(chosen, start, end)
+        for factor in (2, 4, 8):
+            if active:
+                break
+            # none found: the text may not be read here (a preface, a skipped page). With less of the
+            # text, what is read before an unread tail is found; with more, what is read after an unread
+            # page (which is then taken out).
+            fewer = chosen[: max(1, len(chosen) // factor)]
+            more = [] if last_window else _units_for(tokens, first, budget * factor, end - start, False)
+            for units in (fewer, more):
+                if units and units != chosen and not active:
+                    active, results = align(units, start, end)
+                    chosen = units if active else chosen
+        # in a window that is not the last, a unit that may run past its end (its last unit, unless it is
+        # the text's last, and one ending near the end) is aligned again in the next window
         ends_before = (end - start - edge) * seconds_per_frame
         kept = (
-            active if last_window else [i for i in active if i != chosen[-1] and results[i].end < ends_before]
+            active
+            if last_window
+            else [
+                i
+                for i in active
+                if results[i].end < ends_before and (i != chosen[-1] or i == len(tokens) - 1)
+            ]
         )
-        if not kept:
-            if last_window:  # the audio is used up: the first unit is not in it
-                first += 1
-            else:  # none of these units is in this stretch of audio (music, talk not in the text): on
-                start += max(1, window // 2)
-            continue
-        for index in kept:
-            a = results[index]
-            found[index] = Aligned(
-                a.start + start * seconds_per_frame, a.end + start * seconds_per_frame, a.score
-            )
-        # units taken out before the last one kept are not in the audio; later ones get another window
-        first = len(tokens) if last_window else kept[-1] + 1
-        start = max(start + 1, int(found[kept[-1]].end / seconds_per_frame))
+        if not kept and active and results[active[0]].start * 2 < window * seconds_per_frame:
+            kept = active[:1]  # the only unit found, in the window's first half: nothing will cut it
+        if kept:
+            for index in kept:
+                a = results[index]
+                found[index] = Aligned(
+                    a.start + start * seconds_per_frame, a.end + start * seconds_per_frame, a.score
+                )
+            # units taken out before the last one kept are not in the audio; later ones get another window
+            first = len(tokens) if last_window else kept[-1] + 1
+            start = max(start + 1, int(found[kept[-1]].end / seconds_per_frame))
+        elif active:
+            # found only where the window may cut them: the next window starts where the first of them
+            # begins, and the units before it, not found in the audio before it, are not in the audio
+            first = active[0]
+            start = max(start + 1, int(results[active[0]].start / seconds_per_frame) - edge)
+        elif last_window:  # none of them is in the audio left: the first is not
+            first += 1
+        elif before[first] / max(rate, 1e-9) + window < start:
+            first += 1  # the text lags far behind the audio at the mean speaking rate: it is not read
+        else:  # none of the text is in this stretch of audio (music, a talk the text leaves out): on
+            start += max(1, window // 2)
     return found
 
 
@@ -209,6 +242,8 @@ def _align_window(
             break
         trials = {i: align([j for j in active if j != i]) for i in bad}
         best = max(merit(trials[i])[0] for i in bad)
+        if best == 0:  # no single removal leaves a unit standing: nothing of this text is here
+            break
         tied = [i for i in bad if merit(trials[i])[0] == best]
         if len(tied) > 1:  # a paragraph of unread text spoils a neighbour as much as either spoils the
             # other: look one removal further, then take the unit that scored worst

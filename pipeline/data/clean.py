@@ -4,8 +4,9 @@ Each utterance gets two scores from the model (``Aligner``: an export of this pr
 ``.tflite``): the greedy **CER** of the model's transcript against the row's (both in the model's text
 normalisation), and the **score**, the log-probability of the row's transcript's best CTC path per
 character (``pipeline.data.align.transcript_score``). A row is ``suspect_transcript`` when its CER is above
-``max_cer`` or its score below ``min_score``. A row that cannot be scored (audio Features will reject,
-a malformed row) is passed on as it is, for Features to judge.
+``max_cer`` or its score below ``min_score``. A row whose audio cannot be read is passed on as it is,
+for Features to reject with its reason; a malformed row (its fields not the header's) is left out as
+``malformed_row`` and counted against ``data.max_reject_fraction`` as Features would count it.
 
 ``score_rows`` streams rows and scores; the stage (``pipeline.stages.clean``) keeps them in a journal a
 rerun resumes from, then writes the cleaned manifests and the files a person reads.
@@ -31,6 +32,8 @@ MALFORMED = "malformed_row"
 # More of a split than this judged suspect means the model does not fit the data (another language,
 # another alphabet): the stage stops rather than drop most of the corpus.
 MAX_SUSPECT_SHARE = 0.5
+# ... judged on splits of at least this many rows (two suspects of three prove nothing).
+MIN_ROWS_FOR_SHARE = 20
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,11 @@ class Scored:
     detail: str = ""
 
 
+def _one_line(value):
+    """A journal field on one line (a line break as a space)."""
+    return " ".join(value.splitlines()) if isinstance(value, str) else value
+
+
 def split_rows(split: str, manifests: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
     """(``file:line``, row with an absolute ``wav_filename``) of every row of ``manifests``, in order."""
     for manifest in manifests:
@@ -70,9 +78,7 @@ def score_row(split: str, source: str, row: dict, model) -> Scored:
     ``scored`` (``judge`` says more), ``unscored`` or ``malformed_row``."""
     # one line per row in the stage's journal: a line break in a field is a space (transcripts' whitespace
     # is one space once normalised anyway)
-    row = {
-        key: " ".join(value.splitlines()) if isinstance(value, str) else value for key, value in row.items()
-    }
+    row = {key: _one_line(value) for key, value in row.items()}
     fields = {
         "split": split,
         "source": source,
@@ -92,9 +98,11 @@ def score_row(split: str, source: str, row: dict, model) -> Scored:
             fields["audio"], model.model.sample_rate, offset=offset, duration=duration, convert_rate=True
         )
     except (AudioError, ValueError, OSError) as error:
-        return Scored(**fields, heard="", cer=math.nan, score=math.nan, verdict="unscored", detail=str(error))
+        return Scored(
+            **fields, heard="", cer=math.nan, score=math.nan, verdict="unscored", detail=_one_line(str(error))
+        )
     logits = model.model.logits(samples)
-    heard = model.model.greedy.decode(logits)
+    heard = _one_line(model.model.greedy.decode(logits))
     expected = model.normalise(fields["transcript"])
     cer = Levenshtein.distance(heard, expected) / max(len(expected), 1)
     labels, _ = model.labels(fields["transcript"])

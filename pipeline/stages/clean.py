@@ -32,7 +32,16 @@ from dataclasses import astuple, fields
 from pathlib import Path
 
 from pipeline.dag import Stage, is_instance, sources_of, task_config
-from pipeline.data.clean import MALFORMED, MAX_SUSPECT_SHARE, SUSPECT, Scored, judge, score_row, split_rows
+from pipeline.data.clean import (
+    MALFORMED,
+    MAX_SUSPECT_SHARE,
+    MIN_ROWS_FOR_SHARE,
+    SUSPECT,
+    Scored,
+    judge,
+    score_row,
+    split_rows,
+)
 from pipeline.data.importing import MANIFEST_COLUMNS, REPORT_NAME, manifest_name
 from pipeline.digests import model_digest
 from pipeline.files import remove_leftovers, replace_directory, write_json_atomic
@@ -183,7 +192,7 @@ def _check_share(report: dict, journal: Path, source: str) -> None:
     from pipeline.config import ConfigError
 
     for split, counts in report["splits"].items():
-        if counts["rows"] and counts["rejected"] > MAX_SUSPECT_SHARE * counts["rows"]:
+        if counts["rows"] >= MIN_ROWS_FOR_SHARE and counts["rejected"] > MAX_SUSPECT_SHARE * counts["rows"]:
             raise ConfigError(
                 f"{source}: data.clean: {counts['rejected']} of {counts['rows']} rows of {split} scored as "
                 f"suspect: is data.clean.model a model of this data's language and alphabet? (every row's "
@@ -273,6 +282,10 @@ def _write_outputs(journal: Path, out: Path, clean) -> dict:
             )
     return {
         "thresholds": {"max_cer": clean.max_cer, "min_score": clean.min_score},
+        # what Features counts against data.max_reject_fraction: the rows it would have rejected itself
+        "rejected_by_split": {
+            split: ({MALFORMED: c["malformed"]} if c["malformed"] else {}) for split, c in counts.items()
+        },
         "splits": {
             split: {key: c[key] for key in ("rows", "kept", "rejected", "malformed", "unscored")}
             for split, c in counts.items()

@@ -12,7 +12,7 @@ import logging
 from collections import Counter
 from pathlib import Path
 
-from pipeline.dag import Stage, alphabet_of, is_instance, manifests_of, task_config
+from pipeline.dag import Stage, alphabet_of, cleans, is_instance, manifests_of, task_config
 from pipeline.data.manifests import read_manifests
 from pipeline.data.text import unreachable_labels
 from pipeline.features.extract import (
@@ -131,9 +131,16 @@ def _build(layout: Layout, split: str, progress: ProgressFn | None) -> FeaturesS
 def _import_rejects(layout: Layout, split: str) -> tuple[Counter, tuple[Path, ...]]:
     """The rows the imports of ``data.corpora`` rejected for ``split``, by reason (none when
     ``data.limit_<split>`` takes only the first rows), and the rejects files that list them."""
-    if layout.config.split_limit(split) or not layout.corpora:
+    if layout.config.split_limit(split):
         return Counter(), ()
     found, files = Counter(), []
+    if cleans(layout.config, split):  # the malformed rows Clean left out (its suspects are no defect)
+        cleaned = json.loads(layout.clean_files.report.read_text(encoding="utf-8"))["rejected_by_split"][
+            split
+        ]
+        if cleaned:
+            found.update(cleaned)
+            files.append(layout.clean_files.rejects)
     for key in layout.corpora:
         imported = layout.corpus_files(key)
         rejected = json.loads(imported.report.read_text(encoding="utf-8"))["rejected_by_split"][split]

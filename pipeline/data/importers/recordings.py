@@ -25,7 +25,7 @@ class AlignOptions:
     """How the Align stage cuts a corpus's recordings (``data.corpora[].align``)."""
 
     model: str = ""  # the aligner: an export directory of this project, or a DeepSpeech/Coqui .tflite
-    max_seconds: float = 20.0  # the longest utterance made: longer sentences are cut, shorter ones joined
+    max_seconds: float = 20.0  # sentences longer (at a slow reading) are cut; neighbours joined up to it
     min_score: float = DEFAULT_MIN_SCORE  # utterances scoring under it are rejected as misaligned
 
 
