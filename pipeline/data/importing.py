@@ -321,7 +321,7 @@ def import_corpus(
                 rejected[split][reason] += 1
             writers[REJECTS_NAME].writerow([source, audio, reason, detail])
 
-        for part, official_split in _part_splits(plan):
+        for part, official_split in part_splits(plan):
             for row in plan.importer.utterances(plan.root, part, plan.options):
                 read += 1
                 if progress is not None and read % 1000 == 0:
@@ -370,7 +370,7 @@ def audio_identity(row: Utterance) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
 
 
-def _part_splits(plan: ImportPlan) -> list[tuple[str, str | None]]:
+def part_splits(plan: ImportPlan) -> list[tuple[str, str | None]]:
     """(part, its split or None for a speaker-hashed part), each part once."""
     pairs = [(part, None) for part in plan.hashed]
     for split in SPLITS:

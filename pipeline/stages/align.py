@@ -43,6 +43,7 @@ from pipeline.data.importing import (
     AudioHeaders,
     audio_identity,
     manifest_name,
+    part_splits,
 )
 from pipeline.data.splits import SPLITS, split_of
 from pipeline.digests import model_digest
@@ -164,7 +165,7 @@ def _align_corpus(
     ):
         rejects = csv.writer(rejects_handle)
         rejects.writerow(REJECT_COLUMNS)
-        for part, official in _part_splits(plan):
+        for part, official in part_splits(plan):
             for row in plan.importer.utterances(plan.root, part, plan.options):
                 if isinstance(row, Dropped):
                     split = official or "train"
@@ -234,14 +235,6 @@ class _Manifests:
 
     def __exit__(self, *exc):
         return self._stack.__exit__(*exc)
-
-
-def _part_splits(plan) -> list[tuple[str, str | None]]:
-    """(part, its split or None for a speaker-hashed part), each part once."""
-    pairs = [(part, None) for part in plan.hashed]
-    for split in SPLITS:
-        pairs += [(part, split) for part in plan.official.get(split, ())]
-    return pairs
 
 
 def _dropped(source: str, audio: str, reason: str, detail: str) -> dict:
