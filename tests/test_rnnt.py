@@ -1,0 +1,180 @@
+"""The RNN-T loss (issue 47): values and gradients against a float64 reference on random cases, the
+reference itself against every alignment spelt out, padding's zero gradient, any blank index, and XLA."""
+
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from pipeline.model.objectives.transducer import rnnt_loss
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    return x - np.logaddexp.reduce(x, axis=-1, keepdims=True)
+
+
+def _reference(logits: np.ndarray, labels: list[int], blank: int):
+    """float64 loss and gradient of one utterance (``logits`` ``[T, U + 1, classes]``): the forward and
+    backward recursions cell by cell, with numpy's logaddexp (independent of the diagonal scan)."""
+    logp = _log_softmax(logits.astype(np.float64))
+    frames, states = logp.shape[0], len(labels) + 1
+    alpha = np.full((frames, states), -np.inf)
+    alpha[0, 0] = 0.0
+    for t in range(frames):
+        for u in range(states):
+            if t == u == 0:
+                continue
+            a = alpha[t - 1, u] + logp[t - 1, u, blank] if t > 0 else -np.inf
+            b = alpha[t, u - 1] + logp[t, u - 1, labels[u - 1]] if u > 0 else -np.inf
+            alpha[t, u] = np.logaddexp(a, b)
+    total = alpha[-1, -1] + logp[-1, -1, blank]
+    beta = np.full((frames, states), -np.inf)
+    for t in reversed(range(frames)):
+        for u in reversed(range(states)):
+            if t == frames - 1 and u == states - 1:
+                beta[t, u] = logp[t, u, blank]
+                continue
+            a = beta[t + 1, u] + logp[t, u, blank] if t < frames - 1 else -np.inf
+            b = beta[t, u + 1] + logp[t, u, labels[u]] if u < states - 1 else -np.inf
+            beta[t, u] = np.logaddexp(a, b)
+    assert np.isclose(beta[0, 0], total)
+    grad_logp = np.zeros_like(logp)
+    for t in range(frames):
+        for u in range(states):
+            after_blank = beta[t + 1, u] if t < frames - 1 else (0.0 if u == states - 1 else -np.inf)
+            grad_logp[t, u, blank] -= np.exp(alpha[t, u] + logp[t, u, blank] + after_blank - total)
+            if u < states - 1:
+                grad_logp[t, u, labels[u]] -= np.exp(
+                    alpha[t, u] + logp[t, u, labels[u]] + beta[t, u + 1] - total
+                )
+    grad = grad_logp - np.exp(logp) * grad_logp.sum(axis=-1, keepdims=True)
+    return -total, grad
+
+
+def _every_alignment(logits: np.ndarray, labels: list[int], blank: int) -> float:
+    """-log of the sum over every alignment, each spelt out: which of the T + U moves are the labels."""
+    logp = _log_softmax(logits.astype(np.float64))
+    frames, count = logp.shape[0], len(labels)
+    paths = []
+    # The last move is always the closing blank; the labels take ``count`` of the first T - 1 + U moves.
+    for places in itertools.combinations(range(frames - 1 + count), count):
+        t = u = 0
+        score = 0.0
+        for move in range(frames - 1 + count):
+            if move in places:
+                score += logp[t, u, labels[u]]
+                u += 1
+            else:
+                score += logp[t, u, blank]
+                t += 1
+        paths.append(score + logp[t, u, blank])
+    return -np.logaddexp.reduce(paths)
+
+
+def _case(rng, frames: int, count: int, classes: int, blank: int):
+    logits = rng.normal(scale=2.0, size=(frames, count + 1, classes))
+    labels = [int(c) for c in rng.choice([c for c in range(classes) if c != blank], size=count)]
+    return logits, labels
+
+
+def _batched(cases, classes: int):
+    """Padded batch tensors of ``cases`` ((logits, labels) each), padding filled with noise."""
+    rng = np.random.default_rng(99)
+    frames = max(c[0].shape[0] for c in cases)
+    count = max(len(c[1]) for c in cases)
+    logits = rng.normal(size=(len(cases), frames, count + 1, classes)).astype(np.float32) * 5
+    labels = np.full((len(cases), count), 7, np.int32)
+    for i, (x, y) in enumerate(cases):
+        logits[i, : x.shape[0], : x.shape[1]] = x
+        labels[i, : len(y)] = y
+    lengths = np.array([c[0].shape[0] for c in cases], np.int32)
+    label_lengths = np.array([len(c[1]) for c in cases], np.int32)
+    return logits, labels, lengths, label_lengths
+
+
+def _loss_and_gradient(logits, labels, lengths, label_lengths, blank, jit=False):
+    @tf.function(jit_compile=jit)
+    def run(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = rnnt_loss(x, labels, lengths, label_lengths, blank)
+        return loss, tape.gradient(loss, x)
+
+    loss, gradient = run(tf.constant(logits))
+    return loss.numpy(), gradient.numpy()
+
+
+@pytest.mark.parametrize("shape", [(1, 0), (1, 3), (3, 2), (4, 4), (5, 1)])
+def test_the_reference_sums_every_alignment(shape):
+    rng = np.random.default_rng(sum(shape))
+    logits, labels = _case(rng, *shape, classes=5, blank=2)
+    assert _reference(logits, labels, blank=2)[0] == pytest.approx(_every_alignment(logits, labels, 2))
+
+
+def test_the_reference_gradient_is_the_loss_s_slope():
+    rng = np.random.default_rng(3)
+    logits, labels = _case(rng, 3, 2, classes=4, blank=0)
+    _, grad = _reference(logits, labels, blank=0)
+    step = 1e-6
+    for index in [(0, 0, 0), (1, 1, 2), (2, 2, 0), (2, 0, 3)]:
+        up, down = logits.copy(), logits.copy()
+        up[index] += step
+        down[index] -= step
+        slope = (_reference(up, labels, 0)[0] - _reference(down, labels, 0)[0]) / (2 * step)
+        assert grad[index] == pytest.approx(slope, abs=1e-6)
+
+
+# (frames, labels): one frame; no labels; more labels than frames; several labels per frame; long.
+SHAPES = [(1, 0), (1, 1), (1, 4), (6, 0), (2, 7), (9, 5), (40, 12)]
+
+
+@pytest.mark.parametrize("blank", [0, 5, 11])
+def test_loss_and_gradient_match_the_float64_reference_with_padding(blank):
+    """One batch of every shape, padded to the longest with noise: each row's loss and gradient are the
+    reference's, and the padding's gradient is exactly zero."""
+    classes = 12
+    rng = np.random.default_rng(blank)
+    cases = [_case(rng, frames, count, classes, blank) for frames, count in SHAPES]
+    logits, labels, lengths, label_lengths = _batched(cases, classes)
+    loss, grad = _loss_and_gradient(logits, labels, lengths, label_lengths, blank)
+    for i, (x, y) in enumerate(cases):
+        want_loss, want_grad = _reference(x.astype(np.float32), y, blank)
+        assert loss[i] == pytest.approx(want_loss, rel=1e-5, abs=1e-4)
+        np.testing.assert_allclose(grad[i, : x.shape[0], : x.shape[1]], want_grad, atol=2e-5)
+        padding = np.ones(grad.shape[1:], bool)
+        padding[: x.shape[0], : x.shape[1]] = False
+        assert not grad[i][padding].any()
+
+
+def test_a_long_utterance_matches_the_reference_and_xla_gives_the_same():
+    classes, blank = 30, 29
+    rng = np.random.default_rng(7)
+    x, y = _case(rng, 300, 80, classes, blank)
+    logits, labels, lengths, label_lengths = _batched([(x, y)], classes)
+    want_loss, want_grad = _reference(x.astype(np.float32), y, blank)
+    for jit in (False, True):
+        loss, grad = _loss_and_gradient(logits, labels, lengths, label_lengths, blank, jit=jit)
+        assert loss[0] == pytest.approx(want_loss, rel=1e-5)
+        np.testing.assert_allclose(grad[0], want_grad, atol=5e-5)
+
+
+def test_an_utterance_without_frames_has_an_infinite_loss_and_no_gradient():
+    rng = np.random.default_rng(5)
+    cases = [_case(rng, 3, 2, 6, 0), _case(rng, 3, 1, 6, 0)]
+    logits, labels, lengths, label_lengths = _batched(cases, 6)
+    lengths[1] = 0
+    loss, grad = _loss_and_gradient(logits, labels, lengths, label_lengths, 0)
+    assert np.isfinite(loss[0]) and loss[1] == np.inf
+    assert not grad[1].any()
+
+
+def test_half_precision_logits_give_a_loss_of_their_dtype_computed_in_float32():
+    rng = np.random.default_rng(8)
+    x, y = _case(rng, 5, 3, 7, 6)
+    logits, labels, lengths, label_lengths = _batched([(x, y)], 7)
+    half = rnnt_loss(tf.constant(logits, tf.bfloat16), labels, lengths, label_lengths, 6)
+    assert half.dtype == tf.bfloat16
+    rounded = tf.cast(tf.cast(logits, tf.bfloat16), tf.float32).numpy()
+    want = _reference(rounded[0], y, 6)[0]
+    assert float(half[0]) == pytest.approx(want, rel=1e-2)
