@@ -443,6 +443,52 @@ def _own_objective(config: Config) -> bool:
     return config.model.objective != "ctc"
 
 
+def _transducer(config: Config) -> bool:
+    """with model.objective: transducer"""
+    return config.model.objective in ("transducer", "pipeline.model.objectives.transducer")
+
+
+@dataclass(frozen=True)
+class TransducerConfig:
+    """``model.transducer``: the predictor and joiner of ``model.objective: transducer`` (icefall's
+    stateless predictor; docs/TRAINING.md "The transducer")."""
+
+    STAGES: ClassVar[tuple[str, ...]] = ("train",)
+
+    context_size: int = _opt(
+        2,
+        "Labels the stateless predictor sees: the last context_size (1: the last label only).",
+        minimum=1,
+        maximum=8,
+    )
+    predictor_dim: int = _opt(256, "Width of the predictor's label embeddings and output.", minimum=1)
+    predictor_groups: int = _opt(
+        64,
+        "Groups of the predictor's convolution over its context (icefall: predictor_dim / 4); must divide "
+        "predictor_dim.",
+        minimum=1,
+    )
+    joint_dim: int = _opt(
+        256,
+        "Width of the joiner: the encoder's and the predictor's projections, added, tanh. The joiner's "
+        "output is batch x frames x (labels + 1) x classes in training: the memory to watch.",
+        minimum=1,
+    )
+    max_symbols: int = _opt(
+        4,
+        "Greedy search: at most this many labels a frame (the dev figures in training).",
+        minimum=1,
+    )
+    max_joint_mib: float = _opt(
+        512.0,
+        "Cap on one tower's joint scores (batch x frames x (labels + 1) x classes float32) in MiB: a batch "
+        "over it is cut into smaller steps, and an utterance over it alone is refused before training "
+        "starts. Training's peak is about three times it (the scores, their log-softmax and gradient).",
+        minimum=0.0,
+        exclusive_min=True,
+    )
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The acoustic model: its family, its objective and the keys every family shares. A family's own
@@ -460,9 +506,10 @@ class ModelConfig:
     )
     objective: str = _opt(
         "ctc",
-        "What the model is trained to minimise: a module of pipeline/model/objectives/ (ctc) or the dotted "
-        "name of a module of your own defining OBJECTIVE. One whose too-short rule is not CTC's also "
-        "re-runs FeaturesSplit.",
+        "What the model is trained to minimise: a module of pipeline/model/objectives/ (ctc; transducer, "
+        "which trains and validates but is not yet read past Train: docs/TRAINING.md) or the dotted name "
+        "of a module of your own defining OBJECTIVE. One whose too-short rule is not CTC's also re-runs "
+        "FeaturesSplit.",
         when={"train": _own_objective},
     )
 
@@ -473,6 +520,11 @@ class ModelConfig:
         "255 labels plus the blank as DeepSpeech's --bytes_output_mode, for scripts with thousands of "
         "characters (Chinese, Japanese); paths.alphabet is then not used.",
         stages=("features", "lm", "train"),
+    )
+    transducer: TransducerConfig = _opt(
+        TransducerConfig(),
+        "The transducer's predictor and joiner (the keys below); read with model.objective: transducer.",
+        when={"train": _transducer},
     )
     # The chosen family's own settings (its Settings dataclass, filled by the loader from
     # ``model.<family>:``), or () for a family without them.

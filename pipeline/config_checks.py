@@ -13,7 +13,7 @@ from pipeline.config import Config, ConfigError
 from pipeline.export.coqui_tflite import check_exportable
 from pipeline.features.frontend import feature_pipeline
 from pipeline.model import model_family
-from pipeline.model.objective import CTC_OUTPUT
+from pipeline.model.objective import CTC_OUTPUT, TRANSDUCER_OUTPUT
 from pipeline.model.objectives import model_objective
 from pipeline.workdir import export_root, task_export_root
 
@@ -40,7 +40,7 @@ def validate_config(config: Config) -> None:
     named_plugin(
         model_family, "pipeline.model", config.model.architecture, "model.architecture", "model family", src
     )
-    _check_objective(config.model.objective, src)
+    _check_objective(config, src)
 
     if config.export.coqui_tflite:
         if config.model.output != "characters":
@@ -279,11 +279,26 @@ def named_plugin(find, package: str, name: str, key: str, kind: str, src: str):
 PLUGIN_ATTRIBUTES = {"pipeline.model": "FAMILY", "pipeline.model.objectives": "OBJECTIVE"}
 
 
-def _check_objective(name: str, src: str) -> None:
-    """``model.objective`` names an objective whose output the decoders, the export and the client read."""
+def _check_objective(config, src: str) -> None:
+    """``model.objective`` names an objective whose output the decoders, the export and the client read,
+    or the transducer (which trains, alone: preflight refuses a run past Train, ``tasks.preflight``)."""
+    name = config.model.objective
     objective = named_plugin(
         model_objective, "pipeline.model.objectives", name, "model.objective", "objective", src
     )
+    if objective.emits == TRANSDUCER_OUTPUT and objective.name == "transducer":
+        transducer = config.model.transducer
+        if transducer.predictor_dim % transducer.predictor_groups:
+            raise ConfigError(
+                f"{src}: model.transducer.predictor_groups: {transducer.predictor_groups} does not divide "
+                f"predictor_dim {transducer.predictor_dim}"
+            )
+        if config.multitask.tasks:
+            raise ConfigError(
+                f"{src}: model.objective: transducer trains one task; multitask.tasks with a transducer "
+                f"is not built yet"
+            )
+        return
     if objective.emits != CTC_OUTPUT:
         raise ConfigError(
             f"{src}: model.objective: {name!r} emits {objective.emits!r}; the decoders, the export and the "

@@ -51,13 +51,14 @@ class ConfigParameter(luigi.Parameter):
         from luigi.cmdline_parser import CmdlineParser
 
         from pipeline.config import ConfigError
-        from tasks.preflight import PreflightError, check_inputs, check_training
+        from tasks.preflight import PreflightError, check_inputs, check_objective_reach, check_training
 
         try:
             config = load_config(x)
             check_inputs(config)
             parser = CmdlineParser.get_instance()
             if parser is not None:
+                check_objective_reach(config, parser.known_args.root_task)
                 check_training(config, parser.known_args.root_task)
         except (ConfigError, PreflightError) as error:
             print(f"error: {error}", file=sys.stderr, flush=True)

@@ -185,6 +185,25 @@ def reads_train(config: Config, name: str) -> bool:
     return False
 
 
+def check_objective_reach(config: Config, name: str) -> None:
+    """A model whose objective emits what the export, the decoders and the client do not read yet (the
+    transducer) is trained and validated only: a command whose Luigi task ``name`` reads Train's model
+    (Evaluate, Export, ...) is refused in one line."""
+    from pipeline.model.objective import CTC_OUTPUT
+    from pipeline.model.objectives import model_objective
+
+    objective = model_objective(config.model.objective)
+    stage = stages_by_task().get(name)
+    if objective.emits == CTC_OUTPUT or stage is None or stage.name == "train":
+        return
+    if reads_train(config, stage.name):
+        raise PreflightError(
+            f"{config.source}: model.objective: {config.model.objective}: {name} reads the trained model, "
+            f"and the export, the decoders and the client do not read a {objective.emits} yet; run Train "
+            f"(luigi --module tasks Train --config {config.source})"
+        )
+
+
 def runs_train(config: Config, name: str) -> bool:
     """Whether the command's Luigi task ``name`` would run Train: it is Train or reads its model, and the
     Train run has no report that covers ``training.epochs`` (a damaged one: Train runs and says so)."""

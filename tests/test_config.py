@@ -53,7 +53,7 @@ def test_extends_overrides_a_subset_and_resolves_paths_per_file(write_config, tm
         (
             "model:\n  n_hiden: 5\n",
             r"model\.n_hiden: unknown key; did you mean 'n_hidden'\? "
-            r"expected one of architecture, objective, random_seed, output, n_hidden",
+            r"expected one of architecture, objective, random_seed, output, transducer, n_hidden",
         ),
         ("modle:\n  n_hidden: 5\n", r"unknown section 'modle'"),
         ("model:\n  n_hidden: many\n", r"model\.n_hidden: expected an integer, got 'many'"),

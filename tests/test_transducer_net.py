@@ -7,8 +7,9 @@ import pytest
 import tensorflow as tf
 
 from native_client.transducer_search import GreedySearch, ModifiedBeamSearch
+from pipeline.config import TransducerConfig
 from pipeline.model.objectives.transducer import rnnt_loss
-from pipeline.model.transducer_net import Joiner, StatelessPredictor
+from pipeline.model.transducer_net import StatelessPredictor, TransducerHead
 
 BLANK = 4  # labels 0-3, the blank last
 
@@ -32,16 +33,29 @@ def test_the_predictor_over_a_transcript_is_the_predictor_over_each_context(cont
     assert not whole[:, 0].any()  # before any label: the blank's zero embedding
 
 
+def _head(context_size: int = 2, joint_dim: int = 16, max_symbols: int = 4) -> TransducerHead:
+    settings = TransducerConfig(
+        context_size=context_size,
+        predictor_dim=8,
+        predictor_groups=2,
+        joint_dim=joint_dim,
+        max_symbols=max_symbols,
+    )
+    head = TransducerHead(settings, BLANK + 1, BLANK, seed=3)
+    head.build()
+    return head
+
+
 def test_the_joiner_scores_every_pair_as_its_decoding_form_does():
-    joiner = Joiner(joint_dim=5, n_classes=BLANK + 1, seed=3)
+    head = _head(joint_dim=5)
     rng = np.random.default_rng(0)
-    encoder = rng.normal(size=(2, 4, 7)).astype(np.float32)
-    predicted = rng.normal(size=(2, 3, 8)).astype(np.float32)
-    logits = joiner((encoder, predicted)).numpy()
+    frames = rng.normal(size=(2, 4, 5)).astype(np.float32)
+    labels = np.array([[1, 2], [3, 0]], np.int32)
+    logits = head.joint(frames, labels).numpy()
     assert logits.shape == (2, 4, 3, BLANK + 1)
-    frames, labels = joiner.encoder_projection(encoder), joiner.predictor_projection(predicted)
     for t, u in [(0, 0), (3, 2), (1, 1)]:
-        one = joiner.join(frames[1, t][None], labels[1, u][None]).numpy()[0]
+        context = ([BLANK, BLANK] + list(labels[1, :u]))[-2:]
+        one = head.join(frames[1, t][None], head.predict(np.array([context], np.int32))).numpy()[0]
         np.testing.assert_allclose(logits[1, t, u], one, rtol=1e-5, atol=1e-5)
 
 
@@ -53,19 +67,19 @@ def test_settings_the_predictor_cannot_take_are_refused():
 
 
 class _Parts:
-    """The trained layers as the client's searches call them."""
+    """The trained head as the client's searches call it."""
 
     context_size = 2
     blank = BLANK
 
-    def __init__(self, predictor, joiner):
-        self.predictor, self.joiner = predictor, joiner
+    def __init__(self, head):
+        self.head = head
 
     def predict(self, contexts):
-        return self.joiner.predictor_projection(self.predictor.over_contexts(contexts)).numpy()
+        return self.head.predict(contexts).numpy()
 
     def join(self, frame, predicted):
-        return self.joiner.join(frame[None], predicted).numpy()
+        return self.head.join(frame[None], predicted).numpy()
 
 
 def _toy_batch(rng, batch: int, frames: int = 8):
@@ -86,20 +100,21 @@ def _toy_batch(rng, batch: int, frames: int = 8):
     return features, labels, lengths
 
 
-def test_a_small_transducer_learns_a_toy_task_and_both_searches_decode_it():
+def test_a_small_transducer_learns_a_toy_task_and_every_search_decodes_it():
+    """The encoder (one Dense: the joiner's encoder projection), the head and rnnt_loss learn the toy task;
+    the client's greedy and beam searches and the head's batched greedy search (the dev figures) decode it,
+    the batched one label for label as the client's greedy search."""
     keras.utils.set_random_seed(0)
     encoder = keras.Sequential([keras.Input((None, 5)), keras.layers.Dense(16, activation="tanh")])
-    predictor = _predictor(context_size=2, dim=8)
-    joiner = Joiner(joint_dim=16, n_classes=BLANK + 1, seed=5)
-    joiner.build(((None, None, 16), (None, None, 8)))
-    variables = encoder.trainable_variables + predictor.trainable_variables + joiner.trainable_variables
+    head = _head(joint_dim=16)
+    variables = encoder.trainable_variables + head.trainable_variables
     optimizer = keras.optimizers.Adam(0.02)
     rng = np.random.default_rng(1)
 
     @tf.function
     def step(features, labels, label_lengths):
         with tf.GradientTape() as tape:
-            logits = joiner((encoder(features), predictor.over_transcripts(labels)))
+            logits = head.joint(encoder(features), labels)
             frames = tf.fill([tf.shape(features)[0]], tf.shape(features)[1])
             loss = tf.reduce_mean(rnnt_loss(logits, labels, frames, label_lengths, BLANK))
         optimizer.apply(tape.gradient(loss, variables), variables)
@@ -107,12 +122,21 @@ def test_a_small_transducer_learns_a_toy_task_and_both_searches_decode_it():
 
     losses = [float(step(*_toy_batch(rng, 32))) for _ in range(300)]
     assert losses[-1] < 0.1 * losses[0]
-    parts = _Parts(predictor, joiner)
+    parts = _Parts(head)
     features, labels, lengths = _toy_batch(np.random.default_rng(2), 20)
+    frame_counts = np.full(20, 8, np.int32)
+    frame_counts[0] = 5  # the batched search stops at each utterance's length
+    encoded = encoder(features).numpy()
+    batched = head.greedy(encoded, frame_counts, max_symbols=4).numpy()
     right = {"greedy": 0, "beam": 0}
     for b in range(20):
-        frames = joiner.encoder_projection(encoder(features[b : b + 1]))[0].numpy()
-        for name, search in (("greedy", GreedySearch(parts)), ("beam", ModifiedBeamSearch(parts))):
-            search.advance(frames)
-            right[name] += search.hypotheses()[0].labels == tuple(labels[b, : lengths[b]])
-    assert right["greedy"] >= 18 and right["beam"] >= 18, right
+        frames = encoded[b, : frame_counts[b]]
+        greedy, beam = GreedySearch(parts, max_symbols=4), ModifiedBeamSearch(parts)
+        greedy.advance(frames)
+        beam.advance(frames)
+        assert tuple(batched[b][batched[b] >= 0]) == greedy.hypotheses()[0].labels
+        if b:
+            want = tuple(labels[b, : lengths[b]])
+            right["greedy"] += greedy.hypotheses()[0].labels == want
+            right["beam"] += beam.hypotheses()[0].labels == want
+    assert right["greedy"] >= 17 and right["beam"] >= 17, right

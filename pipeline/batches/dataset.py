@@ -30,6 +30,7 @@ import tensorflow as tf
 from native_client.cmvn import GlobalStats
 from pipeline.batches.augment import augment_features, batch_seed
 from pipeline.batches.buckets import ShapeGrid
+from pipeline.batches.joint_cap import JointCap
 from pipeline.config import AugmentConfig
 from pipeline.features.cache import CacheIndex, damage_in
 
@@ -43,6 +44,7 @@ def batch_plan(
     towers: int,
     max_batch_frames: int = 0,
     grid: ShapeGrid | None = None,
+    joint: JointCap | None = None,
 ) -> list[np.ndarray]:
     """The run's global batches (sample indices), in length order, before any shuffling.
 
@@ -50,20 +52,26 @@ def batch_plan(
     full batch. With ``max_batch_frames``, a batch whose per-tower frames (tower
     batch x its longest utterance) exceed the cap is cut into consecutive steps of
     fewer utterances per tower (at least one), every step still split evenly over
-    the towers. With ``grid`` the cap counts the batch's padded frames.
+    the towers. With ``grid`` the cap counts the batch's padded frames. With ``joint``
+    (a transducer), a batch is also cut to the utterances a tower's joint scores hold
+    (``JointCap.per_tower``, which raises ``JointTooLarge`` for an utterance too long alone).
     """
     order = np.argsort(lengths, kind="stable")
     n_batches = max(1, math.ceil(len(order) / global_batch))
     fill = n_batches * global_batch - len(order)
     indices = np.concatenate([order, np.resize(order, fill)]) if fill else order
     batches = list(indices.reshape(n_batches, global_batch))
-    if not max_batch_frames:
+    if not max_batch_frames and joint is None:
         return batches
     per_tower = global_batch // towers
     plan = []
     for batch in batches:
-        longest = _padded(int(lengths[batch].max(initial=1)), grid) or 1
-        fits = max(1, min(per_tower, max_batch_frames // longest))
+        fits = per_tower
+        if max_batch_frames:
+            longest = _padded(int(lengths[batch].max(initial=1)), grid) or 1
+            fits = max(1, min(fits, max_batch_frames // longest))
+        if joint is not None:
+            fits = min(fits, joint.per_tower(batch))
         step = fits * towers
         plan.extend(batch[start : start + step] for start in range(0, global_batch, step))
     return plan
@@ -101,11 +109,15 @@ def _padded(longest: int, grid: ShapeGrid | None) -> int:
 
 
 def eval_batches(
-    lengths: np.ndarray, batch_size: int, max_batch_frames: int = 0, grid: ShapeGrid | None = None
+    lengths: np.ndarray,
+    batch_size: int,
+    max_batch_frames: int = 0,
+    grid: ShapeGrid | None = None,
+    joint: JointCap | None = None,
 ) -> list[np.ndarray]:
     """Every sample exactly once, in length order, in batches of at most ``batch_size`` (and, with
     ``max_batch_frames``, at most that many padded frames, on ``grid`` when given, unless one utterance
-    alone is longer)."""
+    alone is longer; with ``joint``, at most the utterances whose joint scores fit, ``batch_plan``)."""
     order = np.argsort(lengths, kind="stable")
     batches, start = [], 0
     while start < len(order):
@@ -113,6 +125,8 @@ def eval_batches(
         if max_batch_frames:
             longest = _padded(int(lengths[order[start + size - 1]]), grid) or 1
             size = max(1, min(size, max_batch_frames // longest))
+        if joint is not None:
+            size = min(size, joint.per_tower(order[start : start + size]))
         batches.append(order[start : start + size])
         start += size
     return batches
@@ -281,9 +295,12 @@ def train_dataset(
     return _batches(reader, epochs.flat_map(one_epoch), augment, stats)
 
 
-def eval_dataset(reader: SplitReader, batch_size: int, max_batch_frames: int = 0) -> tf.data.Dataset:
-    """Every sample once, in length-sorted batches."""
-    flat, starts, sizes = _flat(eval_batches(reader.index.lengths, batch_size, max_batch_frames, reader.grid))
+def eval_dataset(
+    reader: SplitReader, batch_size: int, max_batch_frames: int = 0, joint: JointCap | None = None
+) -> tf.data.Dataset:
+    """Every sample once, in length-sorted batches (``eval_batches``)."""
+    batches = eval_batches(reader.index.lengths, batch_size, max_batch_frames, reader.grid, joint)
+    flat, starts, sizes = _flat(batches)
     return _batches(reader, _sliced(tf.constant(flat), tf.constant(starts), tf.constant(sizes)))
 
 

@@ -11,6 +11,7 @@ import tensorflow as tf
 from native_client.alphabet import Labels
 from pipeline.batches.buckets import shape_grid
 from pipeline.batches.dataset import SplitReader, checked, eval_dataset
+from pipeline.batches.joint_cap import JointCap
 from pipeline.evaluation.metrics import SampleResult, greedy_decode, score_sample
 from pipeline.features.cache import CacheIndex
 from pipeline.model import model_family
@@ -21,16 +22,20 @@ from pipeline.model.objectives import model_objective
 LogitsSink = Callable[[int, np.ndarray], None]
 
 
-def make_forward(run, objective, blank_index: int):
-    """A compiled function: features, lengths, labels, label lengths -> (logits ``[b, t, classes]``,
-    per-sample loss, output lengths): ``run(features, lengths)`` gives the logits and output lengths, the
-    ``objective`` (``pipeline.model.objective``) scores them."""
+def make_forward(run, objective, blank_index: int, head=None):
+    """A compiled function: features, lengths, labels, label lengths -> (logits ``[b, t, outputs]``,
+    per-sample loss, output lengths, greedy labels or None): ``run(features, lengths)`` gives the logits
+    and output lengths, the ``objective`` (``pipeline.model.objective``) scores them with its ``head``
+    and gives its greedy labels (``best_labels``; None: the CTC best path of the logits)."""
 
     @tf.function(reduce_retracing=True)
     def forward(features, lengths, labels, label_lengths):
         logits, output_lengths = run(features, lengths)
-        loss = objective.loss(labels, label_lengths, logits, output_lengths, blank_index, jit_compile=False)
-        return logits, loss, output_lengths
+        loss = objective.loss(
+            labels, label_lengths, logits, output_lengths, blank_index, jit_compile=False, head=head
+        )
+        best = objective.best_labels(logits, output_lengths, blank_index, head)
+        return logits, loss, output_lengths, best
 
     return forward
 
@@ -45,7 +50,8 @@ def model_forward(model, blank_index: int, full_context: bool = False):
     def run(features, lengths):
         return family.forward(model, normalized(model, features), lengths, training=False, **context)
 
-    return make_forward(run, model_objective(model.model_config.objective), blank_index)
+    objective = model_objective(model.model_config.objective)
+    return make_forward(run, objective, blank_index, getattr(model, "objective_head", None))
 
 
 def run_split(
@@ -59,6 +65,7 @@ def run_split(
     max_batch_frames: int = 0,
     bucket_growth: float = 0.0,
     on_result: Callable[[int, SampleResult], None] | None = None,
+    joint: JointCap | None = None,
 ) -> list[SampleResult] | None:
     """Every sample of ``data`` through ``model``; results in the cache's sample order.
 
@@ -66,18 +73,23 @@ def run_split(
     done (for decoders), so no caller has to hold a split's logits in memory.
     ``on_result(index, result)``, when given, receives each sample's result instead of the returned list
     (None then), so no caller has to hold a split's results either. ``max_batch_frames`` and
-    ``bucket_growth``: the batches' cap and shape grid (``training``'s keys), when no ``reader`` is given.
+    ``bucket_growth``: the batches' cap and shape grid (``training``'s keys), when no ``reader`` is given;
+    ``joint``: a transducer's cap on its joint scores (``pipeline.batches.joint_cap``).
     """
     forward = forward or model_forward(model, alphabet.blank_index)
     results: list[SampleResult | None] = [None] * len(data) if on_result is None else []
     reader = reader or SplitReader(data, shape_grid(data, bucket_growth))
     for features, lengths, labels, label_lengths, indices in checked(
-        eval_dataset(reader, batch_size, max_batch_frames)
+        eval_dataset(reader, batch_size, max_batch_frames, joint)
     ):
-        logits, loss, lengths = forward(features, lengths, labels, label_lengths)
+        logits, loss, lengths, best = forward(features, lengths, labels, label_lengths)
         logits, loss, lengths = logits.numpy(), loss.numpy(), lengths.numpy()
+        best = None if best is None else best.numpy()
         for row, index in enumerate(indices.numpy()):
-            hypothesis = greedy_decode(logits[row], lengths[row], alphabet)
+            if best is None:
+                hypothesis = greedy_decode(logits[row], lengths[row], alphabet)
+            else:
+                hypothesis = alphabet.decode(best[row][best[row] >= 0])
             result = score_sample(data.paths[index], data.transcripts[index], hypothesis, float(loss[row]))
             if on_result is None:
                 results[int(index)] = result

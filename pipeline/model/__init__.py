@@ -27,10 +27,20 @@ def build_model(
     config, n_input: int, n_classes: int, precision: str = "float32", normalized: bool = False, stats=None
 ):
     """The training model of ``config`` (a ``ModelConfig``) with its weights made (deterministic per
-    ``random_seed``); ``precision`` is a Keras dtype policy, the variables stay float32. ``normalized``
-    (``features.normalize: global``): with the feature normalisation layer (``normalization.py``), holding
-    ``stats`` (a ``GlobalStats``), else the identity until its statistics are set or restored."""
-    model = model_family(config.architecture).build(config, n_input, n_classes, precision)
+    ``random_seed``): the family's network, its output layer as wide as the objective asks, and the
+    objective's own layers as ``objective_head`` when it has some; ``precision`` is a Keras dtype
+    policy, the variables stay float32. ``normalized`` (``features.normalize: global``): with the feature
+    normalisation layer (``normalization.py``), holding ``stats`` (a ``GlobalStats``), else the identity
+    until its statistics are set or restored."""
+    from pipeline.model.objectives import model_objective
+
+    objective = model_objective(config.objective)
+    model = model_family(config.architecture).build(
+        config, n_input, objective.output_width(config, n_classes), precision
+    )
+    from pipeline.model.added_layers import add_layer
+
+    add_layer(model, "objective_head", lambda: objective.build_head(config, n_classes, precision))
     if normalized:
         from pipeline.model.normalization import add_normalization
 

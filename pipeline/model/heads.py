@@ -106,6 +106,10 @@ class MultiTaskModel(keras.Model):
         lengths = tf.fill([tf.shape(features)[0]], tf.shape(features)[1])
         return self.forward(0, features, lengths, training)[0]
 
+    def objective_head(self, index: int):
+        """The objective's own layers (``Objective.build_head``) task ``index`` is trained with, or None."""
+        return getattr(self.network(index), "objective_head", None)
+
     def task_variables(self, indices) -> list:
         """The trainable variables a step over the tasks ``indices`` changes: the shared part and those
         tasks' heads (``heads``), their networks (``separate``), the whole network (``shared``)."""
@@ -181,6 +185,10 @@ class OneTask:
     def trainable_variables(self) -> list:
         """The model's trainable variables."""
         return self.model.trainable_variables
+
+    def objective_head(self, index: int):
+        """The objective's own layers (``Objective.build_head``), or None."""
+        return getattr(self.model, "objective_head", None)
 
     def forward(self, index: int, features, lengths, training: bool):
         """The family's forward pass: (logits, output lengths)."""

@@ -20,6 +20,7 @@ import keras
 import tensorflow as tf
 
 from native_client.cmvn import GlobalStats
+from pipeline.model.added_layers import add_layer
 
 NAME = "feature_normalization"
 
@@ -52,17 +53,13 @@ class FeatureNormalization(keras.layers.Layer):
 def add_normalization(model, n_input: int, stats: GlobalStats | None = None):
     """Give ``model`` (a family's built Keras model) its normalisation layer, holding ``stats`` (else the
     identity until ``set_statistics`` or a restore); returns the model."""
-    # Keras locks a built model's state; the layer is the pipeline's, added after the family built its
-    # model, so the family contract does not change. Built inside the model's name scope, its weights are
-    # named ``feature_normalization.mean`` and ``.std`` like the model's own.
-    with keras.name_scope(model.name, caller=model):
+
+    def make():
         layer = FeatureNormalization(n_input, stats)
         layer.build()
-    model._tracker.unlock()
-    try:
-        model.feature_normalization = layer
-    finally:
-        model._tracker.lock()
+        return layer
+
+    add_layer(model, NAME, make)
     return model
 
 

@@ -4,14 +4,16 @@
   embeddings (the blank's is zero: it stands for "no label yet") and a grouped 1-D convolution over them,
   then ReLU. No recurrent state, so decoding carries only the last labels and the same labels always give
   the same output (a search can cache it). ``context_size`` 1 is a bigram: the convolution is left out.
-- ``Joiner``: the encoder's frames and the predictor's outputs each projected to ``joint_dim``, added for
-  every pair, tanh, and a linear layer over the classes (the labels and the blank).
+- ``TransducerHead``: the predictor and the joiner. The joiner adds the encoder's and the predictor's
+  projections to ``joint_dim`` for every pair of a frame and a label count, applies tanh and a linear layer
+  over the classes (the labels and the blank). The encoder's projection is the model family's own output
+  layer, so the family network is unchanged: it emits ``joint_dim`` values a frame instead of label scores.
 
 In training the predictor runs over the whole transcript at once (``over_transcripts``) and the joiner over
-every pair of a frame and a label count (``Joiner.call``): the ``[batch, frames, labels + 1, classes]``
-logits ``rnnt_loss`` scores. In decoding the predictor runs on windows of the last labels
-(``over_contexts``) and the joiner on one frame against a few hypotheses (``Joiner.join``); both forms use
-the same weights, and a test checks they agree.
+every pair (``TransducerHead.joint``): the ``[batch, frames, labels + 1, classes]`` logits ``rnnt_loss``
+scores. In decoding the predictor runs on windows of the last labels (``TransducerHead.predict``) and the
+joiner on one frame against a few hypotheses (``TransducerHead.join``); both forms use the same weights,
+and a test checks they agree.
 """
 
 from __future__ import annotations
@@ -44,19 +46,21 @@ class StatelessPredictor(keras.layers.Layer):
             dim,
             embeddings_initializer=keras.initializers.RandomNormal(seed=seed),
             name="embedding",
+            dtype=self.dtype_policy,
         )
+        self.seed = seed
         self.kernel = None
-        if context_size > 1:
-            width = dim // groups
-            self.kernel = self.add_weight(
-                name="conv_kernel",
-                shape=(context_size, groups, width, width),
-                initializer=keras.initializers.GlorotUniform(seed=seed + 1),
-            )
 
     def build(self, input_shape):
-        """Make the embedding's weights."""
+        """Make the embedding's and the convolution's weights."""
         self.embedding.build(input_shape)
+        if self.context_size > 1:
+            width = self.dim // self.groups
+            self.kernel = self.add_weight(
+                name="conv_kernel",
+                shape=(self.context_size, self.groups, width, width),
+                initializer=keras.initializers.GlorotUniform(seed=self.seed + 1),
+            )
         super().build(input_shape)
 
     def call(self, labels):
@@ -86,39 +90,81 @@ class StatelessPredictor(keras.layers.Layer):
         return self(contexts)[:, 0]
 
 
-class Joiner(keras.layers.Layer):
-    """Encoder frames ``[batch, frames, encoder_dim]`` and predictor outputs ``[batch, labels + 1,
-    predictor_dim]`` -> logits ``[batch, frames, labels + 1, n_classes]``."""
+class TransducerHead(keras.layers.Layer):
+    """The predictor and joiner over an encoder whose output is already projected to ``joint_dim`` (the
+    family's output layer is the joiner's encoder projection): the predictor's output projected to
+    ``joint_dim``, added to the frame's, tanh, and a linear layer over the ``n_classes`` classes (the
+    labels and the blank, ``blank``)."""
 
-    def __init__(self, joint_dim: int, n_classes: int, seed: int, **kwargs):
+    def __init__(self, settings, n_classes: int, blank: int, seed: int, **kwargs):
         super().__init__(**kwargs)
         policy = self.dtype_policy
-        self.encoder_projection = keras.layers.Dense(
-            joint_dim, kernel_initializer=_init(seed), name="encoder_projection", dtype=policy
+        self.n_classes, self.blank = n_classes, blank
+        self.context_size, self.joint_dim = settings.context_size, settings.joint_dim
+        self.max_symbols = settings.max_symbols
+        self.predictor = StatelessPredictor(
+            n_classes,
+            blank,
+            settings.predictor_dim,
+            settings.context_size,
+            settings.predictor_groups,
+            seed,
+            name="predictor",
+            dtype=policy,
         )
         self.predictor_projection = keras.layers.Dense(
-            joint_dim, kernel_initializer=_init(seed + 1), name="predictor_projection", dtype=policy
+            settings.joint_dim, kernel_initializer=_init(seed + 2), name="predictor_projection", dtype=policy
         )
         self.output_layer = keras.layers.Dense(
-            n_classes, kernel_initializer=_init(seed + 2), name="output", dtype=policy
+            n_classes, kernel_initializer=_init(seed + 3), name="output", dtype=policy
         )
 
-    def build(self, input_shape):
-        """Make the projections' and the output's weights from ``(encoder shape, predictor shape)``."""
-        encoder_shape, predictor_shape = input_shape
-        self.encoder_projection.build(encoder_shape)
-        self.predictor_projection.build(predictor_shape)
-        self.output_layer.build((None, self.encoder_projection.units))
+    def build(self, input_shape=None):
+        """Make every weight (the head's input is labels: no shape is needed)."""
+        self.predictor.build((None, self.context_size))
+        self.predictor_projection.build((None, self.predictor.dim))
+        self.output_layer.build((None, self.joint_dim))
         super().build(input_shape)
 
-    def call(self, inputs):
-        """Logits of every pair of a frame and a predictor output (training)."""
-        encoder, predictor = inputs
-        frames = self.encoder_projection(encoder)[:, :, None, :]
-        labels = self.predictor_projection(predictor)[:, None, :, :]
-        return self.output_layer(tf.tanh(frames + labels))
+    def predict(self, contexts):
+        """The last ``context_size`` labels of each hypothesis ``[n, context_size]`` -> projected predictor
+        outputs ``[n, joint_dim]``."""
+        return self.predictor_projection(self.predictor.over_contexts(contexts))
 
-    def join(self, projected_frame, projected_predictor):
-        """Logits ``[..., n_classes]`` of already projected frames and predictor outputs (decoding: the
-        projections are computed once per frame and once per hypothesis)."""
-        return self.output_layer(tf.tanh(projected_frame + projected_predictor))
+    def join(self, frames, predicted):
+        """Logits ``[..., n_classes]`` of projected frames and projected predictor outputs (broadcast)."""
+        return self.output_layer(tf.tanh(tf.cast(frames, self.compute_dtype) + predicted))
+
+    def joint(self, frames, labels):
+        """Training: logits ``[batch, frames, max_labels + 1, n_classes]`` of every frame of ``frames``
+        ``[batch, frames, joint_dim]`` against every count of the padded ``labels`` ``[batch, max_labels]``
+        emitted so far."""
+        predicted = self.predictor_projection(self.predictor.over_transcripts(labels))
+        return self.join(frames[:, :, None, :], predicted[:, None, :, :])
+
+    def greedy(self, frames, lengths, max_symbols: int):
+        """Greedy search of a batch: the best class of each frame, up to ``max_symbols`` labels a frame
+        (``native_client.transducer_search.GreedySearch``, batched). Label indices ``[batch, frames x
+        max_symbols]``, -1 where none was emitted (and past each utterance's ``lengths`` frames)."""
+        batch, count = tf.shape(frames)[0], tf.shape(frames)[1]
+        lengths = tf.cast(lengths, tf.int32)
+        context = tf.fill([batch, self.context_size], self.blank)
+        rows = tf.TensorArray(tf.int32, size=count)
+
+        def frame_step(t, context, predicted, rows):
+            active = t < lengths
+            emitted = []
+            for _ in range(max_symbols):
+                best = tf.argmax(self.join(frames[:, t], predicted), axis=-1, output_type=tf.int32)
+                active = active & (best != self.blank)
+                emitted.append(tf.where(active, best, -1))
+                moved = tf.concat([context[:, 1:], best[:, None]], axis=1)
+                context = tf.where(active[:, None], moved, context)
+                predicted = tf.where(active[:, None], self.predict(context), predicted)
+            return t + 1, context, predicted, rows.write(t, tf.stack(emitted, axis=1))
+
+        _, _, _, rows = tf.while_loop(
+            lambda t, *_: t < count, frame_step, (0, context, self.predict(context), rows)
+        )
+        found = tf.transpose(rows.stack(), [1, 0, 2])  # [batch, frames, max_symbols]
+        return tf.reshape(found, [batch, count * max_symbols])

@@ -79,7 +79,13 @@ def task_gradients(model, tasks: tuple[int, ...], blanks, optimizer, training: T
             for index, (features, lengths, labels, label_lengths, _) in zip(tasks, batches, strict=True):
                 logits, output_lengths = model.forward(index, features, lengths, training=True)
                 per_sample = model.objective.loss(
-                    labels, label_lengths, logits, output_lengths, blanks[index], training.jit_compile
+                    labels,
+                    label_lengths,
+                    logits,
+                    output_lengths,
+                    blanks[index],
+                    training.jit_compile,
+                    head=model.objective_head(index),
                 )
                 sums.append(tf.reduce_sum(per_sample))
                 sizes.append(tf.shape(lengths)[0])

@@ -37,6 +37,7 @@ from pipeline.batches.tasks import epoch_tasks, steps_per_epoch, task_batches_pe
 from pipeline.config import Config
 from pipeline.features.cache import CacheIndex, damage_in
 from pipeline.train.checkpointing import TrainingError
+from pipeline.train.joint_plans import joint_cap, planned
 
 # Seeds of the tasks' batch orders: task i goes round its plan in the order of shuffle_seed + i * this.
 TASK_SEED_STRIDE = 1_000_003
@@ -148,7 +149,16 @@ class TaskInputs:
         training = config.training
         grids = [shape_grid(t.train, training.bucket_growth) for t in tasks]
         self.plans = [
-            batch_plan(t.train.lengths, global_batch, self.towers, training.max_batch_frames, grid)
+            planned(
+                t.train,
+                batch_plan,
+                t.train.lengths,
+                global_batch,
+                self.towers,
+                training.max_batch_frames,
+                grid,
+                joint_cap(config, t.train, grid, t.alphabet.n_classes),
+            )
             for t, grid in zip(tasks, grids, strict=True)
         ]
         self.sizes = [len(plan) for plan in self.plans]

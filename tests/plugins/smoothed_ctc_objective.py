@@ -16,7 +16,9 @@ class SmoothedCTC(CTC):
 
     name = "tests.plugins.smoothed_ctc_objective"
 
-    def loss(self, labels, label_lengths, logits, logit_lengths, blank_index: int, jit_compile: bool):
+    def loss(
+        self, labels, label_lengths, logits, logit_lengths, blank_index: int, jit_compile: bool, head=None
+    ):
         """``(1 - WEIGHT)`` CTC plus ``WEIGHT`` times the summed per-frame uniform cross-entropy."""
         import tensorflow as tf
 

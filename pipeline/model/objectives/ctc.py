@@ -15,7 +15,9 @@ class CTC(Objective):
     name = "ctc"
     too_short_rule = "ctc"
 
-    def loss(self, labels, label_lengths, logits, logit_lengths, blank_index: int, jit_compile: bool):
+    def loss(
+        self, labels, label_lengths, logits, logit_lengths, blank_index: int, jit_compile: bool, head=None
+    ):
         """Per-utterance CTC loss: the kernel on a CPU without XLA, else the exact log-space CTC."""
         from pipeline.model.ctc import ctc_implementation, ctc_loss
 

@@ -1,0 +1,42 @@
+"""A transducer's batch plans: the cap on its joint scores (``pipeline.batches.joint_cap``) for a split of
+a config, and a plan whose utterance is over it alone refused in one line naming the audio."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.batches.buckets import ShapeGrid
+from pipeline.batches.joint_cap import JointCap, JointTooLarge
+from pipeline.config import Config
+from pipeline.features.cache import CacheIndex
+from pipeline.model import model_family
+from pipeline.model.objectives import model_objective
+from pipeline.train.checkpointing import TrainingError
+
+
+def joint_cap(config: Config, index: CacheIndex, grid: ShapeGrid | None, classes: int) -> JointCap | None:
+    """The cap of a split (``index``, a ``CacheIndex``, on ``grid``) for a model of ``classes`` classes:
+    None unless ``config`` trains the built-in transducer (its ``model.transducer.max_joint_mib``)."""
+    if model_objective(config.model.objective).name != "transducer":
+        return None
+    family = model_family(config.model.architecture)
+    return JointCap(
+        np.asarray(index.lengths),
+        np.array([len(label) for label in index.labels], np.int64),
+        lambda frames: family.output_lengths(config.model, frames),
+        classes,
+        config.model.transducer.max_joint_mib,
+        grid,
+    )
+
+
+def planned(index: CacheIndex, plan, *args):
+    """``plan(*args)`` (a batch plan of the split ``index``), an utterance whose transducer scores alone
+    are over the cap (``JointTooLarge``) refused in one line naming its audio."""
+    try:
+        return plan(*args)
+    except JointTooLarge as error:
+        raise TrainingError(
+            f"{index.paths[error.index]}: {error}; raise the cap, or leave such utterances out "
+            f"(data.max_duration_s)"
+        ) from None

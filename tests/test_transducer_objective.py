@@ -1,0 +1,128 @@
+"""``model.objective: transducer`` through the one core (issue 47): Train trains and validates it and keeps
+its predictor and joiner in the checkpoint; its keys move no other config's fingerprint; preflight refuses
+a run past Train, which nothing after it reads yet."""
+
+import json
+from types import SimpleNamespace
+
+import luigi
+import numpy as np
+import pytest
+
+from pipeline.batches.buckets import ShapeGrid
+from pipeline.batches.dataset import batch_plan, eval_batches
+from pipeline.batches.joint_cap import JointCap
+from pipeline.config import ConfigError
+from pipeline.config_loader import load_config
+from pipeline.evaluation.run import run_split
+from pipeline.features.cache import read_cache
+from pipeline.layout import Layout
+from pipeline.model.checkpoints import load_trained_model
+from pipeline.model.labels import model_alphabet
+from pipeline.model.objectives import model_objective
+from pipeline.model.weights import named_weights
+from pipeline.train.checkpointing import TrainingError
+from pipeline.train.joint_plans import planned
+from tasks import Train
+from tasks.preflight import PreflightError, check_objective_reach
+
+TINY_CONFORMER = """
+model:
+  architecture: conformer
+  objective: transducer
+  conformer: {d_model: 32, heads: 2, layers: 1, conv_kernel: 5, subsampling: 2, subsampling_channels: 8,
+              ff_mult: 2}
+  transducer: {predictor_dim: 16, predictor_groups: 4, joint_dim: 24}
+"""
+
+
+def test_train_trains_a_transducer_and_its_checkpoint_holds_the_head(small_config):
+    """The dev figures Train reports are those of the checkpoint read back: the predictor and joiner were
+    saved with the encoder (a head made afresh would score otherwise)."""
+    path = small_config(extra=TINY_CONFORMER, limit_train=12, limit_dev=4, limit_test=4)
+    config = load_config(path)
+    assert luigi.build([Train(config=str(path))], local_scheduler=True)
+    layout = Layout(config)
+    dev = read_cache(layout.features_cache("dev"), config.features)
+    alphabet = model_alphabet(config, layout.alphabet)
+    model = load_trained_model(config, layout.train_run.best, dev.n_input, alphabet.n_classes)
+    names = named_weights(model)
+    assert {"transducer.predictor.embedding.embeddings", "transducer.output.kernel"} <= set(names)
+    assert tuple(names["output.kernel"].shape) == (32, 24)  # the encoder's projection to joint_dim
+    results = run_split(model, dev, alphabet, 4)
+    best = json.loads(layout.train_run.report.read_text())["best_dev"]
+    assert best["dev_loss"] == pytest.approx(float(np.mean([r.loss for r in results])), rel=1e-4)
+    errors = sum(r.char_errors for r in results) / sum(r.chars for r in results)
+    assert best["cer"] == pytest.approx(errors, abs=1e-6)
+
+
+def test_the_transducer_s_keys_move_no_ctc_fingerprint_and_move_its_own(small_config):
+    plain = Layout(load_config(small_config("plain.yaml")))
+    written = Layout(
+        load_config(small_config("written.yaml", extra="model:\n  transducer: {joint_dim: 64}\n"))
+    )
+    assert written.train_fingerprint == plain.train_fingerprint
+    one = Layout(load_config(small_config("one.yaml", extra=TINY_CONFORMER)))
+    wider = TINY_CONFORMER.replace("joint_dim: 24", "joint_dim: 48")
+    other = Layout(load_config(small_config("other.yaml", extra=wider)))
+    assert one.train_fingerprint != other.train_fingerprint
+    assert one.features_cache("train") == other.features_cache("train")
+    # its too-short rule is not CTC's (one frame is enough): caches of its own
+    ctc = Layout(load_config(small_config("ctc.yaml", extra=TINY_CONFORMER.replace("transducer\n", "ctc\n"))))
+    assert one.features_cache("train") != ctc.features_cache("train")
+    assert model_objective("transducer").min_outputs([3, 3, 3, 3]) == 1
+
+
+def test_what_a_transducer_cannot_do_yet_is_refused_in_one_line(small_config):
+    config = load_config(small_config(extra=TINY_CONFORMER))
+    for task in ("Train", "FeaturesSplit", "Alphabet"):
+        check_objective_reach(config, task)
+    for task in ("Evaluate", "Export", "Transcribe"):
+        with pytest.raises(PreflightError, match=rf"model\.objective: transducer: {task} reads the trained"):
+            check_objective_reach(config, task)
+    with pytest.raises(ConfigError, match=r"predictor_groups: 5 does not divide predictor_dim 16"):
+        load_config(small_config("groups.yaml", extra=TINY_CONFORMER.replace("groups: 4", "groups: 5")))
+    multitask = TINY_CONFORMER + "multitask:\n  tasks:\n    - {name: a}\n    - {name: b}\n"
+    with pytest.raises(ConfigError, match=r"transducer trains one task"):
+        load_config(small_config("multi.yaml", extra=multitask))
+
+
+def _cap(max_mib: float, lengths, label_lengths, grid=None) -> JointCap:
+    # a family of stride 2 and 29 classes: one utterance of 200 frames and 99 labels is 100 x 100 x 29 x 4 B
+    return JointCap(np.array(lengths), np.array(label_lengths), lambda f: (f + 1) // 2, 29, max_mib, grid)
+
+
+def test_the_batch_plans_keep_a_tower_s_joint_scores_under_the_cap():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(50, 400, 64)
+    label_lengths = lengths // 3
+    each = 100 * 100 * 29 * 4 / 2**20  # MiB of one 200-frame, 99-label utterance
+    cap = _cap(6 * each, lengths, label_lengths)
+    for towers in (1, 2):
+        plan = batch_plan(lengths, 16 * towers, towers, joint=cap)
+        assert sorted(np.concatenate(plan)) == sorted(range(64))
+        for batch in plan:
+            frames, labels = int(lengths[batch].max()), int(label_lengths[batch].max())
+            assert len(batch) % towers == 0
+            assert len(batch) // towers * cap.mib_each(frames, labels) <= 6 * each
+        assert len(plan) > 64 * towers // (16 * towers)  # cut: the cap binds
+    for batch in eval_batches(lengths, 16, joint=cap):
+        assert (
+            len(batch) * cap.mib_each(int(lengths[batch].max()), int(label_lengths[batch].max())) <= 6 * each
+        )
+    grid = ShapeGrid(lengths, label_lengths, 1.2)
+    gridded = _cap(6 * each, lengths, label_lengths, grid)
+    for batch in batch_plan(lengths, 16, 1, grid=grid, joint=gridded):
+        longest = int(lengths[batch].max())
+        assert len(batch) * gridded.mib_each(grid.frames(longest), grid.labels(longest)) <= 6 * each
+
+
+def test_an_utterance_over_the_cap_alone_is_refused_naming_its_audio():
+    lengths, label_lengths = np.array([100, 120, 900]), np.array([30, 40, 400])
+    cap = _cap(19.0, lengths, label_lengths)
+    index = SimpleNamespace(paths=["a.wav", "b.wav", "long.wav"])
+    with pytest.raises(
+        TrainingError, match=r"^long\.wav: it alone needs 20 MiB of joint scores \(450 frames"
+    ):
+        planned(index, batch_plan, lengths, 3, 1, 0, None, cap)
+    assert planned(index, batch_plan, lengths[:2], 2, 1, 0, None, cap)
