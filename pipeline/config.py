@@ -443,8 +443,9 @@ def _own_objective(config: Config) -> bool:
     return config.model.objective != "ctc"
 
 
-def _transducer(config: Config) -> bool:
-    """with model.objective: transducer"""
+def is_transducer(config: Config) -> bool:
+    """with model.objective: transducer (the built-in one; the only objective the config loader lets
+    through whose output is not CTC's label scores)"""
     return config.model.objective in ("transducer", "pipeline.model.objectives.transducer")
 
 
@@ -470,8 +471,9 @@ class TransducerConfig:
     )
     joint_dim: int = _opt(
         256,
-        "Width of the joiner: the encoder's and the predictor's projections, added, tanh. The joiner's "
-        "output is batch x frames x (labels + 1) x classes in training: the memory to watch.",
+        "Width of the joiner: the encoder's and the predictor's projections, added, tanh, for every pair "
+        "of a frame and a label count in training: with the scores over the classes, the memory to watch "
+        "(max_joint_mib).",
         minimum=1,
     )
     max_symbols: int = _opt(
@@ -480,10 +482,12 @@ class TransducerConfig:
         minimum=1,
     )
     max_joint_mib: float = _opt(
-        512.0,
-        "Cap on one tower's joint scores (batch x frames x (labels + 1) x classes float32) in MiB: a batch "
-        "over it is cut into smaller steps, and an utterance over it alone is refused before training "
-        "starts. Training's peak is about three times it (the scores, their log-softmax and gradient).",
+        4096.0,
+        "Cap in MiB on one tower's joiner in training, estimated as batch x frames x (labels + 1) pairs of "
+        "4 x joint_dim hidden values (the compute dtype: with their gradients) and 3 x classes float32 "
+        "scores (with their log-softmax and gradient): a batch over it is cut into smaller steps, and an "
+        "utterance over it alone is refused before training starts. Set it to what the device has left "
+        "beside the encoder.",
         minimum=0.0,
         exclusive_min=True,
     )
@@ -524,7 +528,7 @@ class ModelConfig:
     transducer: TransducerConfig = _opt(
         TransducerConfig(),
         "The transducer's predictor and joiner (the keys below); read with model.objective: transducer.",
-        when={"train": _transducer},
+        when={"train": is_transducer},
     )
     # The chosen family's own settings (its Settings dataclass, filled by the loader from
     # ``model.<family>:``), or () for a family without them.

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from native_client.plugins import builtin_names
-from pipeline.config import Config
+from pipeline.config import Config, is_transducer
 
 if TYPE_CHECKING:
     from pipeline.fingerprints import FingerprintInputs
@@ -217,7 +217,10 @@ def alphabet_of(config: Config, params: dict | None = None) -> list[Node]:
 
 
 def decoding_of(config: Config, params: dict | None = None) -> list[Node]:
-    """What decoding with the LM needs: the LM, and the tuned weights when ``decoder.tune`` is on."""
+    """What decoding with the LM needs: the LM, and the tuned weights when ``decoder.tune`` is on; nothing
+    for a model whose objective emits what the LM decoders do not read (a transducer)."""
+    if is_transducer(config):
+        return []
     task = task_param(params)
     return [("lm", task)] + ([("tune", task)] if task_config(config, params).decoder.tune else [])
 

@@ -32,16 +32,17 @@ class Evaluate(ConfigTask):
             progress.update(offset + done, f"{phase}: {done}/{total} test utterances")
 
         try:
-            report = evaluate_stage(self.layout, beam=True, on_progress=on_progress)
+            report = evaluate_stage(self.layout, beam=True, on_progress=on_progress)  # greedy only if it must
         finally:
             progress.close()
         self.tell_scheduler(percent=100)
         summary = (
             f"greedy {headline_text({'wer': report.wer, 'cer': report.cer, 'headline': report.headline})}; "
-            f"{report.decoder_lm['type']}+LM "
-            f"{headline_text({'wer': report.wer_lm, 'cer': report.cer_lm, 'headline': report.headline})}; "
-            f"loss {report.loss:.3f}"
         )
+        if report.decoder_lm is not None:  # none for a transducer, which the LM decoders do not read
+            lm = {"wer": report.wer_lm, "cer": report.cer_lm, "headline": report.headline}
+            summary += f"{report.decoder_lm['type']}+LM {headline_text(lm)}; "
+        summary += f"loss {report.loss:.3f}"
         if report.cer_full_context is not None:
             full = {
                 "wer": report.wer_full_context,

@@ -187,20 +187,20 @@ def reads_train(config: Config, name: str) -> bool:
 
 def check_objective_reach(config: Config, name: str) -> None:
     """A model whose objective emits what the export, the decoders and the client do not read yet (the
-    transducer) is trained and validated only: a command whose Luigi task ``name`` reads Train's model
-    (Evaluate, Export, ...) is refused in one line."""
+    transducer) is trained, validated and evaluated (greedy) only: a command whose Luigi task ``name``
+    reads Train's model otherwise (Export, Transcribe, ...) is refused in one line."""
     from pipeline.model.objective import CTC_OUTPUT
     from pipeline.model.objectives import model_objective
 
     objective = model_objective(config.model.objective)
     stage = stages_by_task().get(name)
-    if objective.emits == CTC_OUTPUT or stage is None or stage.name == "train":
+    if objective.emits == CTC_OUTPUT or stage is None or stage.name in ("train", "evaluate"):
         return
     if reads_train(config, stage.name):
         raise PreflightError(
             f"{config.source}: model.objective: {config.model.objective}: {name} reads the trained model, "
-            f"and the export, the decoders and the client do not read a {objective.emits} yet; run Train "
-            f"(luigi --module tasks Train --config {config.source})"
+            f"and the export, the decoders and the client do not read a {objective.emits} yet; run Evaluate "
+            f"(luigi --module tasks Evaluate --config {config.source})"
         )
 
 

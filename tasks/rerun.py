@@ -27,7 +27,7 @@ from pipeline.dag import instances, pipeline_instances, stages_by_task
 from pipeline.files import remove_entry
 from pipeline.locks import in_use, lock_path, try_locks
 from tasks.base import task_class
-from tasks.preflight import PreflightError, stage_tasks
+from tasks.preflight import PreflightError, check_objective_reach, stage_tasks
 from tasks.reenable import dag
 
 log = logging.getLogger("luigi-interface")
@@ -111,7 +111,10 @@ def main(argv=None) -> int:
             parser.error(f"{args.stage} needs --{param}")
     try:  # a --task that names no instance would remove nothing and run the DAG as it is
         given = {"task": args.task, "split": args.split, "corpus": args.corpus, "audio": args.audio}
-        stage_tasks(load_config(args.config), args.stage, given)
+        config = load_config(args.config)
+        stage_tasks(config, args.stage, given)
+        for root in dag_roots(args.config, {"audio": args.audio}):  # what Luigi's --config check does
+            check_objective_reach(config, root.get_task_family())
     except PreflightError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

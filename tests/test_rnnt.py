@@ -169,12 +169,23 @@ def test_an_utterance_without_frames_has_an_infinite_loss_and_no_gradient():
     assert not grad[1].any()
 
 
-def test_half_precision_logits_give_a_loss_of_their_dtype_computed_in_float32():
+def test_half_precision_logits_give_a_float32_loss():
+    """Scores in bfloat16 or float16 (mixed precision) give the float32 loss of those rounded scores: a
+    batch's summed loss would overflow float16."""
     rng = np.random.default_rng(8)
     x, y = _case(rng, 5, 3, 7, 6)
     logits, labels, lengths, label_lengths = _batched([(x, y)], 7)
-    half = rnnt_loss(tf.constant(logits, tf.bfloat16), labels, lengths, label_lengths, 6)
-    assert half.dtype == tf.bfloat16
-    rounded = tf.cast(tf.cast(logits, tf.bfloat16), tf.float32).numpy()
-    want = _reference(rounded[0], y, 6)[0]
-    assert float(half[0]) == pytest.approx(want, rel=1e-2)
+    for dtype in (tf.bfloat16, tf.float16):
+        half = rnnt_loss(tf.constant(logits, dtype), labels, lengths, label_lengths, 6)
+        assert half.dtype == tf.float32
+        rounded = tf.cast(tf.cast(logits, dtype), tf.float32).numpy()
+        assert float(half[0]) == pytest.approx(_reference(rounded[0], y, 6)[0], rel=1e-5)
+
+
+def test_a_tie_splits_the_gradient():
+    """Two alignments of equal score: each gets half the gradient (a maximum that gave all of it to one
+    would be wrong exactly there)."""
+    logits = np.zeros((1, 2, 2, 3), np.float32)  # uniform scores: two alignments of one label, equal
+    _, grad = _loss_and_gradient(logits, np.array([[0]], np.int32), np.array([2]), np.array([1]), 2)
+    _, want = _reference(logits[0], [0], 2)
+    np.testing.assert_allclose(grad[0], want, atol=1e-6)

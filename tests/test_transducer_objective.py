@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import luigi
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from pipeline.batches.buckets import ShapeGrid
 from pipeline.batches.dataset import batch_plan, eval_batches
@@ -17,13 +18,14 @@ from pipeline.config_loader import load_config
 from pipeline.evaluation.run import run_split
 from pipeline.features.cache import read_cache
 from pipeline.layout import Layout
-from pipeline.model.checkpoints import load_trained_model
+from pipeline.model import build_model
+from pipeline.model.checkpoints import CheckpointMismatchError, load_trained_model, warm_start
 from pipeline.model.labels import model_alphabet
 from pipeline.model.objectives import model_objective
 from pipeline.model.weights import named_weights
 from pipeline.train.checkpointing import TrainingError
 from pipeline.train.joint_plans import planned
-from tasks import Train
+from tasks import Evaluate
 from tasks.preflight import PreflightError, check_objective_reach
 
 TINY_CONFORMER = """
@@ -36,13 +38,18 @@ model:
 """
 
 
-def test_train_trains_a_transducer_and_its_checkpoint_holds_the_head(small_config):
+def test_train_and_evaluate_take_a_transducer_and_its_checkpoint_holds_the_head(small_config):
     """The dev figures Train reports are those of the checkpoint read back: the predictor and joiner were
-    saved with the encoder (a head made afresh would score otherwise)."""
+    saved with the encoder (a head made afresh would score otherwise). Evaluate gives greedy figures
+    (chunked and full context) and none with the LM, which a transducer does not read; no LM is built."""
     path = small_config(extra=TINY_CONFORMER, limit_train=12, limit_dev=4, limit_test=4)
     config = load_config(path)
-    assert luigi.build([Train(config=str(path))], local_scheduler=True)
+    assert luigi.build([Evaluate(config=str(path))], local_scheduler=True)
     layout = Layout(config)
+    evaluation = json.loads((layout.evaluate_dir / "evaluation.json").read_text())
+    assert evaluation["decoder"] == "greedy" and evaluation.get("wer_lm") is None
+    assert evaluation["cer_full_context"] is not None
+    assert not layout.lm.root.exists()
     dev = read_cache(layout.features_cache("dev"), config.features)
     alphabet = model_alphabet(config, layout.alphabet)
     model = load_trained_model(config, layout.train_run.best, dev.n_input, alphabet.n_classes)
@@ -73,13 +80,18 @@ def test_the_transducer_s_keys_move_no_ctc_fingerprint_and_move_its_own(small_co
     assert model_objective("transducer").min_outputs([3, 3, 3, 3]) == 1
 
 
-def test_what_a_transducer_cannot_do_yet_is_refused_in_one_line(small_config):
+def test_what_a_transducer_cannot_do_yet_is_refused_in_one_line(small_config, capsys):
     config = load_config(small_config(extra=TINY_CONFORMER))
-    for task in ("Train", "FeaturesSplit", "Alphabet"):
+    for task in ("Train", "FeaturesSplit", "Alphabet", "Evaluate"):
         check_objective_reach(config, task)
-    for task in ("Evaluate", "Export", "Transcribe"):
+    for task in ("Export", "Transcribe", "TuneDecoder"):
         with pytest.raises(PreflightError, match=rf"model\.objective: transducer: {task} reads the trained"):
             check_objective_reach(config, task)
+    from tasks.rerun import main as rerun
+
+    assert rerun(["Train", "--config", str(config.source), "--dry-run", "--local-scheduler"]) == 2
+    refused = capsys.readouterr().err
+    assert refused.count("\n") == 1 and "model.objective: transducer: Export reads the trained" in refused
     with pytest.raises(ConfigError, match=r"predictor_groups: 5 does not divide predictor_dim 16"):
         load_config(small_config("groups.yaml", extra=TINY_CONFORMER.replace("groups: 4", "groups: 5")))
     multitask = TINY_CONFORMER + "multitask:\n  tasks:\n    - {name: a}\n    - {name: b}\n"
@@ -88,15 +100,16 @@ def test_what_a_transducer_cannot_do_yet_is_refused_in_one_line(small_config):
 
 
 def _cap(max_mib: float, lengths, label_lengths, grid=None) -> JointCap:
-    # a family of stride 2 and 29 classes: one utterance of 200 frames and 99 labels is 100 x 100 x 29 x 4 B
-    return JointCap(np.array(lengths), np.array(label_lengths), lambda f: (f + 1) // 2, 29, max_mib, grid)
+    """A family of stride 2, 29 classes, a joiner 16 wide, float32: (3 x 29 + 4 x 16) x 4 B a pair."""
+    return JointCap(np.array(lengths), np.array(label_lengths), lambda f: (f + 1) // 2, 29, max_mib, grid, 16)
 
 
 def test_the_batch_plans_keep_a_tower_s_joint_scores_under_the_cap():
     rng = np.random.default_rng(0)
     lengths = rng.integers(50, 400, 64)
     label_lengths = lengths // 3
-    each = 100 * 100 * 29 * 4 / 2**20  # MiB of one 200-frame, 99-label utterance
+    each = 100 * 100 * (3 * 29 + 4 * 16) * 4 / 2**20  # MiB of one 200-frame, 99-label utterance
+    assert _cap(1.0, lengths, label_lengths).mib_each(200, 99) == pytest.approx(each)
     cap = _cap(6 * each, lengths, label_lengths)
     for towers in (1, 2):
         plan = batch_plan(lengths, 16 * towers, towers, joint=cap)
@@ -119,10 +132,30 @@ def test_the_batch_plans_keep_a_tower_s_joint_scores_under_the_cap():
 
 def test_an_utterance_over_the_cap_alone_is_refused_naming_its_audio():
     lengths, label_lengths = np.array([100, 120, 900]), np.array([30, 40, 400])
-    cap = _cap(19.0, lengths, label_lengths)
+    cap = _cap(100.0, lengths, label_lengths)  # 450 x 401 pairs of 604 B: 104 MiB
     index = SimpleNamespace(paths=["a.wav", "b.wav", "long.wav"])
     with pytest.raises(
-        TrainingError, match=r"^long\.wav: it alone needs 20 MiB of joint scores \(450 frames"
+        TrainingError,
+        match=r"^long\.wav: it alone needs 104 MiB for the joiner \(450 frames x 401 label positions\), over",
     ):
         planned(index, batch_plan, lengths, 3, 1, 0, None, cap)
     assert planned(index, batch_plan, lengths[:2], 2, 1, 0, None, cap)
+
+
+def test_a_transducer_starts_from_a_ctc_model_s_encoder(small_config, tmp_path):
+    """``init_from`` a CTC run with ``drop_source_layers: 2``: the encoder is copied, its output layer
+    (the CTC scores, the joiner's projection here) and the head (the last layer, absent from the source)
+    start afresh; with 1 the output layer's shape is refused in one line."""
+    ctc_config = load_config(small_config("ctc.yaml", extra=TINY_CONFORMER.replace("transducer\n", "ctc\n")))
+    source = build_model(ctc_config.model, 26, 29)
+    prefix = tf.train.Checkpoint(weights=named_weights(source)).write(str(tmp_path / "ctc" / "ckpt"))
+    model = build_model(load_config(small_config(extra=TINY_CONFORMER)).model, 26, 29)
+    names = named_weights(model)
+    fresh = {name: variable.numpy() for name, variable in names.items()}
+    copied = warm_start(model, prefix, 2)
+    assert set(copied) == {name for name in names if not name.startswith(("transducer.", "output."))}
+    for name, variable in names.items():
+        want = named_weights(source)[name].numpy() if name in copied else fresh[name]
+        np.testing.assert_array_equal(variable.numpy(), want)
+    with pytest.raises(CheckpointMismatchError, match=r"weight output\.kernel has shape \[32, 29\]"):
+        warm_start(model, prefix, 1)

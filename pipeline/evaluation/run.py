@@ -16,6 +16,7 @@ from pipeline.evaluation.metrics import SampleResult, greedy_decode, score_sampl
 from pipeline.features.cache import CacheIndex
 from pipeline.model import model_family
 from pipeline.model.normalization import normalized
+from pipeline.model.objective import objective_loss
 from pipeline.model.objectives import model_objective
 
 # on_logits(sample index, logits [time, classes])
@@ -31,8 +32,8 @@ def make_forward(run, objective, blank_index: int, head=None):
     @tf.function(reduce_retracing=True)
     def forward(features, lengths, labels, label_lengths):
         logits, output_lengths = run(features, lengths)
-        loss = objective.loss(
-            labels, label_lengths, logits, output_lengths, blank_index, jit_compile=False, head=head
+        loss = objective_loss(
+            objective, labels, label_lengths, logits, output_lengths, blank_index, False, head
         )
         best = objective.best_labels(logits, output_lengths, blank_index, head)
         return logits, loss, output_lengths, best

@@ -117,6 +117,9 @@ def warm_start(
     this project, or a model the family imports (``ModelFamily.import_weights``, e.g. a DeepSpeech/Coqui
     ``.tflite`` or TF1 checkpoint), checked against ``config`` and ``alphabet`` when given.
 
+    The objective's own layers (a transducer's predictor and joiner) count as the model's last layer;
+    a source without them (a CTC run, an imported model) leaves them as they were made.
+
     Returns the names of the weights copied. Optimizer state is not touched, nor the feature normalisation
     (``features.normalize: global``): it keeps the statistics of the new run's training set, whatever the
     source normalised with (a run of the earlier layout holds none); a model the family imports was
@@ -157,6 +160,10 @@ def warm_start(
                 raise CheckpointMismatchError(f"training.init_from: {source}: {error}") from None
         stored = imported.get
     layers = family.layers(model)
+    head = getattr(model, "objective_head", None)  # the objective's own layers: the last, when it has some
+    head_name = head.name if head is not None else None
+    if head is not None:
+        layers = (*layers, head_name)
     if drop_layers > len(layers):
         raise CheckpointMismatchError(
             f"training.drop_source_layers: {drop_layers}, but the "
@@ -174,6 +181,8 @@ def warm_start(
         value = stored(name)
         if value is None and plain != name:
             value = stored(plain)
+        if value is None and plain.split(".")[0] == head_name:
+            continue  # a source trained without this objective's head (a CTC run): the head starts afresh
         if value is None:
             raise CheckpointMismatchError(f"{source}: weight {name} is missing from the checkpoint")
         if list(value.shape) != list(variable.shape):

@@ -17,7 +17,8 @@ A model is a family's network (``family.py``) trained for an objective, chosen b
 - its greedy transcripts (``best_labels``) where the CTC best path does not apply;
 - what the trained network emits (``emits``), which the decoders, the export and the client read:
   ``ctc``, per-frame label scores with the blank as the last class, is the one they read today; the config
-  loader refuses another except for a run that stops at Train (``trains_only``).
+  loader refuses another, except the built-in transducer, which preflight lets run up to Train and
+  Evaluate (``tasks/preflight.py`` ``check_objective_reach``).
 
 The objective module should import without TensorFlow (the Features stage reads ``min_outputs``): the
 built-in CTC keeps its loss in a sibling module (``pipeline/model/ctc.py``) imported when a loss is built.
@@ -57,8 +58,9 @@ class Objective(abc.ABC):
         return None
 
     def best_labels(self, outputs, output_lengths, blank_index: int, head):
-        """Greedy transcripts as label indices ``[batch, max]`` (-1 past each one's end), a TensorFlow
-        computation; None where the CTC best path of ``outputs`` (the label scores) is the transcript."""
+        """Greedy transcripts as label indices ``[batch, max]``, -1 where no label is (anywhere in a row: the
+        labels are those >= 0, in order), a TensorFlow computation; None where the CTC best path of
+        ``outputs`` (the label scores) is the transcript."""
         return None
 
     @abc.abstractmethod
@@ -67,9 +69,26 @@ class Objective(abc.ABC):
     ):
         """Per-utterance loss ``[batch]`` of ``logits`` ``[batch, time, output_width]`` (``logit_lengths``
         real frames each) against the padded ``labels`` ``[batch, max_label]``; ``jit_compile``: it runs
-        inside an XLA cluster (``training.jit_compile``); ``head``: the model's ``build_head`` layers. An
-        utterance the loss cannot score is infinite (the step skips a non-finite loss)."""
+        inside an XLA cluster (``training.jit_compile``); ``head``: the model's ``build_head`` layers,
+        passed only to an objective that has them (``objective_loss``). An utterance the loss cannot score
+        is infinite (the step skips a non-finite loss)."""
 
     @abc.abstractmethod
     def min_outputs(self, labels) -> int:
         """The fewest output labels an utterance needs for the transcript ``labels`` (label indices)."""
+
+
+def objective_loss(
+    objective: Objective,
+    labels,
+    label_lengths,
+    logits,
+    logit_lengths,
+    blank_index: int,
+    jit_compile: bool,
+    head,
+):
+    """``objective.loss``, ``head`` passed only when the model has one: an objective of one's own written
+    for the six-argument ``loss`` (before heads) keeps working."""
+    extra = {"head": head} if head is not None else {}
+    return objective.loss(labels, label_lengths, logits, logit_lengths, blank_index, jit_compile, **extra)

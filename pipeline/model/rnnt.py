@@ -29,9 +29,10 @@ IMPOSSIBLE = -1.0e30
 
 
 def _log_add(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
-    """log(exp(a) + exp(b)) elementwise, with a finite gradient for any finite inputs."""
-    top = tf.maximum(a, b)
-    return top + tf.math.log1p(tf.exp(-tf.abs(a - b)))
+    """log(exp(a) + exp(b)) elementwise, with an exact, finite gradient for any finite inputs (the larger
+    term is 1 after the shift, so the sum is at least 1)."""
+    top = tf.stop_gradient(tf.maximum(a, b))
+    return top + tf.math.log(tf.exp(a - top) + tf.exp(b - top))
 
 
 def _skewed(x: tf.Tensor, fill: float) -> tf.Tensor:
@@ -56,9 +57,9 @@ def rnnt_loss(
     """Per-utterance negative log-likelihood ``[batch]`` of the padded ``labels`` ``[batch, max_labels]``
     under a transducer's unnormalised joiner outputs ``logits`` ``[batch, frames, max_labels + 1,
     classes]``; utterance ``b`` has ``logit_lengths[b]`` frames and ``label_lengths[b]`` labels, and
-    ``blank`` is any class index. Computed in float32 whatever ``logits``' dtype; an utterance of no frames
-    has an infinite loss (and no gradient)."""
-    dtype = logits.dtype
+    ``blank`` is any class index. Computed and returned in float32 whatever ``logits``' dtype (a sum of
+    utterances' losses overflows float16); an utterance of no frames has an infinite loss (and no
+    gradient)."""
     logits = tf.cast(logits, tf.float32)
     labels = tf.cast(labels, tf.int32)
     logit_lengths = tf.cast(logit_lengths, tf.int32)
@@ -101,4 +102,4 @@ def rnnt_loss(
     closing_blank = tf.gather_nd(blank_scores, tf.stack([rows, last_frame, label_lengths], axis=1))
     loss = -(final + closing_blank)
     loss = tf.where(logit_lengths > 0, loss, tf.fill([batch], float("inf")))
-    return tf.cast(loss, dtype)
+    return loss

@@ -44,7 +44,7 @@ class StatelessPredictor(keras.layers.Layer):
         self.embedding = keras.layers.Embedding(
             n_classes,
             dim,
-            embeddings_initializer=keras.initializers.RandomNormal(seed=seed),
+            embeddings_initializer=keras.initializers.RandomNormal(stddev=1.0, seed=seed),  # as torch's
             name="embedding",
             dtype=self.dtype_policy,
         )
@@ -59,7 +59,10 @@ class StatelessPredictor(keras.layers.Layer):
             self.kernel = self.add_weight(
                 name="conv_kernel",
                 shape=(self.context_size, self.groups, width, width),
-                initializer=keras.initializers.GlorotUniform(seed=self.seed + 1),
+                # Glorot over one group's fans: Keras counts a 4-D kernel's over all groups
+                initializer=keras.initializers.VarianceScaling(
+                    scale=float(self.groups), mode="fan_avg", distribution="uniform", seed=self.seed + 1
+                ),
             )
         super().build(input_shape)
 

@@ -88,6 +88,8 @@ def evaluate_stage(
     out_dir = Path(out_dir or layout.evaluate_dir)
     alphabet = model_alphabet(layout.config, layout.alphabet)
     test_data = split_cache(layout, "test")
+    if not emits_label_scores(layout.config):
+        beam = False  # a transducer: the LM decoders read label scores; its figures are greedy only
     beam = beam or (beam is None and lm_built(layout.lm))
     if beam:
         verify_lm_files(layout.lm, deep=True)  # before the greedy pass, not after it
@@ -95,6 +97,14 @@ def evaluate_stage(
         # Every Evaluate writing here holds this lock: the scratch files found now are dead.
         remove_leftovers(out_dir, LEFTOVER_PATTERNS, locked_prefixes=(".",))
         return _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progress)
+
+
+def emits_label_scores(config: Config) -> bool:
+    """Whether the config's model emits label scores per frame (CTC), which the beam decoders read."""
+    from pipeline.model.objective import CTC_OUTPUT
+    from pipeline.model.objectives import model_objective
+
+    return model_objective(config.model.objective).emits == CTC_OUTPUT
 
 
 def _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progress) -> EvaluationReport:
@@ -111,6 +121,7 @@ def _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progres
     )
     total = len(test_data)
     losses = np.full(total, np.nan)  # the greedy pass's loss of each utterance, for the beam pass's records
+    joint = _joint(config, test_data, alphabet)
     with LogitsStore(layout.logits_scratch(out_dir), total, alphabet.n_classes) as logits:
         with atomic_path(layout.evaluation_samples(out_dir)) as tmp, open(tmp, "w", encoding="utf-8") as sink:
             # CER leads where the references have no word spaces (Chinese, Japanese, Thai, ...)
@@ -119,21 +130,22 @@ def _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progres
 
             def keep_logits(index, sample_logits):
                 logits.put(index, sample_logits)
-                on_progress("greedy", greedy.samples, total)  # its result was added just before
 
             def keep_result(index, result):
                 losses[index] = result.loss
                 greedy.add(index, result)
+                on_progress("greedy", greedy.samples, total)
 
             run_split(
                 model,
                 test_data,
                 alphabet,
                 config.training.dev_batch_size,
-                on_logits=keep_logits,
+                on_logits=keep_logits if beam else None,
                 max_batch_frames=config.training.max_batch_frames,
                 bucket_growth=config.training.bucket_growth,
                 on_result=keep_result,
+                joint=joint,
             )
         rates, samples = greedy.rates(), greedy.best_and_worst()
         report = EvaluationReport(
@@ -184,6 +196,7 @@ def _average_on_dev(layout, model, alphabet, averaging: Averaging, report, text)
             config.training.dev_batch_size,
             max_batch_frames=config.training.max_batch_frames,
             bucket_growth=config.training.bucket_growth,
+            joint=_joint(config, data, alphabet),
         )
         rates = corpus_rates(results)
         dev = {"loss": rates["loss"], "wer": rates["wer"], "cer": rates["cer"], "headline": rates["headline"]}
@@ -202,6 +215,23 @@ def _average_on_dev(layout, model, alphabet, averaging: Averaging, report, text)
             f"loss {single['loss']:.4f}"
         )
     return dataclasses.replace(report, average=record), "\n".join(lines) + "\n" + text
+
+
+def _joint(config: Config, data, alphabet):
+    """A transducer's cap on its joint scores for ``data``'s batches (``pipeline.batches.joint_cap``), else
+    None; an utterance over it alone is refused in one line naming its audio."""
+    from pipeline.batches.buckets import shape_grid
+    from pipeline.batches.dataset import eval_batches
+    from pipeline.train.joint_plans import joint_cap, planned
+
+    training = config.training
+    grid = shape_grid(data, training.bucket_growth)
+    joint = joint_cap(config, data, grid, alphabet.n_classes)
+    if joint is not None:
+        planned(
+            data, eval_batches, data.lengths, training.dev_batch_size, training.max_batch_frames, grid, joint
+        )
+    return joint
 
 
 def _full_context_pass(layout, model, alphabet, test_data, report, text, on_progress):
@@ -226,6 +256,7 @@ def _full_context_pass(layout, model, alphabet, test_data, report, text, on_prog
         max_batch_frames=config.training.max_batch_frames,
         bucket_growth=config.training.bucket_growth,
         on_result=keep_result,
+        joint=_joint(config, test_data, alphabet),
     )
     rates = board.rates()
     report = dataclasses.replace(report, wer_full_context=rates["wer"], cer_full_context=rates["cer"])

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from native_client.metadata import MANIFEST_NAME, METADATA_NAME, write_manifest
+from pipeline.config import ConfigError, is_transducer
 from pipeline.dag import Stage, alphabet_of, decoding_of, exported, is_instance, task_param
 from pipeline.decode.settings import decoder_settings
 from pipeline.export.coqui_tflite import write_coqui_tflite
@@ -105,6 +106,11 @@ def export_stage(
     layout of a multi-task config exports that task: the shared encoder with its head (or network), its
     alphabet, LM and decoder settings, ``"task"`` in ``metadata.json``, under ``<export_dir>/<task>``.
     """
+    if is_transducer(layout.config):  # preflight refuses it first; this guards any other caller
+        raise ConfigError(
+            f"{layout.config.source}: model.objective: transducer: the export does not carry a transducer "
+            f"yet (issue 47); Evaluate gives its figures"
+        )
     root = layout.export_root
     root.mkdir(parents=True, exist_ok=True)
     version = None

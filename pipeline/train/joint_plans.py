@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.batches.buckets import ShapeGrid
-from pipeline.batches.joint_cap import JointCap, JointTooLarge
+from pipeline.batches.joint_cap import FLOAT_BYTES, JointCap, JointTooLarge
 from pipeline.config import Config
 from pipeline.features.cache import CacheIndex
 from pipeline.model import model_family
@@ -27,6 +27,8 @@ def joint_cap(config: Config, index: CacheIndex, grid: ShapeGrid | None, classes
         classes,
         config.model.transducer.max_joint_mib,
         grid,
+        config.model.transducer.joint_dim,
+        2 if config.training.precision.startswith("mixed") else FLOAT_BYTES,
     )
 
 

@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 
 from pipeline.config import TrainingConfig
+from pipeline.model.objective import objective_loss
 from pipeline.train.checkpointing import TrainingError
 from pipeline.train.tasks import Windows
 
@@ -78,14 +79,15 @@ def task_gradients(model, tasks: tuple[int, ...], blanks, optimizer, training: T
             sums, sizes = [], []
             for index, (features, lengths, labels, label_lengths, _) in zip(tasks, batches, strict=True):
                 logits, output_lengths = model.forward(index, features, lengths, training=True)
-                per_sample = model.objective.loss(
+                per_sample = objective_loss(
+                    model.objective,
                     labels,
                     label_lengths,
                     logits,
                     output_lengths,
                     blanks[index],
                     training.jit_compile,
-                    head=model.objective_head(index),
+                    model.objective_head(index),
                 )
                 sums.append(tf.reduce_sum(per_sample))
                 sizes.append(tf.shape(lengths)[0])

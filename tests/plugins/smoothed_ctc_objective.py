@@ -2,7 +2,9 @@
 ``(1 - WEIGHT) * CTC + WEIGHT * (the cross-entropy of its frames' posteriors against a uniform one,
 summed over its frames)``, so it differs measurably from plain CTC on the same weights. It needs of the
 data what CTC needs (its ``min_outputs`` and ``too_short_rule`` are CTC's), so it shares CTC's feature
-caches. Like every objective module it imports without TensorFlow, which only its loss needs."""
+caches. Like every objective module it imports without TensorFlow, which only its loss needs. Its
+``loss`` takes the six arguments of an objective without a head of its own (no ``head``), which the
+trainer still calls so."""
 
 from __future__ import annotations
 
@@ -16,9 +18,7 @@ class SmoothedCTC(CTC):
 
     name = "tests.plugins.smoothed_ctc_objective"
 
-    def loss(
-        self, labels, label_lengths, logits, logit_lengths, blank_index: int, jit_compile: bool, head=None
-    ):
+    def loss(self, labels, label_lengths, logits, logit_lengths, blank_index: int, jit_compile: bool):
         """``(1 - WEIGHT)`` CTC plus ``WEIGHT`` times the summed per-frame uniform cross-entropy."""
         import tensorflow as tf
 
