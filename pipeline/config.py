@@ -511,7 +511,7 @@ class ModelConfig:
     objective: str = _opt(
         "ctc",
         "What the model is trained to minimise: a module of pipeline/model/objectives/ (ctc; transducer, "
-        "which trains and validates but is not yet read past Train: docs/TRAINING.md) or the dotted name "
+        "which trains and is evaluated but not yet exported: docs/TRAINING.md) or the dotted name "
         "of a module of your own defining OBJECTIVE. One whose too-short rule is not CTC's also re-runs "
         "FeaturesSplit.",
         when={"train": _own_objective},

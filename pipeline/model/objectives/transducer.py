@@ -9,7 +9,8 @@ TensorFlow as an objective module must). The dev figures in training come from a
 
 A transducer has none of CTC's too-short rule: it emits any number of labels on one frame, so an utterance
 needs one output frame whatever its transcript. What it emits is not label scores per frame, so the export,
-the decoders and the client do not read it yet: preflight refuses any run past Train.
+the LM decoders and the client do not read it yet: Evaluate gives its greedy figures, and preflight refuses
+Export and what needs it.
 """
 
 from __future__ import annotations
