@@ -38,7 +38,9 @@ model:
 """
 
 
-def test_train_and_evaluate_take_a_transducer_and_its_checkpoint_holds_the_head(small_config):
+def test_train_and_evaluate_take_a_transducer_and_its_checkpoint_holds_the_head(
+    small_config, tasks_in_process
+):
     """The dev figures Train reports are those of the checkpoint read back: the predictor and joiner were
     saved with the encoder (a head made afresh would score otherwise). Evaluate gives greedy figures
     (chunked and full context) and none with the LM, which a transducer does not read; no LM is built."""
