@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import keras
 import tensorflow as tf
 
 from pipeline.config import Config
@@ -160,7 +161,10 @@ def warm_start(
                 raise CheckpointMismatchError(f"training.init_from: {source}: {error}") from None
         stored = imported.get
     layers = family.layers(model)
-    head = getattr(model, "objective_head", None)  # the objective's own layers: the last, when it has some
+    # The objective's own layers (a Keras layer; a multi-task model's ``objective_head`` is a method of
+    # its tasks, and a multi-task transducer is refused): the last layer, when the model has some.
+    head = getattr(model, "objective_head", None)
+    head = head if isinstance(head, keras.layers.Layer) else None
     head_name = head.name if head is not None else None
     if head is not None:
         layers = (*layers, head_name)
