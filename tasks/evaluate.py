@@ -32,7 +32,8 @@ class Evaluate(ConfigTask):
             progress.update(offset + done, f"{phase}: {done}/{total} test utterances")
 
         try:
-            report = evaluate_stage(self.layout, beam=True, on_progress=on_progress)  # greedy only if it must
+            # beam + LM where the model emits label scores (a transducer's figures are greedy only)
+            report = evaluate_stage(self.layout, beam=True, on_progress=on_progress)
         finally:
             progress.close()
         self.tell_scheduler(percent=100)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.config import Config
+from pipeline.config import Config, is_transducer
 from pipeline.dag import Node, Stage, alphabet_of, decoding_of, is_instance, task_config, task_param
 from pipeline.decode.settings import decode_pool, decoder_settings, decoder_spec, describe
 from pipeline.evaluation.logits_store import LogitsStore
@@ -88,7 +88,7 @@ def evaluate_stage(
     out_dir = Path(out_dir or layout.evaluate_dir)
     alphabet = model_alphabet(layout.config, layout.alphabet)
     test_data = split_cache(layout, "test")
-    if not emits_label_scores(layout.config):
+    if is_transducer(layout.config):
         beam = False  # a transducer: the LM decoders read label scores; its figures are greedy only
     beam = beam or (beam is None and lm_built(layout.lm))
     if beam:
@@ -97,14 +97,6 @@ def evaluate_stage(
         # Every Evaluate writing here holds this lock: the scratch files found now are dead.
         remove_leftovers(out_dir, LEFTOVER_PATTERNS, locked_prefixes=(".",))
         return _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progress)
-
-
-def emits_label_scores(config: Config) -> bool:
-    """Whether the config's model emits label scores per frame (CTC), which the beam decoders read."""
-    from pipeline.model.objective import CTC_OUTPUT
-    from pipeline.model.objectives import model_objective
-
-    return model_objective(config.model.objective).emits == CTC_OUTPUT
 
 
 def _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progress) -> EvaluationReport:
@@ -157,7 +149,9 @@ def _evaluate(layout, out_dir, alphabet, test_data, checkpoint, beam, on_progres
         )
         text = format_report("Test (greedy)", rates, samples)
         if model_family(config.model.architecture).limits_context(config.model):
-            report, text = _full_context_pass(layout, model, alphabet, test_data, report, text, on_progress)
+            report, text = _full_context_pass(
+                layout, model, alphabet, test_data, report, text, on_progress, joint
+            )
         if averaging is not None:
             report, text = _average_on_dev(layout, model, alphabet, averaging, report, text)
         if beam:
@@ -221,22 +215,15 @@ def _joint(config: Config, data, alphabet):
     """A transducer's cap on its joint scores for ``data``'s batches (``pipeline.batches.joint_cap``), else
     None; an utterance over it alone is refused in one line naming its audio."""
     from pipeline.batches.buckets import shape_grid
-    from pipeline.batches.dataset import eval_batches
-    from pipeline.train.joint_plans import joint_cap, planned
+    from pipeline.train.joint_plans import checked_eval_cap
 
-    training = config.training
-    grid = shape_grid(data, training.bucket_growth)
-    joint = joint_cap(config, data, grid, alphabet.n_classes)
-    if joint is not None:
-        planned(
-            data, eval_batches, data.lengths, training.dev_batch_size, training.max_batch_frames, grid, joint
-        )
-    return joint
+    return checked_eval_cap(config, data, shape_grid(data, config.training.bucket_growth), alphabet.n_classes)
 
 
-def _full_context_pass(layout, model, alphabet, test_data, report, text, on_progress):
+def _full_context_pass(layout, model, alphabet, test_data, report, text, on_progress, joint=None):
     """The greedy figures of the family's full-context computation (no file of samples: the chunked pass's
-    are the export's); returns the report and text with them added."""
+    are the export's), in batches under the greedy pass's ``joint`` cap; returns the report and text with
+    them added."""
     from pipeline.evaluation.run import model_forward, run_split
 
     config = layout.config
@@ -256,7 +243,7 @@ def _full_context_pass(layout, model, alphabet, test_data, report, text, on_prog
         max_batch_frames=config.training.max_batch_frames,
         bucket_growth=config.training.bucket_growth,
         on_result=keep_result,
-        joint=_joint(config, test_data, alphabet),
+        joint=joint,
     )
     rates = board.rates()
     report = dataclasses.replace(report, wer_full_context=rates["wer"], cer_full_context=rates["cer"])

@@ -13,12 +13,12 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from pipeline.batches.buckets import shape_grid
-from pipeline.batches.dataset import SplitReader, eval_batches
+from pipeline.batches.dataset import SplitReader
 from pipeline.config import Config
 from pipeline.evaluation.metrics import best_and_worst, corpus_rates, format_report, headline_metric
 from pipeline.evaluation.run import make_forward, run_split
 from pipeline.reports import DevFigures
-from pipeline.train.joint_plans import joint_cap, planned
+from pipeline.train.joint_plans import checked_eval_cap
 from pipeline.train.tasks import TaskData
 
 log = logging.getLogger(__name__)
@@ -45,14 +45,11 @@ class TaskValidation:
         self.readers = [
             SplitReader(t.dev, shape_grid(t.dev, growth)) if t.dev is not None else None for t in tasks
         ]
+        # a dev utterance a transducer cannot score: refused before any step
         self.joints = [
-            joint_cap(config, t.dev, reader.grid, t.alphabet.n_classes) if t.dev is not None else None
+            checked_eval_cap(config, t.dev, reader.grid, t.alphabet.n_classes) if t.dev is not None else None
             for t, reader in zip(tasks, self.readers, strict=True)
         ]
-        for task, reader, joint in zip(tasks, self.readers, self.joints, strict=True):
-            if joint is not None:  # a dev utterance a transducer cannot score: refused before any step
-                batches = config.training.dev_batch_size, config.training.max_batch_frames, reader.grid, joint
-                planned(task.dev, eval_batches, task.dev.lengths, *batches)
         self.headlines = [headline_metric(t.dev.transcripts) if t.dev is not None else "wer" for t in tasks]
 
     @property
