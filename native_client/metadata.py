@@ -31,8 +31,12 @@ FORMAT = "luigi-deepspeech-export"
 # ``features.normalize`` may be ``"global"``, with the training set's ``mean`` and ``std`` beside it (the
 # client normalises). 6: a model trained with global normalisation normalises in its graph (its statistics
 # are weights): ``features`` says what the client computes (``normalize: false``) and ``normalization:
-# "global"`` says why. Every earlier version is still read.
-FORMAT_VERSION = 6
+# "global"`` says why. 7: ``transducer`` (a transducer's predictor and joiner: their signatures and the
+# searches' settings; the streaming signatures then give the encoder's projected frames, ``joint_dim``
+# wide). An export without a transducer is still written as format 6, which older clients read. Every
+# earlier version is still read.
+FORMAT_VERSION = 7
+FORMAT_VERSION_WITHOUT_TRANSDUCER = 6
 # The most feature frames one output label may stand for (a stride read from a file someone else made).
 MAX_STRIDE = 64
 REQUIRED_KEYS = (
@@ -67,7 +71,7 @@ NUMBERS = {
     "stride": Range(int, 1, MAX_STRIDE),
 }
 # decoder and the later ones: may be null
-MAPPINGS = ("features", "files", "tensors", "decoder", "text", "frozen_graph", "streaming")
+MAPPINGS = ("features", "files", "tensors", "decoder", "text", "frozen_graph", "streaming", "transducer")
 # The decoder entry's names of files of the export.
 DECODER_FILES = ("lm", "char_lm", "vocabulary")
 # The most values a recurrent state tensor may hold (an LSTM of n_hidden 2048 holds 2,048).
@@ -110,6 +114,23 @@ class StreamSpec:
 
 
 @dataclass(frozen=True)
+class TransducerSpec:
+    """A transducer export's ``transducer`` entry (format 7), checked: the blank class, the predictor's
+    ``context_size`` labels, the joiner's width ``joint_dim`` (the streaming signatures' output width), the
+    searches' defaults (``max_symbols`` labels a frame for greedy search, ``beam`` for modified beam
+    search), and the predictor's and the joiner's signatures: ``predict`` (``signature``, ``input``,
+    ``output``) and ``join`` (``signature``, ``frames``, ``predicted``, ``output``)."""
+
+    blank: int
+    context_size: int
+    joint_dim: int
+    max_symbols: int
+    beam: int
+    predict: dict
+    join: dict
+
+
+@dataclass(frozen=True)
 class ExportMetadata:
     """Parsed ``metadata.json``; ``directory`` is the export it came from."""
 
@@ -134,6 +155,14 @@ class ExportMetadata:
     # What one streaming call takes (``StreamSpec``); None when the model has no streaming form (it runs
     # whole utterances only).
     streaming: StreamSpec | None = None
+    # A transducer's predictor and joiner (format 7); None for a CTC model.
+    transducer: TransducerSpec | None = None
+
+    @property
+    def output_width(self) -> int:
+        """Values per time step the streaming signatures give: the CTC classes, or for a transducer the
+        encoder's projected frames (``joint_dim``)."""
+        return self.transducer.joint_dim if self.transducer else self.n_classes
 
     @property
     def seconds_per_label(self) -> float:
@@ -321,6 +350,7 @@ def parse_metadata(raw: dict, directory: Path, plugins: Iterable[str] = ()) -> E
         decoder=dict(raw.get("decoder") or {}),
         raw=raw,
         text=text,
+        transducer=_transducer(raw, source),
     )
 
 
@@ -430,6 +460,40 @@ def _streaming(raw: dict, source: Path) -> StreamSpec | None:
         context=entry["context"],
         lookahead=entry["lookahead"],
         lookback=entry["lookback"],
+    )
+
+
+TRANSDUCER_NUMBERS = {
+    "context_size": (1, 64),
+    "joint_dim": (1, 1 << 16),
+    "max_symbols": (1, 64),
+    "beam": (1, 1024),
+}
+SIGNATURE_KEYS = {
+    "predict": ("signature", "input", "output"),
+    "join": ("signature", "frames", "predicted", "output"),
+}
+
+
+def _transducer(raw: dict, source: Path) -> TransducerSpec | None:
+    """The ``transducer`` entry checked and typed; None for a CTC model."""
+    entry = raw.get("transducer")
+    if entry is None:
+        return None
+    numbers = {"blank": (0, int(raw["n_classes"]) - 1), **TRANSDUCER_NUMBERS}
+    for key, (low, high) in numbers.items():
+        if problem := value_problem(entry.get(key), Range(int, low, high)):
+            raise ExportError(f"{source}: transducer.{key}: {problem}")
+    for part, keys in SIGNATURE_KEYS.items():
+        names = entry.get(part)
+        if not (isinstance(names, dict) and all(isinstance(names.get(key), str) for key in keys)):
+            raise ExportError(
+                f"{source}: transducer.{part}: expected the names {', '.join(keys)}, got {names!r}"
+            )
+    return TransducerSpec(
+        **{key: int(entry[key]) for key in numbers},
+        predict=dict(entry["predict"]),
+        join=dict(entry["join"]),
     )
 
 

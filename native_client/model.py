@@ -14,6 +14,7 @@ from native_client.deepspeech_tflite import DeepSpeechTFLiteRunner, is_deepspeec
 from native_client.metadata import ExportError, ExportMetadata, load_metadata, verify_manifest
 from native_client.runtime import StepRunner, make_runner
 from native_client.stream import Stream, run_frames
+from native_client.transducer_decoder import TransducerDecoder, transducer_decoders
 
 
 @dataclass
@@ -50,7 +51,8 @@ class Model:
     ``export_dir`` is an export directory, or a DeepSpeech/Coqui ``.tflite`` file
     (``native_client.deepspeech_tflite``). ``backend`` is ``tflite`` (default), ``saved_model`` or
     ``frozen_graph``; ``decoder`` is a ``native_client.decoders.Decoder`` (default: greedy;
-    ``decoder_for_export`` builds the one the export's metadata describes). ``plugins``: dotted names of
+    ``decoder_for_export`` builds the one the export's metadata describes; a transducer's are its own,
+    ``greedy`` and ``beam_search``, ``native_client.transducer_decoder``). ``plugins``: dotted names of
     implementations of one's own (a front end) the export may load; built-in ones need none.
     """
 
@@ -75,6 +77,12 @@ class Model:
             )
             self.runner = make_runner(self.metadata, backend, threads)
         self.greedy = GreedyDecoder(self.metadata.alphabet)
+        # A transducer's modified beam search (its export's beam); None for a CTC model.
+        self.beam_search: TransducerDecoder | None = None
+        if self.metadata.transducer is not None:
+            self.greedy, self.beam_search = transducer_decoders(
+                self.metadata.transducer, self.runner.signature_caller(), self.metadata.alphabet
+            )
         self.decoder = decoder or self.greedy
         self.decoder_spec = None  # the DecoderSpec the decoder was built from, when known (model_options)
 

@@ -40,10 +40,13 @@ def open_model_for(args, model_location):
     gives the export directory and backend (``native_client.__main__.model_location``, passed in: this
     module is below the client's entry point). The model's ``decoder_spec`` is the spec its decoder was
     built from (None: greedy), so another process can build the same (the server's decoding processes).
+    A transducer export decodes with its modified beam search (``--beam_width`` hypotheses, the export's
+    beam by default; greedy with ``--no-scorer``) and refuses a language model.
     Raises ``ExportError``, ``ValueError`` (a plug-in refused,
     a bad scorer) or ``FileNotFoundError``, each one line."""
     from native_client.export_decoder import decoder_from_spec, decoder_spec_for_export
     from native_client.model import open_model
+    from native_client.transducer_decoder import TransducerDecoder
 
     overrides = {"beam_width": args.beam_width, "lm_alpha": args.lm_alpha, "lm_beta": args.lm_beta}
     if getattr(args, "hot_words", None) is not None:
@@ -51,6 +54,14 @@ def open_model_for(args, model_location):
     specs = []
 
     def factory(metadata):
+        if metadata.transducer is not None:
+            if args.scorer or getattr(args, "hot_words", None):
+                option = "--scorer" if args.scorer else "--hot_words"
+                raise ValueError(
+                    f"{option}: this export is a transducer, whose search reads no language model "
+                    f"(shallow fusion is not built); drop {option}"
+                )
+            return None
         spec = decoder_spec_for_export(metadata, args.scorer, overrides, args.vocabulary)
         if spec is None:
             return None
@@ -66,4 +77,8 @@ def open_model_for(args, model_location):
         plugins=tuple(args.allow_plugin),
     )
     model.decoder_spec = specs[-1] if specs else None
+    if model.beam_search is not None and not args.no_scorer:  # a transducer: its beam search
+        search = model.beam_search
+        beam = args.beam_width or search.beam
+        model.decoder = TransducerDecoder(search.parts, search.alphabet, beam, search.max_symbols)
     return model

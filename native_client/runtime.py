@@ -21,6 +21,8 @@ BACKENDS = ("tflite", "saved_model", "frozen_graph", "onnx")
 class StepRunner:
     """Base: holds the metadata and makes zero states."""
 
+    backend = ""  # its name in BACKENDS
+
     def __init__(self, metadata: ExportMetadata):
         self.metadata = metadata
 
@@ -32,11 +34,20 @@ class StepRunner:
         """One streaming call; returns logits ``[labels, n_classes]`` and the new state."""
         raise NotImplementedError
 
+    def signature_caller(self):
+        """``call(signature, inputs) -> outputs`` over the export's other signatures (a transducer's
+        predictor and joiner), safe to use beside ``step`` on another thread. ExportError for a backend
+        whose file holds the streaming step only."""
+        raise ExportError(
+            f"{self.metadata.directory}: the {self.backend} backend holds the encoder only; a transducer's "
+            f"predictor and joiner run on the tflite or saved_model backend (--backend)"
+        )
+
     def utterance(self, frames: np.ndarray) -> np.ndarray:
         """Logits ``[labels, n_classes]`` of a whole utterance's frames ``[time, n_input]`` (a model
         without a streaming form)."""
         if not len(frames):
-            return np.zeros((0, self.metadata.n_classes), np.float32)
+            return np.zeros((0, self.metadata.output_width), np.float32)
         return self._utterance(np.ascontiguousarray(frames, np.float32)[None])
 
     def _utterance(self, features: np.ndarray) -> np.ndarray:
@@ -46,6 +57,8 @@ class StepRunner:
 class TFLiteRunner(StepRunner):
     """The TFLite flatbuffer through LiteRT (``ai-edge-litert``) or TensorFlow's interpreter
     (``native_client.litert``: the streaming step with every weight packed once)."""
+
+    backend = "tflite"
 
     def __init__(self, metadata: ExportMetadata, threads: int = 1):
         super().__init__(metadata)
@@ -66,6 +79,19 @@ class TFLiteRunner(StepRunner):
                 f"{metadata.directory / METADATA_NAME}: tensors: the model has no signature {signature!r}"
             )
         _check_shapes(metadata, self.model.input_shapes(signature), self.model.output_names(signature))
+
+    def signature_caller(self):
+        """See ``StepRunner.signature_caller``: an interpreter of its own over the same file (signature
+        runners of one interpreter share its tensors)."""
+        spec = self.metadata.transducer
+        model = open_tflite(str(self.metadata.path("tflite")), self.threads)
+        missing = {spec.predict["signature"], spec.join["signature"]} - model.signatures()
+        if missing:
+            raise ExportError(
+                f"{self.metadata.path('tflite')}: no signature {', '.join(sorted(missing))} (a transducer's "
+                f"predictor and joiner); export again"
+            )
+        return model.run
 
     def step(self, windows, state):
         """See ``StepRunner.step``."""
@@ -109,6 +135,8 @@ def _check_shapes(metadata: ExportMetadata, inputs: dict[str, list[int]], output
 class SavedModelRunner(StepRunner):
     """The SavedModel's streaming signature through TensorFlow."""
 
+    backend = "saved_model"
+
     def __init__(self, metadata: ExportMetadata, threads: int = 1):
         super().__init__(metadata)
         import tensorflow as tf
@@ -116,6 +144,17 @@ class SavedModelRunner(StepRunner):
         _limit_tf_threads(tf, threads)
         self.loaded = tf.saved_model.load(str(metadata.path("saved_model")))
         self.function = self.loaded.signatures[metadata.tensors["signature"]]
+
+    def signature_caller(self):
+        """See ``StepRunner.signature_caller`` (TensorFlow's functions may be called from any thread)."""
+        signatures = self.loaded.signatures
+
+        def call(signature: str, inputs: dict) -> dict:
+            if signature not in signatures:
+                raise ExportError(f"{self.metadata.path('saved_model')}: no signature {signature!r}")
+            return {name: value.numpy() for name, value in signatures[signature](**inputs).items()}
+
+        return call
 
     def step(self, windows, state):
         """See ``StepRunner.step``."""
@@ -132,6 +171,8 @@ class SavedModelRunner(StepRunner):
 
 class FrozenGraphRunner(StepRunner):
     """The frozen GraphDef (``output_graph.pb``) through TensorFlow."""
+
+    backend = "frozen_graph"
 
     def __init__(self, metadata: ExportMetadata, threads: int = 1):
         super().__init__(metadata)
@@ -161,6 +202,8 @@ class FrozenGraphRunner(StepRunner):
 
 class OnnxRunner(StepRunner):
     """``model.onnx`` (``export.onnx``) through onnxruntime (the ``onnx`` extra)."""
+
+    backend = "onnx"
 
     def __init__(self, metadata: ExportMetadata, threads: int = 1):
         super().__init__(metadata)

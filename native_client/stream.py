@@ -159,7 +159,7 @@ def run_calls(runner: StepRunner, chunks: Sequence[Chunk], state):
             continue
         logits, state = runner.step(chunk.inputs[None], state)
         outputs.append(logits[: chunk.real])
-    empty = np.zeros((0, runner.metadata.n_classes), np.float32)
+    empty = np.zeros((0, runner.metadata.output_width), np.float32)
     return (np.concatenate(outputs) if outputs else empty), state
 
 
@@ -223,7 +223,7 @@ class Utterance:
         metadata = runner.metadata
         self.metadata = metadata
         self.n_steps = metadata.n_steps
-        self.n_classes = metadata.n_classes
+        self.n_classes = metadata.output_width
         self._context = metadata.n_context
         self._streaming = metadata.streaming
         self._features = metadata.features
@@ -352,13 +352,24 @@ class Stream:
     then equals one-shot transcription exactly. A model without a streaming form (``streaming``
     null in its metadata) is run the same way, over the whole utterance at once (``Model`` makes such a
     stream only for a caller that asks for the transcript at the end).
+
+    A transducer's decoders (``TransducerDecoder``) search frame by frame: each keeps a search that the
+    encoder's new frames are fed to after every call, so an intermediate transcript costs the new frames
+    only, and the final one equals the decoder's one-shot ``decode`` of all the frames.
     """
 
     def __init__(self, runner: StepRunner, decoder, intermediate_decoder=None):
+        from native_client.transducer_decoder import TransducerDecoder
+
         self.runner = runner
         self.decoder = decoder
         self.intermediate_decoder = intermediate_decoder or decoder
         self.utterance = Utterance(runner)
+        self._searches = {
+            id(d): d.search()
+            for d in (self.decoder, self.intermediate_decoder)
+            if isinstance(d, TransducerDecoder)
+        }
 
     @property
     def samples(self) -> int:
@@ -368,28 +379,44 @@ class Stream:
     def feed_audio(self, chunk: np.ndarray) -> None:
         """Add int16 mono samples at the model's sample rate."""
         self.utterance.feed_audio(chunk)
+        self._run()
+
+    def _run(self) -> None:
+        """Run the ready chunks; their frames go on to the searches."""
         run_ready(self.runner, self.utterance)
+        if self._searches:
+            frames = self.utterance.take_logits()
+            if len(frames):
+                for search in self._searches.values():
+                    search.advance(frames)
 
     def logits(self) -> np.ndarray:
-        """Logits ``[time, n_classes]`` of the audio so far."""
+        """Logits ``[time, n_classes]`` of the audio so far (a transducer's projected encoder frames)."""
         utterance = self.utterance
         if utterance.incremental or utterance.finished:
             return utterance.logits()
         logits, _ = run_calls(self.runner, utterance.rerun(), utterance.zero_state)
         return logits
 
+    def _text(self, decoder) -> str:
+        search = self._searches.get(id(decoder))
+        if search is not None and (self.utterance.incremental or self.utterance.finished):
+            return decoder.text(search)
+        return decoder.decode(self.logits())
+
     def intermediate_decode(self) -> str:
         """Transcript of the audio so far (the intermediate decoder; greedy unless configured)."""
-        return self.intermediate_decoder.decode(self.logits())
+        return self._text(self.intermediate_decoder)
 
     def flush(self) -> np.ndarray:
         """End the utterance: run the last (zero-padded) frames; returns the logits of the whole of it."""
         if self.utterance.finished:
             raise RuntimeError("the stream is already finished")
         self.utterance.finish()
-        run_ready(self.runner, self.utterance)
+        self._run()
         return self.utterance.logits()
 
     def finish(self) -> str:
         """Flush the last (zero-padded) frames and return the final transcript."""
-        return self.decoder.decode(self.flush())
+        self.flush()
+        return self._text(self.decoder)

@@ -281,7 +281,8 @@ PLUGIN_ATTRIBUTES = {"pipeline.model": "FAMILY", "pipeline.model.objectives": "O
 
 def _check_objective(config, src: str) -> None:
     """``model.objective`` names an objective whose output the decoders, the export and the client read,
-    or the transducer (which trains, alone: preflight refuses a run past Train, ``tasks.preflight``)."""
+    or the transducer (one task; its export is the SavedModel and TFLite, which hold its predictor and
+    joiner)."""
     name = config.model.objective
     objective = named_plugin(
         model_objective, "pipeline.model.objectives", name, "model.objective", "objective", src
@@ -298,6 +299,12 @@ def _check_objective(config, src: str) -> None:
                 f"{src}: model.objective: transducer trains one task; multitask.tasks with a transducer "
                 f"is not built yet"
             )
+        for key, on in (("onnx", config.export.onnx), ("coqui_tflite", config.export.coqui_tflite)):
+            if on:
+                raise ConfigError(
+                    f"{src}: export.{key}: that file holds a CTC model's streaming step; a transducer's "
+                    f"predictor and joiner are in the SavedModel and TFLite only (set export.{key}: false)"
+                )
         return
     if objective.emits != CTC_OUTPUT:
         raise ConfigError(

@@ -287,6 +287,9 @@ class ExportRecord:
     # format 6: "global" when the graph normalises the features (``features.normalize: global``, the
     # statistics weights of the model); not written otherwise
     normalization: str | None = omitted_when_none()
+    # format 7: a transducer's predictor and joiner (``pipeline.export.inference_graph.transducer_entry``);
+    # not written for a CTC model, whose export stays format 6
+    transducer: dict | None = omitted_when_none()
 
 
 def _dataclass_of(tp) -> type | None:

@@ -185,23 +185,26 @@ def reads_train(config: Config, name: str) -> bool:
     return False
 
 
+# The stages that exist for a language model's decoding only.
+LM_READERS = ("tune",)
+
+
 def check_objective_reach(config: Config, name: str) -> None:
-    """A model whose objective emits what the export, the decoders and the client do not read yet (the
-    transducer) is trained, validated and evaluated (greedy) only: a command whose Luigi task ``name``
-    reads Train's model otherwise (Export, Transcribe, ...) is refused in one line."""
+    """A model whose objective emits no CTC label scores (the transducer) has no language model to tune:
+    a command whose Luigi task ``name`` is TuneDecoder is refused in one line (everything else, Export
+    and Transcribe included, takes it)."""
     from pipeline.model.objective import CTC_OUTPUT
     from pipeline.model.objectives import model_objective
 
     objective = model_objective(config.model.objective)
     stage = stages_by_task().get(name)
-    if objective.emits == CTC_OUTPUT or stage is None or stage.name in ("train", "evaluate"):
+    if objective.emits == CTC_OUTPUT or stage is None or stage.name not in LM_READERS:
         return
-    if reads_train(config, stage.name):
-        raise PreflightError(
-            f"{config.source}: model.objective: {config.model.objective}: {name} reads the trained model, "
-            f"and the export, the decoders and the client do not read a {objective.emits} yet; run Evaluate "
-            f"(luigi --module tasks Evaluate --config {config.source})"
-        )
+    raise PreflightError(
+        f"{config.source}: model.objective: {config.model.objective}: {name} tunes a language model's "
+        f"weights, and a {objective.emits} reads no language model; run Export or Evaluate "
+        f"(luigi --module tasks Export --config {config.source})"
+    )
 
 
 def runs_train(config: Config, name: str) -> bool:

@@ -148,7 +148,7 @@ class BatchEngine:
         now). Cancelling the caller drops the job's remaining chunks. RuntimeError when the engine has
         stopped."""
         if not chunks:
-            return np.zeros((0, self.runner.metadata.n_classes), np.float32), state
+            return np.zeros((0, self.runner.metadata.output_width), np.float32), state
         if not self.ready:
             raise RuntimeError(f"the server's engine stopped: {self.failure or 'not started'}")
         due = time.monotonic() if due is None else due

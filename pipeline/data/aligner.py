@@ -15,6 +15,7 @@ import numpy as np
 
 from native_client.audio import stream_for_model
 from native_client.decoders.greedy import log_softmax
+from native_client.metadata import ExportError
 from native_client.model import Model
 from native_client.stream import Utterance, run_calls
 from native_client.text import TranscriptRejected, normalise_transcript
@@ -30,6 +31,11 @@ class Aligner:
         self.path = Path(path)
         self.model = Model(path, threads=threads)
         metadata = self.model.metadata
+        if metadata.transducer is not None:
+            raise ExportError(
+                f"{path}: a transducer export; alignment and cleaning read a CTC model's label scores per "
+                f"frame (export a model trained with model.objective: ctc)"
+            )
         self.alphabet = metadata.alphabet
         self.blank = self.alphabet.blank_index
         self.seconds_per_frame = metadata.seconds_per_label

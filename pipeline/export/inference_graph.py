@@ -26,6 +26,10 @@ UTTERANCE = "utterance"
 # steps every stream with a chunk ready at once). Only for families with a batched form.
 BATCH_SIGNATURE = "stream_batch"
 INPUT, FEATURES, LOGITS = "input_node", "features", "logits"
+# A transducer's predictor and joiner (issue 47): the streaming signatures give the projected encoder frames
+# (``logits`` is their name, ``joint_dim`` wide); a search calls these between two chunks.
+PREDICT, JOIN = "predict", "join"
+CONTEXTS, PREDICTED, FRAMES = "contexts", "predicted", "frames"
 
 
 def input_shape(spec: StreamInput, n_input: int, batch: int | None = 1) -> list:
@@ -51,7 +55,21 @@ class InferenceGraph(tf.Module):
         n_input = int(model.n_input)
         self.metadata_json = tf.constant(json.dumps(metadata, sort_keys=True))
         self.metadata = tf.function(lambda: {"metadata": self.metadata_json}, input_signature=[])
-        self.stream = self.stream_batch = None
+        self.stream = self.stream_batch = self.predict = self.join = None
+        self.head = transducer_head(model)
+        if self.head is not None:
+            width = self.head.joint_dim
+            self.predict = tf.function(
+                self._predict,
+                input_signature=[tf.TensorSpec([None, self.head.context_size], tf.int32, name=CONTEXTS)],
+            )
+            self.join = tf.function(
+                self._join,
+                input_signature=[
+                    tf.TensorSpec([None, width], tf.float32, name=FRAMES),
+                    tf.TensorSpec([None, width], tf.float32, name=PREDICTED),
+                ],
+            )
         if self.form is None:
             self.utterance = tf.function(
                 self._features_utterance,
@@ -94,14 +112,22 @@ class InferenceGraph(tf.Module):
             out[spec.output] = tf.identity(value, name=spec.output)
         return out
 
+    def _predict(self, contexts):
+        return {PREDICTED: tf.cast(self.head.predict(contexts), tf.float32)}
+
+    def _join(self, frames, predicted):
+        return {LOGITS: tf.cast(self.head.join(frames, predicted), tf.float32)}
+
     def signatures(self) -> dict:
         """The SavedModel's signatures: the streaming step (and its batched form when the family has one),
-        the whole utterance, the metadata."""
+        the whole utterance, the metadata; a transducer's ``predict`` and ``join``."""
         found = {UTTERANCE: self.utterance, "metadata": self.metadata}
         if self.stream is not None:
             found[SIGNATURE] = self.stream
         if self.stream_batch is not None:
             found[BATCH_SIGNATURE] = self.stream_batch
+        if self.head is not None:
+            found[PREDICT], found[JOIN] = self.predict, self.join
         return found
 
     def _utterance(self, inputs):
@@ -120,6 +146,28 @@ class InferenceGraph(tf.Module):
     def tensors(self) -> dict:
         """The tensor names a client needs (the export metadata's ``tensors``)."""
         return tensor_names(self.state_tensors, self.stream_batch is not None, self.stream is not None)
+
+
+def transducer_head(model):
+    """The model's transducer head (predictor and joiner), or None for a model without one."""
+    from pipeline.model.transducer_net import TransducerHead
+
+    head = getattr(model, "objective_head", None)
+    return head if isinstance(head, TransducerHead) else None
+
+
+def transducer_entry(head) -> dict:
+    """The export metadata's ``transducer`` entry (format 7): the searches' settings and the signatures
+    and tensor names of the predictor and the joiner."""
+    return {
+        "blank": int(head.blank),
+        "context_size": int(head.context_size),
+        "joint_dim": int(head.joint_dim),
+        "max_symbols": int(head.max_symbols),
+        "beam": 4,  # icefall's modified beam search's default
+        "predict": {"signature": PREDICT, "input": CONTEXTS, "output": PREDICTED},
+        "join": {"signature": JOIN, "frames": FRAMES, "predicted": PREDICTED, "output": LOGITS},
+    }
 
 
 def tensor_names(state: tuple[StateTensor, ...], batched: bool = False, streaming: bool = True) -> dict:

@@ -11,9 +11,16 @@ from tensorflow.python.framework.convert_to_constants import convert_variables_t
 
 from native_client.alphabet import Labels
 from native_client.arpa import is_arpa
-from native_client.metadata import FORMAT, FORMAT_VERSION
+from native_client.metadata import FORMAT, FORMAT_VERSION, FORMAT_VERSION_WITHOUT_TRANSDUCER
 from pipeline.config import Config
-from pipeline.export.inference_graph import BATCH_SIGNATURE, SIGNATURE, UTTERANCE, InferenceGraph
+from pipeline.export.inference_graph import (
+    BATCH_SIGNATURE,
+    JOIN,
+    PREDICT,
+    SIGNATURE,
+    UTTERANCE,
+    InferenceGraph,
+)
 from pipeline.features.frontend import client_features
 from pipeline.lm.files import read_lm_report, verify_lm_files
 from pipeline.model import model_family
@@ -33,6 +40,7 @@ def build_metadata(
     train_report: Path,
     fingerprint: str,
     train_fingerprint: str,
+    transducer: dict | None = None,
 ) -> ExportRecord:
     """The metadata a client needs: features, geometry, the output labels (an alphabet, or ``output:
     bytes``), the text settings the client applies (``data.text``), versions, fingerprints, and the
@@ -42,7 +50,9 @@ def build_metadata(
     ``tensors``: the inference graph's tensor names (``InferenceGraph.tensors``). ``fingerprint``,
     ``train_fingerprint``: the Export's and the Train run's; ``train_report``: that run's report. The
     ``features`` are what the client computes (``client_features``); ``normalization: global`` says the
-    graph normalises them with the training set's statistics, which are weights of the model."""
+    graph normalises them with the training set's statistics, which are weights of the model.
+    ``transducer``: a transducer's entry (``transducer_entry``), which makes the export format 7; a CTC
+    model's stays format 6, which older clients read."""
     train = read_report(train_report, TrainReport) if train_report.is_file() else None
     family = model_family(config.model.architecture)
     streaming = None  # what one streaming call takes; None: the export runs whole utterances only
@@ -50,7 +60,7 @@ def build_metadata(
         streaming = family.stream_input(config.model, config.export.n_steps).to_dict()
     return ExportRecord(
         format=FORMAT,
-        format_version=FORMAT_VERSION,
+        format_version=FORMAT_VERSION if transducer else FORMAT_VERSION_WITHOUT_TRANSDUCER,
         model_version=model_version,
         created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         fingerprint=fingerprint,
@@ -81,6 +91,7 @@ def build_metadata(
         output=alphabet.output,
         text=config.data.text.to_dict(),
         task=config.task or None,
+        transducer=transducer,
     )
 
 
@@ -101,13 +112,20 @@ def write_frozen_graph(graph: InferenceGraph, path: Path) -> dict:
 
 
 def write_tflite(
-    saved_model: Path, path: Path, quantize: bool, batched: bool = False, signature: str = SIGNATURE
+    saved_model: Path,
+    path: Path,
+    quantize: bool,
+    batched: bool = False,
+    signature: str = SIGNATURE,
+    transducer: bool = False,
 ) -> None:
     """Convert the SavedModel's streaming signature (``signature``: ``utterance`` for a family without a
     streaming form) to TFLite, dynamic-range int8 when ``quantize``; ``batched``: its batched streaming
     signature too (one flatbuffer, the weights shared: about 5% more bytes for the small model, see
-    docs/CLIENT.md "Serving")."""
+    docs/CLIENT.md "Serving"); ``transducer``: the predictor's and the joiner's signatures too."""
     keys = [signature, BATCH_SIGNATURE] if batched else [signature]
+    if transducer:
+        keys += [PREDICT, JOIN]
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model), signature_keys=keys)
     if quantize:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]

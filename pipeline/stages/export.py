@@ -25,7 +25,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from native_client.metadata import MANIFEST_NAME, METADATA_NAME, write_manifest
-from pipeline.config import ConfigError, is_transducer
 from pipeline.dag import Stage, alphabet_of, decoding_of, exported, is_instance, task_param
 from pipeline.decode.settings import decoder_settings
 from pipeline.export.coqui_tflite import write_coqui_tflite
@@ -106,11 +105,6 @@ def export_stage(
     layout of a multi-task config exports that task: the shared encoder with its head (or network), its
     alphabet, LM and decoder settings, ``"task"`` in ``metadata.json``, under ``<export_dir>/<task>``.
     """
-    if is_transducer(layout.config):  # preflight refuses it first; this guards any other caller
-        raise ConfigError(
-            f"{layout.config.source}: model.objective: transducer: the export does not carry a transducer "
-            f"yet (issue 47); Evaluate gives its figures"
-        )
     root = layout.export_root
     root.mkdir(parents=True, exist_ok=True)
     version = None
@@ -132,7 +126,13 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
     # TensorFlow is loaded here, not when the DAG reads this module's declaration.
     import tensorflow as tf
 
-    from pipeline.export.inference_graph import SIGNATURE, InferenceGraph, tensor_names
+    from pipeline.export.inference_graph import (
+        SIGNATURE,
+        InferenceGraph,
+        tensor_names,
+        transducer_entry,
+        transducer_head,
+    )
     from pipeline.export.onnx_export import write_onnx
     from pipeline.export.writers import build_metadata, copy_language_model, write_frozen_graph, write_tflite
     from pipeline.model.averaging import stage_model
@@ -152,6 +152,7 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
         form = family.streaming(model, config.export.n_steps)
         batched = form is not None and form.batched
         names = tensor_names(family.state(config.model) if form else (), batched, form is not None)
+        head = transducer_head(model)
         metadata = build_metadata(
             config,
             alphabet,
@@ -162,6 +163,7 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
             train_report=layout.train_run.report,
             fingerprint=layout.export_fingerprint,
             train_fingerprint=layout.train_fingerprint,
+            transducer=transducer_entry(head) if head is not None else None,
         )
         graph = InferenceGraph(model, config.export.n_steps, report_to_dict(metadata))
         on_status("writing the SavedModel", 10)
@@ -179,6 +181,7 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
             config.export.quantize,
             batched,
             names["signature"],
+            transducer=head is not None,
         )
         if config.export.onnx:
             if not names["state"] and names["signature"] != SIGNATURE:
@@ -203,7 +206,8 @@ def _export(layout, destination: ExportFiles, version, checkpoint, on_status, wi
         if alphabet.output == "characters":  # byte labels need no file
             staging.file("alphabet").write_text(alphabet.to_text(), encoding="utf-8")
         decoder = None
-        if with_lm or (with_lm is None and lm_built(layout.lm)):
+        # a transducer reads no LM (shallow fusion is not built): an LM built for the same data stays out
+        if head is None and (with_lm or (with_lm is None and lm_built(layout.lm))):
             on_status("copying the language model", 90)
             settings = decoder_settings(config, layout.tune_report)
             decoder = copy_language_model(config, layout.lm, settings, staging)
