@@ -1,5 +1,6 @@
 """The model families' accuracy on a corpus bigger and more varied than the sample (issue 46): DeepSpeech
-(configs/sample.yaml) and the Conformer (configs/sample-conformer.yaml), each trained for the same
+(configs/sample.yaml), the Conformer (configs/sample-conformer.yaml) and the Conformer-Transducer
+(configs/sample-transducer.yaml, issue 47: greedy figures only, it reads no LM), each trained for the same
 wall-clock budget through the DAG (``deepspeech-train Export`` on a config written here), then their test
 CER/WER greedy and with the beam search and the LM, the learning curve (dev CER per epoch) and the time.
 
@@ -37,7 +38,7 @@ the utterances both kept are given too (``*_common``).
 Needs espeak-ng, sox and fortunes (``apt-get install espeak-ng sox fortunes``; installed when run as root
 and missing). It is a benchmark: never part of ``make test``.
 
-    python bench/accuracy.py                      # the full run: the corpus once, then 2 x the budget
+    python bench/accuracy.py                      # the full run: the corpus once, then 3 x the budget
     python bench/accuracy.py --budget-minutes 40  # another budget, the same cached corpus
     python bench/accuracy.py --families conformer --recipe conformer=candidate.yaml
     python bench/accuracy.py --tune               # each family's LM weights tuned on dev (TuneDecoder)
@@ -68,6 +69,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FAMILIES = {
     "deepspeech": ROOT / "configs" / "sample.yaml",
     "conformer": ROOT / "configs" / "sample-conformer.yaml",
+    "transducer": ROOT / "configs" / "sample-transducer.yaml",
 }
 FORTUNES = Path("/usr/share/games/fortunes")
 # What each package gives that the corpus needs (``computers`` is of ``fortunes``, not ``fortunes-min``).
@@ -331,7 +333,9 @@ def train_for_budget(run: Run, name: str, recipe: Path):
     from pipeline.reports import TrainReport, read_report
 
     config = _family_config(run, name, recipe, 1)
-    prepare_s = _stage("Features", config, name) + _stage("LanguageModel", config, name)
+    prepare_s = _stage("Features", config, name)
+    if name != "transducer":  # a transducer reads no LM
+        prepare_s += _stage("LanguageModel", config, name)
     target, spent = 0, 0.0
     while True:
         per_epoch = spent / target if target else None

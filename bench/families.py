@@ -1,7 +1,8 @@
-"""The model families side by side: DeepSpeech (configs/sample.yaml) and the Conformer
-(configs/sample-conformer.yaml) trained on the embedded sample corpus on this CPU, one after the other in
-one run, then the full-size int8 exports' (configs/en.yaml, configs/en-conformer.yaml; untrained: weights
-do not change the speed) one-shot real-time factor on one core with one thread.
+"""The model families side by side: DeepSpeech (configs/sample.yaml), the Conformer
+(configs/sample-conformer.yaml) and the Conformer-Transducer (configs/sample-transducer.yaml) trained on
+the embedded sample corpus on this CPU, one after the other in one run, then the full-size int8 exports'
+(configs/en.yaml, configs/en-conformer.yaml, configs/en-transducer.yaml; untrained: weights do not change
+the speed) one-shot real-time factor on one core with one thread.
 
 Per family: training audio seconds per wall second (the train split's audio, speed copies included, times
 the epochs, over the Train stage's wall time), wall time to the best dev CER (the Train wall time up to the
@@ -10,15 +11,18 @@ features, LM, train, evaluation), test CER/WER greedy and with the beam search a
 Conformer, whose export runs chunks of ``chunk_frames`` labels, the greedy test CER/WER of its full-context
 computation beside (``*_full_context``) and the chunked CER's gap to it.
 
-The Conformer's streaming figures (``conformer_streaming``), at configs/en-conformer.yaml's size (int8
-TFLite, untrained, one core, one thread, ``features.normalize: false``: no normalisation in the graph)
-for ``chunk_frames`` 8 and 16: one streaming call's p50 and p95 (a chunk with its look-back frames and the
-caches, state carried), the RTF of streaming the sample clips through the client (features included,
-0.1 s blocks), and the algorithmic latency (the chunk plus the look-ahead, in ms of audio). First line:
-the CPU; last line: one JSON object.
+The streaming figures (``streaming``) of the Conformer-CTC and the Conformer-Transducer at their en
+configs' size (int8 TFLite, untrained, one core, one thread, ``features.normalize: false``: no
+normalisation in the graph) for ``chunk_frames`` 8 and 16: one encoder call's p50 and p95 (a chunk with
+its look-back frames and the caches, state carried), the RTF of streaming the sample clips through the
+client (features included, 0.1 s blocks, greedy decoding: for the transducer its greedy search over the
+predictor and joiner; ``beam_stream_rtf``: its modified beam search, beam 4), the algorithmic latency
+(the chunk plus the look-ahead, in ms of audio), and the transducer's stream RTF over the CTC one's
+(``transducer_over_ctc``; the issue's goal: at most 1.3). First line: the CPU; last line: one JSON object.
 
-    python bench/families.py            # the full run (two sample trainings: about 15 minutes)
-    python bench/families.py --quick    # a smoke run: 64 training utterances, 2 epochs, 2 clips
+    python bench/families.py                   # the full run (three sample trainings: about 40 minutes)
+    python bench/families.py --quick           # a smoke run: 64 training utterances, 2 epochs, 2 clips
+    python bench/families.py --streaming-only  # the full-size figures only, no training (minutes)
 """
 
 from __future__ import annotations
@@ -37,8 +41,14 @@ ROOT = Path(__file__).resolve().parent.parent
 FAMILIES = {
     "deepspeech": ROOT / "configs" / "sample.yaml",
     "conformer": ROOT / "configs" / "sample-conformer.yaml",
+    "transducer": ROOT / "configs" / "sample-transducer.yaml",
 }
-FULL_SIZE = {"deepspeech": ROOT / "configs" / "en.yaml", "conformer": ROOT / "configs" / "en-conformer.yaml"}
+FULL_SIZE = {
+    "deepspeech": ROOT / "configs" / "en.yaml",
+    "conformer": ROOT / "configs" / "en-conformer.yaml",
+    "transducer": ROOT / "configs" / "en-transducer.yaml",
+}
+STREAMING = ("conformer", "transducer")  # the families whose streaming figures are measured
 CHUNKS = (8, 16)  # the conformer's chunk_frames the streaming figures are measured at
 BLOCK = 1600  # samples fed to a stream at a time: 0.1 s at 16 kHz
 
@@ -123,6 +133,7 @@ def stream_figures(config: Path, work: Path, chunk_frames: int, clips: int, call
 
     from native_client import Model
     from native_client.audio import load_for_model
+    from native_client.stream import Stream
 
     work.mkdir(parents=True)
     override = work / "streaming.yaml"
@@ -142,34 +153,43 @@ def stream_figures(config: Path, work: Path, chunk_frames: int, clips: int, call
             times.append((time.perf_counter() - started) * 1000)
     rows = list(csv.DictReader(open(ROOT / "data" / "sample" / "test.csv")))[:clips]
     audio = [load_for_model(ROOT / "data" / "sample" / row["wav_filename"], 16000) for row in rows]
-    started = time.perf_counter()
-    for samples in audio:
-        stream = model.create_stream()
-        for start in range(0, len(samples), BLOCK):
-            stream.feed_audio(samples[start : start + BLOCK])
-        stream.finish()
-    stream_s = time.perf_counter() - started
+    seconds = sum(len(a) for a in audio) / 16000
+
+    def stream_rtf(decoder) -> float:
+        started = time.perf_counter()
+        for samples in audio:
+            stream = Stream(model.runner, decoder)
+            for start in range(0, len(samples), BLOCK):
+                stream.feed_audio(samples[start : start + BLOCK])
+            stream.finish()
+        return round((time.perf_counter() - started) / seconds, 4)
+
     frame_ms = metadata.features.seconds_per_frame * 1000
     return {
         "chunk_frames": chunk_frames,
         "call_p50_ms": round(float(np.percentile(times, 50)), 2),
         "call_p95_ms": round(float(np.percentile(times, 95)), 2),
-        "stream_rtf": round(stream_s / (sum(len(a) for a in audio) / 16000), 4),
+        "stream_rtf": stream_rtf(model.greedy),
+        **({"beam_stream_rtf": stream_rtf(model.beam_search)} if model.beam_search else {}),
         "algorithmic_latency_ms": round((streaming.chunk + streaming.lookahead) * frame_ms),
     }
 
 
 def main(argv=None) -> int:
-    """Train both families, time the full-size exports, print the table and the JSON."""
+    """Train the families, time the full-size exports, print the table and the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: a slice of the sample, 2 epochs")
+    parser.add_argument(
+        "--streaming-only", action="store_true", help="the full-size figures only: no training"
+    )
     parser.add_argument("--clips", type=int, default=12, help="sample test clips for the RTF")
     parser.add_argument("--calls", type=int, default=300, help="streaming calls timed per chunk size")
     args = parser.parse_args(argv)
-    figures: dict[str, dict] = {}
+    clips = 2 if args.quick else args.clips
+    figures: dict[str, dict] = {name: {} for name in FAMILIES}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        for name, config in FAMILIES.items():
+        for name, config in FAMILIES.items() if not args.streaming_only else ():
             (tmp / name).mkdir()
             figures[name] = train_and_evaluate(name, config, tmp / name, args.quick)
             print(f"{name}: {figures[name]}", flush=True)
@@ -177,27 +197,33 @@ def main(argv=None) -> int:
         os.sched_setaffinity(0, {every_cpu[0]})
         for name, config in FULL_SIZE.items():
             figures[name]["en_int8_one_shot_rtf_1core"] = round(
-                one_shot_rtf(config, tmp / f"{name}-en", 2 if args.quick else args.clips), 4
+                one_shot_rtf(config, tmp / f"{name}-en", clips), 4
             )
-        streaming = [
-            stream_figures(
-                FULL_SIZE["conformer"],
-                tmp / f"conformer-stream-{chunk}",
-                chunk,
-                2 if args.quick else args.clips,
-                20 if args.quick else args.calls,
-            )
-            for chunk in CHUNKS
-        ]
+        streaming = {
+            name: [
+                stream_figures(
+                    FULL_SIZE[name],
+                    tmp / f"{name}-stream-{chunk}",
+                    chunk,
+                    clips,
+                    20 if args.quick else args.calls,
+                )
+                for chunk in CHUNKS
+            ]
+            for name in STREAMING
+        }
         os.sched_setaffinity(0, set(every_cpu))
+    for ctc, transducer in zip(streaming["conformer"], streaming["transducer"], strict=True):
+        transducer["transducer_over_ctc"] = round(transducer["stream_rtf"] / ctc["stream_rtf"], 3)
     keys = list(dict.fromkeys(key for name in figures for key in figures[name]))
     print(f"{'':28}" + "".join(f"{name:>14}" for name in figures))
     for key in keys:
         print(f"{key:28}" + "".join(f"{str(figures[name].get(key, '-')):>14}" for name in figures))
-    print("conformer streaming (en-conformer.yaml's size, int8 TFLite, one core, one thread):")
-    for row in streaming:
-        print("  " + ", ".join(f"{key} {value}" for key, value in row.items()))
-    print(json.dumps({"quick": args.quick, **figures, "conformer_streaming": streaming}))
+    for name in STREAMING:
+        print(f"{name} streaming ({FULL_SIZE[name].name}'s size, int8 TFLite, one core, one thread):")
+        for row in streaming[name]:
+            print("  " + ", ".join(f"{key} {value}" for key, value in row.items()))
+    print(json.dumps({"quick": args.quick, **figures, "streaming": streaming}))
     return 0
 
 

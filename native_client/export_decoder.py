@@ -48,8 +48,16 @@ def decoder_spec_for_export(
     LM with a lexicon and the character LM without; the export's files are checked against its
     manifest. A scorer brings its vocabulary: an ARPA file its unigrams, a KenLM binary the words of
     ``vocabulary_file`` (white-space separated), a DeepSpeech/Coqui ``.scorer`` package its own words
-    and default weights (``native_client.scorer_package``)."""
+    and default weights (``native_client.scorer_package``). A transducer export: None (its own searches,
+    ``open_model``), and a ``scorer`` is a ValueError."""
     entry = dict(metadata.decoder or {})
+    if metadata.transducer is not None:  # its own searches (open_model), no LM: metadata.json has none
+        if scorer:
+            raise ValueError(
+                f"{scorer}: this export is a transducer, whose search reads no language model (shallow "
+                f"fusion is not built)"
+            )
+        return None
     if scorer:
         _check_scorer(Path(scorer))
     settings = {

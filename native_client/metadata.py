@@ -480,7 +480,15 @@ def _transducer(raw: dict, source: Path) -> TransducerSpec | None:
     entry = raw.get("transducer")
     if entry is None:
         return None
-    numbers = {"blank": (0, int(raw["n_classes"]) - 1), **TRANSDUCER_NUMBERS}
+    if raw["format_version"] < 7:
+        raise ExportError(
+            f"{source}: transducer: a format 7 entry in a format {raw['format_version']} export"
+        )
+    lm = [key for key in ("lm", "char_lm") if (raw.get("decoder") or {}).get(key)]
+    if lm:
+        raise ExportError(f"{source}: decoder.{lm[0]}: a transducer's search reads no language model")
+    last = int(raw["n_classes"]) - 1  # the blank is the last class, as the head is built
+    numbers = {"blank": (last, last), **TRANSDUCER_NUMBERS}
     for key, (low, high) in numbers.items():
         if problem := value_problem(entry.get(key), Range(int, low, high)):
             raise ExportError(f"{source}: transducer.{key}: {problem}")

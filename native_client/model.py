@@ -127,7 +127,8 @@ class Model:
         stream = self.create_stream(whole_utterance=True)
         for block in stream_for_model(path, self.sample_rate, convert_rate, on_resample=on_resample):
             stream.feed_audio(block)
-        found = self.decoder.candidates(stream.flush(), candidates, self.metadata.seconds_per_label)
+        stream.flush()
+        found = stream.candidates(candidates, self.metadata.seconds_per_label)
         return Transcript(
             audio=str(path),
             text=found[0].text,
@@ -145,11 +146,14 @@ def open_model(
     plugins: tuple[str, ...] = (),
 ) -> Model:
     """Load an export (or a DeepSpeech/Coqui ``.tflite``); ``decoder_factory(metadata)`` may build a decoder
-    (e.g. ``native_client.export_decoder.decoder_for_export``: the export's own, beam search with its LM);
+    (e.g. ``native_client.export_decoder.decoder_for_export``: the export's own, beam search with its LM;
+    for a transducer, whose factory gives None, its modified beam search);
     ``plugins`` as for ``Model``."""
     model = Model(export_dir, backend, threads, plugins=plugins)
     if decoder_factory is not None:
         decoder: object | None = decoder_factory(model.metadata)
         if decoder is not None:
             model.decoder = decoder
+        elif model.beam_search is not None:  # a transducer: its export's own search, no LM
+            model.decoder = model.beam_search
     return model

@@ -6,7 +6,11 @@ values and one loader, so that the server refuses what the client refuses, in th
 
 from __future__ import annotations
 
+from native_client.metadata import TRANSDUCER_NUMBERS
 from native_client.ranges import DECODER_SETTINGS, Range, value_problem
+
+# The widest modified beam search (each frame joins every hypothesis): what an export's metadata may say.
+MAX_TRANSDUCER_BEAM = TRANSDUCER_NUMBERS["beam"][1]
 
 # The options checked against the config's ranges (native_client.ranges): what a config refuses, the
 # client and the server refuse too.
@@ -55,11 +59,22 @@ def open_model_for(args, model_location):
 
     def factory(metadata):
         if metadata.transducer is not None:
-            if args.scorer or getattr(args, "hot_words", None):
-                option = "--scorer" if args.scorer else "--hot_words"
+            given = {
+                "--scorer": args.scorer,
+                "--hot_words": getattr(args, "hot_words", None),
+                "--lm_alpha": args.lm_alpha,
+                "--lm_beta": args.lm_beta,
+            }
+            for option, value in given.items():
+                if value is not None and value is not False:
+                    raise ValueError(
+                        f"{option}: this export is a transducer, whose search reads no language model "
+                        f"(shallow fusion is not built); drop {option}"
+                    )
+            if args.beam_width is not None and args.beam_width > MAX_TRANSDUCER_BEAM:
                 raise ValueError(
-                    f"{option}: this export is a transducer, whose search reads no language model "
-                    f"(shallow fusion is not built); drop {option}"
+                    f"--beam_width: a transducer's beam search keeps at most {MAX_TRANSDUCER_BEAM} "
+                    f"hypotheses, got {args.beam_width}"
                 )
             return None
         spec = decoder_spec_for_export(metadata, args.scorer, overrides, args.vocabulary)
@@ -77,8 +92,7 @@ def open_model_for(args, model_location):
         plugins=tuple(args.allow_plugin),
     )
     model.decoder_spec = specs[-1] if specs else None
-    if model.beam_search is not None and not args.no_scorer:  # a transducer: its beam search
+    if model.beam_search is not None and args.beam_width and not args.no_scorer:  # a transducer's beam
         search = model.beam_search
-        beam = args.beam_width or search.beam
-        model.decoder = TransducerDecoder(search.parts, search.alphabet, beam, search.max_symbols)
+        model.decoder = TransducerDecoder(search.parts, search.alphabet, args.beam_width, search.max_symbols)
     return model

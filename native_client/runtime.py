@@ -83,14 +83,8 @@ class TFLiteRunner(StepRunner):
     def signature_caller(self):
         """See ``StepRunner.signature_caller``: an interpreter of its own over the same file (signature
         runners of one interpreter share its tensors)."""
-        spec = self.metadata.transducer
         model = open_tflite(str(self.metadata.path("tflite")), self.threads)
-        missing = {spec.predict["signature"], spec.join["signature"]} - model.signatures()
-        if missing:
-            raise ExportError(
-                f"{self.metadata.path('tflite')}: no signature {', '.join(sorted(missing))} (a transducer's "
-                f"predictor and joiner); export again"
-            )
+        _check_transducer(self.metadata, model.signatures(), model.input_shapes, model.output_names)
         return model.run
 
     def step(self, windows, state):
@@ -132,6 +126,40 @@ def _check_shapes(metadata: ExportMetadata, inputs: dict[str, list[int]], output
             raise ExportError(f"{source}: tensors: the model has no output {name!r}")
 
 
+def _check_transducer(metadata: ExportMetadata, signatures: set[str], input_shapes, output_names) -> None:
+    """ExportError naming metadata.json's ``transducer`` key whose signature, tensor name or size
+    (``context_size``, ``joint_dim``) is not the model's: an edited file must not reach a search.
+    ``input_shapes(signature)``: each input's shape, -1 for any size; ``output_names(signature)``."""
+    spec, source = metadata.transducer, metadata.directory / METADATA_NAME
+    expected = {
+        "predict": ({"input": [-1, spec.context_size]}, ("output",)),
+        "join": ({"frames": [-1, spec.joint_dim], "predicted": [-1, spec.joint_dim]}, ("output",)),
+    }
+    for part, (inputs, outputs) in expected.items():
+        names = getattr(spec, part)
+        signature = names["signature"]
+        if signature not in signatures:
+            raise ExportError(
+                f"{source}: transducer.{part}.signature: the model has no signature {signature!r}"
+            )
+        shapes = input_shapes(signature)
+        for key, shape in inputs.items():
+            if names[key] not in shapes:
+                raise ExportError(
+                    f"{source}: transducer.{part}.{key}: {signature} has no input {names[key]!r}"
+                )
+            if shapes[names[key]] != shape:
+                raise ExportError(
+                    f"{source}: transducer.{part}.{key}: {names[key]!r} is shaped {shapes[names[key]]}, the "
+                    f"metadata says {shape} (context_size or joint_dim was edited)"
+                )
+        for key in outputs:
+            if names[key] not in output_names(signature):
+                raise ExportError(
+                    f"{source}: transducer.{part}.{key}: {signature} has no output {names[key]!r}"
+                )
+
+
 class SavedModelRunner(StepRunner):
     """The SavedModel's streaming signature through TensorFlow."""
 
@@ -149,9 +177,18 @@ class SavedModelRunner(StepRunner):
         """See ``StepRunner.signature_caller`` (TensorFlow's functions may be called from any thread)."""
         signatures = self.loaded.signatures
 
+        def input_shapes(signature: str) -> dict[str, list[int]]:
+            specs = signatures[signature].structured_input_signature[1]
+            return {
+                name: [-1 if n is None else n for n in spec.shape.as_list()] for name, spec in specs.items()
+            }
+
+        def output_names(signature: str) -> set[str]:
+            return set(signatures[signature].structured_outputs)
+
+        _check_transducer(self.metadata, set(signatures), input_shapes, output_names)
+
         def call(signature: str, inputs: dict) -> dict:
-            if signature not in signatures:
-                raise ExportError(f"{self.metadata.path('saved_model')}: no signature {signature!r}")
             return {name: value.numpy() for name, value in signatures[signature](**inputs).items()}
 
         return call

@@ -15,9 +15,10 @@ Voice activity (utterances cut at pauses) is ``native_client.utterances``, over 
 
 A decoder that calls parts of the model between encoder chunks (a transducer's predictor and joiner)
 needs no engine of its own: the encoder's output comes out chunk by chunk, ``Utterance.accept`` taking
-each run's logits, and ``Utterance.take_logits`` hands out the ones accepted since its last call. Such a
-decoder consumes them after each ``run_ready`` (or each ``await`` of the server's engine) and runs its own
-networks on them; the encoder's calls, batching and state stay here.
+each run's logits, and ``Utterance.take_logits`` hands out the ones accepted since its last call (an
+utterance made with ``keep_new``). Such a decoder consumes them after each ``run_ready`` (or each
+``await`` of the server's engine) and runs its own networks on them; the encoder's calls, batching and
+state stay here.
 """
 
 from __future__ import annotations
@@ -219,7 +220,7 @@ class Utterance:
     comes: incremental either way.
     """
 
-    def __init__(self, runner: StepRunner):
+    def __init__(self, runner: StepRunner, keep_new: bool = False):
         metadata = runner.metadata
         self.metadata = metadata
         self.n_steps = metadata.n_steps
@@ -236,11 +237,12 @@ class Utterance:
         self._all_frames: list[np.ndarray] = []
         self._ready: list[Sequence[Chunk]] = []  # chunks ready to run, in order
         self._logits: list[np.ndarray] = []
-        self._taken = 0  # time steps of logits handed out by take_logits
+        self._new: list[np.ndarray] = []  # the logits accepted since take_logits last handed them out
         self.zero_state = runner.zero_state()
         self.state = self.zero_state
         self.samples = 0
         self.finished = False
+        self.keep_new = keep_new  # whether accept keeps the logits for take_logits (a driver that takes them)
 
     def feed_audio(self, samples: np.ndarray) -> None:
         """Add int16 mono samples at the model's rate."""
@@ -313,6 +315,8 @@ class Utterance:
         """The logits ``[time, n_classes]`` (padding steps dropped) and the state after the chunks handed
         out by ``ready`` (all of them, or the first ones of them: a driver may accept chunk by chunk)."""
         self._logits.append(np.asarray(logits))
+        if self.keep_new:
+            self._new.append(self._logits[-1])
         self.state = state
 
     def logits(self) -> np.ndarray:
@@ -326,8 +330,10 @@ class Utterance:
     def take_logits(self) -> np.ndarray:
         """The logits accepted since the last call (the encoder's output as it comes: the hook of a
         decoder that runs parts of the model between chunks, see the module docstring)."""
-        logits = self.logits()
-        new, self._taken = logits[self._taken :], len(logits)
+        if not self._new:
+            return np.zeros((0, self.n_classes), np.float32)
+        new = self._new[0] if len(self._new) == 1 else np.concatenate(self._new)
+        self._new = []
         return new
 
 
@@ -359,17 +365,16 @@ class Stream:
     """
 
     def __init__(self, runner: StepRunner, decoder, intermediate_decoder=None):
-        from native_client.transducer_decoder import TransducerDecoder
-
         self.runner = runner
         self.decoder = decoder
         self.intermediate_decoder = intermediate_decoder or decoder
-        self.utterance = Utterance(runner)
-        self._searches = {
-            id(d): d.search()
-            for d in (self.decoder, self.intermediate_decoder)
-            if isinstance(d, TransducerDecoder)
-        }
+        from native_client.transducer_decoder import TransducerDecoder
+
+        searching = any(isinstance(d, TransducerDecoder) for d in (self.decoder, self.intermediate_decoder))
+        self.utterance = Utterance(runner, keep_new=searching)
+        self._searches: dict[int, object] = {}  # a transducer decoder's search, by the decoder's id
+        self._fed = 0  # time steps of the encoder's output handed to the searches
+        self._search(decoder)  # the final transcript's search runs as the audio comes (when it can)
 
     @property
     def samples(self) -> int:
@@ -382,13 +387,31 @@ class Stream:
         self._run()
 
     def _run(self) -> None:
-        """Run the ready chunks; their frames go on to the searches."""
+        """Run the ready chunks; their output goes on to the searches."""
         run_ready(self.runner, self.utterance)
-        if self._searches:
-            frames = self.utterance.take_logits()
-            if len(frames):
-                for search in self._searches.values():
-                    search.advance(frames)
+        if not self.utterance.keep_new:
+            return
+        frames = self.utterance.take_logits()
+        self._fed += len(frames)
+        if len(frames):
+            for search in self._searches.values():
+                search.advance(frames)
+
+    def _search(self, decoder):
+        """``decoder``'s search fed every frame so far (made when first asked for: a one-shot
+        transcription never feeds the intermediate decoder's), or None for a decoder that does not search
+        frame by frame or an utterance whose frames are not final yet (per-utterance normalisation)."""
+        from native_client.transducer_decoder import TransducerDecoder
+
+        if not isinstance(decoder, TransducerDecoder) or not (
+            self.utterance.incremental or self.utterance.finished
+        ):
+            return None
+        if id(decoder) not in self._searches:
+            search = decoder.search()
+            search.advance(self.utterance.logits()[: self._fed])
+            self._searches[id(decoder)] = search
+        return self._searches[id(decoder)]
 
     def logits(self) -> np.ndarray:
         """Logits ``[time, n_classes]`` of the audio so far (a transducer's projected encoder frames)."""
@@ -399,10 +422,8 @@ class Stream:
         return logits
 
     def _text(self, decoder) -> str:
-        search = self._searches.get(id(decoder))
-        if search is not None and (self.utterance.incremental or self.utterance.finished):
-            return decoder.text(search)
-        return decoder.decode(self.logits())
+        search = self._search(decoder)
+        return decoder.text(search) if search is not None else decoder.decode(self.logits())
 
     def intermediate_decode(self) -> str:
         """Transcript of the audio so far (the intermediate decoder; greedy unless configured)."""
@@ -420,3 +441,11 @@ class Stream:
         """Flush the last (zero-padded) frames and return the final transcript."""
         self.flush()
         return self._text(self.decoder)
+
+    def candidates(self, count: int, seconds_per_frame: float) -> list:
+        """After ``flush``: at most ``count`` transcripts of the utterance, best first (the decoder's
+        ``candidates``; a transducer's from the search fed as the audio came)."""
+        search = self._search(self.decoder)
+        if search is not None:
+            return self.decoder.found(search, count, seconds_per_frame)
+        return self.decoder.candidates(self.utterance.logits(), count, seconds_per_frame)

@@ -42,21 +42,32 @@ class ExportParts:
     def predict(self, contexts: np.ndarray) -> np.ndarray:
         """``[n, context_size]`` label windows -> ``[n, joint_dim]`` projected predictor outputs."""
         names = self.spec.predict
-        inputs = {names["input"]: np.ascontiguousarray(contexts, np.int32)}
+        count = len(contexts)
+        inputs = {names["input"]: _padded(np.ascontiguousarray(contexts, np.int32))}
         with self._lock:
-            return np.asarray(self._call(names["signature"], inputs)[names["output"]])
+            return np.asarray(self._call(names["signature"], inputs)[names["output"]])[:count]
 
     def join(self, frame: np.ndarray, predicted: np.ndarray) -> np.ndarray:
         """One projected encoder frame ``[joint_dim]`` against ``[n, joint_dim]`` predictor outputs ->
         logits ``[n, classes]``."""
         names = self.spec.join
-        predicted = np.ascontiguousarray(predicted, np.float32)
+        count = len(predicted)
+        predicted = _padded(np.ascontiguousarray(predicted, np.float32))
         inputs = {
             names["frames"]: np.ascontiguousarray(np.broadcast_to(frame, predicted.shape), np.float32),
             names["predicted"]: predicted,
         }
         with self._lock:
-            return np.asarray(self._call(names["signature"], inputs)[names["output"]])
+            return np.asarray(self._call(names["signature"], inputs)[names["output"]])[:count]
+
+
+def _padded(rows: np.ndarray) -> np.ndarray:
+    """``rows`` with copies of its first row up to a power of two: a beam's calls then take a few shapes
+    only, and the interpreter does not reallocate its tensors at every change of the beam's size."""
+    size = 1 << max(0, len(rows) - 1).bit_length()
+    if size == len(rows) or not len(rows):
+        return rows
+    return np.concatenate([rows, np.repeat(rows[:1], size - len(rows), axis=0)])
 
 
 class TransducerDecoder(Decoder):
@@ -113,3 +124,30 @@ def transducer_decoders(
         TransducerDecoder(parts, alphabet, None, spec.max_symbols),
         TransducerDecoder(parts, alphabet, beam or spec.beam, spec.max_symbols),
     )
+
+
+class GreedyPartials:
+    """The greedy partial transcripts of one utterance after another (the server's): for a transducer, one
+    search per utterance fed only the frames new since the last partial, so that an utterance's partials
+    cost its frames once; another decoder decodes the frames so far each time (``decode``)."""
+
+    def __init__(self, greedy: Decoder):
+        self.greedy = greedy
+        self._of = None  # the utterance the search is of
+        self._search = None
+        self._fed = 0
+
+    def forget(self) -> None:
+        """Let go of the utterance the search is of (it ended)."""
+        self._of, self._search, self._fed = None, None, 0
+
+    def text(self, utterance) -> str:
+        """The partial of ``utterance`` (a ``native_client.stream.Utterance``) from its frames so far."""
+        frames = utterance.logits()
+        if not isinstance(self.greedy, TransducerDecoder):
+            return self.greedy.decode(frames)
+        if utterance is not self._of:
+            self._of, self._search, self._fed = utterance, self.greedy.search(), 0
+        self._search.advance(frames[self._fed :])
+        self._fed = len(frames)
+        return self.greedy.text(self._search)

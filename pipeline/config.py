@@ -478,7 +478,8 @@ class TransducerConfig:
     )
     max_symbols: int = _opt(
         4,
-        "Greedy search: at most this many labels a frame (the dev figures in training).",
+        "Greedy search: at most this many labels a frame (the dev figures in training, the export's greedy "
+        "search).",
         minimum=1,
     )
     max_joint_mib: float = _opt(
@@ -511,7 +512,7 @@ class ModelConfig:
     objective: str = _opt(
         "ctc",
         "What the model is trained to minimise: a module of pipeline/model/objectives/ (ctc; transducer, "
-        "which trains and is evaluated but not yet exported: docs/TRAINING.md) or the dotted name "
+        "exported with its predictor and joiner, decoded without an LM: docs/TRAINING.md) or the dotted name "
         "of a module of your own defining OBJECTIVE. One whose too-short rule is not CTC's also re-runs "
         "FeaturesSplit.",
         when={"train": _own_objective},

@@ -128,7 +128,7 @@ def test_a_metadata_with_global_statistics_is_read_and_applied_frame_by_frame(tm
 @pytest.mark.parametrize(
     "key, value, says",
     [
-        ("format_version", "3", "format_version: expected an integer of at least 1 and at most 6, got '3'"),
+        ("format_version", "3", "format_version: expected an integer of at least 1 and at most 7, got '3'"),
         ("format_version", None, "format_version: expected an integer"),
         ("model_version", "v1", "model_version: expected an integer of at least 0, got 'v1'"),
         ("files", "abc", "files: expected a mapping, got 'abc'"),

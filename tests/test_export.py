@@ -335,7 +335,7 @@ def test_deepspeech_style_client_options_and_word_timings(trained, tmp_path):
     assert (
         version.returncode == 0
         and "deepspeech-transcribe" in version.stdout
-        and "export format 6" in version.stdout
+        and "export format 7" in version.stdout
     )
     empty, garbage = tmp_path / "empty.wav", tmp_path / "garbage.wav"
     empty.write_bytes(b"")

@@ -136,7 +136,7 @@ def test_an_utterance_hands_out_the_encoder_output_chunk_by_chunk(export):
     root, _ = export
     model = Model(root)
     samples = load_for_model(CLIP, 16000)
-    utterance, taken = Utterance(model.runner), []
+    utterance, taken = Utterance(model.runner, keep_new=True), []
     for start in range(0, len(samples), 1777):
         utterance.feed_audio(samples[start : start + 1777])
         run_ready(model.runner, utterance)

@@ -73,14 +73,15 @@ def one_shot(export) -> dict[Path, str]:
 
 
 class Server:
-    """``deepspeech-serve`` in a subprocess on a free loopback port; greedy unless given a ``scorer``."""
+    """``deepspeech-serve`` in a subprocess on a free loopback port; greedy unless given a ``scorer`` (or
+    ``greedy`` False: the export's own decoder)."""
 
-    def __init__(self, export: Path, *args: str, scorer: Path | None = None):
+    def __init__(self, export: Path, *args: str, scorer: Path | None = None, greedy: bool = True):
         self.export = export
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "native_client.server.cli", "--model", str(export), "--port", "0"]
-            + (["--scorer", str(scorer)] if scorer else ["--no-scorer"])
+            + (["--scorer", str(scorer)] if scorer else ["--no-scorer"] if greedy else [])
             + list(args),
             stderr=subprocess.PIPE,
             text=True,

@@ -42,6 +42,11 @@ FAMILY_MODELS = {
         "subsampling: 2, subsampling_channels: 8, dropout: 0.0, attention_dropout: 0.0}\n"
     ),
 }
+# the Conformer trained as a transducer: its predictor and joiner are weights of the step like any other
+FAMILY_MODELS["transducer"] = (
+    FAMILY_MODELS["conformer"]
+    + "  objective: transducer\n  transducer: {predictor_dim: 16, predictor_groups: 4, joint_dim: 24}\n"
+)
 
 
 def _trainer(config, run_dir, train=None):
@@ -113,6 +118,8 @@ def test_global_batch_must_split_over_towers(small_config):
         # the family's weights and the normalisation's mean and std (the sample normalises globally)
         pytest.param("deepspeech", 15, marks=pytest.mark.long),
         pytest.param("conformer", 68, marks=pytest.mark.long),
+        # and the transducer's embedding, grouped kernel, predictor projection and joiner output
+        pytest.param("transducer", 74, marks=pytest.mark.long),
     ],
 )
 def test_two_towers_give_the_same_update_as_one_device(small_config, tmp_path, family, weights):

@@ -34,7 +34,10 @@ What callers rely on (and nothing more):
   ``ValueError`` with a one-line message.
 
 A decoder is used by one thread at a time and is never pickled (each process builds
-its own from the spec).
+its own from the spec). A transducer's decoders (``native_client.transducer_decoder``)
+subclass ``Decoder`` too, over its projected encoder frames instead of CTC logits;
+they call the export's own networks, so they are built from the export, not a spec,
+and may be shared by threads (their calls to the networks are serialised).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from native_client.audio import RESAMPLE_QUALITY, to_int16
 from native_client.server.budget import TokenBucket
 from native_client.server.engine import RealTimeClock
 from native_client.stream import Utterance
+from native_client.transducer_decoder import GreedyPartials
 from native_client.utterances import Ended, UtteranceLoop, detector
 
 CONFIG_KEYS = ("sample_rate", "words", "max_alternatives")
@@ -54,6 +55,8 @@ class RecognizerSession:
         segmenter = detector(self.model_rate, service.vad, round(service.max_utterance_s * self.model_rate))
         self._utterances = UtteranceLoop(service.model.runner, segmenter)
         self._partial_of: Utterance | None = None  # the utterance _partial and _rerun_at are of
+        # greedy partials of the utterance in progress (a transducer's search fed the new frames only)
+        self._partials = GreedyPartials(service.model.greedy)
         self._partial = ""
         self._rerun_at = 0  # normalised exports: samples of the utterance at the last partial rerun
 
@@ -188,8 +191,9 @@ class RecognizerSession:
         export's, which reruns the utterance through the engine (``_rerun_partial``)."""
         utterance = self._utterances.utterance
         if utterance is None:
+            self._partials.forget()  # the last utterance's frames go with it
             return ""
-        return self.service.model.greedy.decode(utterance.logits()) if utterance.incremental else None
+        return self._partials.text(utterance) if utterance.incremental else None
 
     async def _run(self, steps, step, text: str | None, due: float) -> tuple[list[Ended], str | None]:
         """Run the steps from ``step`` (their chunks due at ``due``) through the engine; (the utterances

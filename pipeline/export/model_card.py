@@ -125,6 +125,8 @@ def build_card(
             "output": record.output,
             "n_classes": record.n_classes,
             "quantized": record.tflite_quantized,
+            # a transducer's predictor and joiner (the export metadata's entry); None for CTC
+            "transducer": record.transducer,
         },
         "training": {
             "global_step": record.global_step,
@@ -185,6 +187,7 @@ def render_card(card: dict, files: dict) -> str:
         f"- Architecture: {model['architecture']} ({_geometry(model)}), "
         f"{model['features']} features at {model['sample_rate']} Hz, "
         f"{model['n_classes']} output classes ({model['output']})",
+        *_transducer_lines(model.get("transducer")),
         f"- TFLite weights: {'int8 (dynamic range)' if model['quantized'] else 'float32'}",
         *_average_lines(card["training"].get("average")),
         f"- Files: {', '.join(sorted(files.values()))}",
@@ -240,6 +243,19 @@ def render_card(card: dict, files: dict) -> str:
     if card["decoder"]:
         lines.append(f"- The export's decoder: {card['decoder'].get('type')} ({_settings(card['decoder'])})")
     return "\n".join(lines) + "\n"
+
+
+def _transducer_lines(transducer: dict | None) -> list[str]:
+    """A transducer's objective and search, or nothing for a CTC model."""
+    if not transducer:
+        return []
+    return [
+        f"- Objective: transducer (RNN-T): a stateless predictor over the last {transducer['context_size']} "
+        f"labels and a joiner {transducer['joint_dim']} wide",
+        f"- Decoding: modified beam search (beam {transducer['beam']}) or greedy search (at most "
+        f"{transducer['max_symbols']} labels a frame) over the export's predictor and joiner; no language "
+        f"model",
+    ]
 
 
 def _average_lines(average: dict | None) -> list[str]:

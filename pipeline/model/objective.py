@@ -16,9 +16,10 @@ A model is a family's network (``family.py``) trained for an objective, chosen b
   the model holds as ``objective_head`` and checkpoints with the family's weights;
 - its greedy transcripts (``best_labels``) where the CTC best path does not apply;
 - what the trained network emits (``emits``), which the decoders, the export and the client read:
-  ``ctc``, per-frame label scores with the blank as the last class, is the one they read today; the config
-  loader refuses another, except the built-in transducer, which preflight lets run up to Train and
-  Evaluate (``tasks/preflight.py`` ``check_objective_reach``).
+  ``ctc``, per-frame label scores with the blank as the last class, is the one the decoders read; the
+  config loader refuses another, except the built-in transducer, whose export and client carry its
+  predictor and joiner (preflight refuses TuneDecoder for it: ``tasks/preflight.py``
+  ``check_objective_reach``).
 
 The objective module should import without TensorFlow (the Features stage reads ``min_outputs``): the
 built-in CTC keeps its loss in a sibling module (``pipeline/model/ctc.py``) imported when a loss is built.

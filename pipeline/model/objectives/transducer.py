@@ -8,9 +8,10 @@ predictor and the joiner) comes after it. The loss is ``rnnt_loss``, exact and i
 TensorFlow as an objective module must). The dev figures in training come from a batched greedy search.
 
 A transducer has none of CTC's too-short rule: it emits any number of labels on one frame, so an utterance
-needs one output frame whatever its transcript. What it emits is not label scores per frame, so the export,
-the LM decoders and the client do not read it yet: Evaluate gives its greedy figures, and preflight refuses
-Export and what needs it.
+needs one output frame whatever its transcript. What it emits is not label scores per frame: the export
+holds the predictor and joiner as signatures of their own (``pipeline.export.inference_graph``) and the
+client searches with them (``native_client/transducer_decoder.py``); the LM decoders do not read it, so
+no LM or TuneDecoder runs for it.
 """
 
 from __future__ import annotations
