@@ -84,7 +84,16 @@ class Model:
                 self.metadata.transducer, self.runner.signature_caller(), self.metadata.alphabet
             )
         self.decoder = decoder or self.greedy
+        self._check_decoder(self.decoder)
         self.decoder_spec = None  # the DecoderSpec the decoder was built from, when known (model_options)
+
+    def _check_decoder(self, decoder) -> None:
+        """ExportError for a CTC decoder over a transducer's projected frames (its text would be noise)."""
+        if self.metadata.transducer is not None and not isinstance(decoder, TransducerDecoder):
+            raise ExportError(
+                f"{self.metadata.directory}: a transducer export decodes with its own searches "
+                f"(Model.greedy, Model.beam_search), not with the {getattr(decoder, 'name', decoder)} decoder"
+            )
 
     @property
     def sample_rate(self) -> int:
@@ -104,7 +113,8 @@ class Model:
         return Stream(self.runner, self.decoder, intermediate_decoder or self.greedy)
 
     def logits(self, samples: np.ndarray) -> np.ndarray:
-        """Logits ``[time, n_classes]`` of a whole utterance of int16 samples."""
+        """Logits ``[time, n_classes]`` of a whole utterance of int16 samples (a transducer's projected
+        encoder frames, ``[time, joint_dim]``)."""
         frames = self.metadata.features.frames(np.asarray(samples).reshape(-1))
         logits, _ = run_frames(self.runner, frames)
         return logits
@@ -153,6 +163,7 @@ def open_model(
     if decoder_factory is not None:
         decoder: object | None = decoder_factory(model.metadata)
         if decoder is not None:
+            model._check_decoder(decoder)
             model.decoder = decoder
         elif model.beam_search is not None:  # a transducer: its export's own search, no LM
             model.decoder = model.beam_search

@@ -224,7 +224,7 @@ class Utterance:
         metadata = runner.metadata
         self.metadata = metadata
         self.n_steps = metadata.n_steps
-        self.n_classes = metadata.output_width
+        self.n_classes = metadata.output_width  # values a time step: a transducer's joint_dim
         self._context = metadata.n_context
         self._streaming = metadata.streaming
         self._features = metadata.features
@@ -330,6 +330,8 @@ class Utterance:
     def take_logits(self) -> np.ndarray:
         """The logits accepted since the last call (the encoder's output as it comes: the hook of a
         decoder that runs parts of the model between chunks, see the module docstring)."""
+        if not self.keep_new:
+            raise RuntimeError("take_logits: this utterance was made without keep_new, so it keeps none")
         if not self._new:
             return np.zeros((0, self.n_classes), np.float32)
         new = self._new[0] if len(self._new) == 1 else np.concatenate(self._new)
@@ -422,6 +424,7 @@ class Stream:
         return logits
 
     def _text(self, decoder) -> str:
+        """``decoder``'s transcript of the audio so far (from its search when it has one)."""
         search = self._search(decoder)
         return decoder.text(search) if search is not None else decoder.decode(self.logits())
 

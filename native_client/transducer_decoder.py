@@ -33,17 +33,24 @@ SignatureCall = Callable[[str, dict], dict]
 class ExportParts:
     """The predictor and joiner of an export (``TransducerParts``) through ``call``, one call at a time."""
 
-    def __init__(self, spec: TransducerSpec, call: SignatureCall):
+    def __init__(self, spec: TransducerSpec, call: SignatureCall, rows: int = 1, lock=None):
         self.spec = spec
         self.blank, self.context_size = spec.blank, spec.context_size
+        self.rows = rows
         self._call = call
-        self._lock = threading.Lock()
+        self._lock = lock or threading.Lock()
+
+    def with_rows(self, rows: int) -> ExportParts:
+        """The same networks (and lock), each call padded to ``rows`` rows: a beam search's calls then
+        keep one shape, and the interpreter does not reallocate its tensors when the beam's size
+        changes."""
+        return ExportParts(self.spec, self._call, rows, self._lock)
 
     def predict(self, contexts: np.ndarray) -> np.ndarray:
         """``[n, context_size]`` label windows -> ``[n, joint_dim]`` projected predictor outputs."""
         names = self.spec.predict
         count = len(contexts)
-        inputs = {names["input"]: _padded(np.ascontiguousarray(contexts, np.int32))}
+        inputs = {names["input"]: _padded(np.ascontiguousarray(contexts, np.int32), self.rows)}
         with self._lock:
             return np.asarray(self._call(names["signature"], inputs)[names["output"]])[:count]
 
@@ -52,7 +59,7 @@ class ExportParts:
         logits ``[n, classes]``."""
         names = self.spec.join
         count = len(predicted)
-        predicted = _padded(np.ascontiguousarray(predicted, np.float32))
+        predicted = _padded(np.ascontiguousarray(predicted, np.float32), self.rows)
         inputs = {
             names["frames"]: np.ascontiguousarray(np.broadcast_to(frame, predicted.shape), np.float32),
             names["predicted"]: predicted,
@@ -61,11 +68,10 @@ class ExportParts:
             return np.asarray(self._call(names["signature"], inputs)[names["output"]])[:count]
 
 
-def _padded(rows: np.ndarray) -> np.ndarray:
-    """``rows`` with copies of its first row up to a power of two: a beam's calls then take a few shapes
-    only, and the interpreter does not reallocate its tensors at every change of the beam's size."""
-    size = 1 << max(0, len(rows) - 1).bit_length()
-    if size == len(rows) or not len(rows):
+def _padded(rows: np.ndarray, size: int) -> np.ndarray:
+    """``rows`` with copies of its first row up to ``size`` rows (as they are when there are as many or
+    more, or none)."""
+    if len(rows) >= size or not len(rows):
         return rows
     return np.concatenate([rows, np.repeat(rows[:1], size - len(rows), axis=0)])
 
@@ -76,7 +82,7 @@ class TransducerDecoder(Decoder):
     shallow fusion is not built (docs/TRAINING.md "The transducer")."""
 
     def __init__(self, parts: ExportParts, alphabet: Labels, beam: int | None = None, max_symbols: int = 4):
-        self.parts, self.alphabet = parts, alphabet
+        self.parts, self.alphabet = parts.with_rows(beam or 1), alphabet
         self.beam, self.max_symbols = beam, max_symbols
         self.name = "transducer-greedy" if beam is None else f"transducer-beam{beam}"
 
@@ -109,6 +115,7 @@ class TransducerDecoder(Decoder):
         return candidates(search.hypotheses(), self.alphabet, count, seconds_per_frame)
 
     def _searched(self, frames: np.ndarray):
+        """A fresh search fed all of ``frames``."""
         search = self.search()
         search.advance(np.asarray(frames, np.float32))
         return search

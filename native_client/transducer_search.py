@@ -64,8 +64,61 @@ class Hypothesis:
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax."""
     shifted = logits - logits.max(axis=-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+@dataclass(frozen=True)
+class _Emitted:
+    """A label a hypothesis emitted, with its frame and log probability, and the one emitted before it:
+    a linked list, so extending a hypothesis copies nothing (a long utterance's labels are not copied at
+    every frame)."""
+
+    label: int
+    frame: int
+    log_prob: float
+    before: _Emitted | None
+
+
+@dataclass(frozen=True)
+class _Path:
+    """A hypothesis as the beam search keeps it: its last label (None before any), the id of its label
+    sequence (the same id: the same labels; ``_Sequences``), its last ``context_size`` labels and its
+    total log probability."""
+
+    last: _Emitted | None
+    sequence: int
+    context: tuple[int, ...]
+    log_prob: float
+
+    def hypothesis(self) -> Hypothesis:
+        """The ``Hypothesis`` this path stands for (its labels walked back from the last)."""
+        emitted = []
+        node = self.last
+        while node is not None:
+            emitted.append(node)
+            node = node.before
+        emitted.reverse()
+        return Hypothesis(
+            tuple(e.label for e in emitted),
+            tuple(e.frame for e in emitted),
+            tuple(e.log_prob for e in emitted),
+            self.log_prob,
+        )
+
+
+class _Sequences:
+    """An id for each label sequence a search makes (a trie: sequence ``id`` followed by ``label`` is
+    one entry), so that hypotheses with the same labels are found in constant time, not by comparing
+    their labels."""
+
+    def __init__(self):
+        self._ids: dict[tuple[int, int], int] = {}
+
+    def extended(self, sequence: int, label: int) -> int:
+        """The id of sequence ``sequence`` followed by ``label`` (0 is the empty sequence)."""
+        return self._ids.setdefault((sequence, label), len(self._ids) + 1)
 
 
 class GreedySearch:
@@ -75,13 +128,16 @@ class GreedySearch:
         if max_symbols < 1:
             raise ValueError(f"max_symbols must be at least 1, got {max_symbols}")
         self.parts, self.max_symbols = parts, max_symbols
-        self.hypothesis = Hypothesis()
         self.frame = 0
-        self._predicted = self._predict(self.hypothesis)
+        self._labels: list[int] = []
+        self._frames: list[int] = []
+        self._label_log_probs: list[float] = []
+        self._log_prob = 0.0
+        self._context = (parts.blank,) * parts.context_size
+        self._predicted = self._predict()
 
-    def _predict(self, hypothesis: Hypothesis) -> np.ndarray:
-        context = hypothesis.context(self.parts.context_size, self.parts.blank)
-        return self.parts.predict(np.array([context], np.int32))
+    def _predict(self) -> np.ndarray:
+        return self.parts.predict(np.array([self._context], np.int32))
 
     def advance(self, frames: np.ndarray) -> None:
         """Search over the next projected encoder frames ``[n, joint]``."""
@@ -90,17 +146,21 @@ class GreedySearch:
             for _ in range(self.max_symbols):
                 log_probs = _log_softmax(self.parts.join(frame, self._predicted))[0]
                 best = int(np.argmax(log_probs))
-                score = self.hypothesis.log_prob + float(log_probs[best])
+                self._log_prob += float(log_probs[best])
                 if best == blank:
-                    self.hypothesis = replace(self.hypothesis, log_prob=score)
                     break
-                self.hypothesis = self.hypothesis.extended(best, self.frame, float(log_probs[best]), score)
-                self._predicted = self._predict(self.hypothesis)
+                self._labels.append(best)
+                self._frames.append(self.frame)
+                self._label_log_probs.append(float(log_probs[best]))
+                self._context = self._context[1:] + (best,)
+                self._predicted = self._predict()
             self.frame += 1
 
     def hypotheses(self) -> list[Hypothesis]:
         """The one hypothesis greedy search keeps."""
-        return [self.hypothesis]
+        return [
+            Hypothesis(tuple(self._labels), tuple(self._frames), tuple(self._label_log_probs), self._log_prob)
+        ]
 
 
 class ModifiedBeamSearch:
@@ -111,43 +171,44 @@ class ModifiedBeamSearch:
             raise ValueError(f"beam must be at least 1, got {beam}")
         self.parts, self.beam = parts, beam
         self.frame = 0
-        self._beam = [Hypothesis()]
+        self._sequences = _Sequences()
+        self._beam = [_Path(None, 0, (parts.blank,) * parts.context_size, 0.0)]
         self._predicted = self._predict(self._beam)
 
-    def _predict(self, hypotheses: list[Hypothesis]) -> np.ndarray:
-        size, blank = self.parts.context_size, self.parts.blank
-        contexts = np.array([h.context(size, blank) for h in hypotheses], np.int32)
-        return self.parts.predict(contexts)
+    def _predict(self, paths: list[_Path]) -> np.ndarray:
+        return self.parts.predict(np.array([path.context for path in paths], np.int32))
 
     def advance(self, frames: np.ndarray) -> None:
         """Search over the next projected encoder frames ``[n, joint]``."""
         blank = self.parts.blank
         for frame in frames:
             log_probs = _log_softmax(self.parts.join(frame, self._predicted))  # [beam, classes]
-            totals = np.array([h.log_prob for h in self._beam])[:, None] + log_probs
+            totals = np.array([path.log_prob for path in self._beam])[:, None] + log_probs
             flat = totals.ravel()
             count = min(self.beam, flat.size)
             chosen = np.argpartition(-flat, count - 1)[:count]
             chosen = chosen[np.argsort(-flat[chosen], kind="stable")]
-            merged: dict[tuple[int, ...], tuple[Hypothesis, int]] = {}
+            merged: dict[int, tuple[_Path, int]] = {}  # by label sequence: the path, and its parent's row
             for index in chosen:
                 row, label = divmod(int(index), log_probs.shape[1])
                 parent, score = self._beam[row], float(flat[index])
                 if label == blank:
-                    child = replace(parent, log_prob=score)
+                    child, source = replace(parent, log_prob=score), row
                 else:
-                    child = parent.extended(label, self.frame, float(log_probs[row, label]), score)
-                known = merged.get(child.labels)
+                    emitted = _Emitted(label, self.frame, float(log_probs[row, label]), parent.last)
+                    sequence = self._sequences.extended(parent.sequence, label)
+                    child, source = _Path(emitted, sequence, parent.context[1:] + (label,), score), -1
+                known = merged.get(child.sequence)
                 if known is None:
-                    merged[child.labels] = (child, row if label == blank else -1)
+                    merged[child.sequence] = (child, source)
                 else:
                     # the same labels by another path: probabilities add, the likelier path's timing stays
-                    kept, source = known
+                    kept, kept_source = known
                     total = float(np.logaddexp(kept.log_prob, child.log_prob))
-                    merged[child.labels] = (replace(kept, log_prob=total), source)
-            self._beam = [hypothesis for hypothesis, _ in merged.values()]
+                    merged[child.sequence] = (replace(kept, log_prob=total), kept_source)
+            self._beam = [path for path, _ in merged.values()]
             sources = [source for _, source in merged.values()]
-            fresh = [h for h, source in zip(self._beam, sources, strict=True) if source < 0]
+            fresh = [path for path, source in zip(self._beam, sources, strict=True) if source < 0]
             computed = iter(self._predict(fresh)) if fresh else iter(())
             self._predicted = np.stack(
                 [self._predicted[source] if source >= 0 else next(computed) for source in sources]
@@ -156,7 +217,7 @@ class ModifiedBeamSearch:
 
     def hypotheses(self) -> list[Hypothesis]:
         """The hypotheses kept, best first."""
-        return sorted(self._beam, key=lambda h: -h.log_prob)
+        return [path.hypothesis() for path in sorted(self._beam, key=lambda path: -path.log_prob)]
 
 
 def word_timings(

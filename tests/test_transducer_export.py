@@ -33,22 +33,21 @@ TINY = {
 }
 
 
-def _config(out: Path, **export):
+def _config(out: Path, normalize: bool = False, **export):
     from pipeline.config_loader import load_config
 
     return load_config(
         ROOT / "configs" / "sample-transducer.yaml",
         {
             "paths": {"work_dir": str(out / "work"), "export_dir": str(out / "export")},
-            "features": {"normalize": False},
+            "features": {"normalize": normalize},
             "model": TINY,
             "export": {"quantize": True, **export},
         },
     )
 
 
-@pytest.fixture(scope="module")
-def untrained(tmp_path_factory) -> tuple[Path, str]:
+def _untrained(out: Path, normalize: bool = False) -> tuple[Path, str]:
     """An untrained tiny transducer Conformer exported by the real Export code (int8 TFLite), and the
     checkpoint it came from."""
     import tensorflow as tf
@@ -59,11 +58,16 @@ def untrained(tmp_path_factory) -> tuple[Path, str]:
     from pipeline.model.checkpoints import named_weights
     from pipeline.stages.export import export_stage
 
-    out = tmp_path_factory.mktemp("transducer")
-    config = _config(out)
+    config = _config(out, normalize)
     model = build_model(config.model, feature_pipeline(config.features).feature_size, 29)
     prefix = tf.train.Checkpoint(weights=named_weights(model)).write(str(out / "ckpt" / "untrained"))
     return export_stage(Layout(config), checkpoint=prefix, with_lm=False).root, prefix
+
+
+@pytest.fixture(scope="module")
+def untrained(tmp_path_factory) -> tuple[Path, str]:
+    """``_untrained`` without normalisation: the encoder streams."""
+    return _untrained(tmp_path_factory.mktemp("transducer"))
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +85,7 @@ def test_the_export_holds_the_predictor_and_joiner_and_its_metadata_says_so(expo
     spec = metadata.transducer
     assert (spec.blank, spec.context_size, spec.joint_dim, spec.beam) == (28, 2, 24, 4)
     assert metadata.output_width == 24 and metadata.n_classes == 29
-    assert "onnx" not in metadata.files and not metadata.decoder
+    assert not metadata.decoder
     from native_client.litert import InterpreterModel
 
     tflite = InterpreterModel(str(metadata.path("tflite")), 1)
@@ -158,6 +162,26 @@ def test_a_stream_fed_in_tenths_of_a_second_ends_with_the_one_shot_text(export, 
             assert 0 < word.confidence <= 1
 
 
+def test_a_per_utterance_normalised_transducer_searches_once_its_frames_are_final(tmp_path):
+    """Per-utterance normalisation: nothing streams, partials rerun the audio so far from zero, and the
+    search runs over the frames at the end; the stream's final text is still the one-shot text."""
+    from native_client.stream import Utterance
+
+    model = open_model(_untrained(tmp_path, normalize=True)[0])
+    assert not Utterance(model.runner).incremental
+    for clip in CLIPS[:2]:
+        samples = _samples(clip)
+        frames = model.logits(samples)
+        stream = Stream(model.runner, model.beam_search, model.greedy)
+        partials = []
+        for start in range(0, len(samples), 8 * TENTH):
+            stream.feed_audio(samples[start : start + 8 * TENTH])
+            partials.append(stream.intermediate_decode())
+        assert partials[-1] and len(set(partials)) > 1
+        assert stream.finish() == model.beam_search.decode(frames)
+        assert stream.intermediate_decode() == model.greedy.decode(frames)
+
+
 def _client(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "native_client", *args],
@@ -224,6 +248,13 @@ def test_what_a_transducer_export_cannot_do_is_one_line(export, tmp_path):
 
     with pytest.raises(ExportError, match=r"frozen_graph backend holds the encoder only"):
         Model(export, backend="frozen_graph")
+    from native_client.decoders.greedy import GreedyDecoder
+
+    ctc = GreedyDecoder(load_metadata(export).alphabet)
+    with pytest.raises(ExportError, match=r"decodes with its own searches .* not with the greedy decoder"):
+        Model(export, decoder=ctc)
+    with pytest.raises(ExportError, match=r"not with the greedy decoder"):
+        open_model(export, decoder_factory=lambda metadata: ctc)
     with pytest.raises(ExportError, match=r"a transducer export; alignment and cleaning read a CTC"):
         Aligner(export)
     for key in ("onnx", "coqui_tflite"):

@@ -5,7 +5,8 @@ it stalls the event loop (``/status`` took seconds while a wide beam decoded a l
 language model, results are decoded in ``ProcessDecoding``'s spawned worker processes instead: each
 builds the decoder once from the ``DecoderSpec`` the server's own was built from (its LM, lexicon, beam
 width, weights, hot words), and receives logits as numpy arrays and sends back ``Candidate`` lists.
-Greedy decoding (no LM) is cheap and stays on a thread (``ThreadDecoding``).
+Greedy decoding (no LM) is cheap and stays on a thread (``ThreadDecoding``); so do a transducer's
+searches, which call its export's networks (one thread: the streams' final searches wait for each other).
 
 This module imports no TensorFlow, Tornado or model runtime: it is what a spawned worker imports.
 """

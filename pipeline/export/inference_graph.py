@@ -113,9 +113,11 @@ class InferenceGraph(tf.Module):
         return out
 
     def _predict(self, contexts):
+        """The predictor's projection of each label window."""
         return {PREDICTED: tf.cast(self.head.predict(contexts), tf.float32)}
 
     def _join(self, frames, predicted):
+        """The joiner's logits of each pair of a frame and a predictor output."""
         return {LOGITS: tf.cast(self.head.join(frames, predicted), tf.float32)}
 
     def signatures(self) -> dict:
