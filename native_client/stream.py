@@ -31,6 +31,7 @@ import numpy as np
 from native_client.frontends import normalize_frames
 from native_client.metadata import StreamSpec
 from native_client.runtime import StepRunner
+from native_client.transducer_decoder import TransducerDecoder
 from native_client.windows import ready_windows, window_view
 
 
@@ -370,12 +371,9 @@ class Stream:
         self.runner = runner
         self.decoder = decoder
         self.intermediate_decoder = intermediate_decoder or decoder
-        from native_client.transducer_decoder import TransducerDecoder
-
         searching = any(isinstance(d, TransducerDecoder) for d in (self.decoder, self.intermediate_decoder))
         self.utterance = Utterance(runner, keep_new=searching)
-        self._searches: dict[int, object] = {}  # a transducer decoder's search, by the decoder's id
-        self._fed = 0  # time steps of the encoder's output handed to the searches
+        self._searches: dict[TransducerDecoder, object] = {}  # a transducer decoder's search
         self._search(decoder)  # the final transcript's search runs as the audio comes (when it can)
 
     @property
@@ -394,7 +392,6 @@ class Stream:
         if not self.utterance.keep_new:
             return
         frames = self.utterance.take_logits()
-        self._fed += len(frames)
         if len(frames):
             for search in self._searches.values():
                 search.advance(frames)
@@ -402,18 +399,18 @@ class Stream:
     def _search(self, decoder):
         """``decoder``'s search fed every frame so far (made when first asked for: a one-shot
         transcription never feeds the intermediate decoder's), or None for a decoder that does not search
-        frame by frame or an utterance whose frames are not final yet (per-utterance normalisation)."""
-        from native_client.transducer_decoder import TransducerDecoder
-
+        frame by frame or an utterance whose frames are not final yet (per-utterance normalisation).
+        ``_run`` hands every frame accepted to the searches there are, so a new one starts from all of
+        them."""
         if not isinstance(decoder, TransducerDecoder) or not (
             self.utterance.incremental or self.utterance.finished
         ):
             return None
-        if id(decoder) not in self._searches:
+        if decoder not in self._searches:
             search = decoder.search()
-            search.advance(self.utterance.logits()[: self._fed])
-            self._searches[id(decoder)] = search
-        return self._searches[id(decoder)]
+            search.advance(self.utterance.logits())
+            self._searches[decoder] = search
+        return self._searches[decoder]
 
     def logits(self) -> np.ndarray:
         """Logits ``[time, n_classes]`` of the audio so far (a transducer's projected encoder frames)."""
