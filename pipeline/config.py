@@ -1209,15 +1209,23 @@ class TaskConfig:
     )
     model: SectionOverride = _opt(
         SectionOverride(),
-        "model.output for this task (characters or bytes): its head's labels.",
+        "model.output for this task (characters or bytes): its head's labels; model.objective and "
+        "model.transducer: what its head is trained for (a transducer head beside CTC heads, with "
+        "sharing: heads or separate).",
         override="model",
         stages=("features", "lm", "train"),
-        override_keys=("output",),
+        override_keys=("output", "objective", "transducer"),
     )
 
-    def train_key(self) -> dict:
-        """What of the task the Train fingerprint holds (its data reaches Train through its features)."""
-        return {"name": self.name, "weight": self.weight, "targets": self.targets, "of": self.of}
+    def train_key(self, model: ModelConfig) -> dict:
+        """What of the task the Train fingerprint holds (its data reaches Train through its features), the
+        pipeline's ``model`` section given: its objective only where it is not the pipeline's (so a config
+        that sets none keeps its fingerprint)."""
+        key = {"name": self.name, "weight": self.weight, "targets": self.targets, "of": self.of}
+        own = self.model.apply(model)
+        if (own.objective, own.transducer) != (model.objective, model.transducer):
+            key["model"] = {"objective": own.objective, "transducer": dataclasses.asdict(own.transducer)}
+        return key
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,13 @@ a decoder, the Coqui export's features). The loader runs them on every config it
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
 
 from native_client.plugins import PluginError, builtin_names, plugin_exists
-from pipeline.config import Config, ConfigError
+from pipeline.config import Config, ConfigError, is_transducer
 from pipeline.export.coqui_tflite import check_exportable
 from pipeline.features.frontend import feature_pipeline
 from pipeline.model import model_family
@@ -211,6 +212,18 @@ def validate_tasks(config: Config) -> None:
         )
     _check_export_dirs(config)
     if multitask.sharing == "shared":
+        objectives = {view.task: _objective_text(view) for view in views}
+        if len(set(objectives.values())) > 1:
+            first, other = (
+                views[0].task,
+                next(t for t, o in objectives.items() if o != objectives[views[0].task]),
+            )
+            raise ConfigError(
+                f"{src}: multitask.sharing: shared trains one output layer for one objective, but task "
+                f"{first} has {objectives[first]} and task {other} {objectives[other]}: give every task the "
+                f"same model.objective and model.transducer, or use sharing: heads"
+            )
+    if multitask.sharing == "shared":
         labels = {
             view.task: (view.model.output, view.paths.alphabet if view.model.output == "characters" else None)
             for view in views
@@ -253,6 +266,14 @@ def _check_export_dirs(config: Config) -> None:
         exported[where] = task.name
 
 
+def _objective_text(view: Config) -> str:
+    """A task's objective as a refusal names it: its name, and its transducer keys for a transducer."""
+    model = view.model
+    if is_transducer(view):
+        return f"model.objective transducer with model.transducer {dataclasses.asdict(model.transducer)}"
+    return f"model.objective {model.objective}"
+
+
 def _labels_text(labels: tuple) -> str:
     output, alphabet = labels
     return "bytes" if output == "bytes" else f"the alphabet {alphabet or 'data/alphabet.txt (default)'}"
@@ -281,8 +302,7 @@ PLUGIN_ATTRIBUTES = {"pipeline.model": "FAMILY", "pipeline.model.objectives": "O
 
 def _check_objective(config, src: str) -> None:
     """``model.objective`` names an objective whose output the decoders, the export and the client read,
-    or the transducer (one task; its export is the SavedModel and TFLite, which hold its predictor and
-    joiner)."""
+    or the transducer (its export is the SavedModel and TFLite, which hold its predictor and joiner)."""
     name = config.model.objective
     objective = named_plugin(
         model_objective, "pipeline.model.objectives", name, "model.objective", "objective", src
@@ -293,11 +313,6 @@ def _check_objective(config, src: str) -> None:
             raise ConfigError(
                 f"{src}: model.transducer.predictor_groups: {transducer.predictor_groups} does not divide "
                 f"predictor_dim {transducer.predictor_dim}"
-            )
-        if config.multitask.tasks:
-            raise ConfigError(
-                f"{src}: model.objective: transducer trains one task; multitask.tasks with a transducer "
-                f"is not built yet"
             )
         for key, on in (("onnx", config.export.onnx), ("coqui_tflite", config.export.coqui_tflite)):
             if on:

@@ -219,7 +219,7 @@ def alphabet_of(config: Config, params: dict | None = None) -> list[Node]:
 def decoding_of(config: Config, params: dict | None = None) -> list[Node]:
     """What decoding with the LM needs: the LM, and the tuned weights when ``decoder.tune`` is on; nothing
     for a model whose objective emits what the LM decoders do not read (a transducer)."""
-    if is_transducer(config):
+    if is_transducer(task_config(config, params)):
         return []
     task = task_param(params)
     return [("lm", task)] + ([("tune", task)] if task_config(config, params).decoder.tune else [])

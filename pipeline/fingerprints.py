@@ -108,7 +108,9 @@ def stage_keys(inputs: FingerprintInputs, stage: str, params: dict) -> dict:
             elif (section_field.name, f.name) == ("paths", "alphabet"):
                 value = path_digest(inputs.alphabet)
             elif (section_field.name, f.name) == ("multitask", "tasks"):
-                value = [task.train_key() for task in value]  # their data reaches Train by its inputs
+                value = [
+                    task.train_key(config.model) for task in value
+                ]  # their data reaches Train by its inputs
             elif (section_field.name, f.name) == ("training", "init_from") and value is not None:
                 value = inputs.init_from_digest
             elif f.metadata.get("path") and value is not None:

@@ -191,14 +191,18 @@ LM_READERS = ("tune",)
 
 def check_objective_reach(config: Config, name: str) -> None:
     """A model whose objective emits no CTC label scores (the transducer) has no language model to tune:
-    a command whose Luigi task ``name`` is TuneDecoder is refused in one line (everything else, Export
-    and Transcribe included, takes it)."""
+    a command whose Luigi task ``name`` is TuneDecoder is refused in one line when no task of the config
+    has CTC's label scores (everything else, Export and Transcribe included, takes it; a multi-task
+    config's transducer tasks have no TuneDecoder instance, ``pipeline/stages/tune.py``)."""
     from pipeline.model.objective import CTC_OUTPUT
     from pipeline.model.objectives import model_objective
 
     objective = model_objective(config.model.objective)
     stage = stages_by_task().get(name)
-    if objective.emits == CTC_OUTPUT or stage is None or stage.name not in LM_READERS:
+    if stage is None or stage.name not in LM_READERS:
+        return
+    views = [config.task_view(task) for task in config.tasks] or [config]
+    if any(model_objective(view.model.objective).emits == CTC_OUTPUT for view in views):
         return
     raise PreflightError(
         f"{config.source}: model.objective: {config.model.objective}: {name} tunes a language model's "

@@ -115,7 +115,7 @@ FR = "{name: fr, data: {train_files: [fr.csv]}}"
         ),
         (
             _tasks(EN, "{name: fr, model: {n_hidden: 8}}"),
-            r"multitask\.tasks\[1\]\.model\.n_hidden: unknown key; expected one of output",
+            r"multitask\.tasks\[1\]\.model\.n_hidden: unknown key; expected one of objective, output, tr",
         ),
         (
             _tasks(EN, "{name: fr, weight: 0}"),

@@ -41,10 +41,12 @@ def two_tasks(
     multitask: str = "",
     weights=(1.0, 0.5),
     extra: str = "",
+    fr_model: str = "{}",
 ):
     """A tiny two-task config over the sample corpus: en (8 train, 4 dev rows; the English alphabet) and fr
     (4 train, 3 dev rows, its dev rows also its test split; its own alphabet), weighted 1 and 0.5. Its
-    features are built. ``multitask``: keys of the multitask section; ``extra``: other sections."""
+    features are built. ``multitask``: keys of the multitask section; ``extra``: other sections;
+    ``fr_model``: task fr's model keys (a YAML flow mapping)."""
     corpus = tmp_path / "corpus"
     en = {"train": _manifest(corpus / "en", "train", 0, 8), "dev": _manifest(corpus / "en", "dev", 0, 4)}
     fr = {"train": _manifest(corpus / "fr", "train", 8, 4), "dev": _manifest(corpus / "fr", "dev", 4, 3)}
@@ -69,6 +71,7 @@ def two_tasks(
               weight: {weights[1]}
               data: {{train_files: [{fr["train"]}], dev_files: [{fr["dev"]}], test_files: [{fr["dev"]}]}}
               paths: {{alphabet: auto}}
+              model: {fr_model}
         """)
         + textwrap.indent(textwrap.dedent(multitask), "  ")
     )

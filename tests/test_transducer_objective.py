@@ -90,9 +90,14 @@ def test_what_a_transducer_cannot_do_is_refused_in_one_line(small_config):
         check_objective_reach(config, "TuneDecoder")
     with pytest.raises(ConfigError, match=r"predictor_groups: 5 does not divide predictor_dim 16"):
         load_config(small_config("groups.yaml", extra=TINY_CONFORMER.replace("groups: 4", "groups: 5")))
-    multitask = TINY_CONFORMER + "multitask:\n  tasks:\n    - {name: a}\n    - {name: b}\n"
-    with pytest.raises(ConfigError, match=r"transducer trains one task"):
-        load_config(small_config("multi.yaml", extra=multitask))
+    # a transducer task beside a CTC one (tests/test_multitask_transducer.py trains them): TuneDecoder
+    # tunes the CTC task's LM
+    multitask = (
+        TINY_CONFORMER + "multitask:\n  tasks:\n    - {name: a}\n    - {name: b, model: {objective: ctc}}\n"
+    )
+    mixed = load_config(small_config("multi.yaml", extra=multitask))
+    assert [mixed.task_view(task).model.objective for task in mixed.tasks] == ["transducer", "ctc"]
+    check_objective_reach(mixed, "TuneDecoder")
 
 
 def _cap(max_mib: float, lengths, label_lengths, grid=None) -> JointCap:

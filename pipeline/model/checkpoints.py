@@ -111,6 +111,19 @@ def check_geometry(prefix: str, model, directory: str | Path, names: dict[str, s
         )
 
 
+def _objective_head_name(model) -> str | None:
+    """The name of the objective's own layers (``Objective.build_head``), the first part of their weights'
+    names: a single-task model's ``objective_head`` layer, or those of a multi-task model's tasks (a
+    method of the task), None when there are none."""
+    head = getattr(model, "objective_head", None)
+    if isinstance(head, keras.layers.Layer):
+        return head.name
+    if callable(head):
+        names = sorted({layer.name for layer in map(head, range(len(model.tasks))) if layer is not None})
+        return names[0] if names else None
+    return None
+
+
 def warm_start(
     model, source: str | Path, drop_layers: int, config: Config | None = None, alphabet=None
 ) -> list[str]:
@@ -161,12 +174,9 @@ def warm_start(
                 raise CheckpointMismatchError(f"training.init_from: {source}: {error}") from None
         stored = imported.get
     layers = family.layers(model)
-    # The objective's own layers (a Keras layer; a multi-task model's ``objective_head`` is a method of
-    # its tasks, and a multi-task transducer is refused): the last layer, when the model has some.
-    head = getattr(model, "objective_head", None)
-    head = head if isinstance(head, keras.layers.Layer) else None
-    head_name = head.name if head is not None else None
-    if head is not None:
+    # The objective's own layers: the last layer, when the model (or a task of it) has some.
+    head_name = _objective_head_name(model)
+    if head_name is not None:
         layers = (*layers, head_name)
     if drop_layers > len(layers):
         raise CheckpointMismatchError(

@@ -3,12 +3,17 @@
 - ``shared`` (nabu's single one-to-one): one network of the family, one output layer over the one
   alphabet every task has; only the loss (each task's labels) differs per task.
 - ``heads`` (single one-to-many): one network whose output layer is the first task's head; every other
-  task has a head of its own, made from the family's output layer (``ModelFamily.output_layer``) with its
-  own number of classes, over the family's encoder (``ModelFamily.encode``).
+  task has a head of its own, made from the family's output layer (``ModelFamily.output_layer``) as wide
+  as its objective asks, over the family's encoder (``ModelFamily.encode``).
 - ``separate`` (multiple one-to-one): one network of the family per task, built with the same settings.
 
+Each task is trained for its own objective (a task's ``model.objective``: a transducer head beside CTC
+heads); an objective with layers of its own (``Objective.build_head``: a transducer's predictor and
+joiner) has them per task, after the task's head (``shared``: one objective for every task).
+
 The checkpoint names every weight as a single-task model of the family does, with the heads and networks
-told apart: ``heads.<task>.kernel`` for a head, ``tasks.<task>.<name>`` for a separate task's network.
+told apart: ``heads.<task>.kernel`` for a head, ``heads.<task>.transducer.<name>`` for its objective's
+layers, ``tasks.<task>.<name>`` for a separate task's network.
 ``task_weight_names`` maps a single-task model of one task (what Evaluate and Export build) onto those
 names, so that model is read straight from a multi-task checkpoint. ``OneTask`` shows a single-task
 model the way the trainer sees a multi-task one.
@@ -33,6 +38,16 @@ from pipeline.model.weights import named_weights, rng_states, weight_name
 SHARINGS = ("shared", "heads", "separate")
 
 
+def _layer_weights(layer) -> dict:
+    """{name: variable} of ``layer``'s weights named from the layer down (``transducer.output.kernel``),
+    wherever it was built (in a model's name scope or on its own)."""
+    found = {}
+    for variable in layer.weights:
+        parts = variable.path.split("/")
+        found[".".join(parts[parts.index(layer.name) :])] = variable
+    return found
+
+
 def _head_like(layer, units: int, name: str):
     """A new output layer made from ``layer``'s configuration (a Keras ``Dense``) with ``units`` classes."""
     config = layer.get_config()
@@ -43,7 +58,8 @@ def _head_like(layer, units: int, name: str):
 
 class MultiTaskModel(keras.Model):
     """The model of ``tasks`` (names, in ``multitask.tasks`` order) with ``n_classes`` labels each, shared
-    as ``sharing`` says. ``forward(index, ...)`` is the task's forward pass; ``task_variables(indices)`` what
+    as ``sharing`` says; ``task_models``: each task's ``ModelConfig`` (its objective; default ``config``
+    for every task). ``forward(index, ...)`` is the task's forward pass; ``task_variables(indices)`` what
     a step over those tasks trains."""
 
     def __init__(
@@ -56,6 +72,7 @@ class MultiTaskModel(keras.Model):
         precision: str = "float32",
         normalized: bool = False,
         stats=None,
+        task_models: tuple[ModelConfig, ...] | None = None,
         **kwargs,
     ):
         super().__init__(dtype=precision, **kwargs)
@@ -68,19 +85,29 @@ class MultiTaskModel(keras.Model):
         self.model_config, self.sharing, self.tasks = config, sharing, tuple(tasks)
         self.n_input, self.n_classes = n_input, tuple(n_classes)
         self.family = model_family(config.architecture)
-        self.objective = model_objective(config.objective)
+        self.task_models = tuple(task_models or (config,) * len(self.tasks))
+        self.objectives = tuple(model_objective(model.objective) for model in self.task_models)
+        if sharing == "shared" and len({objective.name for objective in self.objectives}) > 1:
+            raise ValueError("multitask.sharing: shared needs one objective for every task")
         count = len(n_classes) if sharing == "separate" else 1
         self.networks = [
-            build_model(config, n_input, n_classes[i], precision, normalized, stats) for i in range(count)
+            build_model(self.task_models[i], n_input, n_classes[i], precision, normalized, stats)
+            for i in range(count)
         ]
-        self.extra_heads = []
+        self.extra_heads, self.extra_objective_heads = [], []
         if sharing == "heads":
             first = self.family.output_layer(self.networks[0])
             width = int(first.kernel.shape[0])
             for index, units in enumerate(n_classes[1:], 1):
-                head = _head_like(first, units, f"head_{self.tasks[index]}")
+                objective, model = self.objectives[index], self.task_models[index]
+                head = _head_like(first, objective.output_width(model, units), f"head_{self.tasks[index]}")
                 head.build((None, None, width))
                 self.extra_heads.append(head)
+                self.extra_objective_heads.append(objective.build_head(model, units, precision))
+
+    def task_objective(self, index: int):
+        """The objective task ``index`` is trained for (``pipeline.model.objective``)."""
+        return self.objectives[index]
 
     def head(self, index: int):
         """Task ``index``'s output layer (``heads``): the network's own for the first task."""
@@ -108,7 +135,13 @@ class MultiTaskModel(keras.Model):
 
     def objective_head(self, index: int):
         """The objective's own layers (``Objective.build_head``) task ``index`` is trained with, or None."""
+        if self.sharing == "heads" and index > 0:
+            return self.extra_objective_heads[index - 1]
         return getattr(self.network(index), "objective_head", None)
+
+    def _task_layers(self, index: int) -> list:
+        """Task ``index``'s own layers with ``heads``: its head and its objective's layers, if any."""
+        return [layer for layer in (self.head(index), self.objective_head(index)) if layer is not None]
 
     def task_variables(self, indices) -> list:
         """The trainable variables a step over the tasks ``indices`` changes: the shared part and those
@@ -118,9 +151,10 @@ class MultiTaskModel(keras.Model):
             return list(self.networks[0].trainable_variables)
         if self.sharing == "separate":
             return [v for i in indices for v in self.networks[i].trainable_variables]
-        first = {id(v) for v in self.head(0).trainable_variables}
+        first = {id(v) for layer in self._task_layers(0) for v in layer.trainable_variables}
         encoder = [v for v in self.networks[0].trainable_variables if id(v) not in first]
-        return encoder + [v for i in indices for v in self.head(i).trainable_variables]
+        own = [v for i in indices for layer in self._task_layers(i) for v in layer.trainable_variables]
+        return encoder + own
 
     def named_weights(self) -> dict:
         """{checkpoint name: variable} (see the module docstring)."""
@@ -132,10 +166,15 @@ class MultiTaskModel(keras.Model):
                 for task, network in zip(self.tasks, self.networks, strict=True)
                 for name, variable in named_weights(network).items()
             }
-        first = {id(v) for v in self.head(0).weights}
+        first = {id(v) for layer in self._task_layers(0) for v in layer.weights}
         found = {name: v for name, v in named_weights(self.networks[0]).items() if id(v) not in first}
         for index, task in enumerate(self.tasks):
             found.update({f"heads.{task}.{v.name}": v for v in self.head(index).weights})
+            objective_head = self.objective_head(index)
+            if objective_head is not None:
+                found.update(
+                    {f"heads.{task}.{name}": v for name, v in _layer_weights(objective_head).items()}
+                )
         return found
 
     def single_task_name(self, name: str) -> str:
@@ -149,11 +188,16 @@ class MultiTaskModel(keras.Model):
         # From the variables, not by splitting the name: a task's name may hold dots (fr.ca).
         if self.sharing == "heads":
             output = self.family.layers(self.networks[0])[-1]
-            return {
+            names = {
                 f"heads.{task}.{v.name}": f"{output}.{v.name}"
                 for index, task in enumerate(self.tasks)
                 for v in self.head(index).weights
             }
+            for index, task in enumerate(self.tasks):
+                objective_head = self.objective_head(index)
+                if objective_head is not None:
+                    names.update({f"heads.{task}.{name}": name for name in _layer_weights(objective_head)})
+            return names
         if self.sharing == "separate":
             return {
                 f"tasks.{task}.{name}": name
@@ -180,6 +224,10 @@ class OneTask:
         self.model = model
         self.family = model_family(model.model_config.architecture)
         self.objective = model_objective(model.model_config.objective)
+
+    def task_objective(self, index: int):
+        """The model's objective."""
+        return self.objective
 
     @property
     def trainable_variables(self) -> list:
@@ -213,7 +261,16 @@ def task_weight_names(config, model) -> dict[str, str]:
     head = {
         weight_name(v): v.name for v in model_family(config.model.architecture).output_layer(model).weights
     }
-    return {name: f"heads.{config.task}.{head[name]}" if name in head else name for name in names}
+    objective_head = getattr(model, "objective_head", None)
+    own = set(_layer_weights(objective_head)) if objective_head is not None else set()
+    return {
+        name: f"heads.{config.task}.{head[name]}"
+        if name in head
+        else f"heads.{config.task}.{name}"
+        if name in own
+        else name
+        for name in names
+    }
 
 
 def input_statistics(config: Config, tasks: Sequence) -> GlobalStats | None:
@@ -238,7 +295,16 @@ def task_model(config: Config, tasks: Sequence) -> tuple[keras.Model, object]:
         model = build_model(config.model, n_input, tasks[0].alphabet.n_classes, precision, normalized, stats)
         return model, OneTask(model)
     names, classes = tuple(t.name for t in tasks), tuple(t.alphabet.n_classes for t in tasks)
+    task_models = tuple(config.task_view(name).model for name in names)
     model = MultiTaskModel(
-        config.model, config.multitask.sharing, names, n_input, classes, precision, normalized, stats
+        config.model,
+        config.multitask.sharing,
+        names,
+        n_input,
+        classes,
+        precision,
+        normalized,
+        stats,
+        task_models=task_models,
     )
     return model, model

@@ -43,7 +43,11 @@ STAGE = Stage(
         ("features", {"split": "dev", **task_param(params)}),
         *alphabet_of(config, params),
     ],
-    runs=lambda config, params: is_instance(config, params) and task_config(config, params).decoder.tune,
+    runs=lambda config, params: (
+        is_instance(config, params)
+        and task_config(config, params).decoder.tune
+        and not is_transducer(task_config(config, params))  # it reads no LM
+    ),
     directory=TUNE_DIR,
     outputs=lambda layout, params: [layout.tune_dir],
 )

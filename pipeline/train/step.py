@@ -80,7 +80,7 @@ def task_gradients(model, tasks: tuple[int, ...], blanks, optimizer, training: T
             for index, (features, lengths, labels, label_lengths, _) in zip(tasks, batches, strict=True):
                 logits, output_lengths = model.forward(index, features, lengths, training=True)
                 per_sample = objective_loss(
-                    model.objective,
+                    model.task_objective(index),
                     labels,
                     label_lengths,
                     logits,

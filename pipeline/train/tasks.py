@@ -54,6 +54,11 @@ class TaskData:
     dev: CacheIndex | None
     alphabet: Labels
 
+    def config(self, config: Config) -> Config:
+        """The task's view of the run's ``config`` (its own model keys: its objective), or ``config`` itself
+        for a single-task run."""
+        return config.task_view(self.name) if self.name else config
+
     @classmethod
     def only(cls, train: CacheIndex, dev: CacheIndex | None, alphabet: Labels) -> TaskData:
         """The task of a single-task run."""
@@ -157,7 +162,7 @@ class TaskInputs:
                 self.towers,
                 training.max_batch_frames,
                 grid,
-                joint_cap(config, t.train, grid, t.alphabet.n_classes),
+                joint_cap(t.config(config), t.train, grid, t.alphabet.n_classes),
             )
             for t, grid in zip(tasks, grids, strict=True)
         ]

@@ -31,7 +31,7 @@ def task_forward(view, index: int, blank_index: int):
     def run(features, lengths):
         return view.forward(index, features, lengths, training=False)
 
-    return make_forward(run, view.objective, blank_index, view.objective_head(index))
+    return make_forward(run, view.task_objective(index), blank_index, view.objective_head(index))
 
 
 class TaskValidation:
@@ -47,7 +47,9 @@ class TaskValidation:
         ]
         # a dev utterance a transducer cannot score: refused before any step
         self.joints = [
-            checked_eval_cap(config, t.dev, reader.grid, t.alphabet.n_classes) if t.dev is not None else None
+            checked_eval_cap(t.config(config), t.dev, reader.grid, t.alphabet.n_classes)
+            if t.dev is not None
+            else None
             for t, reader in zip(tasks, self.readers, strict=True)
         ]
         self.headlines = [headline_metric(t.dev.transcripts) if t.dev is not None else "wer" for t in tasks]
