@@ -189,3 +189,30 @@ def test_a_tie_splits_the_gradient():
     _, grad = _loss_and_gradient(logits, np.array([[0]], np.int32), np.array([2]), np.array([1]), 2)
     _, want = _reference(logits[0], [0], 2)
     np.testing.assert_allclose(grad[0], want, atol=1e-6)
+
+
+def test_an_utterance_s_loss_is_the_same_whatever_pads_it():
+    """A short utterance beside a long one whose frames make every move through its padding certain (a
+    padded label is the blank): its loss and gradient are those it has alone. A diagonal scaled to a
+    padding cell would leave its real cells far below 0, where float32 keeps fewer digits."""
+    rng = np.random.default_rng(11)
+    frames, labels, classes = 300, 60, 12
+    alone = rng.standard_normal((1, 40, 11, classes)).astype(np.float32)
+    target = rng.integers(0, classes - 1, (1, labels)).astype(np.int32)
+    padded = np.zeros((2, frames, labels + 1, classes), np.float32)
+    padded[..., 11] = 30.0  # the blank, certain: every move through the padding scores about 0
+    padded[0, :40, :11] = alone[0]
+
+    def loss_and_gradient(logits, targets, logit_lengths, label_lengths):
+        logits = tf.constant(logits)
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            loss = rnnt_loss(logits, targets, logit_lengths, label_lengths, 11)
+            first = loss[0]
+        return loss.numpy(), tape.gradient(first, logits).numpy()
+
+    one, one_gradient = loss_and_gradient(alone, target[:, :10], [40], [10])
+    both, both_gradient = loss_and_gradient(padded, np.repeat(target, 2, 0), [40, frames], [10, labels])
+    assert both[0] == pytest.approx(one[0], rel=1e-6, abs=1e-4)
+    np.testing.assert_allclose(both_gradient[0, :40, :11], one_gradient[0], atol=1e-6)
+    assert not both_gradient[0, 40:].any() and not both_gradient[0, :, 11:].any()

@@ -11,8 +11,9 @@ cell of one anti-diagonal ``t + u = n`` is computed at once from the one before:
 The lattice is skewed once so that diagonal ``n`` is one row (``_skewed``). Each diagonal is scaled so
 that its largest cell is 0 and the scales are summed apart: unscaled, the cells of a long utterance reach
 -1000 and float32 keeps too few digits of them (gradients off by 1e-3 relative on 300 frames). The
-gradient is TensorFlow's own through the scan (the scales held constant, which leaves it exact); the
-cells an utterance's lengths leave out never reach its loss, so its padding gets zero gradient.
+gradient is TensorFlow's own through the scan (the scales held constant, which leaves it exact). The
+moves into the cells an utterance's lengths leave out are impossible, so the padding neither reaches its
+loss (zero gradient) nor sets a diagonal's scale: an utterance's loss is the same in any batch.
 Impossible cells hold a large finite negative number, not minus infinity, so that no
 ``log(0)`` (and no NaN gradient) arises where two impossible paths meet.
 
@@ -75,8 +76,16 @@ def rnnt_loss(
     label_scores = tf.gather(log_probs[:, :, :max_labels], next_label, axis=3, batch_dims=3)[..., 0]
     label_scores = tf.concat([label_scores, tf.fill([batch, frames, 1], IMPOSSIBLE)], axis=2)
 
-    blank_diagonals = _skewed(blank_scores, IMPOSSIBLE)  # [n, batch, U1]
-    label_diagonals = _skewed(label_scores, IMPOSSIBLE)
+    # Moves out of an utterance's own cells only: the padding's cells stay impossible, so that they can
+    # never be a diagonal's largest cell (their scores are whatever the padded frames give, and a scale
+    # taken from them would leave the real cells far below 0, where float32 keeps too few digits).
+    frames_in = tf.sequence_mask(logit_lengths, frames)[:, :, None]  # [batch, T, 1]
+    blank_moves = tf.where(tf.sequence_mask(logit_lengths - 1, frames)[:, :, None], blank_scores, IMPOSSIBLE)
+    label_moves = tf.where(
+        frames_in & tf.sequence_mask(label_lengths, states)[:, None, :], label_scores, IMPOSSIBLE
+    )
+    blank_diagonals = _skewed(blank_moves, IMPOSSIBLE)  # [n, batch, U1]
+    label_diagonals = _skewed(label_moves, IMPOSSIBLE)
     impossible_column = tf.fill([batch, 1], IMPOSSIBLE)
 
     def next_diagonal(carry, moves):
