@@ -90,11 +90,13 @@ def _fit(config, run_dir, hooks=None):
     return trainer, trainer.fit()
 
 
-def test_two_batches_of_8_make_the_update_of_one_batch_of_16(small_config, tmp_path):
+@pytest.mark.parametrize("family", ["deepspeech", pytest.param("transducer", marks=pytest.mark.long)])
+def test_two_batches_of_8_make_the_update_of_one_batch_of_16(small_config, tmp_path, family):
     """Towers off, float32, dropout 0: accumulate_batches 2 at batch 8 ends with the weights of batch 16
     after 6 updates, to float rounding, with an exponential decay of the learning rate at every update (a
-    schedule counting batches would decay twice as fast)."""
-    common = (
+    schedule counting batches would decay twice as fast). A transducer's too, over DeepSpeech's encoder (the
+    Conformer draws a chunk size per step, so its batch of 16 is not two of 8)."""
+    common = ACCUMULATED_MODELS[family] + (
         "distribution:\n  strategy: one_device\n"
         "training:\n  epochs: 3\n  validation_epochs: 0\n  learning_rate: 0.003\n  lr_decay: exponential\n"
         "  decay_steps: 1\n  decay_rate: 0.7\n  precision: float32\n"
@@ -115,7 +117,10 @@ def test_two_batches_of_8_make_the_update_of_one_batch_of_16(small_config, tmp_p
     assert int(small_trainer.optimizer.iterations.numpy()) == 6
     assert small_trainer._learning_rate() == pytest.approx(0.003 * 0.7**6)
     one, other = _weights(big_trainer.model), _weights(small_trainer.model)
-    assert len(one) == 15  # DeepSpeech's 13 and the normalisation's mean and std (the sample normalises)
+    if family == "deepspeech":  # its 13 and the normalisation's mean and std (the sample normalises)
+        assert len(one) == 15
+    else:
+        assert {"transducer.predictor.embedding.embeddings", "transducer.output.kernel"} <= set(one)
     start = _weights_at_start(big)  # the trained ones
     moved = max(float(np.max(np.abs(one[k] - start[k]))) for k in start)
     difference = max(float(np.max(np.abs(one[k] - other[k]))) for k in one)
@@ -126,6 +131,16 @@ def test_two_batches_of_8_make_the_update_of_one_batch_of_16(small_config, tmp_p
     big_losses = [e["train_loss"] for e in big_report.train_losses]
     small_losses = [e["train_loss"] for e in small_report.train_losses]
     np.testing.assert_allclose(small_losses, big_losses, rtol=1e-4)
+
+
+# DeepSpeech, plain and as a transducer's encoder (its predictor and joiner as the step's weights)
+ACCUMULATED_MODELS = {
+    "deepspeech": "",
+    "transducer": (
+        "model:\n  objective: transducer\n"
+        "  transducer: {predictor_dim: 16, predictor_groups: 4, joint_dim: 24}\n"
+    ),
+}
 
 
 def _weights_at_start(config) -> dict[str, np.ndarray]:

@@ -33,6 +33,7 @@ from pipeline.train.history import TrainHistory
 from pipeline.train.loop import Trainer
 from pipeline.train.tasks import TaskData
 from tests.conftest import SAMPLE, build_features
+from tests.test_trainer import FAMILY_MODELS
 
 
 def test_the_epochs_an_average_wants():
@@ -101,11 +102,14 @@ def _weight_names(config) -> list[str]:
     return list(named_weights(model))
 
 
-def test_last_3_exports_the_mean_of_three_checkpoints_and_evaluate_reports_both_dev_figures(small_config):
+@pytest.mark.parametrize("family", ["deepspeech", pytest.param("transducer", marks=pytest.mark.long)])
+def test_last_3_exports_the_mean_of_three_checkpoints_and_evaluate_reports_both_dev_figures(
+    small_config, family
+):
     """max_to_keep 1, yet Train keeps the weights of the last 3 epoch ends; the export's weights are their
     mean (read from its SavedModel); Evaluate names the average and gives its dev figures beside the single
-    best checkpoint's."""
-    extra = (
+    best checkpoint's. A transducer's predictor and joiner are averaged with the rest."""
+    extra = FAMILY_MODELS[family] + (
         "training:\n  epochs: 4\n  max_to_keep: 1\n  checkpoint_secs: 100000\n  learning_rate: 0.003\n"
         "export:\n  average: {last: 3}\n  card: {evaluation: true}\n"
     )

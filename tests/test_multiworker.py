@@ -23,6 +23,7 @@ from pipeline.train.multiworker import wait_for_workers
 from pipeline.workdir import TrainRun
 from tests.conftest import ROOT, build_features
 from tests.plugins.step_barrier import StepBarrier
+from tests.test_trainer import FAMILY_MODELS
 
 pytestmark = pytest.mark.slow
 
@@ -184,10 +185,12 @@ def test_workers_whose_dev_figures_differ_take_the_chiefs_decisions():
     assert answers[0] == answers[1] == [[False, False, None], [True, True, "patience"]], answers
 
 
-def test_two_workers_end_with_identical_weights(small_config, tmp_path):
+@pytest.mark.parametrize("family", ["deepspeech", pytest.param("transducer", marks=pytest.mark.long)])
+def test_two_workers_end_with_identical_weights(small_config, tmp_path, family):
     """Also: each worker's TensorFlow server listens on 127.0.0.1 only, never on every interface; each
-    epoch's validation decisions are agreed (``chiefs_verdict``)."""
-    path = _config(small_config, "mw.yaml", epochs=2, validation_epochs=1)
+    epoch's validation decisions are agreed (``chiefs_verdict``). A transducer's predictor and joiner are
+    all-reduced with the rest."""
+    path = _config(small_config, "mw.yaml", epochs=2, validation_epochs=1, extra=FAMILY_MODELS[family])
     config = load_config(path)
     build_features(config, ("train", "dev"))
     logs = TrainRun(tmp_path).worker_log

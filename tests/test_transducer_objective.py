@@ -160,3 +160,25 @@ def test_a_transducer_starts_from_a_ctc_model_s_encoder(small_config, tmp_path):
         np.testing.assert_array_equal(variable.numpy(), want)
     with pytest.raises(CheckpointMismatchError, match=r"weight output\.kernel has shape \[32, 29\]"):
         warm_start(model, prefix, 1)
+
+
+def test_the_step_gives_the_predictor_s_embedding_a_dense_gradient(small_config):
+    """The embedding's gradient comes from TensorFlow as a slice per label, repeats included; Keras' Adam
+    squares slices apart, so the step sums them first: the optimizer sees the one dense gradient a window
+    of accumulated batches also gives (``test_accumulate.py``, the transducer's batch of 16)."""
+    import keras
+
+    from pipeline.model.heads import OneTask
+    from pipeline.train.step import task_gradients
+
+    config = load_config(small_config(extra=TINY_CONFORMER))
+    model = build_model(config.model, 26, 29)
+    view = OneTask(model)
+    features = tf.constant(np.random.default_rng(3).standard_normal((2, 40, 26)).astype(np.float32))
+    batch = (features, tf.constant([40, 31]), tf.constant([[5, 5, 5], [5, 7, 0]]), tf.constant([3, 2]), None)
+    step = task_gradients(view, (0,), [28], keras.optimizers.Adam(), config.training)
+    gradients = step((batch,), tf.constant([1.0]))[3]
+    names = [v.path for v in view.task_variables((0,))]
+    embedding = gradients[next(i for i, n in enumerate(names) if n.endswith("embedding/embeddings"))]
+    assert all(isinstance(g, tf.Tensor) for g in gradients)
+    assert embedding.shape == (29, 16) and float(tf.reduce_max(tf.abs(embedding[5]))) > 0

@@ -66,6 +66,11 @@ def all_finite(tensors) -> tf.Tensor:
     return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
 
 
+def dense(gradient):
+    """``gradient`` as a dense tensor (``tf.IndexedSlices`` summed into one); None stays None."""
+    return tf.convert_to_tensor(gradient) if isinstance(gradient, tf.IndexedSlices) else gradient
+
+
 def task_gradients(model, tasks: tuple[int, ...], blanks, optimizer, training: TrainingConfig):
     """The per-tower forward and backward pass over ``tasks``: ``gradients(batches, coefficients)`` returns
     (each task's per-utterance losses summed over the tower's batch, their tower batch sizes, the sums
@@ -93,7 +98,11 @@ def task_gradients(model, tasks: tuple[int, ...], blanks, optimizer, training: T
                 sizes.append(tf.shape(lengths)[0])
             weighted = tf.add_n([tf.cast(coefficients[j], s.dtype) * s for j, s in enumerate(sums)])
             backward = optimizer.scale_loss(weighted) if scaled_loss else weighted
-        return sums, sizes, weighted, tape.gradient(backward, variables)
+        # An embedding's gradient (a transducer's predictor) comes as slices, one per label of the batch,
+        # repeats included; Keras' Adam would square each slice apart (the sum of squares, not the square
+        # of the sum) and an accumulated window, summed dense, would not: dense, every update is Adam's.
+        grads = [dense(g) for g in tape.gradient(backward, variables)]
+        return sums, sizes, weighted, grads
 
     return tf.function(gradients, jit_compile=True) if training.jit_compile else gradients
 
