@@ -443,10 +443,16 @@ def _own_objective(config: Config) -> bool:
     return config.model.objective != "ctc"
 
 
+def objective_name(name: str) -> str:
+    """A ``model.objective`` as one objective is named: a built-in one by its short name (``ctc``, not
+    ``pipeline.model.objectives.ctc``)."""
+    return name.removeprefix("pipeline.model.objectives.")
+
+
 def is_transducer(config: Config) -> bool:
     """with model.objective: transducer (the built-in one; the only objective the config loader lets
     through whose output is not CTC's label scores)"""
-    return config.model.objective in ("transducer", "pipeline.model.objectives.transducer")
+    return objective_name(config.model.objective) == "transducer"
 
 
 @dataclass(frozen=True)
@@ -1222,9 +1228,12 @@ class TaskConfig:
         pipeline's ``model`` section given: its objective only where it is not the pipeline's (so a config
         that sets none keeps its fingerprint)."""
         key = {"name": self.name, "weight": self.weight, "targets": self.targets, "of": self.of}
-        own = self.model.apply(model)
-        if (own.objective, own.transducer) != (model.objective, model.transducer):
-            key["model"] = {"objective": own.objective, "transducer": dataclasses.asdict(own.transducer)}
+        own, objective = self.model.apply(model), objective_name(model.objective)
+        transducer = objective_name(own.objective) == "transducer"  # the keys it reads
+        if objective_name(own.objective) != objective or (transducer and own.transducer != model.transducer):
+            key["model"] = {"objective": objective_name(own.objective)}
+            if transducer:
+                key["model"]["transducer"] = dataclasses.asdict(own.transducer)
         return key
 
 

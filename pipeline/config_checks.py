@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from native_client.plugins import PluginError, builtin_names, plugin_exists
-from pipeline.config import Config, ConfigError, is_transducer
+from pipeline.config import Config, ConfigError, is_transducer, objective_name
 from pipeline.export.coqui_tflite import check_exportable
 from pipeline.features.frontend import feature_pipeline
 from pipeline.model import model_family
@@ -271,7 +271,7 @@ def _objective_text(view: Config) -> str:
     model = view.model
     if is_transducer(view):
         return f"model.objective transducer with model.transducer {dataclasses.asdict(model.transducer)}"
-    return f"model.objective {model.objective}"
+    return f"model.objective {objective_name(model.objective)}"
 
 
 def _labels_text(labels: tuple) -> str:
@@ -314,11 +314,16 @@ def _check_objective(config, src: str) -> None:
                 f"{src}: model.transducer.predictor_groups: {transducer.predictor_groups} does not divide "
                 f"predictor_dim {transducer.predictor_dim}"
             )
+        # what is exported: a single-task config's model, or a task's (its view; the tasks are checked
+        # each, so the pipeline's own objective exports nothing of a multi-task config)
+        exported = config.multitask.task(config.task).export if config.task else not config.tasks
         for key, on in (("onnx", config.export.onnx), ("coqui_tflite", config.export.coqui_tflite)):
-            if on:
+            if on and exported:
+                also = ", or export: false for this task" if config.task else ""
                 raise ConfigError(
                     f"{src}: export.{key}: that file holds a CTC model's streaming step; a transducer's "
-                    f"predictor and joiner are in the SavedModel and TFLite only (set export.{key}: false)"
+                    f"predictor and joiner are in the SavedModel and TFLite only (set export.{key}: "
+                    f"false{also})"
                 )
         return
     if objective.emits != CTC_OUTPUT:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pipeline.config import Config
+from pipeline.config import Config, is_transducer
 from pipeline.config_checks import task_source
 from pipeline.dag import instances, stage, stages_by_task, upstream
 from pipeline.data.phonemes import PhonemizerError, check_voice, phoneme_voice
@@ -137,6 +137,8 @@ def _no_instance(config: Config, name: str, task: str) -> str:
         return "with multitask.sharing: shared one Alphabet builds every task's: run Alphabet without --task"
     if name == "alphabet":
         return f"the task's paths.alphabet is {view.paths.alphabet} (Alphabet builds only auto)"
+    if name in ("tune", "lm") and is_transducer(view):
+        return f"the task's model.objective is {view.model.objective}: it reads no language model"
     if name == "tune":
         return "the task's decoder.tune is off"
     return f"the pipeline has no {stage(name).task} for it"

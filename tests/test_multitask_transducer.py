@@ -107,9 +107,43 @@ def test_what_a_mixed_multitask_config_cannot_be_is_refused_in_one_line(tmp_path
 
 
 def test_a_task_s_objective_moves_train_s_fingerprint_only_where_set(tmp_path):
-    """Naming the pipeline's own objective for a task moves nothing; another objective moves Train."""
-    plain = two_tasks(tmp_path, "plain.yaml", fr_model="{}")
-    same = two_tasks(tmp_path, "same.yaml", fr_model="{objective: ctc}")
-    mixed = two_tasks(tmp_path, "mixed.yaml", fr_model=FR_TRANSDUCER)
-    fingerprint = [Layout(c).train_run.root.name for c in (plain, same, mixed)]
-    assert fingerprint[0] == fingerprint[1] != fingerprint[2]
+    """Naming the pipeline's own objective for a task (in either spelling), or transducer keys a CTC task
+    does not read, moves nothing; another objective moves Train, and so do its transducer keys."""
+    fr_models = (
+        "{}",
+        "{objective: ctc}",
+        "{objective: pipeline.model.objectives.ctc}",
+        "{transducer: {joint_dim: 48}}",
+        FR_TRANSDUCER,
+        FR_TRANSDUCER.replace("joint_dim: 24", "joint_dim: 48"),
+    )
+    configs = [two_tasks(tmp_path, f"{i}.yaml", fr_model=model) for i, model in enumerate(fr_models)]
+    fingerprints = [Layout(config).train_run.root.name for config in configs]
+    assert len(set(fingerprints[:4])) == 1 and len(set(fingerprints)) == 3, fingerprints
+
+
+def test_the_dag_has_no_language_model_for_a_transducer_task_and_says_why(tmp_path):
+    from pipeline.dag import instances, stage
+    from tasks.preflight import PreflightError, stage_tasks
+
+    config = two_tasks(tmp_path, fr_model=FR_TRANSDUCER, extra="decoder: {tune: true}\n")
+    for name in ("lm", "tune"):
+        assert [p["task"] for p in instances(config, stage(name), {})] == ["en"]
+    for command in ("LanguageModel", "TuneDecoder"):
+        with pytest.raises(PreflightError, match=r"--task fr: .*model\.objective is transducer: it reads no"):
+            stage_tasks(config, command, {"task": "fr"})
+
+
+def test_onnx_is_refused_only_where_a_transducer_is_exported(tmp_path):
+    two_tasks(tmp_path, fr_model=FR_TRANSDUCER)
+    base = (tmp_path / "multi.yaml.base.yaml").read_text()
+    quiet = tmp_path / "quiet.yaml"
+    quiet.write_text(base.replace("paths: {alphabet: auto}", "paths: {alphabet: auto}\n      export: false"))
+    onnx = "export: {onnx: true}\n"
+    (tmp_path / "a.yaml").write_text(f"extends: quiet.yaml\n{onnx}")
+    load_config(tmp_path / "a.yaml")  # fr is trained and evaluated, never exported
+    (tmp_path / "b.yaml").write_text(f"extends: multi.yaml.base.yaml\n{onnx}")
+    with pytest.raises(
+        ConfigError, match=r"multitask.tasks\[1\] \(fr\): export.onnx: .*or export: false for"
+    ):
+        load_config(tmp_path / "b.yaml")

@@ -216,3 +216,47 @@ def test_an_utterance_s_loss_is_the_same_whatever_pads_it():
     assert both[0] == pytest.approx(one[0], rel=1e-6, abs=1e-4)
     np.testing.assert_allclose(both_gradient[0, :40, :11], one_gradient[0], atol=1e-6)
     assert not both_gradient[0, 40:].any() and not both_gradient[0, :, 11:].any()
+
+
+def test_on_a_gpu_outside_xla_the_loss_alone_is_compiled_and_its_gradient_too():
+    """A GPU step without ``training.jit_compile`` runs the loss as an XLA program of its own (the scan
+    would be a kernel launch per op); a CPU step or an XLA step runs it as it is. Traced only inside a GPU
+    device scope (no GPU here), then run on the CPU: the same numbers as the plain loss."""
+    from pipeline.model.rnnt import compiled_alone, placed_rnnt_loss
+
+    assert compiled_alone(False, "/job:localhost/replica:0/task:0/device:GPU:0")
+    assert not compiled_alone(True, "/device:GPU:0") and not compiled_alone(False, "/device:CPU:0")
+    assert not compiled_alone(False, "")
+    rng = np.random.default_rng(4)
+    logits = tf.constant(rng.standard_normal((2, 9, 5, 6)).astype(np.float32))
+    labels, frames, counts = (
+        tf.constant([[1, 2, 3, 4], [2, 2, 0, 0]]),
+        tf.constant([9, 6]),
+        tf.constant([4, 2]),
+    )
+
+    def step(device):
+        @tf.function
+        def run(logits):
+            with tf.device(device), tf.GradientTape() as tape:
+                tape.watch(logits)
+                scores = tf.identity(logits)  # made in the device's scope, as a tower's joiner output is
+                loss = placed_rnnt_loss(scores, labels, frames, counts, 5, jit_compile=False)
+            return loss, tape.gradient(loss, logits)
+
+        return run
+
+    def compiled_functions(run):
+        graph = run.get_concrete_function(tf.TensorSpec(logits.shape, logits.dtype)).graph.as_graph_def()
+        return [
+            f.signature.name
+            for f in graph.library.function
+            if f.attr.get("_XlaMustCompile", None) is not None
+        ]
+
+    on_gpu, on_cpu = step("/device:GPU:0"), step("/device:CPU:0")
+    assert compiled_functions(on_gpu) and not compiled_functions(on_cpu)
+    gpu_loss, gpu_gradient = on_gpu(logits)  # no GPU here: it runs on the CPU
+    cpu_loss, cpu_gradient = on_cpu(logits)
+    np.testing.assert_allclose(gpu_loss.numpy(), cpu_loss.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(gpu_gradient.numpy(), cpu_gradient.numpy(), atol=1e-5)

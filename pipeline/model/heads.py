@@ -169,12 +169,16 @@ class MultiTaskModel(keras.Model):
         first = {id(v) for layer in self._task_layers(0) for v in layer.weights}
         found = {name: v for name, v in named_weights(self.networks[0]).items() if id(v) not in first}
         for index, task in enumerate(self.tasks):
-            found.update({f"heads.{task}.{v.name}": v for v in self.head(index).weights})
+            own = {f"heads.{task}.{v.name}": v for v in self.head(index).weights}
             objective_head = self.objective_head(index)
             if objective_head is not None:
-                found.update(
-                    {f"heads.{task}.{name}": v for name, v in _layer_weights(objective_head).items()}
+                own.update({f"heads.{task}.{name}": v for name, v in _layer_weights(objective_head).items()})
+            clash = sorted(set(own) & set(found))
+            if clash:  # a task's name with dots can spell another's weight (fr and fr.transducer.output)
+                raise ValueError(
+                    f"multitask.tasks: task {task!r}'s weight {clash[0]} is also another task's; rename it"
                 )
+            found.update(own)
         return found
 
     def single_task_name(self, name: str) -> str:
@@ -207,9 +211,16 @@ class MultiTaskModel(keras.Model):
         return {}
 
     def rng_states(self) -> dict:
-        """{checkpoint name: variable} of the dropout random-number state (``weights.rng_states``)."""
-        if self.sharing != "separate":
+        """{checkpoint name: variable} of the dropout random-number state (``weights.rng_states``), with
+        ``heads`` the other tasks' objective layers' too."""
+        if self.sharing == "shared":
             return rng_states(self.networks[0])
+        if self.sharing == "heads":
+            found = rng_states(self.networks[0])
+            for task, head in zip(self.tasks[1:], self.extra_objective_heads, strict=True):
+                if head is not None:
+                    found.update({f"heads.{task}.{name}": v for name, v in rng_states(head).items()})
+            return found
         return {
             f"tasks.{task}.{index}": variable
             for task, network in zip(self.tasks, self.networks, strict=True)
@@ -284,7 +295,8 @@ def input_statistics(config: Config, tasks: Sequence) -> GlobalStats | None:
 def task_model(config: Config, tasks: Sequence) -> tuple[keras.Model, object]:
     """(the Keras model of ``tasks`` (the run's ``pipeline.train.tasks.TaskData``: names, train caches,
     labels), built in the caller's strategy scope; its view for the step and the
-    dev forward passes: ``forward(index, ...)``, ``task_variables``, ``family``, ``objective``). With
+    dev forward passes: ``forward(index, ...)``, ``task_variables``, ``family``, ``task_objective(index)``,
+    ``objective_head(index)``). With
     ``features.normalize: global`` its normalisation layer is made holding ``input_statistics`` (in a
     multi-worker run the chief's, as every variable's first value); a restored checkpoint overwrites them
     with its own."""

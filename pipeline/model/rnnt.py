@@ -112,3 +112,48 @@ def rnnt_loss(
     loss = -(final + closing_blank)
     loss = tf.where(logit_lengths > 0, loss, tf.fill([batch], float("inf")))
     return loss
+
+
+def compiled_alone(jit_compile: bool, device: str) -> bool:
+    """Whether the loss runs as an XLA program of its own (``device``: where its scores are, as
+    TensorFlow names it): on a GPU outside an XLA step, where each of the scan's ~100 small ops a diagonal
+    would be a kernel launch (``bench/transducer_loss.py``: about 75,000 a batch of 10 s utterances). On
+    a CPU the plain scan costs about what XLA's does and compiles nothing per batch shape; inside an XLA
+    step (``jit_compile``) it is compiled with the step."""
+    return not jit_compile and "GPU" in device.upper()
+
+
+def placed_rnnt_loss(
+    logits: tf.Tensor,
+    labels: tf.Tensor,
+    logit_lengths: tf.Tensor,
+    label_lengths: tf.Tensor,
+    blank: int,
+    jit_compile: bool,
+) -> tf.Tensor:
+    """``rnnt_loss``, as its own XLA program where ``compiled_alone`` says so (its gradient too), else as
+    it is."""
+    if not compiled_alone(jit_compile, logits.device):
+        return rnnt_loss(logits, labels, logit_lengths, label_lengths, blank)
+
+    # The loss and its gradient as one XLA program, the gradient handed back explicitly: a scan's
+    # gradient cannot come from outside the program that ran it (its TensorLists do not cross XLA's
+    # boundary). Made where the step is traced: no state kept between runs.
+    def loss_and_gradient(scores):
+        with tf.GradientTape() as tape:
+            tape.watch(scores)
+            loss = rnnt_loss(scores, labels, logit_lengths, label_lengths, blank)
+        return loss, tape.gradient(loss, scores)
+
+    compiled = tf.function(loss_and_gradient, jit_compile=True, autograph=False)
+
+    @tf.custom_gradient
+    def loss_of(scores):
+        loss, gradient = compiled(scores)
+
+        def backward(upstream):  # utterances are independent: row b's gradient is its loss's
+            return gradient * tf.cast(upstream, gradient.dtype)[:, None, None, None]
+
+        return loss, backward
+
+    return loss_of(logits)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from native_client.alphabet import Labels
 from native_client.arpa import arpa_counts, arpa_unigrams, is_arpa
-from pipeline.dag import Stage, alphabet_of, every_split_of, is_instance
+from pipeline.config import is_transducer
+from pipeline.dag import Stage, alphabet_of, every_split_of, is_instance, task_config
 from pipeline.files import fsync_path, fsync_tree, write_text_atomic
 from pipeline.layout import Layout
 from pipeline.lm.files import LanguageModelDamaged, lm_file_records, verify_lm_files
@@ -38,7 +39,10 @@ STAGE = Stage(
     "LanguageModel",
     params=("task",),
     upstream=lambda config, params: [*every_split_of(config, params), *alphabet_of(config, params)],
-    runs=is_instance,
+    # a transducer reads no LM (shallow fusion is not built)
+    runs=lambda config, params: (
+        is_instance(config, params) and not is_transducer(task_config(config, params))
+    ),
     # decoder.lm_builder as written: auto stays auto whichever builder it finds (lm_report.json says which).
     derived=lambda inputs, params: {"lm_builder": inputs.config.decoder.lm_builder},
     directory=LM_DIR,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.config import ConfigError, is_transducer
+from pipeline.config_checks import task_source
 from pipeline.dag import Stage, alphabet_of, is_instance, task_config, task_param
 from pipeline.decode.settings import configured_settings, decode_pool, decoder_spec, rescore
 from pipeline.evaluation.logits_store import LogitsStore
@@ -63,10 +64,12 @@ def tune_stage(
     the lowest CER (WER breaking ties) where the language writes no spaces between words.
     Writes ``tune.json`` (default: the fingerprinted TuneDecoder directory's) with the best pair and
     every trial."""
-    if is_transducer(layout.config):  # preflight refuses it first; this guards any other caller
+    config = layout.config
+    if is_transducer(config):  # preflight refuses it first; this guards any other caller
+        where = task_source(config, config.task) if config.task else config.source
         raise ConfigError(
-            f"{layout.config.source}: model.objective: transducer: the LM decoders TuneDecoder tunes read "
-            f"label scores, which a transducer does not emit"
+            f"{where}: model.objective: transducer: the LM decoders TuneDecoder tunes read label scores, "
+            f"which a transducer does not emit"
         )
     alphabet = model_alphabet(layout.config, layout.alphabet)
     dev = split_cache(layout, "dev")

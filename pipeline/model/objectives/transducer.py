@@ -58,9 +58,12 @@ class Transducer(Objective):
     def loss(
         self, labels, label_lengths, logits, logit_lengths, blank_index: int, jit_compile: bool, head=None
     ):
-        """RNN-T loss of the joiner's scores of ``logits`` (the projected encoder frames) and ``labels``."""
+        """RNN-T loss of the joiner's scores of ``logits`` (the projected encoder frames) and ``labels``;
+        on a GPU outside an XLA step, the loss alone compiled with XLA (``rnnt.compiled_alone``)."""
+        from pipeline.model.rnnt import placed_rnnt_loss
+
         joint = head.joint(logits, labels)
-        return rnnt_loss(joint, labels, logit_lengths, label_lengths, blank_index)
+        return placed_rnnt_loss(joint, labels, logit_lengths, label_lengths, blank_index, jit_compile)
 
     def best_labels(self, outputs, output_lengths, blank_index: int, head):
         """Batched greedy search, ``model.transducer.max_symbols`` labels a frame at most."""
