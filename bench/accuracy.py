@@ -391,7 +391,11 @@ def evaluate_family(run: Run, name: str, recipe: Path) -> dict:
         "test_wer_greedy": rounded(evaluation.wer),
         "test_cer_lm": rounded(evaluation.cer_lm),
         "test_wer_lm": rounded(evaluation.wer_lm),
-        "lm_alpha_beta": f"{weights[0]:.3g}/{weights[1]:.3g}" + (" tuned" if tuned else ""),
+        "lm_alpha_beta": (  # none where no LM decodes (a transducer)
+            f"{weights[0]:.3g}/{weights[1]:.3g}" + (" tuned" if tuned else "")
+            if evaluation.cer_lm is not None
+            else None
+        ),
         "test_utterances": evaluation.samples_count,
         "dev_cer_by_epoch": [rounded(cer) for _, cer in curve],
         "_samples": samples,
@@ -433,16 +437,19 @@ def on_common_test_set(figures: dict[str, dict]) -> None:
 def check_recipe(parser: argparse.ArgumentParser, family: str, recipe: Path) -> None:
     """Refuse, in one line, a recipe of another family or one whose schedule the budget's raises of the
     epoch target would reshape (``lr_decay: cosine``)."""
-    from pipeline.config import ConfigError
+    from pipeline.config import ConfigError, is_transducer
     from pipeline.config_loader import load_config
 
     try:
         config = load_config(recipe)
     except ConfigError as error:
         parser.error(f"--recipe {family}={recipe}: {error}")
-    if config.model.architecture != family:
+    # the transducer family is the Conformer trained as a transducer; the others are their architecture
+    found = "transducer" if is_transducer(config) else config.model.architecture
+    if found != family:
         parser.error(
-            f"--recipe {family}={recipe}: a config of model.architecture {config.model.architecture}"
+            f"--recipe {family}={recipe}: a config of model.architecture {config.model.architecture} and "
+            f"model.objective {config.model.objective}"
         )
     if config.training.lr_decay == "cosine":
         parser.error(f"{recipe}: lr_decay cosine depends on the epoch target; this budget raises it")
