@@ -6,6 +6,8 @@ values and one loader, so that the server refuses what the client refuses, in th
 
 from __future__ import annotations
 
+import sys
+
 from native_client.metadata import TRANSDUCER_NUMBERS
 from native_client.ranges import DECODER_SETTINGS, Range, value_problem
 
@@ -45,7 +47,8 @@ def open_model_for(args, model_location):
     module is below the client's entry point). The model's ``decoder_spec`` is the spec its decoder was
     built from (None: greedy), so another process can build the same (the server's decoding processes).
     A transducer export decodes with its modified beam search (``--beam_width`` hypotheses, the export's
-    beam by default; greedy with ``--no-scorer``) and refuses a language model.
+    beam by default; greedy with ``--no-scorer``); the language model's options are ignored, which one
+    warning line on stderr says.
     Raises ``ExportError``, ``ValueError`` (a plug-in refused,
     a bad scorer) or ``FileNotFoundError``, each one line."""
     from native_client.export_decoder import decoder_from_spec, decoder_spec_for_export
@@ -65,12 +68,14 @@ def open_model_for(args, model_location):
                 "--lm_alpha": args.lm_alpha,
                 "--lm_beta": args.lm_beta,
             }
-            for option, value in given.items():
-                if value is not None and value is not False:
-                    raise ValueError(
-                        f"{option}: this export is a transducer, whose search reads no language model "
-                        f"(shallow fusion is not built); drop {option}"
-                    )
+            ignored = [option for option, value in given.items() if value is not None and value is not False]
+            if ignored:  # said once, where the model is opened: its search ignores them
+                print(
+                    f"warning: {', '.join(ignored)}: ignored: this export is a transducer, whose search "
+                    f"reads no language model (shallow fusion is not built)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if args.beam_width is not None and args.beam_width > MAX_TRANSDUCER_BEAM:
                 raise ValueError(
                     f"--beam_width: a transducer's beam search keeps at most {MAX_TRANSDUCER_BEAM} "

@@ -192,7 +192,7 @@ def _client(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_the_command_line_client_decodes_with_beam_search_and_refuses_a_scorer(export, tmp_path):
+def test_the_command_line_client_decodes_with_beam_search_and_ignores_a_scorer(export, tmp_path):
     model = open_model(export)
     clip = CLIPS[1]
     beam = model.beam_search.decode(model.logits(_samples(clip)))
@@ -202,14 +202,20 @@ def test_the_command_line_client_decodes_with_beam_search_and_refuses_a_scorer(e
     assert greedy.stdout.strip() == model.greedy.decode(model.logits(_samples(clip)))
     arpa = tmp_path / "lm.arpa"
     arpa.write_text("\\data\\\nngram 1=1\n\n\\1-grams:\n-1.0\ta\n\n\\end\\\n")
-    for options, says in (
-        (["--scorer", str(arpa)], "--scorer: this export is a transducer, whose search reads no language"),
-        (["--lm_alpha", "0.5"], "--lm_alpha: this export is a transducer"),
-        (["--beam_width", "2000"], "--beam_width: a transducer's beam search keeps at most 1024"),
-    ):
-        refused = _client("--model", str(export), "--audio", str(clip), *options)
-        errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
-        assert refused.returncode != 0 and len(errors) == 1 and says in errors[0], refused.stderr
+    # the LM's options: the transducer's search ignores them, which the client says once
+    ignored = _client(
+        "--model", str(export), "--audio", str(clip), "--scorer", str(arpa), "--lm_alpha", "0.5"
+    )
+    warnings = [line for line in ignored.stderr.splitlines() if line.startswith("warning:")]
+    assert ignored.returncode == 0 and ignored.stdout.strip() == beam, ignored.stderr
+    assert warnings == [
+        "warning: --scorer, --lm_alpha: ignored: this export is a transducer, whose search reads no language "
+        "model (shallow fusion is not built)"
+    ]
+    refused = _client("--model", str(export), "--audio", str(clip), "--beam_width", "2000")
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.returncode != 0 and len(errors) == 1, refused.stderr
+    assert "--beam_width: a transducer's beam search keeps at most 1024" in errors[0]
     narrow = _client("--model", str(export), "--audio", str(clip), "--beam_width", "1")
     parts = model.beam_search.parts
     one = TransducerDecoder(parts, model.metadata.alphabet, 1, 4).decode(model.logits(_samples(clip)))
