@@ -1228,11 +1228,14 @@ class TaskConfig:
         pipeline's ``model`` section given: its objective only where it is not the pipeline's (so a config
         that sets none keeps its fingerprint)."""
         key = {"name": self.name, "weight": self.weight, "targets": self.targets, "of": self.of}
-        own, objective = self.model.apply(model), objective_name(model.objective)
-        transducer = objective_name(own.objective) == "transducer"  # the keys it reads
-        if objective_name(own.objective) != objective or (transducer and own.transducer != model.transducer):
-            key["model"] = {"objective": objective_name(own.objective)}
-            if transducer:
+        own = self.model.apply(model)
+        name = objective_name(own.objective)
+        reads_transducer = name == "transducer"  # the only objective that reads model.transducer
+        if name != objective_name(model.objective) or (
+            reads_transducer and own.transducer != model.transducer
+        ):
+            key["model"] = {"objective": name}
+            if reads_transducer:
                 key["model"]["transducer"] = dataclasses.asdict(own.transducer)
         return key
 

@@ -214,30 +214,23 @@ def validate_tasks(config: Config) -> None:
     if multitask.sharing == "shared":
         objectives = {view.task: _objective_text(view) for view in views}
         if len(set(objectives.values())) > 1:
-            first, other = (
-                views[0].task,
-                next(t for t, o in objectives.items() if o != objectives[views[0].task]),
-            )
+            first, other = _first_difference(objectives)
             raise ConfigError(
                 f"{src}: multitask.sharing: shared trains one output layer for one objective, but task "
                 f"{first} has {objectives[first]} and task {other} {objectives[other]}: give every task the "
                 f"same model.objective and model.transducer, or use sharing: heads"
             )
-    if multitask.sharing == "shared":
         labels = {
             view.task: (view.model.output, view.paths.alphabet if view.model.output == "characters" else None)
             for view in views
         }
         if len(set(labels.values())) > 1:
-            (first, one), (other, two) = (
-                list(labels.items())[0],
-                next((name, value) for name, value in labels.items() if value != list(labels.values())[0]),
-            )
+            first, other = _first_difference(labels)
             raise ConfigError(
                 f"{src}: multitask.sharing: shared has one output layer and so one set of labels, but task "
-                f"{first} has {_labels_text(one)} and task {other} {_labels_text(two)}: give every task the "
-                f"same model.output and paths.alphabet (auto builds one alphabet from all their "
-                f"transcripts), or use sharing: heads"
+                f"{first} has {_labels_text(labels[first])} and task {other} {_labels_text(labels[other])}: "
+                f"give every task the same model.output and paths.alphabet (auto builds one alphabet from "
+                f"all their transcripts), or use sharing: heads"
             )
     if multitask.sharing == "heads" and not model_family(config.model.architecture).has_heads:
         raise ConfigError(
@@ -264,6 +257,12 @@ def _check_export_dirs(config: Config) -> None:
                 f"task {exported[where]}; give each exported task its own"
             )
         exported[where] = task.name
+
+
+def _first_difference(values: dict) -> tuple[str, str]:
+    """(the first task, the first task whose value differs from its) of {task: value}, which differ."""
+    first = next(iter(values))
+    return first, next(task for task, value in values.items() if value != values[first])
 
 
 def _objective_text(view: Config) -> str:
