@@ -118,6 +118,17 @@ def pytest_collection_modifyitems(items):
     items.sort(key=rank)  # stable: the order within a file is kept
 
 
+@pytest.fixture(autouse=True)
+def no_global_seed_after():
+    """A test that sets TensorFlow's global seed (``keras.utils.set_random_seed``) must not hand it to the
+    tests after it in the process: under op determinism an unseeded random op raises only while no global
+    seed is set (test_determinism.py), so which tests shared a worker decided whether that one passed.
+    TensorFlow is not imported for a test that did not."""
+    yield
+    if "tensorflow" in sys.modules:
+        sys.modules["tensorflow"].random.set_seed(None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def luigi_leaves_logging_to_pytest():
     """Tasks built in this process must not install luigi.cfg's logging handlers: they would hold the

@@ -23,14 +23,6 @@ CONFORMER = {"architecture": "conformer", "conformer": {**TINY, "dropout": 0.0, 
 DEEPSPEECH = {"deepspeech": {"n_hidden": 16, "dropout_rate": 0.0}}
 
 
-@pytest.fixture(autouse=True)
-def _no_global_seed_after():
-    """``_step`` sets TensorFlow's global seed; later tests in the process must not inherit it (under op
-    determinism an unseeded random op raises only while no global seed is set: test_determinism.py)."""
-    yield
-    tf.random.set_seed(None)
-
-
 def _step(strategy, training: TrainingConfig, family: dict = CONFORMER, seed: int = 1):
     """A tiny model's training step (one task) on ``strategy``, its model, two batches to feed it (the
     second's gradient about three times the first's), their element spec and the Adam it updates with."""
